@@ -1,0 +1,34 @@
+//! Numeric codes a client sees (SPEC §2): reply error codes and close / disconnect codes.
+
+pub const BAD_REQUEST: u16 = 400;
+pub const UNAUTHORIZED: u16 = 401;
+pub const FORBIDDEN: u16 = 403;
+pub const NOT_FOUND: u16 = 404;
+pub const CONFLICT: u16 = 409;
+pub const TOO_LARGE: u16 = 413;
+pub const LIMIT: u16 = 429;
+pub const INTERNAL: u16 = 500;
+
+/// Close codes. 1000 and 1009 are RFC 6455's; the 4xxx codes are Switchboard's.
+pub mod close {
+    pub const NORMAL: u16 = 1000;
+    pub const MESSAGE_TOO_BIG: u16 = 1009;
+    /// Server shutting down; reconnect (to another node).
+    pub const SHUTDOWN: u16 = 4000;
+    /// Invalid or expired token; do not reconnect without a new one.
+    pub const INVALID_TOKEN: u16 = 4001;
+    pub const FORBIDDEN: u16 = 4003;
+    /// Slow consumer: the outbound queue passed its bound; reconnect and recover.
+    pub const SLOW_CONSUMER: u16 = 4008;
+    /// Protocol error: a frame that is not a valid command.
+    pub const PROTOCOL_ERROR: u16 = 4010;
+    /// Too many connections or subscriptions.
+    pub const TOO_MANY: u16 = 4029;
+    /// Silent for three ping intervals.
+    pub const STALE: u16 = 4011;
+
+    /// Whether a client should reconnect after this code.
+    pub fn reconnect(code: u16) -> bool {
+        matches!(code, SHUTDOWN | SLOW_CONSUMER | STALE | TOO_MANY)
+    }
+}

@@ -1,0 +1,282 @@
+//! Client → server commands (SPEC §2): `{"id": <u32>, "<command>": {...}}`.
+//!
+//! Decoding is two-step so that a frame with a valid envelope but a bad body still gets a 400
+//! reply carrying its `id`, while a frame that is not a command at all is a protocol error
+//! (close 4010). Publication data stays raw JSON text end to end: it is never re-serialized on
+//! the JSON path.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::StreamPosition;
+
+/// One decoded command.
+#[derive(Debug)]
+pub struct Command {
+    /// Echoed in the reply; a command without id gets no reply on success.
+    pub id: Option<u32>,
+    pub body: CommandBody,
+}
+
+#[derive(Debug)]
+pub enum CommandBody {
+    Connect(ConnectRequest),
+    Subscribe(SubscribeRequest),
+    Unsubscribe(UnsubscribeRequest),
+    Publish(PublishRequest),
+    History(HistoryRequest),
+    Presence(PresenceRequest),
+    Ping(PingRequest),
+    Refresh(RefreshRequest),
+    /// A well-formed envelope naming a command this server does not know (reply 404).
+    Unknown(String),
+    /// A known command whose body did not parse (reply 400).
+    Invalid(String),
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ConnectRequest {
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct SubscribeRequest {
+    pub channels: Vec<String>,
+    /// Include each channel's last publication in the reply.
+    #[serde(default)]
+    pub initial: bool,
+    /// Positions to recover from, per channel.
+    #[serde(default)]
+    pub recover: HashMap<String, StreamPosition>,
+    /// Ceiling of deliveries per second for these subscriptions.
+    #[serde(default)]
+    pub max_rate_hz: Option<f64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct UnsubscribeRequest {
+    pub channels: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PublishRequest {
+    pub channel: String,
+    pub data: Box<RawValue>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct HistoryRequest {
+    pub channel: String,
+    #[serde(default)]
+    pub since: Option<StreamPosition>,
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PresenceRequest {
+    pub channel: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct PingRequest {
+    #[serde(default)]
+    pub data: Option<Box<RawValue>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RefreshRequest {
+    pub token: String,
+}
+
+/// A frame that is not a command at all; the connection is closed with 4010.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("frame is not a JSON object: {0}")]
+    NotJson(String),
+    #[error("frame is not a MessagePack map: {0}")]
+    NotMsgpack(String),
+    #[error("frame names no command")]
+    NoCommand,
+    #[error("frame names more than one command")]
+    ManyCommands,
+}
+
+impl Command {
+    /// Decodes one JSON command.
+    pub fn from_json(frame: &[u8]) -> Result<Command, DecodeError> {
+        let env: Envelope<'_> =
+            serde_json::from_slice(frame).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+        env.into_command()
+    }
+
+    /// Decodes one MessagePack command (a map with the same structure as the JSON form).
+    pub fn from_msgpack(frame: &[u8]) -> Result<Command, DecodeError> {
+        let value: serde_json::Value =
+            rmp_serde::from_slice(frame).map_err(|e| DecodeError::NotMsgpack(e.to_string()))?;
+        let obj = match value {
+            serde_json::Value::Object(map) => map,
+            _ => return Err(DecodeError::NotMsgpack("not a map".into())),
+        };
+        let mut id = None;
+        let mut found: Option<(String, String)> = None;
+        for (k, v) in obj {
+            if k == "id" {
+                id = Some(
+                    v.as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(|| DecodeError::NotMsgpack("id must be a u32".into()))?,
+                );
+            } else if found.is_some() {
+                return Err(DecodeError::ManyCommands);
+            } else {
+                found = Some((k, v.to_string()));
+            }
+        }
+        let (name, body) = found.ok_or(DecodeError::NoCommand)?;
+        Ok(Command { id, body: parse_body(&name, &body) })
+    }
+}
+
+/// The outer object: `id` and exactly one command key with its body kept raw.
+struct Envelope<'a> {
+    id: Option<u32>,
+    name: Option<std::borrow::Cow<'a, str>>,
+    body: Option<&'a RawValue>,
+    many: bool,
+}
+
+impl<'a> Envelope<'a> {
+    fn into_command(self) -> Result<Command, DecodeError> {
+        if self.many {
+            return Err(DecodeError::ManyCommands);
+        }
+        match (self.name, self.body) {
+            (Some(name), Some(body)) => Ok(Command { id: self.id, body: parse_body(&name, body.get()) }),
+            _ => Err(DecodeError::NoCommand),
+        }
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Envelope<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Envelope<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a command object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut env = Envelope { id: None, name: None, body: None, many: false };
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "id" {
+                        env.id = Some(map.next_value::<u32>()?);
+                    } else {
+                        let body: &'de RawValue = map.next_value()?;
+                        if env.name.is_some() {
+                            env.many = true;
+                        } else {
+                            env.name = Some(key);
+                            env.body = Some(body);
+                        }
+                    }
+                }
+                Ok(env)
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData))
+    }
+}
+
+fn parse_body(name: &str, body: &str) -> CommandBody {
+    fn p<T: for<'de> Deserialize<'de>>(body: &str, wrap: fn(T) -> CommandBody) -> CommandBody {
+        match serde_json::from_str::<T>(body) {
+            Ok(v) => wrap(v),
+            Err(e) => CommandBody::Invalid(e.to_string()),
+        }
+    }
+    match name {
+        "connect" => p(body, CommandBody::Connect),
+        "subscribe" => p(body, CommandBody::Subscribe),
+        "unsubscribe" => p(body, CommandBody::Unsubscribe),
+        "publish" => p(body, CommandBody::Publish),
+        "history" => p(body, CommandBody::History),
+        "presence" => p(body, CommandBody::Presence),
+        "ping" => p(body, CommandBody::Ping),
+        "refresh" => p(body, CommandBody::Refresh),
+        other => CommandBody::Unknown(other.chars().take(64).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_decodes_subscribe_with_recovery() {
+        let c = Command::from_json(
+            br#"{"id":7,"subscribe":{"channels":["a","b"],"initial":true,"recover":{"a":{"epoch":"e","offset":41}}}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.id, Some(7));
+        let CommandBody::Subscribe(s) = c.body else { panic!("not subscribe: {:?}", c.body) };
+        assert_eq!(s.channels, vec!["a", "b"]);
+        assert!(s.initial);
+        assert_eq!(s.recover["a"], StreamPosition { epoch: "e".into(), offset: 41 });
+    }
+
+    #[test]
+    fn command_keeps_publish_data_raw() {
+        let c = Command::from_json(br#"{"publish":{"channel":"room:1","data":{"v": 1.50}}}"#).unwrap();
+        assert_eq!(c.id, None);
+        let CommandBody::Publish(p) = c.body else { panic!() };
+        assert_eq!(p.data.get(), r#"{"v": 1.50}"#);
+    }
+
+    #[test]
+    fn command_unknown_and_invalid_bodies_keep_their_id() {
+        let c = Command::from_json(br#"{"id":1,"frobnicate":{}}"#).unwrap();
+        assert!(matches!(c.body, CommandBody::Unknown(ref n) if n == "frobnicate"));
+        let c = Command::from_json(br#"{"id":2,"subscribe":{"channels":5}}"#).unwrap();
+        assert_eq!(c.id, Some(2));
+        assert!(matches!(c.body, CommandBody::Invalid(_)));
+    }
+
+    #[test]
+    fn command_rejects_garbage_and_ambiguous_frames() {
+        assert!(matches!(Command::from_json(b"hello"), Err(DecodeError::NotJson(_))));
+        assert!(matches!(Command::from_json(b"[1,2]"), Err(DecodeError::NotJson(_))));
+        assert!(matches!(Command::from_json(b"{\"id\":1}"), Err(DecodeError::NoCommand)));
+        assert!(matches!(
+            Command::from_json(br#"{"ping":{},"publish":{}}"#),
+            Err(DecodeError::ManyCommands)
+        ));
+        assert!(Command::from_json(br#"{"id":-1,"ping":{}}"#).is_err());
+    }
+
+    #[test]
+    fn command_decodes_msgpack_like_json() {
+        #[derive(serde::Serialize)]
+        struct P {
+            data: serde_json::Value,
+        }
+        #[derive(serde::Serialize)]
+        struct C {
+            id: u32,
+            ping: P,
+        }
+        let bytes = rmp_serde::to_vec_named(&C { id: 9, ping: P { data: serde_json::json!({"t": 5}) } }).unwrap();
+        let c = Command::from_msgpack(&bytes).unwrap();
+        assert_eq!(c.id, Some(9));
+        let CommandBody::Ping(p) = c.body else { panic!() };
+        assert_eq!(p.data.unwrap().get(), r#"{"t":5}"#);
+        assert!(Command::from_msgpack(b"\xc1").is_err());
+    }
+}

@@ -1,0 +1,206 @@
+//! Server → client messages (SPEC §2), encoded once per wire [`Format`].
+//!
+//! Publications are the hot path: [`encode_publication`] writes the JSON form directly from the
+//! raw data text, with no intermediate tree, and the gateway encodes each publication at most
+//! once per format however many subscribers receive it.
+
+use serde::{Serialize, Serializer};
+use serde_json::value::RawValue;
+
+/// A wire format, chosen per connection by the WebSocket subprotocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// `switchboard.v1.json`: text frames.
+    Json,
+    /// `switchboard.v1.msgpack`: binary frames; several messages in one frame are simply
+    /// concatenated MessagePack maps.
+    Msgpack,
+}
+
+impl Format {
+    pub const JSON_PROTOCOL: &'static str = "switchboard.v1.json";
+    pub const MSGPACK_PROTOCOL: &'static str = "switchboard.v1.msgpack";
+
+    pub fn subprotocol(self) -> &'static str {
+        match self {
+            Format::Json => Self::JSON_PROTOCOL,
+            Format::Msgpack => Self::MSGPACK_PROTOCOL,
+        }
+    }
+
+    /// The separator between batched messages inside one frame.
+    pub fn separator(self) -> &'static [u8] {
+        match self {
+            Format::Json => b"\n",
+            Format::Msgpack => b"",
+        }
+    }
+
+    /// Serializes any message in this format.
+    pub fn encode<T: Serialize>(self, msg: &T) -> Vec<u8> {
+        match self {
+            // Serializing plain structs of strings, numbers and valid raw JSON cannot fail.
+            Format::Json => serde_json::to_vec(msg).unwrap_or_default(),
+            Format::Msgpack => rmp_serde::to_vec_named(msg).unwrap_or_default(),
+        }
+    }
+}
+
+/// Raw JSON data that serializes verbatim into JSON and as a parsed value into MessagePack.
+#[derive(Debug, Clone, Copy)]
+pub struct Data<'a>(pub &'a RawValue);
+
+impl Serialize for Data<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            self.0.serialize(s)
+        } else {
+            let v: serde_json::Value =
+                serde_json::from_str(self.0.get()).map_err(serde::ser::Error::custom)?;
+            v.serialize(s)
+        }
+    }
+}
+
+/// A publication as it appears on the WebSocket: in pushes, `last`, `recovered` and `history`.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Pub<'a> {
+    pub ch: &'a str,
+    pub off: u64,
+    pub data: Data<'a>,
+}
+
+#[derive(Serialize)]
+struct PubPush<'a> {
+    #[serde(rename = "pub")]
+    publication: Pub<'a>,
+}
+
+/// Encodes the push `{"pub": {"ch", "off", "data"}}`.
+pub fn encode_publication(format: Format, ch: &str, off: u64, data: &RawValue) -> Vec<u8> {
+    match format {
+        Format::Json => {
+            let raw = data.get();
+            let mut out = Vec::with_capacity(raw.len() + ch.len() + 40);
+            out.extend_from_slice(b"{\"pub\":{\"ch\":");
+            // Channel names are validated to a JSON-safe alphabet, but escape anyway: this is
+            // the one place a name reaches the wire.
+            let _ = serde_json::to_writer(&mut out, ch);
+            out.extend_from_slice(b",\"off\":");
+            out.extend_from_slice(off.to_string().as_bytes());
+            out.extend_from_slice(b",\"data\":");
+            out.extend_from_slice(raw.as_bytes());
+            out.extend_from_slice(b"}}");
+            out
+        }
+        Format::Msgpack => format.encode(&PubPush { publication: Pub { ch, off, data: Data(data) } }),
+    }
+}
+
+/// The body of an error reply or of a per-channel subscribe error.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct ErrorBody {
+    pub code: u16,
+    pub message: String,
+}
+
+#[derive(Serialize)]
+struct OkReply<'a, T> {
+    id: u32,
+    ok: &'a T,
+}
+
+#[derive(Serialize)]
+struct ErrReply<'a> {
+    id: u32,
+    error: &'a ErrorBody,
+}
+
+/// Encodes `{"id": id, "ok": body}`.
+pub fn encode_ok<T: Serialize>(format: Format, id: u32, body: &T) -> Vec<u8> {
+    format.encode(&OkReply { id, ok: body })
+}
+
+/// Encodes `{"id": id, "error": {"code", "message"}}`.
+pub fn encode_error(format: Format, id: u32, code: u16, message: &str) -> Vec<u8> {
+    format.encode(&ErrReply { id, error: &ErrorBody { code, message: message.to_string() } })
+}
+
+#[derive(Serialize)]
+pub struct PresenceEvent<'a> {
+    pub ch: &'a str,
+    pub client: &'a str,
+    pub user: &'a str,
+}
+
+#[derive(Serialize)]
+struct JoinPush<'a> {
+    join: PresenceEvent<'a>,
+}
+
+#[derive(Serialize)]
+struct LeavePush<'a> {
+    leave: PresenceEvent<'a>,
+}
+
+/// Encodes a presence `join` (or `leave` when `join` is false) push.
+pub fn encode_presence(format: Format, join: bool, ev: PresenceEvent<'_>) -> Vec<u8> {
+    if join {
+        format.encode(&JoinPush { join: ev })
+    } else {
+        format.encode(&LeavePush { leave: ev })
+    }
+}
+
+#[derive(Serialize)]
+struct DisconnectBody<'a> {
+    code: u16,
+    reason: &'a str,
+    reconnect: bool,
+}
+
+#[derive(Serialize)]
+struct DisconnectPush<'a> {
+    disconnect: DisconnectBody<'a>,
+}
+
+/// Encodes `{"disconnect": {"code", "reason", "reconnect"}}`.
+pub fn encode_disconnect(format: Format, code: u16, reason: &str) -> Vec<u8> {
+    format.encode(&DisconnectPush {
+        disconnect: DisconnectBody { code, reason, reconnect: crate::code::close::reconnect(code) },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(s: &str) -> Box<RawValue> {
+        RawValue::from_string(s.to_string()).unwrap()
+    }
+
+    #[test]
+    fn message_publication_json_is_exact() {
+        let out = encode_publication(Format::Json, "pt:a", 43, &raw(r#"{"v":1.5}"#));
+        assert_eq!(out, br#"{"pub":{"ch":"pt:a","off":43,"data":{"v":1.5}}}"#);
+    }
+
+    #[test]
+    fn message_publication_msgpack_round_trips() {
+        let out = encode_publication(Format::Msgpack, "a", 1, &raw(r#"[1,"x",true]"#));
+        let v: serde_json::Value = rmp_serde::from_slice(&out).unwrap();
+        assert_eq!(v, serde_json::json!({"pub": {"ch": "a", "off": 1, "data": [1, "x", true]}}));
+    }
+
+    #[test]
+    fn message_replies_and_disconnects() {
+        let e = encode_error(Format::Json, 3, 403, "no");
+        assert_eq!(e, br#"{"id":3,"error":{"code":403,"message":"no"}}"#);
+        let ok = encode_ok(Format::Json, 4, &serde_json::json!({}));
+        assert_eq!(ok, br#"{"id":4,"ok":{}}"#);
+        let d = encode_disconnect(Format::Json, 4008, "slow consumer");
+        assert_eq!(d, br#"{"disconnect":{"code":4008,"reason":"slow consumer","reconnect":true}}"#);
+        let d = encode_disconnect(Format::Json, 4010, "bad frame");
+        assert!(String::from_utf8(d).unwrap().contains("\"reconnect\":false"));
+    }
+}
