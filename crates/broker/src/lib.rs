@@ -1,1 +1,136 @@
+//! The broker: where publications get their offsets, where history, last values and presence
+//! live, and how a node learns of publications made anywhere in the cluster.
+//!
+//! # Layout
+//! - this file: the [`Broker`] trait, the [`BrokerHandler`] a node registers to receive
+//!   publications, and the value types they exchange.
+//! - [`memory`]: [`MemoryBroker`], the embedded single-node default.
+//! - [`conformance`]: the suite every broker must pass (run from each implementation's tests).
+//!
+//! # Delivery contract
+//! For one channel, a broker assigns offsets 1, 2, 3, … within an epoch and calls
+//! [`BrokerHandler::on_publication`] in offset order, never concurrently for the same channel.
+//! Saving to history, updating the last value and handing the publication to the handler form
+//! one atomic step per channel: a reader of history or last value never sees a publication the
+//! handler has not been given, nor the reverse.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::value::RawValue;
+
+pub mod conformance;
+pub mod memory;
+
+pub use memory::MemoryBroker;
+
+/// Publication data: raw JSON text, shared by history, last value and every delivery.
+pub type Data = Arc<Box<RawValue>>;
+
+/// One publication on a channel.
+#[derive(Debug, Clone)]
+pub struct Publication {
+    pub offset: u64,
+    pub data: Data,
+    /// When the broker accepted it (unix milliseconds).
+    pub time_ms: u64,
+}
+
+/// A channel's current position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    pub epoch: Arc<str>,
+    pub offset: u64,
+}
+
+/// How much history a channel keeps; comes from its namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryPolicy {
+    pub size: usize,
+    pub ttl: Duration,
+}
+
+/// What a history read returns.
+#[derive(Debug, Clone)]
+pub struct HistoryResult {
+    /// Publications after the requested position (or the newest ones), oldest first.
+    pub publications: Vec<Publication>,
+    pub position: Position,
+    /// False when the history no longer reaches back to the requested position or the epoch
+    /// differs: the reader missed publications it cannot get back.
+    pub complete: bool,
+}
+
+/// A client present on a channel.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ClientInfo {
+    pub client: String,
+    pub user: String,
+}
+
+/// Per-channel figures for the HTTP API.
+#[derive(Debug, Clone)]
+pub struct ChannelSummary {
+    pub channel: Arc<str>,
+    pub position: Position,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Receives what the broker delivers to this node.
+pub trait BrokerHandler: Send + Sync + 'static {
+    /// A publication on `channel`. Called in offset order per channel, possibly while the
+    /// broker holds the channel's lock: must not block or call back into the broker.
+    fn on_publication(&self, channel: &str, publication: &Publication);
+    /// Called after one or more `on_publication` calls once the broker released its locks:
+    /// the place to do slow work (socket writes) that the handler deferred.
+    fn after_publications(&self);
+    /// A presence change on `channel`.
+    fn on_presence(&self, channel: &str, info: &ClientInfo, joined: bool);
+}
+
+/// The interface every broker implements. All methods are safe to call concurrently.
+#[async_trait::async_trait]
+pub trait Broker: Send + Sync + 'static {
+    /// The broker's kind for `/api/info` (`memory`, `redis`).
+    fn kind(&self) -> &'static str;
+
+    /// Sets the handler that receives publications; called once by the node at start.
+    fn set_handler(&self, handler: Arc<dyn BrokerHandler>);
+
+    /// Publishes: assigns the next offset, keeps history per `policy`, updates the last value
+    /// and delivers to every node with subscribers.
+    async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError>;
+
+    /// This node has local subscribers of `channel` (first one) / no longer has any (last one).
+    async fn subscribe(&self, channel: &str) -> Result<(), BrokerError>;
+    async fn unsubscribe(&self, channel: &str) -> Result<(), BrokerError>;
+
+    /// The current position and last publication of a channel.
+    async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError>;
+
+    /// Publications after `since` (all kept ones when `None`), at most `limit`, oldest first.
+    async fn history(&self, channel: &str, since: Option<&Position>, limit: usize) -> Result<HistoryResult, BrokerError>;
+
+    async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError>;
+    async fn presence_remove(&self, channel: &str, client: &str) -> Result<(), BrokerError>;
+    async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError>;
+
+    /// Every channel the broker knows, with its position.
+    async fn channels(&self) -> Result<Vec<ChannelSummary>, BrokerError>;
+
+    /// Whether the broker is reachable (`/readyz`).
+    async fn ready(&self) -> bool;
+}
+
+/// Unix time in milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,1 +1,56 @@
+//! A Rust client for the Switchboard WebSocket protocol v1 and HTTP API (SPEC §2, §4).
+//!
+//! Used by the `switchboard publish` / `switchboard sub` tools, the bench and the black-box
+//! tests. It speaks plain `ws://` and `http://` only: the gateway is reached on loopback or
+//! behind a TLS-terminating proxy, so no TLS stack is pulled in.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), switchboard_client::Error> {
+//! use switchboard_client::{Client, Event, Format, SubscribeOptions};
+//! let mut client = Client::connect("ws://127.0.0.1:8700/ws", Format::Json).await?;
+//! client.subscribe(SubscribeOptions::new(["room:1"]).initial(true)).await?;
+//! client.publish("room:1", serde_json::json!({"text": "hi"})).await?;
+//! while let Some(event) = client.next_event().await {
+//!     if let Event::Publication(p) = event {
+//!         println!("{} @{}: {}", p.ch, p.off, p.data);
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//! - [`client`]: [`Client`], one WebSocket connection: commands with replies matched by id, a
+//!   background reader task, and the stream of server pushes ([`Events`]).
+//! - [`connect`]: URL parsing and the WebSocket handshake ([`handshake`]), shared with the bench
+//!   which drives raw connections itself.
+//! - [`frame`]: splitting a server frame into its messages (`\n`-separated JSON, concatenated
+//!   MessagePack maps) and decoding them.
+//! - [`event`]: server pushes ([`Event`], [`Publication`]).
+//! - [`reply`]: command options and typed `ok` reply bodies.
+//! - [`http`]: a minimal HTTP/1.1 client for the HTTP API ([`HttpApi`], [`http_publish`]).
+//! - [`cli`]: the `publish` and `sub` command-line tools.
+//! - [`error`]: [`Error`], what every call here can fail with.
 
+// Tests may unwrap: a panic is the failure report there.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod cli;
+pub mod client;
+pub mod connect;
+pub mod error;
+pub mod event;
+pub mod frame;
+pub mod http;
+pub mod reply;
+
+pub use client::{Client, Events};
+pub use connect::{handshake, ConnectOptions, WsStream};
+pub use error::{Error, Result};
+pub use event::{Event, Presence, Publication};
+pub use http::{http_publish, http_publish_batch, HttpApi};
+pub use reply::{
+    ChannelResult, ConnectReply, HistoryReply, PresenceClient, PresenceReply, PublishReply,
+    RefreshReply, SubscribeOptions, SubscribeReply, Subscribed,
+};
+pub use switchboard_protocol::message::ErrorBody;
+pub use switchboard_protocol::{Format, StreamPosition};

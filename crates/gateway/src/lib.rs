@@ -1,1 +1,34 @@
+//! The Switchboard gateway node: it accepts client connections, keeps their subscriptions and
+//! fans publications out to them.
+//!
+//! # Layout
+//! - [`config`]: the TOML file, `SWITCHBOARD_*` variables and flags, merged and validated.
+//! - [`node`]: [`Node`], one process's lifecycle: connections, publish entry points, heartbeats,
+//!   shutdown.
+//! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out.
+//! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes.
+//! - [`session`]: one client's commands and subscriptions, transport-free.
+//! - [`transport`]: WebSocket handshake and connection task (`transport::ws`).
+//! - [`api`]: the HTTP API and route table.
+//! - [`metrics`]: counters and the delivery-lag histogram, rendered for Prometheus.
+//! - [`simulate`]: the built-in point simulator (`--simulate N@HZ`).
+//! - [`server`]: the accept loop and [`server::run`], the whole node as a blocking call.
 
+pub mod api;
+pub mod config;
+pub mod hub;
+pub mod metrics;
+pub mod node;
+pub mod outbox;
+pub mod server;
+pub mod session;
+pub mod simulate;
+pub mod transport;
+
+pub use config::Config;
+pub use node::Node;
+
+/// Unix time in whole seconds.
+pub fn unix_s() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}

@@ -1,1 +1,169 @@
-fn main() {}
+//! `switchboard`: parses the command line and hands each command to its crate.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use switchboard_gateway::config::{Config, ConfigError};
+
+/// jemalloc returns the buffers of finished handshakes to the OS, which keeps the resident
+/// memory of many idle connections close to what they really hold.
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[derive(Parser)]
+#[command(name = "switchboard", version, about = "A real-time push gateway: live channels to many WebSocket clients.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a gateway node.
+    Serve(ServeArgs),
+    /// Run a node on 127.0.0.1 with a simulator of 1,000 points at 1 Hz and a few chat rooms.
+    Demo(DemoArgs),
+    /// Publish one JSON value to a channel over the HTTP API.
+    Publish(switchboard_client::cli::PublishArgs),
+    /// Subscribe to channels and print each publication as a JSON line.
+    Sub(switchboard_client::cli::SubArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML configuration file (every key can also be set as SWITCHBOARD_<KEY>).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:8700].
+    #[arg(long)]
+    listen: Option<String>,
+    /// Broker: `memory` (embedded).
+    #[arg(long)]
+    broker: Option<String>,
+    /// Worker threads (at most the number of cores) [default: one per core].
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Simulate N point channels at HZ each, e.g. 1000@1.
+    #[arg(long, value_name = "N@HZ")]
+    simulate: Option<String>,
+    /// Node id in replies and /api/info [default: random].
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Serve beyond loopback without authentication.
+    #[arg(long)]
+    allow_anonymous: bool,
+    /// Most simultaneous connections.
+    #[arg(long)]
+    max_connections: Option<usize>,
+    /// Most subscriptions per connection.
+    #[arg(long)]
+    max_subscriptions: Option<usize>,
+    /// Largest client frame in bytes (larger closes with 1009).
+    #[arg(long)]
+    max_frame_bytes: Option<usize>,
+    /// Bound of a connection's unwritten bytes before it is closed with 4008.
+    #[arg(long)]
+    max_pending_bytes: Option<usize>,
+    /// Seconds between server pings.
+    #[arg(long)]
+    ping_s: Option<u64>,
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8700")]
+    listen: String,
+}
+
+impl ServeArgs {
+    fn overrides(&self) -> Vec<(&'static str, toml::Value)> {
+        let mut o = Vec::new();
+        let s = |v: &String| toml::Value::String(v.clone());
+        let n = |v: usize| toml::Value::Integer(v as i64);
+        if let Some(v) = &self.listen {
+            o.push(("listen", s(v)));
+        }
+        if let Some(v) = &self.broker {
+            o.push(("broker", s(v)));
+        }
+        if let Some(v) = self.workers {
+            o.push(("workers", n(v)));
+        }
+        if let Some(v) = &self.simulate {
+            o.push(("simulate", s(v)));
+        }
+        if let Some(v) = &self.node_id {
+            o.push(("node_id", s(v)));
+        }
+        if self.allow_anonymous {
+            o.push(("allow_anonymous", toml::Value::Boolean(true)));
+        }
+        for (key, v) in [
+            ("limits.max_connections", self.max_connections),
+            ("limits.max_subscriptions", self.max_subscriptions),
+            ("limits.max_frame_bytes", self.max_frame_bytes),
+            ("limits.max_pending_bytes", self.max_pending_bytes),
+            ("limits.ping_s", self.ping_s.map(|v| v as usize)),
+        ] {
+            if let Some(v) = v {
+                o.push((key, n(v)));
+            }
+        }
+        o
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SWITCHBOARD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+fn load(config: Option<&std::path::Path>, overrides: &[(&str, toml::Value)]) -> Result<Config, ConfigError> {
+    Config::load(config, std::env::vars(), overrides)
+}
+
+fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let result = match cli.command {
+        Command::Serve(args) => match load(args.config.as_deref(), &args.overrides()) {
+            Ok(config) => switchboard_gateway::server::run(config),
+            Err(e) => {
+                eprintln!("switchboard: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        Command::Demo(args) => {
+            let overrides = [
+                ("listen", toml::Value::String(args.listen.clone())),
+                ("simulate", toml::Value::String("1000@1".into())),
+            ];
+            match load(None, &overrides) {
+                Ok(config) => {
+                    eprintln!("switchboard demo: open http://{} in a browser (Ctrl-C stops)", args.listen);
+                    switchboard_gateway::server::run_demo(config)
+                }
+                Err(e) => {
+                    eprintln!("switchboard: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        Command::Publish(args) => client_runtime().and_then(|rt| rt.block_on(switchboard_client::cli::publish(args))),
+        Command::Sub(args) => client_runtime().and_then(|rt| rt.block_on(switchboard_client::cli::sub(args))),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("switchboard: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

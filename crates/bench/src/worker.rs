@@ -1,0 +1,492 @@
+//! Worker processes: how load is spread, and how results come back.
+//!
+//! The coordinator starts `current_exe() bench worker <json config>` once per share of the
+//! connections ([`Pool::spawn`]). A worker runs one single-threaded Tokio runtime (it shares
+//! the machine's cores with the server under test, so it must not spin up a thread per core)
+//! and talks to the coordinator over its standard streams:
+//!
+//! - stdout, one JSON object per line ([`WorkerMsg`]): `{"ready": ...}` once every connection
+//!   is established or has failed, `{"progress": ...}` every second (and at once when the
+//!   worker has received everything it expects), and a last `{"final": ...}` carrying its
+//!   counters and its HDR histograms (base64 of the V2 serialization).
+//! - stdin, one word per line: `stop` ends the measurement. End of file means the coordinator
+//!   is gone and stops the worker too.
+//!
+//! The coordinator adds the histograms exactly ([`crate::histogram::Latency::merge`]).
+
+use std::cell::{Cell, RefCell};
+use std::process::Stdio;
+use std::rc::Rc;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::accounting::Tally;
+use crate::histogram::Latency;
+use crate::progress::Progress;
+use crate::scenario::{broadcast, echo, limit};
+
+/// What one worker process does; the JSON argument of `bench worker`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerConfig {
+    Limit(limit::LimitWorker),
+    Broadcast(broadcast::BroadcastWorker),
+    Echo(echo::EchoWorker),
+}
+
+/// A running worker's counters, as reported in progress lines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub established: u64,
+    pub failed: u64,
+    pub dropped: u64,
+    pub sent: u64,
+    pub received: u64,
+    pub duplicated: u64,
+    pub bytes: u64,
+}
+
+impl Snapshot {
+    fn add(&mut self, o: &Snapshot) {
+        self.established += o.established;
+        self.failed += o.failed;
+        self.dropped += o.dropped;
+        self.sent += o.sent;
+        self.received += o.received;
+        self.duplicated += o.duplicated;
+        self.bytes += o.bytes;
+    }
+}
+
+/// A worker's last word.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FinalReport {
+    pub tally: Tally,
+    /// Delivery latency (or RTT) histogram, µs, base64 HdrHistogram V2.
+    pub latency: String,
+    /// Connect + handshake time histogram, µs, base64 HdrHistogram V2.
+    pub connect: String,
+}
+
+/// One line from a worker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerMsg {
+    Ready(Snapshot),
+    Progress(Snapshot),
+    Final(Box<FinalReport>),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker side.
+
+/// State shared by the tasks of one worker process.
+///
+/// Everything runs on one thread (a `LocalSet`), so plain `Cell`/`RefCell` replace atomics and
+/// locks on the per-delivery path.
+pub struct WorkerCtx {
+    pub tally: RefCell<Tally>,
+    pub latency: RefCell<Latency>,
+    pub connect: RefCell<Latency>,
+    /// Connections this worker opens; `ready` is sent when all are settled.
+    target: u64,
+    ready_sent: Cell<bool>,
+    /// Deliveries this worker expects in total (0: unknown); reaching it triggers a progress
+    /// line at once, so the coordinator need not wait for the next tick.
+    expected: Cell<u64>,
+    stop_tx: watch::Sender<bool>,
+}
+
+impl WorkerCtx {
+    fn new(target: u64) -> Rc<WorkerCtx> {
+        let (stop_tx, _) = watch::channel(false);
+        Rc::new(WorkerCtx {
+            tally: RefCell::default(),
+            latency: RefCell::default(),
+            connect: RefCell::default(),
+            target,
+            ready_sent: Cell::new(false),
+            expected: Cell::new(0),
+            stop_tx,
+        })
+    }
+
+    /// Writes one message line to stdout.
+    pub fn emit(&self, msg: &WorkerMsg) {
+        use std::io::Write;
+        let Ok(line) = serde_json::to_string(msg) else { return };
+        let mut out = std::io::stdout().lock();
+        // If the coordinator is gone there is nobody to tell.
+        let _ = writeln!(out, "{line}").and_then(|_| out.flush());
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let t = self.tally.borrow();
+        Snapshot {
+            established: t.established,
+            failed: t.failed,
+            dropped: t.dropped,
+            sent: t.sent,
+            received: t.received,
+            duplicated: t.duplicated + t.unexpected,
+            bytes: t.bytes,
+        }
+    }
+
+    /// One connection is up, after `connect_us` of connect + handshake (+ subscribe).
+    pub fn established(&self, connect_us: u64) {
+        self.tally.borrow_mut().established += 1;
+        self.connect.borrow_mut().record(connect_us);
+        self.check_ready();
+    }
+
+    /// One connection could not be established.
+    pub fn failed(&self, why: &str) {
+        {
+            let mut t = self.tally.borrow_mut();
+            t.failed += 1;
+            t.note_error(why);
+        }
+        self.check_ready();
+    }
+
+    /// An established connection ended early.
+    pub fn dropped(&self, why: &str) {
+        if self.stopping() {
+            return;
+        }
+        let mut t = self.tally.borrow_mut();
+        t.dropped += 1;
+        t.note_error(why);
+    }
+
+    fn check_ready(&self) {
+        let t = self.snapshot();
+        if !self.ready_sent.get() && t.established + t.failed >= self.target {
+            self.ready_sent.set(true);
+            self.emit(&WorkerMsg::Ready(t));
+        }
+    }
+
+    /// Sets the number of deliveries that completes this worker's share.
+    pub fn expect(&self, n: u64) {
+        self.expected.set(n);
+    }
+
+    /// Call after counting deliveries: reports at once when everything expected is in.
+    pub fn check_complete(&self) {
+        let e = self.expected.get();
+        if e > 0 && self.tally.borrow().received == e {
+            self.emit(&WorkerMsg::Progress(self.snapshot()));
+        }
+    }
+
+    pub fn stopping(&self) -> bool {
+        *self.stop_tx.borrow()
+    }
+
+    /// Resolves once the coordinator said `stop` (or went away).
+    pub async fn wait_stop(&self) {
+        let mut rx = self.stop_tx.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    pub fn stop(&self) {
+        self.stop_tx.send_replace(true);
+    }
+
+    fn final_report(&self) -> FinalReport {
+        FinalReport {
+            tally: self.tally.borrow().clone(),
+            latency: self.latency.borrow().to_base64(),
+            connect: self.connect.borrow().to_base64(),
+        }
+    }
+}
+
+/// Entry point of `bench worker <json>`; returns the process exit code.
+pub fn worker_main(config: &str) -> anyhow::Result<i32> {
+    let cfg: WorkerConfig = serde_json::from_str(config).context("worker config")?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async move {
+        let target = match &cfg {
+            WorkerConfig::Limit(c) => c.conns,
+            WorkerConfig::Broadcast(c) => c.conns,
+            WorkerConfig::Echo(c) => c.conns,
+        } as u64;
+        let ctx = WorkerCtx::new(target);
+        if target == 0 {
+            ctx.check_ready();
+        }
+        tokio::task::spawn_local(watch_stdin(ctx.clone()));
+        tokio::task::spawn_local(tick(ctx.clone()));
+        match cfg {
+            WorkerConfig::Limit(c) => limit::run_worker(c, ctx.clone()).await,
+            WorkerConfig::Broadcast(c) => broadcast::run_worker(c, ctx.clone()).await,
+            WorkerConfig::Echo(c) => echo::run_worker(c, ctx.clone()).await,
+        }
+        ctx.stop();
+        ctx.emit(&WorkerMsg::Final(Box::new(ctx.final_report())));
+    });
+    // Connection tasks still parked in the runtime are dropped here, closing their sockets.
+    drop(rt);
+    Ok(0)
+}
+
+async fn watch_stdin(ctx: Rc<WorkerCtx>) {
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    loop {
+        match lines.next_line().await {
+            Ok(Some(l)) if l.trim() == "stop" => break,
+            Ok(Some(_)) => continue,
+            // End of file or an error: the coordinator is gone.
+            _ => break,
+        }
+    }
+    ctx.stop();
+}
+
+async fn tick(ctx: Rc<WorkerCtx>) {
+    let mut iv = tokio::time::interval(Duration::from_secs(1));
+    iv.tick().await;
+    loop {
+        iv.tick().await;
+        if ctx.stopping() {
+            return;
+        }
+        ctx.emit(&WorkerMsg::Progress(ctx.snapshot()));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Coordinator side.
+
+/// What the coordinator knows about one worker.
+#[derive(Debug, Default)]
+pub struct WorkerState {
+    pub snapshot: Snapshot,
+    pub ready: bool,
+    pub final_report: Option<FinalReport>,
+    /// Set when its stdout ended; `final_report` is `None` if it died before reporting.
+    pub ended: bool,
+    pub garbage: Option<String>,
+}
+
+enum Incoming {
+    Msg(WorkerMsg),
+    Garbage(String),
+    Eof,
+}
+
+/// The worker processes of one run.
+pub struct Pool {
+    children: Vec<Child>,
+    stdins: Vec<Option<ChildStdin>>,
+    rx: mpsc::UnboundedReceiver<(usize, Incoming)>,
+    pub workers: Vec<WorkerState>,
+}
+
+/// Merged results of all workers.
+#[derive(Debug, Default)]
+pub struct Merged {
+    pub tally: Tally,
+    pub latency: Latency,
+    pub connect: Latency,
+    /// Workers that ended without a final report.
+    pub missing: usize,
+}
+
+impl Pool {
+    /// Starts one worker per config.
+    pub fn spawn(configs: &[WorkerConfig]) -> anyhow::Result<Pool> {
+        let exe = std::env::current_exe().context("locating the bench executable")?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut children = Vec::new();
+        let mut stdins = Vec::new();
+        for (i, cfg) in configs.iter().enumerate() {
+            let json = serde_json::to_string(cfg)?;
+            let mut child = Command::new(&exe)
+                .args(["bench", "worker", &json])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("starting worker {i} ({})", exe.display()))?;
+            stdins.push(child.stdin.take());
+            let stdout = child.stdout.take().context("worker stdout")?;
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stdout).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let m = match serde_json::from_str::<WorkerMsg>(&line) {
+                        Ok(m) => Incoming::Msg(m),
+                        Err(_) => Incoming::Garbage(line),
+                    };
+                    if tx.send((i, m)).is_err() {
+                        return;
+                    }
+                }
+                let _ = tx.send((i, Incoming::Eof));
+            });
+            children.push(child);
+        }
+        Ok(Pool { children, stdins, rx, workers: configs.iter().map(|_| WorkerState::default()).collect() })
+    }
+
+    /// Sum of the latest progress of every worker.
+    pub fn totals(&self) -> Snapshot {
+        let mut s = Snapshot::default();
+        for w in &self.workers {
+            s.add(&w.snapshot);
+        }
+        s
+    }
+
+    /// Every worker has reported `ready` (or ended).
+    pub fn all_ready(&self) -> bool {
+        self.workers.iter().all(|w| w.ready || w.ended)
+    }
+
+    /// Every worker has ended.
+    pub fn all_ended(&self) -> bool {
+        self.workers.iter().all(|w| w.ended)
+    }
+
+    /// Workers that ended before sending their final report.
+    pub fn crashed(&self) -> usize {
+        self.workers.iter().filter(|w| w.ended && w.final_report.is_none()).count()
+    }
+
+    fn apply(&mut self, i: usize, m: Incoming) {
+        let w = &mut self.workers[i];
+        match m {
+            Incoming::Msg(WorkerMsg::Ready(s)) => {
+                w.ready = true;
+                w.snapshot = s;
+            }
+            Incoming::Msg(WorkerMsg::Progress(s)) => w.snapshot = s,
+            Incoming::Msg(WorkerMsg::Final(f)) => {
+                let t = &f.tally;
+                w.snapshot = Snapshot {
+                    established: t.established,
+                    failed: t.failed,
+                    dropped: t.dropped,
+                    sent: t.sent,
+                    received: t.received,
+                    duplicated: t.duplicated + t.unexpected,
+                    bytes: t.bytes,
+                };
+                w.final_report = Some(*f);
+            }
+            Incoming::Garbage(line) => {
+                if w.garbage.is_none() {
+                    w.garbage = Some(line);
+                }
+            }
+            Incoming::Eof => w.ended = true,
+        }
+    }
+
+    /// Handles worker messages until `done` holds or `deadline` passes, calling `status` for a
+    /// progress line once a second. Returns whether `done` held.
+    pub async fn run_until(
+        &mut self,
+        deadline: Instant,
+        progress: &mut Progress,
+        mut status: impl FnMut(&Pool) -> String,
+        done: impl Fn(&Pool) -> bool,
+    ) -> bool {
+        let mut iv = tokio::time::interval(Duration::from_secs(1));
+        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        iv.tick().await;
+        loop {
+            if done(self) {
+                return true;
+            }
+            tokio::select! {
+                m = self.rx.recv() => match m {
+                    Some((i, m)) => self.apply(i, m),
+                    // Every reader task is gone: nothing more will arrive.
+                    None => return done(self),
+                },
+                _ = iv.tick() => progress.update(&status(self)),
+                _ = tokio::time::sleep_until(deadline) => return done(self),
+            }
+        }
+    }
+
+    /// Tells every worker to stop.
+    pub async fn stop(&mut self) {
+        for s in self.stdins.iter_mut() {
+            if let Some(stdin) = s.as_mut() {
+                let _ = stdin.write_all(b"stop\n").await;
+                let _ = stdin.flush().await;
+            }
+        }
+    }
+
+    /// Stops the workers, collects their final reports (waiting up to `timeout`), reaps the
+    /// processes and merges everything.
+    pub async fn finish(mut self, timeout: Duration, progress: &mut Progress) -> anyhow::Result<Merged> {
+        self.stop().await;
+        let deadline = Instant::now() + timeout;
+        self.run_until(deadline, progress, |_| "collecting worker reports".into(), |p| p.all_ended()).await;
+        for c in self.children.iter_mut() {
+            match tokio::time::timeout(Duration::from_secs(5), c.wait()).await {
+                Ok(_) => {}
+                Err(_) => {
+                    let _ = c.kill().await;
+                }
+            }
+        }
+        let mut m = Merged::default();
+        for w in &self.workers {
+            match &w.final_report {
+                Some(f) => {
+                    m.tally.merge(&f.tally);
+                    m.latency.merge(&Latency::from_base64(&f.latency)?)?;
+                    m.connect.merge(&Latency::from_base64(&f.connect)?)?;
+                }
+                None => {
+                    m.missing += 1;
+                    if let Some(g) = &w.garbage {
+                        m.tally.note_error(&format!("worker said: {}", g.chars().take(200).collect::<String>()));
+                    }
+                }
+            }
+        }
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_messages_round_trip_as_tagged_lines() {
+        let mut lat = Latency::new();
+        lat.record(42);
+        let f = WorkerMsg::Final(Box::new(FinalReport {
+            tally: Tally { established: 3, received: 9, ..Default::default() },
+            latency: lat.to_base64(),
+            connect: Latency::new().to_base64(),
+        }));
+        let line = serde_json::to_string(&f).unwrap();
+        assert!(line.starts_with("{\"final\":{"), "{line}");
+        assert!(!line.contains('\n'));
+        let WorkerMsg::Final(back) = serde_json::from_str(&line).unwrap() else { panic!() };
+        assert_eq!(back.tally.received, 9);
+        assert_eq!(Latency::from_base64(&back.latency).unwrap().count(), 1);
+        let p = serde_json::to_string(&WorkerMsg::Progress(Snapshot { received: 5, ..Default::default() })).unwrap();
+        assert!(p.starts_with("{\"progress\":{"), "{p}");
+    }
+}

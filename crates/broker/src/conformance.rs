@@ -1,0 +1,118 @@
+//! The conformance suite every [`Broker`] must pass. Each implementation's tests call
+//! [`run_all`] with a factory that yields a fresh broker (fresh channels) per case.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde_json::value::RawValue;
+
+use crate::{Broker, BrokerHandler, ClientInfo, HistoryPolicy, Publication};
+
+/// Records what a broker delivered.
+#[derive(Default)]
+pub struct RecordingHandler {
+    pub publications: Mutex<Vec<(String, u64, String)>>,
+    pub presence: Mutex<Vec<(String, String, bool)>>,
+}
+
+impl BrokerHandler for RecordingHandler {
+    fn on_publication(&self, channel: &str, p: &Publication) {
+        self.publications.lock().push((channel.to_string(), p.offset, p.data.get().to_string()));
+    }
+    fn after_publications(&self) {}
+    fn on_presence(&self, channel: &str, info: &ClientInfo, joined: bool) {
+        self.presence.lock().push((channel.to_string(), info.client.clone(), joined));
+    }
+}
+
+fn data(s: &str) -> crate::Data {
+    Arc::new(RawValue::from_string(s.to_string()).unwrap_or_else(|_| panic!("bad test json {s}")))
+}
+
+const KEEP: HistoryPolicy = HistoryPolicy { size: 5, ttl: Duration::from_secs(300) };
+
+/// Runs every case against brokers from `make`.
+pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
+    offsets_increase_and_reach_the_handler_in_order(make()).await;
+    history_since_a_position_is_exact(make()).await;
+    history_beyond_its_size_is_incomplete(make()).await;
+    wrong_epoch_is_incomplete(make()).await;
+    last_value_is_kept_without_history(make()).await;
+    presence_joins_and_leaves(make()).await;
+}
+
+async fn offsets_increase_and_reach_the_handler_in_order(b: Arc<dyn Broker>) {
+    let h = Arc::new(RecordingHandler::default());
+    b.set_handler(h.clone());
+    for i in 1..=10u64 {
+        let pos = b.publish("c:order", data(&i.to_string()), KEEP).await.unwrap();
+        assert_eq!(pos.offset, i);
+    }
+    let got = h.publications.lock().clone();
+    let offsets: Vec<u64> = got.iter().map(|p| p.1).collect();
+    assert_eq!(offsets, (1..=10).collect::<Vec<_>>());
+    assert_eq!(got[9].2, "10");
+}
+
+async fn history_since_a_position_is_exact(b: Arc<dyn Broker>) {
+    for i in 1..=4 {
+        b.publish("c:h", data(&i.to_string()), KEEP).await.unwrap();
+    }
+    let (pos, last) = b.last("c:h").await.unwrap();
+    assert_eq!(pos.offset, 4);
+    assert_eq!(last.unwrap().data.get(), "4");
+    let since = crate::Position { epoch: pos.epoch.clone(), offset: 2 };
+    let r = b.history("c:h", Some(&since), 100).await.unwrap();
+    assert!(r.complete);
+    assert_eq!(r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(), vec![3, 4]);
+    let r = b.history("c:h", Some(&pos), 100).await.unwrap();
+    assert!(r.complete && r.publications.is_empty());
+    let r = b.history("c:h", None, 2).await.unwrap();
+    assert_eq!(r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(), vec![3, 4]);
+}
+
+async fn history_beyond_its_size_is_incomplete(b: Arc<dyn Broker>) {
+    for i in 1..=8 {
+        b.publish("c:big", data(&i.to_string()), KEEP).await.unwrap();
+    }
+    let (pos, _) = b.last("c:big").await.unwrap();
+    let r = b.history("c:big", Some(&crate::Position { epoch: pos.epoch.clone(), offset: 1 }), 100).await.unwrap();
+    assert!(!r.complete, "offsets 2 and 3 fell out of a 5-entry history");
+    assert_eq!(r.publications.first().map(|p| p.offset), Some(4));
+    let r = b.history("c:big", Some(&crate::Position { epoch: pos.epoch, offset: 3 }), 100).await.unwrap();
+    assert!(r.complete);
+    assert_eq!(r.publications.len(), 5);
+}
+
+async fn wrong_epoch_is_incomplete(b: Arc<dyn Broker>) {
+    b.publish("c:e", data("1"), KEEP).await.unwrap();
+    let r = b.history("c:e", Some(&crate::Position { epoch: "other".into(), offset: 0 }), 10).await.unwrap();
+    assert!(!r.complete);
+    assert!(r.publications.is_empty(), "offsets of another epoch select nothing");
+}
+
+async fn last_value_is_kept_without_history(b: Arc<dyn Broker>) {
+    let none = HistoryPolicy { size: 0, ttl: Duration::from_secs(0) };
+    for i in 1..=3 {
+        b.publish("pt:x", data(&format!("{{\"v\":{i}}}")), none).await.unwrap();
+    }
+    let (pos, last) = b.last("pt:x").await.unwrap();
+    assert_eq!(pos.offset, 3);
+    assert_eq!(last.unwrap().data.get(), "{\"v\":3}");
+    let r = b.history("pt:x", Some(&crate::Position { epoch: pos.epoch, offset: 1 }), 10).await.unwrap();
+    assert!(!r.complete);
+}
+
+async fn presence_joins_and_leaves(b: Arc<dyn Broker>) {
+    let h = Arc::new(RecordingHandler::default());
+    b.set_handler(h.clone());
+    let a = ClientInfo { client: "c1".into(), user: "ann".into() };
+    b.presence_add("room:1", a.clone()).await.unwrap();
+    b.presence_add("room:1", ClientInfo { client: "c2".into(), user: "bob".into() }).await.unwrap();
+    assert_eq!(b.presence("room:1").await.unwrap().len(), 2);
+    b.presence_remove("room:1", "c1").await.unwrap();
+    assert_eq!(b.presence("room:1").await.unwrap(), vec![ClientInfo { client: "c2".into(), user: "bob".into() }]);
+    let ev = h.presence.lock().clone();
+    assert_eq!(ev, vec![("room:1".into(), "c1".into(), true), ("room:1".into(), "c2".into(), true), ("room:1".into(), "c1".into(), false)]);
+}

@@ -1,0 +1,134 @@
+//! The `switchboard publish` and `switchboard sub` tools (SPEC §5).
+//!
+//! `publish` prints the reply `{"offset", "epoch"}`; `sub` prints one JSON line
+//! `{"ch", "off", "data"}` per publication until Ctrl-C or until the server closes the
+//! connection. Diagnostics go to stderr so stdout stays a clean JSON-lines stream.
+
+use std::io::Write;
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+use switchboard_protocol::Format;
+
+use crate::client::Client;
+use crate::connect::ConnectOptions;
+use crate::event::{Event, Publication};
+use crate::http::HttpApi;
+use crate::reply::{ChannelResult, SubscribeOptions};
+
+/// `switchboard publish CHANNEL JSON`
+#[derive(Debug, Clone, clap::Args)]
+pub struct PublishArgs {
+    /// Channel to publish to, e.g. `room:1`.
+    pub channel: String,
+    /// Publication data: any JSON value, e.g. '{"v": 21.5}'.
+    pub json: String,
+    /// Base URL of the node's HTTP API.
+    #[arg(long, default_value = "http://127.0.0.1:8700")]
+    pub url: String,
+    /// API key or token, sent as `Authorization: Bearer`.
+    #[arg(long)]
+    pub token: Option<String>,
+}
+
+/// `switchboard sub CHANNEL...`
+#[derive(Debug, Clone, clap::Args)]
+pub struct SubArgs {
+    /// Channels to subscribe to.
+    #[arg(required = true)]
+    pub channels: Vec<String>,
+    /// WebSocket URL of the node.
+    #[arg(long, default_value = "ws://127.0.0.1:8700/ws")]
+    pub url: String,
+    /// Print each channel's last publication first.
+    #[arg(long)]
+    pub initial: bool,
+    /// Token, sent as `Authorization: Bearer` with the handshake.
+    #[arg(long)]
+    pub token: Option<String>,
+}
+
+/// Publishes once through the HTTP API and prints the reply.
+pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
+    let data: Value = serde_json::from_str(&args.json)
+        .with_context(|| format!("JSON argument {:?}", args.json))?;
+    let mut api = HttpApi::new(&args.url).with_context(|| format!("--url {}", args.url))?;
+    if let Some(t) = args.token {
+        api = api.with_token(t);
+    }
+    let reply = api
+        .publish(&args.channel, &data)
+        .await
+        .with_context(|| format!("publish to {}", args.url))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", serde_json::to_string(&reply)?)?;
+    Ok(())
+}
+
+/// Subscribes and prints publications as JSON lines until Ctrl-C (returns `Ok`) or until the
+/// connection ends (returns an error naming the close code, unless it was a normal close).
+pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
+    let mut opts = ConnectOptions::new(Format::Json);
+    opts.token = args.token.clone();
+    let mut client = Client::connect_with(&args.url, &opts)
+        .await
+        .with_context(|| format!("connect to {}", args.url))?;
+    let reply = client
+        .subscribe(SubscribeOptions::new(args.channels.iter().cloned()).initial(args.initial))
+        .await
+        .context("subscribe")?;
+    let mut ok = 0;
+    let mut last = Vec::new();
+    for ch in &args.channels {
+        match reply.channels.get(ch) {
+            Some(ChannelResult::Subscribed(s)) => {
+                ok += 1;
+                last.extend(s.last.clone());
+            }
+            Some(ChannelResult::Error { error }) => {
+                eprintln!("{ch}: error {}: {}", error.code, error.message)
+            }
+            None => eprintln!("{ch}: missing from the subscribe reply"),
+        }
+    }
+    if ok == 0 {
+        bail!("no channel could be subscribed");
+    }
+    let stdout = std::io::stdout();
+    let print = |p: &Publication| -> anyhow::Result<bool> {
+        let mut out = stdout.lock();
+        match writeln!(out, "{}", serde_json::to_string(p)?).and_then(|_| out.flush()) {
+            Ok(()) => Ok(true),
+            // The reader of our output went away (`| head`): stop quietly.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    };
+    for p in &last {
+        if !print(p)? {
+            return Ok(());
+        }
+    }
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        tokio::select! {
+            _ = &mut ctrl_c => {
+                let _ = client.close().await;
+                return Ok(());
+            }
+            ev = client.next_event() => match ev {
+                Some(Event::Publication(p)) => {
+                    if !print(&p)? {
+                        return Ok(());
+                    }
+                }
+                Some(Event::Disconnect { code, reason, .. }) => eprintln!("disconnect {code}: {reason}"),
+                Some(Event::Error(e)) => eprintln!("error {}: {}", e.code, e.message),
+                Some(Event::Join(_) | Event::Leave(_)) => {}
+                Some(Event::Closed { code: 1000 }) | None => return Ok(()),
+                Some(Event::Closed { code }) => bail!("connection closed by the server (code {code})"),
+            }
+        }
+    }
+}

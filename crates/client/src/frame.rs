@@ -1,0 +1,288 @@
+//! Splitting server frames into messages and decoding them.
+//!
+//! The server batches under load: a text frame may carry several JSON messages separated by
+//! `\n`, and a binary (MessagePack) frame several concatenated maps. Every reader must split.
+
+use std::io::Cursor;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use switchboard_protocol::message::ErrorBody;
+use switchboard_protocol::Format;
+
+use crate::event::{Event, Presence, Publication};
+
+/// Why one message in a frame could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct FrameError(pub String);
+
+/// The non-empty `\n`-separated lines of a JSON text frame (a trailing `\r` is dropped).
+pub fn split_json(payload: &[u8]) -> impl Iterator<Item = &[u8]> {
+    payload
+        .split(|b| *b == b'\n')
+        .map(|line| line.strip_suffix(b"\r").unwrap_or(line))
+        .filter(|line| line.iter().any(|b| !b.is_ascii_whitespace()))
+}
+
+/// Decodes every message of one frame payload as a `T`, calling `f` for each in order.
+///
+/// A JSON line that fails to decode is reported and the next line is still tried. In a
+/// MessagePack frame the message boundaries are only known by decoding, so the first failure
+/// ends the frame.
+pub fn for_each_message<T, F>(format: Format, payload: &[u8], mut f: F)
+where
+    T: DeserializeOwned,
+    F: FnMut(Result<T, FrameError>),
+{
+    match format {
+        Format::Json => {
+            for line in split_json(payload) {
+                f(serde_json::from_slice(line).map_err(|e| FrameError(e.to_string())));
+            }
+        }
+        Format::Msgpack => {
+            let mut de = rmp_serde::Deserializer::new(Cursor::new(payload));
+            while (de.position() as usize) < payload.len() {
+                match T::deserialize(&mut de) {
+                    Ok(v) => f(Ok(v)),
+                    Err(e) => {
+                        f(Err(FrameError(e.to_string())));
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One decoded server → client message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ServerMessage {
+    /// The reply to the command with this id: its `ok` body or its `error`.
+    Reply {
+        id: u32,
+        result: Result<serde_json::Value, ErrorBody>,
+    },
+    /// Anything else.
+    Event(Event),
+}
+
+/// Every key a server message may have; exactly one group is present.
+#[derive(Deserialize)]
+struct Incoming {
+    #[serde(default)]
+    id: Option<u32>,
+    #[serde(default)]
+    ok: Option<serde_json::Value>,
+    #[serde(default)]
+    error: Option<ErrorBody>,
+    #[serde(default, rename = "pub")]
+    publication: Option<Publication>,
+    #[serde(default)]
+    join: Option<Presence>,
+    #[serde(default)]
+    leave: Option<Presence>,
+    #[serde(default)]
+    disconnect: Option<Disconnect>,
+}
+
+#[derive(Deserialize)]
+struct Disconnect {
+    code: u16,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    reconnect: bool,
+}
+
+impl Incoming {
+    fn classify(self) -> Result<ServerMessage, FrameError> {
+        if let Some(p) = self.publication {
+            return Ok(ServerMessage::Event(Event::Publication(p)));
+        }
+        if let Some(e) = self.error {
+            return Ok(match self.id {
+                Some(id) if id != 0 => ServerMessage::Reply { id, result: Err(e) },
+                _ => ServerMessage::Event(Event::Error(e)),
+            });
+        }
+        if let Some(id) = self.id {
+            // `ok` is always an object; a missing or null one is read as `null`.
+            let body = self.ok.unwrap_or(serde_json::Value::Null);
+            return Ok(ServerMessage::Reply {
+                id,
+                result: Ok(body),
+            });
+        }
+        if let Some(p) = self.join {
+            return Ok(ServerMessage::Event(Event::Join(p)));
+        }
+        if let Some(p) = self.leave {
+            return Ok(ServerMessage::Event(Event::Leave(p)));
+        }
+        if let Some(d) = self.disconnect {
+            return Ok(ServerMessage::Event(Event::Disconnect {
+                code: d.code,
+                reason: d.reason,
+                reconnect: d.reconnect,
+            }));
+        }
+        Err(FrameError("message has no known key".into()))
+    }
+}
+
+/// Decodes every message of one frame into [`ServerMessage`]s, in order.
+pub fn decode_frame(format: Format, payload: &[u8]) -> Vec<Result<ServerMessage, FrameError>> {
+    let mut out = Vec::new();
+    for_each_message::<Incoming, _>(format, payload, |m| {
+        out.push(m.and_then(Incoming::classify))
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn msgpack(v: &serde_json::Value) -> Vec<u8> {
+        rmp_serde::to_vec_named(v).unwrap()
+    }
+
+    #[test]
+    fn frame_splits_batched_json_lines() {
+        let payload = b"{\"pub\":{\"ch\":\"a\",\"off\":1,\"data\":{\"v\":1}}}\n{\"id\":3,\"ok\":{}}\r\n\n{\"pub\":{\"ch\":\"a\",\"off\":2,\"data\":\"x\\ny\"}}\n";
+        let msgs: Vec<_> = decode_frame(Format::Json, payload)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(msgs.len(), 3);
+        assert_eq!(
+            msgs[0],
+            ServerMessage::Event(Event::Publication(Publication {
+                ch: "a".into(),
+                off: 1,
+                data: json!({"v": 1})
+            }))
+        );
+        assert_eq!(
+            msgs[1],
+            ServerMessage::Reply {
+                id: 3,
+                result: Ok(json!({}))
+            }
+        );
+        // A newline inside a JSON string is escaped on the wire, so it never splits a message.
+        let ServerMessage::Event(Event::Publication(p)) = &msgs[2] else {
+            panic!("{:?}", msgs[2])
+        };
+        assert_eq!(p.data, json!("x\ny"));
+    }
+
+    #[test]
+    fn frame_json_bad_line_does_not_hide_the_others() {
+        let payload = b"{\"id\":1,\"ok\":{}}\nnot json\n{\"id\":2,\"error\":{\"code\":403,\"message\":\"no\"}}";
+        let msgs = decode_frame(Format::Json, payload);
+        assert_eq!(msgs.len(), 3);
+        assert!(msgs[1].is_err());
+        assert_eq!(
+            msgs[2],
+            Ok(ServerMessage::Reply {
+                id: 2,
+                result: Err(ErrorBody {
+                    code: 403,
+                    message: "no".into()
+                })
+            })
+        );
+    }
+
+    #[test]
+    fn frame_splits_concatenated_msgpack_maps() {
+        let mut payload =
+            msgpack(&json!({"pub": {"ch": "pt:x", "off": 7, "data": {"v": 1.5, "q": "good"}}}));
+        payload.extend(msgpack(
+            &json!({"join": {"ch": "room:1", "client": "c1", "user": "u"}}),
+        ));
+        payload.extend(msgpack(
+            &json!({"id": 9, "ok": {"offset": 8, "epoch": "e"}}),
+        ));
+        payload.extend(msgpack(
+            &json!({"disconnect": {"code": 4008, "reason": "slow", "reconnect": true}}),
+        ));
+        let msgs: Vec<_> = decode_frame(Format::Msgpack, &payload)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(
+            msgs,
+            vec![
+                ServerMessage::Event(Event::Publication(Publication {
+                    ch: "pt:x".into(),
+                    off: 7,
+                    data: json!({"v": 1.5, "q": "good"})
+                })),
+                ServerMessage::Event(Event::Join(Presence {
+                    ch: "room:1".into(),
+                    client: "c1".into(),
+                    user: Some("u".into())
+                })),
+                ServerMessage::Reply {
+                    id: 9,
+                    result: Ok(json!({"offset": 8, "epoch": "e"}))
+                },
+                ServerMessage::Event(Event::Disconnect {
+                    code: 4008,
+                    reason: "slow".into(),
+                    reconnect: true
+                }),
+            ]
+        );
+    }
+
+    #[test]
+    fn frame_msgpack_garbage_ends_the_frame_with_an_error() {
+        let mut payload = msgpack(&json!({"id": 1, "ok": {}}));
+        payload.push(0xc1); // never used in MessagePack
+        let msgs = decode_frame(Format::Msgpack, &payload);
+        assert_eq!(msgs.len(), 2);
+        assert!(msgs[0].is_ok());
+        assert!(msgs[1].is_err());
+    }
+
+    #[test]
+    fn frame_error_without_id_is_an_event() {
+        let msgs = decode_frame(
+            Format::Json,
+            br#"{"id":0,"error":{"code":400,"message":"bad"}}"#,
+        );
+        assert_eq!(
+            msgs,
+            vec![Ok(ServerMessage::Event(Event::Error(ErrorBody {
+                code: 400,
+                message: "bad".into()
+            })))]
+        );
+    }
+
+    #[test]
+    fn frame_typed_fast_path_decodes_only_what_it_needs() {
+        #[derive(Deserialize)]
+        struct Off {
+            #[serde(rename = "pub")]
+            publication: Inner,
+        }
+        #[derive(Deserialize)]
+        struct Inner {
+            off: u64,
+        }
+        let mut offs = Vec::new();
+        let payload = msgpack(&json!({"pub": {"ch": "a", "off": 4, "data": [1, 2]}}));
+        let twice = [payload.clone(), payload].concat();
+        for_each_message::<Off, _>(Format::Msgpack, &twice, |m| {
+            offs.push(m.unwrap().publication.off)
+        });
+        assert_eq!(offs, vec![4, 4]);
+    }
+}

@@ -1,0 +1,191 @@
+//! Command options and the typed `ok` bodies of replies (SPEC §2 table).
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use switchboard_protocol::message::ErrorBody;
+use switchboard_protocol::StreamPosition;
+
+use crate::event::Publication;
+
+/// The body of a `subscribe` command.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SubscribeOptions {
+    pub channels: Vec<String>,
+    /// Ask for each channel's last publication in the reply.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub initial: bool,
+    /// Positions to recover from, per channel: the epoch and the offset of the last
+    /// publication processed.
+    #[serde(skip_serializing_if = "HashMap::is_empty")]
+    pub recover: HashMap<String, StreamPosition>,
+    /// Ceiling of deliveries per second for these subscriptions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_rate_hz: Option<f64>,
+}
+
+impl SubscribeOptions {
+    pub fn new<I, S>(channels: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        SubscribeOptions {
+            channels: channels.into_iter().map(Into::into).collect(),
+            ..Default::default()
+        }
+    }
+
+    pub fn initial(mut self, initial: bool) -> Self {
+        self.initial = initial;
+        self
+    }
+
+    /// Recover `channel` from the publication after `offset` in `epoch`.
+    pub fn recover(
+        mut self,
+        channel: impl Into<String>,
+        epoch: impl Into<String>,
+        offset: u64,
+    ) -> Self {
+        self.recover.insert(
+            channel.into(),
+            StreamPosition {
+                epoch: epoch.into(),
+                offset,
+            },
+        );
+        self
+    }
+
+    pub fn max_rate_hz(mut self, hz: f64) -> Self {
+        self.max_rate_hz = Some(hz);
+        self
+    }
+}
+
+/// `subscribe` reply: one result per requested channel.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct SubscribeReply {
+    pub channels: HashMap<String, ChannelResult>,
+}
+
+impl SubscribeReply {
+    /// The per-channel errors, if any (per-channel failures do not fail the command).
+    pub fn errors(&self) -> impl Iterator<Item = (&str, &ErrorBody)> {
+        self.channels.iter().filter_map(|(ch, r)| match r {
+            ChannelResult::Error { error } => Some((ch.as_str(), error)),
+            ChannelResult::Subscribed(_) => None,
+        })
+    }
+}
+
+/// One channel's outcome in a subscribe reply.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum ChannelResult {
+    Error { error: ErrorBody },
+    Subscribed(Subscribed),
+}
+
+/// A successful subscription.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Subscribed {
+    /// The channel's current position.
+    pub epoch: String,
+    pub offset: u64,
+    /// The latest publication, with `initial: true`.
+    #[serde(default)]
+    pub last: Option<Publication>,
+    /// With `recover`: the publications after the given position, in order.
+    #[serde(default)]
+    pub recovered: Vec<Publication>,
+    /// `false` when the history no longer reached back to the recovery position.
+    #[serde(default = "yes")]
+    pub complete: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `publish` reply (WebSocket and HTTP).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublishReply {
+    pub offset: u64,
+    pub epoch: String,
+}
+
+/// `history` reply.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct HistoryReply {
+    pub publications: Vec<Publication>,
+    pub epoch: String,
+    pub offset: u64,
+}
+
+/// `presence` reply.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct PresenceReply {
+    pub clients: Vec<PresenceClient>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct PresenceClient {
+    pub client: String,
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// `connect` reply.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ConnectReply {
+    pub client: String,
+    pub node: String,
+    pub ping_s: u64,
+}
+
+/// `refresh` reply.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RefreshReply {
+    pub expires: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn reply_subscribe_options_serialize_to_the_wire_shape() {
+        let o = SubscribeOptions::new(["a"])
+            .initial(true)
+            .recover("a", "e", 41);
+        assert_eq!(
+            serde_json::to_value(&o).unwrap(),
+            json!({"channels": ["a"], "initial": true, "recover": {"a": {"epoch": "e", "offset": 41}}})
+        );
+        assert_eq!(
+            serde_json::to_value(SubscribeOptions::new(["b"])).unwrap(),
+            json!({"channels": ["b"]})
+        );
+    }
+
+    #[test]
+    fn reply_subscribe_mixes_results_and_errors() {
+        let r: SubscribeReply = serde_json::from_value(json!({"channels": {
+            "a": {"epoch": "e", "offset": 42, "last": {"ch": "a", "off": 42, "data": 1}, "recovered": [], "complete": true},
+            "b": {"error": {"code": 403, "message": "forbidden"}}
+        }}))
+        .unwrap();
+        let ChannelResult::Subscribed(a) = &r.channels["a"] else {
+            panic!()
+        };
+        assert_eq!(a.offset, 42);
+        assert_eq!(a.last.as_ref().unwrap().data, json!(1));
+        let errors: Vec<_> = r.errors().collect();
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].0, "b");
+        assert_eq!(errors[0].1.code, 403);
+    }
+}

@@ -1,0 +1,211 @@
+//! The HTTP API (SPEC §4) and the route table, including `/ws`.
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use switchboard_broker::{Position, Publication};
+use switchboard_protocol::validate_channel;
+
+use crate::node::{ApiError, Node};
+
+/// Largest accepted HTTP request body (a batch publish of thousands of points).
+const MAX_BODY: usize = 16 * 1024 * 1024;
+
+pub fn router(node: Arc<Node>) -> Router {
+    Router::new()
+        .route("/ws", get(crate::transport::ws::handshake))
+        .route("/api/publish", post(publish))
+        .route("/api/channels", get(channels))
+        .route("/api/channels/{*rest}", get(channel))
+        .route("/api/presence/{*channel}", get(presence))
+        .route("/api/info", get(info))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/", get(index))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(node)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(serde_json::json!({"error": {"code": self.code, "message": self.message}}))).into_response()
+    }
+}
+
+/// The long publication form of the HTTP API.
+#[derive(Serialize)]
+struct HttpPub<'a> {
+    channel: &'a str,
+    offset: u64,
+    data: &'a RawValue,
+}
+
+fn http_pub<'a>(channel: &'a str, p: &'a Publication) -> HttpPub<'a> {
+    HttpPub { channel, offset: p.offset, data: &p.data }
+}
+
+#[derive(Deserialize)]
+struct PublishOne {
+    channel: String,
+    data: Box<RawValue>,
+}
+
+/// `{"channel", "data"}` or `{"batch": [...]}`. Not an untagged enum: raw JSON values cannot
+/// pass through serde's buffering of untagged variants.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishBody {
+    channel: Option<String>,
+    data: Option<Box<RawValue>>,
+    batch: Option<Vec<PublishOne>>,
+}
+
+#[derive(Serialize)]
+struct Published<'a> {
+    offset: u64,
+    epoch: &'a str,
+}
+
+async fn publish(State(node): State<Arc<Node>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
+    let body: PublishBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(400, format!("expected {{\"channel\", \"data\"}} or {{\"batch\": [...]}}: {e}"))
+    })?;
+    match body {
+        PublishBody { channel: Some(channel), data: Some(data), batch: None } => {
+            let pos = node.publish(&channel, Arc::new(data)).await?;
+            Ok(Json(Published { offset: pos.offset, epoch: &pos.epoch }).into_response())
+        }
+        PublishBody { channel: None, data: None, batch: Some(batch) } => {
+            let items = batch.into_iter().map(|p| (p.channel, Arc::new(p.data))).collect();
+            let results = node.publish_batch(items).await;
+            let results: Vec<serde_json::Value> = results
+                .into_iter()
+                .map(|r| match r {
+                    Ok(pos) => serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}),
+                    Err(e) => serde_json::json!({"error": {"code": e.code, "message": e.message}}),
+                })
+                .collect();
+            Ok(Json(serde_json::json!({ "results": results })).into_response())
+        }
+        _ => Err(ApiError::new(400, "expected {\"channel\", \"data\"} or {\"batch\": [...]}")),
+    }
+}
+
+#[derive(Serialize)]
+struct ChannelInfo<'a> {
+    channel: &'a str,
+    subscribers: usize,
+    offset: u64,
+    epoch: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last: Option<Option<HttpPub<'a>>>,
+}
+
+async fn channels(State(node): State<Arc<Node>>) -> Result<Response, ApiError> {
+    let mut list = node.broker.channels().await.map_err(|e| ApiError::new(500, e.to_string()))?;
+    list.sort_by(|a, b| a.channel.cmp(&b.channel));
+    let out: Vec<ChannelInfo<'_>> = list
+        .iter()
+        .map(|c| ChannelInfo {
+            channel: &c.channel,
+            subscribers: node.hub.subscriber_count(&c.channel),
+            offset: c.position.offset,
+            epoch: &c.position.epoch,
+            last: None,
+        })
+        .collect();
+    Ok(Json(out).into_response())
+}
+
+#[derive(Deserialize)]
+struct HistoryQuery {
+    since_offset: Option<u64>,
+    epoch: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `GET /api/channels/{channel}` and `GET /api/channels/{channel}/history`. Channel names may
+/// contain `/`; a name that itself ends in `/history` must be percent-encoded (`%2Fhistory`).
+async fn channel(State(node): State<Arc<Node>>, Path(rest): Path<String>, Query(q): Query<HistoryQuery>) -> Result<Response, ApiError> {
+    if let Some(ch) = rest.strip_suffix("/history") {
+        return history(&node, ch, q).await;
+    }
+    validate_channel(&rest).map_err(|e| ApiError::new(400, e.to_string()))?;
+    let (pos, last) = node.broker.last(&rest).await.map_err(|e| ApiError::new(500, e.to_string()))?;
+    let info = ChannelInfo {
+        channel: &rest,
+        subscribers: node.hub.subscriber_count(&rest),
+        offset: pos.offset,
+        epoch: &pos.epoch,
+        last: Some(last.as_ref().map(|p| http_pub(&rest, p))),
+    };
+    Ok(Json(info).into_response())
+}
+
+async fn history(node: &Node, ch: &str, q: HistoryQuery) -> Result<Response, ApiError> {
+    validate_channel(ch).map_err(|e| ApiError::new(400, e.to_string()))?;
+    let limit = q.limit.unwrap_or(100).min(10_000);
+    let since = match (q.since_offset, q.epoch) {
+        (Some(offset), Some(epoch)) => Some(Position { epoch: epoch.into(), offset }),
+        (None, None) => None,
+        _ => return Err(ApiError::new(400, "since_offset and epoch go together")),
+    };
+    let r = node.broker.history(ch, since.as_ref(), limit).await.map_err(|e| ApiError::new(500, e.to_string()))?;
+    let pubs: Vec<HttpPub<'_>> = r.publications.iter().map(|p| http_pub(ch, p)).collect();
+    Ok(Json(serde_json::json!({
+        "channel": ch,
+        "publications": pubs,
+        "epoch": &*r.position.epoch,
+        "offset": r.position.offset,
+        "complete": r.complete,
+    }))
+    .into_response())
+}
+
+async fn presence(State(node): State<Arc<Node>>, Path(ch): Path<String>) -> Result<Response, ApiError> {
+    validate_channel(&ch).map_err(|e| ApiError::new(400, e.to_string()))?;
+    let clients = node.broker.presence(&ch).await.map_err(|e| ApiError::new(500, e.to_string()))?;
+    Ok(Json(serde_json::json!({ "channel": ch, "clients": clients })).into_response())
+}
+
+async fn info(State(node): State<Arc<Node>>) -> Response {
+    use std::sync::atomic::Ordering::Relaxed;
+    Json(serde_json::json!({
+        "node": node.id,
+        "version": env!("CARGO_PKG_VERSION"),
+        "connections": node.connection_count(),
+        "subscriptions": node.metrics.subscriptions.load(Relaxed),
+        "channels": node.hub.channel_count(),
+        "uptime_s": node.uptime().as_secs(),
+        "broker": node.broker.kind(),
+        "workers": node.config.worker_threads(),
+    }))
+    .into_response()
+}
+
+async fn readyz(State(node): State<Arc<Node>>) -> Response {
+    if node.is_stopping() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "stopping\n").into_response();
+    }
+    if node.broker.ready().await {
+        "ready\n".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "broker unreachable\n").into_response()
+    }
+}
+
+async fn metrics(State(node): State<Arc<Node>>) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], node.metrics.render(node.hub.channel_count())).into_response()
+}
+
+async fn index() -> Html<&'static str> {
+    Html(include_str!("index.html"))
+}

@@ -1,0 +1,309 @@
+//! Node configuration: a TOML file, overlaid by `SWITCHBOARD_*` environment variables, overlaid
+//! by command-line flags. Unknown keys and bad values are errors that name the key.
+//!
+//! Environment variables map onto keys by lower-casing and splitting on `__`:
+//! `SWITCHBOARD_LISTEN` → `listen`, `SWITCHBOARD_LIMITS__MAX_CONNECTIONS` →
+//! `limits.max_connections`, `SWITCHBOARD_NAMESPACES__PT__HISTORY_SIZE` →
+//! `namespaces.pt.history_size`. A flat `SWITCHBOARD_MAX_CONNECTIONS` also reaches
+//! `limits.max_connections`, since every limit key is unique.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::Deserialize;
+use switchboard_broker::HistoryPolicy;
+
+/// A configuration error; the message names the offending key. Binaries exit 2 on it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address to listen on.
+    pub listen: String,
+    /// Runtime worker threads; 0 means one per core. Never more than the cores.
+    pub workers: usize,
+    /// `memory` (the embedded default).
+    pub broker: String,
+    /// This node's id in replies and `/api/info`; random when unset.
+    pub node_id: Option<String>,
+    /// `N@HZ`: simulate N point channels `pt:sim.<i>` at HZ each.
+    pub simulate: Option<String>,
+    /// Allow listening beyond loopback with no authentication configured.
+    pub allow_anonymous: bool,
+    pub limits: Limits,
+    /// Namespace options by namespace name; `""` is the default namespace.
+    pub namespaces: HashMap<String, Namespace>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub max_subscriptions: usize,
+    /// Largest accepted client frame (and reassembled message) in bytes; larger closes 1009.
+    pub max_frame_bytes: usize,
+    /// Bound of a connection's queued, unwritten bytes (non-conflated) before 4008.
+    pub max_pending_bytes: usize,
+    /// Seconds between server pings; silent connections close after 3× this.
+    pub ping_s: u64,
+    /// Most channels one subscribe command may name.
+    pub max_channels_per_subscribe: usize,
+    /// Largest publication data in bytes (413).
+    pub max_publication_bytes: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Namespace {
+    pub history_size: usize,
+    pub history_ttl_s: u64,
+    /// Slow subscribers get only the latest value per channel instead of a queue.
+    pub conflate: bool,
+    /// Clients may publish over WebSocket.
+    pub client_publish: bool,
+    /// Join/leave events and who-is-here.
+    pub presence: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        let mut namespaces = HashMap::new();
+        namespaces.insert(String::new(), Namespace::default());
+        namespaces.insert("pt".to_string(), Namespace { history_size: 0, history_ttl_s: 0, conflate: true, ..Namespace::default() });
+        namespaces.insert(
+            "room".to_string(),
+            Namespace { client_publish: true, presence: true, ..Namespace::default() },
+        );
+        Config {
+            listen: "127.0.0.1:8700".to_string(),
+            workers: 0,
+            broker: "memory".to_string(),
+            node_id: None,
+            simulate: None,
+            allow_anonymous: false,
+            limits: Limits::default(),
+            namespaces,
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_connections: 100_000,
+            max_subscriptions: 10_000,
+            max_frame_bytes: 64 * 1024,
+            max_pending_bytes: 1024 * 1024,
+            ping_s: 25,
+            max_channels_per_subscribe: 10_000,
+            max_publication_bytes: 64 * 1024,
+        }
+    }
+}
+
+impl Default for Namespace {
+    fn default() -> Namespace {
+        Namespace { history_size: 100, history_ttl_s: 300, conflate: false, client_publish: false, presence: false }
+    }
+}
+
+impl Namespace {
+    pub fn history(&self) -> HistoryPolicy {
+        HistoryPolicy { size: self.history_size, ttl: Duration::from_secs(self.history_ttl_s) }
+    }
+}
+
+const LIMIT_KEYS: [&str; 7] = [
+    "max_connections",
+    "max_subscriptions",
+    "max_frame_bytes",
+    "max_pending_bytes",
+    "ping_s",
+    "max_channels_per_subscribe",
+    "max_publication_bytes",
+];
+
+impl Config {
+    /// Loads the file (if any), then the environment, then `overrides` (flag key paths and
+    /// values), and validates the result.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+        overrides: &[(&str, toml::Value)],
+    ) -> Result<Config, ConfigError> {
+        let mut table = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| ConfigError(format!("config file {}: {e}", path.display())))?;
+                text.parse::<toml::Table>().map_err(|e| ConfigError(format!("config file {}: {e}", path.display())))?
+            }
+            None => toml::Table::new(),
+        };
+        for (key, value) in env {
+            let Some(rest) = key.strip_prefix("SWITCHBOARD_") else { continue };
+            let mut path: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
+            if path.len() == 1 && LIMIT_KEYS.contains(&path[0].as_str()) {
+                path.insert(0, "limits".to_string());
+            }
+            let dotted = path.join(".");
+            set_path(&mut table, &path, env_value(&value)).map_err(|e| ConfigError(format!("environment {key} ({dotted}): {e}")))?;
+        }
+        for (dotted, value) in overrides {
+            let path: Vec<String> = dotted.split('.').map(str::to_string).collect();
+            set_path(&mut table, &path, value.clone()).map_err(|e| ConfigError(format!("{dotted}: {e}")))?;
+        }
+        // Namespaces given in the file start from the built-in defaults of that namespace.
+        let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
+            .map_err(|e| ConfigError(format!("{}: {}", e.path(), e.inner().message().trim())))?;
+        let defaults = Config::default();
+        for (name, ns) in defaults.namespaces {
+            config.namespaces.entry(name).or_insert(ns);
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.listen_addr()?;
+        if self.broker != "memory" {
+            return Err(ConfigError(format!("broker: unsupported broker {:?} (this build supports `memory`)", self.broker)));
+        }
+        if let Some(sim) = &self.simulate {
+            parse_simulate(sim).map_err(|e| ConfigError(format!("simulate: {e}")))?;
+        }
+        let l = &self.limits;
+        for (key, v) in [
+            ("limits.max_connections", l.max_connections),
+            ("limits.max_subscriptions", l.max_subscriptions),
+            ("limits.max_frame_bytes", l.max_frame_bytes),
+            ("limits.max_pending_bytes", l.max_pending_bytes),
+            ("limits.ping_s", l.ping_s as usize),
+            ("limits.max_channels_per_subscribe", l.max_channels_per_subscribe),
+            ("limits.max_publication_bytes", l.max_publication_bytes),
+        ] {
+            if v == 0 {
+                return Err(ConfigError(format!("{key}: must be greater than 0")));
+            }
+        }
+        if l.max_frame_bytes < 125 {
+            return Err(ConfigError("limits.max_frame_bytes: must be at least 125".into()));
+        }
+        if !self.allow_anonymous && !self.listen_addr()?.ip().is_loopback() {
+            return Err(ConfigError(format!(
+                "listen: {} is beyond loopback and no authentication is configured; pass --allow-anonymous to serve anyway",
+                self.listen
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.listen.parse().map_err(|e| ConfigError(format!("listen: {:?} is not an address like 127.0.0.1:8700 ({e})", self.listen)))
+    }
+
+    /// The options of a channel's namespace; unknown namespaces use the default namespace's.
+    pub fn namespace(&self, name: &str) -> &Namespace {
+        self.namespaces.get(name).or_else(|| self.namespaces.get("")).unwrap_or(&DEFAULT_NAMESPACE)
+    }
+
+    /// Worker threads: the configured number, capped at the cores.
+    pub fn worker_threads(&self) -> usize {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        if self.workers == 0 { cores } else { self.workers.min(cores) }
+    }
+}
+
+static DEFAULT_NAMESPACE: Namespace =
+    Namespace { history_size: 100, history_ttl_s: 300, conflate: false, client_publish: false, presence: false };
+
+/// Parses `N@HZ`.
+pub fn parse_simulate(s: &str) -> Result<(usize, f64), String> {
+    let (n, hz) = s.split_once('@').ok_or_else(|| format!("{s:?} is not N@HZ, e.g. 1000@1"))?;
+    let n: usize = n.trim().parse().map_err(|_| format!("{n:?} is not a count"))?;
+    let hz: f64 = hz.trim().parse().map_err(|_| format!("{hz:?} is not a rate"))?;
+    if n == 0 || !(hz > 0.0 && hz <= 1000.0) {
+        return Err(format!("{s:?}: need N > 0 and 0 < HZ <= 1000"));
+    }
+    Ok((n, hz))
+}
+
+fn env_value(s: &str) -> toml::Value {
+    if let Ok(i) = s.parse::<i64>() {
+        return toml::Value::Integer(i);
+    }
+    if let Ok(f) = s.parse::<f64>() {
+        return toml::Value::Float(f);
+    }
+    match s {
+        "true" => toml::Value::Boolean(true),
+        "false" => toml::Value::Boolean(false),
+        _ => toml::Value::String(s.to_string()),
+    }
+}
+
+fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> Result<(), String> {
+    let (last, parents) = path.split_last().ok_or("empty key")?;
+    let mut t = table;
+    for p in parents {
+        let entry = t.entry(p.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t = entry.as_table_mut().ok_or_else(|| format!("{p} is not a table"))?;
+    }
+    t.insert(last.clone(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn config_defaults_follow_the_spec() {
+        let c = Config::load(None, vec![], &[]).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:8700");
+        assert!(c.namespace("pt").conflate);
+        assert!(c.namespace("room").client_publish && c.namespace("room").presence);
+        assert_eq!(c.namespace("").history_size, 100);
+        assert_eq!(c.namespace("").history_ttl_s, 300);
+        assert!(!c.namespace("other").client_publish);
+        assert_eq!(c.limits.max_frame_bytes, 65536);
+    }
+
+    #[test]
+    fn config_env_and_overrides_layer_over_the_file() {
+        let dir = std::env::temp_dir().join(format!("sbcfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(&path, "listen = \"127.0.0.1:9000\"\n[limits]\nmax_connections = 5\n[namespaces.chat]\nclient_publish = true\n").unwrap();
+        let c = Config::load(
+            Some(&path),
+            env(&[("SWITCHBOARD_MAX_SUBSCRIPTIONS", "7"), ("SWITCHBOARD_NAMESPACES__PT__HISTORY_SIZE", "3"), ("OTHER", "x")]),
+            &[("limits.max_connections", toml::Value::Integer(6))],
+        )
+        .unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9000");
+        assert_eq!(c.limits.max_connections, 6);
+        assert_eq!(c.limits.max_subscriptions, 7);
+        assert_eq!(c.namespace("pt").history_size, 3);
+        assert!(c.namespace("chat").client_publish);
+    }
+
+    #[test]
+    fn config_errors_name_the_key() {
+        let e = Config::load(None, env(&[("SWITCHBOARD_LIMITS__MAX_CONECTIONS", "1")]), &[]).unwrap_err();
+        assert!(e.0.contains("max_conections"), "{e}");
+        let e = Config::load(None, env(&[("SWITCHBOARD_MAX_CONNECTIONS", "lots")]), &[]).unwrap_err();
+        assert!(e.0.contains("max_connections"), "{e}");
+        let e = Config::load(None, vec![], &[("listen", toml::Value::String("0.0.0.0:80".into()))]).unwrap_err();
+        assert!(e.0.contains("listen") && e.0.contains("--allow-anonymous"), "{e}");
+        let e = Config::load(None, vec![], &[("simulate", toml::Value::String("ten".into()))]).unwrap_err();
+        assert!(e.0.contains("simulate"), "{e}");
+    }
+}

@@ -1,0 +1,250 @@
+//! [`Hub`]: which local connections subscribe to which channel, and the fan-out.
+//!
+//! A publication is encoded once per wire format in use on the channel, framed once, and the
+//! same bytes are pushed into every subscriber's [`Outbox`]. Pushing only queues; the socket
+//! writes happen in [`Hub::flush_pending`], after the broker released the channel lock, and
+//! are spread over the runtime's workers when many connections are involved.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use indexmap::IndexMap;
+use parking_lot::{Mutex, RwLock};
+use switchboard_broker::{BrokerHandler, ClientInfo, Publication};
+use switchboard_protocol::message::{encode_presence, encode_publication, PresenceEvent};
+use switchboard_protocol::Format;
+
+use crate::metrics::Metrics;
+use crate::outbox::{Delivery, Frame, Outbox, Pushed};
+
+const SHARDS: usize = 64;
+/// Connections flushed by one task; larger flush lists are split across the workers.
+const FLUSH_CHUNK: usize = 512;
+
+struct Subscribers {
+    conflate: bool,
+    /// Keyed by connection id; `IndexMap` iterates like a `Vec` and removes in O(1).
+    conns: IndexMap<u64, Arc<Outbox>>,
+    msgpack: usize,
+}
+
+tokio::task_local! {
+    /// Set while a batch of publications is published: flushing waits for the batch's end so a
+    /// connection subscribed to many of its channels gets them in one write.
+    pub static IN_BATCH: ();
+}
+
+/// Local subscriptions and fan-out. One per node.
+pub struct Hub {
+    shards: Vec<RwLock<HashMap<Arc<str>, Subscribers>>>,
+    /// Outboxes that were scheduled by pushes and still need a flush.
+    pending: Mutex<Vec<Arc<Outbox>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Hub {
+    pub fn new(metrics: Arc<Metrics>) -> Hub {
+        Hub { shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(), pending: Mutex::new(Vec::new()), metrics }
+    }
+
+    fn shard(&self, channel: &str) -> &RwLock<HashMap<Arc<str>, Subscribers>> {
+        let mut h = DefaultHasher::new();
+        channel.hash(&mut h);
+        &self.shards[(h.finish() as usize) % SHARDS]
+    }
+
+    /// Adds a subscriber. Returns true when it is the channel's first on this node.
+    pub fn add(&self, channel: &Arc<str>, outbox: &Arc<Outbox>, conflate: bool) -> bool {
+        let mut shard = self.shard(channel).write();
+        let subs = shard
+            .entry(channel.clone())
+            .or_insert_with(|| Subscribers { conflate, conns: IndexMap::new(), msgpack: 0 });
+        let first = subs.conns.is_empty();
+        if subs.conns.insert(outbox.id, outbox.clone()).is_none() && outbox.format == Format::Msgpack {
+            subs.msgpack += 1;
+        }
+        first
+    }
+
+    /// Removes a subscriber. Returns true when the channel has no local subscriber left.
+    pub fn remove(&self, channel: &str, conn: u64) -> bool {
+        let mut shard = self.shard(channel).write();
+        let Some(subs) = shard.get_mut(channel) else { return false };
+        if let Some(ob) = subs.conns.swap_remove(&conn) {
+            if ob.format == Format::Msgpack {
+                subs.msgpack -= 1;
+            }
+        }
+        if subs.conns.is_empty() {
+            shard.remove(channel);
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn subscriber_count(&self, channel: &str) -> usize {
+        self.shard(channel).read().get(channel).map_or(0, |s| s.conns.len())
+    }
+
+    /// Channels with local subscribers.
+    pub fn channel_count(&self) -> usize {
+        self.shards.iter().map(|s| s.read().len()).sum()
+    }
+
+    fn fan_out(&self, channel: &str, make: impl Fn(Format) -> Delivery) {
+        let shard = self.shard(channel).read();
+        let Some(subs) = shard.get(channel) else { return };
+        let json = (subs.conns.len() > subs.msgpack).then(|| make(Format::Json));
+        let mp = (subs.msgpack > 0).then(|| make(Format::Msgpack));
+        let mut scheduled = Vec::new();
+        for ob in subs.conns.values() {
+            let d = match ob.format {
+                Format::Json => json.as_ref(),
+                Format::Msgpack => mp.as_ref(),
+            };
+            let Some(d) = d else { continue };
+            if ob.push(d.clone(), subs.conflate) == Pushed::Schedule {
+                scheduled.push(ob.clone());
+            }
+        }
+        drop(shard);
+        if !scheduled.is_empty() {
+            let mut pending = self.pending.lock();
+            if pending.is_empty() {
+                *pending = scheduled;
+            } else {
+                pending.extend(scheduled);
+            }
+        }
+    }
+
+    /// Writes to every connection scheduled by earlier pushes. Large lists are cut into
+    /// chunks flushed concurrently on the runtime's workers; the last chunk runs inline.
+    pub fn flush_pending(&self) {
+        let list = std::mem::take(&mut *self.pending.lock());
+        if list.len() <= FLUSH_CHUNK || tokio::runtime::Handle::try_current().is_err() {
+            for ob in &list {
+                ob.flush();
+            }
+            return;
+        }
+        let mut chunks: Vec<Vec<Arc<Outbox>>> = Vec::new();
+        let mut rest = list;
+        while rest.len() > FLUSH_CHUNK {
+            let tail = rest.split_off(rest.len() - FLUSH_CHUNK);
+            chunks.push(tail);
+        }
+        for chunk in chunks {
+            tokio::spawn(async move {
+                for ob in &chunk {
+                    ob.flush();
+                }
+            });
+        }
+        for ob in &rest {
+            ob.flush();
+        }
+    }
+}
+
+impl BrokerHandler for Hub {
+    fn on_publication(&self, channel: &str, p: &Publication) {
+        self.metrics.publications.fetch_add(1, Relaxed);
+        let born = Instant::now();
+        let ch: Arc<str> = Arc::from(channel);
+        self.fan_out(
+            channel,
+            |format| {
+                let payload = encode_publication(format, channel, p.offset, &p.data);
+                Delivery { frame: Frame::message(format, &payload), channel: ch.clone(), offset: p.offset, born }
+            },
+        );
+    }
+
+    fn after_publications(&self) {
+        if IN_BATCH.try_with(|_| ()).is_ok() {
+            return;
+        }
+        self.flush_pending();
+    }
+
+    fn on_presence(&self, channel: &str, info: &ClientInfo, joined: bool) {
+        let shard = self.shard(channel).read();
+        let Some(subs) = shard.get(channel) else { return };
+        let ev = || PresenceEvent { ch: channel, client: &info.client, user: &info.user };
+        let json = Frame::message(Format::Json, &encode_presence(Format::Json, joined, ev()));
+        let mp = (subs.msgpack > 0).then(|| Frame::message(Format::Msgpack, &encode_presence(Format::Msgpack, joined, ev())));
+        let mut scheduled = Vec::new();
+        for ob in subs.conns.values() {
+            let frame = match (ob.format, &mp) {
+                (Format::Msgpack, Some(f)) => f,
+                _ => &json,
+            };
+            if ob.push_frame(frame) == Pushed::Schedule {
+                scheduled.push(ob.clone());
+            }
+        }
+        drop(shard);
+        self.pending.lock().extend(scheduled);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbox::tests::TestWire;
+    use serde_json::value::RawValue;
+
+    fn publication(off: u64, v: &str) -> Publication {
+        Publication { offset: off, data: Arc::new(RawValue::from_string(v.into()).unwrap()), time_ms: 0 }
+    }
+
+    #[test]
+    fn hub_fans_one_encoding_out_to_every_subscriber() {
+        let metrics = Arc::new(Metrics::default());
+        let hub = Hub::new(metrics.clone());
+        let ch: Arc<str> = "news".into();
+        let wires: Vec<Arc<TestWire>> = (0..3).map(|_| TestWire::open(usize::MAX)).collect();
+        let obs: Vec<Arc<Outbox>> = wires
+            .iter()
+            .enumerate()
+            .map(|(i, w)| Arc::new(Outbox::new(i as u64, Format::Json, w.clone(), 1 << 20, metrics.clone())))
+            .collect();
+        assert!(hub.add(&ch, &obs[0], false));
+        assert!(!hub.add(&ch, &obs[1], false));
+        hub.add(&ch, &obs[2], false);
+        hub.on_publication("news", &publication(1, "{\"x\":1}"));
+        hub.after_publications();
+        for w in &wires {
+            assert_eq!(w.messages(), vec![serde_json::json!({"pub": {"ch": "news", "off": 1, "data": {"x": 1}}})]);
+        }
+        assert!(!hub.remove("news", 0));
+        assert!(!hub.remove("news", 1));
+        assert!(hub.remove("news", 2));
+        assert_eq!(hub.channel_count(), 0);
+    }
+
+    #[test]
+    fn hub_sends_msgpack_subscribers_msgpack() {
+        let metrics = Arc::new(Metrics::default());
+        let hub = Hub::new(metrics.clone());
+        let w = TestWire::open(usize::MAX);
+        let ob = Arc::new(Outbox::new(9, Format::Msgpack, w.clone(), 1 << 20, metrics));
+        hub.add(&Arc::from("m"), &ob, false);
+        hub.on_publication("m", &publication(3, "[1,2]"));
+        hub.after_publications();
+        let frames = w.frames();
+        assert_eq!(frames.len(), 1);
+        let v: serde_json::Value = rmp_serde_decode(&frames[0].1);
+        assert_eq!(v, serde_json::json!({"pub": {"ch": "m", "off": 3, "data": [1, 2]}}));
+    }
+
+    fn rmp_serde_decode(b: &[u8]) -> serde_json::Value {
+        rmp_serde::from_slice(b).unwrap()
+    }
+}

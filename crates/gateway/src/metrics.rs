@@ -1,0 +1,94 @@
+//! Node metrics: plain atomics on the hot path, rendered as Prometheus text on `/metrics`.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the delivery-lag histogram buckets.
+const LAG_BOUNDS: [f64; 14] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
+
+/// Counters and gauges of one node. Every field is updated with relaxed atomics: the figures
+/// are statistics, never used to synchronize.
+#[derive(Default)]
+pub struct Metrics {
+    pub connections: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub subscriptions: AtomicU64,
+    pub messages_in: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub deliveries: AtomicU64,
+    pub bytes_out: AtomicU64,
+    pub writes: AtomicU64,
+    pub publications: AtomicU64,
+    pub conflated: AtomicU64,
+    pub dropped: AtomicU64,
+    pub slow_consumers: AtomicU64,
+    pub protocol_errors: AtomicU64,
+    pub rejected_connections: AtomicU64,
+    lag_buckets: [AtomicU64; LAG_BOUNDS.len() + 1],
+    lag_sum_us: AtomicU64,
+}
+
+impl Metrics {
+    /// Records how long a delivery waited between the broker accepting the publication and
+    /// its bytes being handed to the socket.
+    pub fn observe_lag(&self, lag: Duration) {
+        let s = lag.as_secs_f64();
+        let i = LAG_BOUNDS.iter().position(|b| s <= *b).unwrap_or(LAG_BOUNDS.len());
+        self.lag_buckets[i].fetch_add(1, Relaxed);
+        self.lag_sum_us.fetch_add(lag.as_micros() as u64, Relaxed);
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self, channels: usize) -> String {
+        let mut out = String::with_capacity(4096);
+        let g = |out: &mut String, name: &str, help: &str, kind: &str, v: u64| {
+            let _ = writeln!(out, "# HELP switchboard_{name} {help}\n# TYPE switchboard_{name} {kind}\nswitchboard_{name} {v}");
+        };
+        g(&mut out, "connections", "Open client connections.", "gauge", self.connections.load(Relaxed));
+        g(&mut out, "connections_accepted_total", "Client connections accepted.", "counter", self.connections_total.load(Relaxed));
+        g(&mut out, "connections_rejected_total", "Connections refused by the connection limit.", "counter", self.rejected_connections.load(Relaxed));
+        g(&mut out, "subscriptions", "Active subscriptions on this node.", "gauge", self.subscriptions.load(Relaxed));
+        g(&mut out, "channels", "Channels with local subscribers.", "gauge", channels as u64);
+        g(&mut out, "messages_in_total", "Client frames received.", "counter", self.messages_in.load(Relaxed));
+        g(&mut out, "bytes_in_total", "Client bytes received.", "counter", self.bytes_in.load(Relaxed));
+        g(&mut out, "messages_out_total", "Messages delivered to clients (publications, replies, presence).", "counter", self.deliveries.load(Relaxed));
+        g(&mut out, "bytes_out_total", "Bytes written to client sockets.", "counter", self.bytes_out.load(Relaxed));
+        g(&mut out, "socket_writes_total", "Write calls on client sockets.", "counter", self.writes.load(Relaxed));
+        g(&mut out, "publications_total", "Publications accepted by this node.", "counter", self.publications.load(Relaxed));
+        g(&mut out, "conflated_total", "Deliveries replaced by a newer value before being written (conflation).", "counter", self.conflated.load(Relaxed));
+        g(&mut out, "dropped_total", "Deliveries dropped because their connection was closing or too slow.", "counter", self.dropped.load(Relaxed));
+        g(&mut out, "slow_consumer_disconnects_total", "Connections closed with 4008 because their outbound queue passed its bound.", "counter", self.slow_consumers.load(Relaxed));
+        g(&mut out, "protocol_errors_total", "Connections closed for a protocol error or oversize frame.", "counter", self.protocol_errors.load(Relaxed));
+        let name = "switchboard_delivery_lag_seconds";
+        let _ = writeln!(out, "# HELP {name} Time from publication accepted to bytes handed to the socket.\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, b) in LAG_BOUNDS.iter().enumerate() {
+            cumulative += self.lag_buckets[i].load(Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cumulative}");
+        }
+        cumulative += self.lag_buckets[LAG_BOUNDS.len()].load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        let _ = writeln!(out, "{name}_sum {}", self.lag_sum_us.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {cumulative}");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_lag_histogram_is_cumulative() {
+        let m = Metrics::default();
+        m.observe_lag(Duration::from_micros(50));
+        m.observe_lag(Duration::from_millis(3));
+        m.observe_lag(Duration::from_secs(9));
+        let text = m.render(0);
+        assert!(text.contains("switchboard_delivery_lag_seconds_bucket{le=\"0.0001\"} 1\n"));
+        assert!(text.contains("switchboard_delivery_lag_seconds_bucket{le=\"0.005\"} 2\n"));
+        assert!(text.contains("switchboard_delivery_lag_seconds_bucket{le=\"+Inf\"} 3\n"));
+        assert!(text.contains("switchboard_delivery_lag_seconds_count 3\n"));
+    }
+}

@@ -1,0 +1,190 @@
+//! [`Node`]: one gateway process — its configuration, broker, hub, connections and lifecycle.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use switchboard_broker::{Broker, Data, Position};
+use switchboard_protocol::code::{self, close};
+use switchboard_protocol::websocket::{self, Opcode};
+use switchboard_protocol::{validate_channel, Format};
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::hub::{Hub, IN_BATCH};
+use crate::metrics::Metrics;
+use crate::outbox::{Outbox, Wire};
+
+/// An error with the code a client sees (SPEC §2 reply codes, also used as HTTP statuses).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    pub code: u16,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: u16, message: impl Into<String>) -> ApiError {
+        ApiError { code, message: message.into() }
+    }
+}
+
+/// One gateway node.
+pub struct Node {
+    pub config: Config,
+    pub id: String,
+    pub broker: Arc<dyn Broker>,
+    pub hub: Arc<Hub>,
+    pub metrics: Arc<Metrics>,
+    /// Open connections by id, for heartbeats and shutdown. Touched once per connect and
+    /// disconnect, never on the delivery path.
+    conns: Mutex<HashMap<u64, Arc<Outbox>>>,
+    next_conn: AtomicU64,
+    started: Instant,
+    stopping: AtomicBool,
+    stop_tx: watch::Sender<bool>,
+}
+
+impl Node {
+    pub fn new(config: Config, broker: Arc<dyn Broker>) -> Arc<Node> {
+        let metrics = Arc::new(Metrics::default());
+        let hub = Arc::new(Hub::new(metrics.clone()));
+        broker.set_handler(hub.clone());
+        let id = config.node_id.clone().unwrap_or_else(|| format!("n{:06x}", fastrand::u32(..) & 0xff_ffff));
+        let (stop_tx, _) = watch::channel(false);
+        Arc::new(Node {
+            config,
+            id,
+            broker,
+            hub,
+            metrics,
+            conns: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(1),
+            started: Instant::now(),
+            stopping: AtomicBool::new(false),
+            stop_tx,
+        })
+    }
+
+    /// Registers a new connection. `Err` carries an outbox that is already closing with 4029
+    /// when the connection limit is reached (so the client is told why).
+    pub fn register(&self, format: Format, wire: Arc<dyn Wire>) -> Result<Arc<Outbox>, Arc<Outbox>> {
+        let id = self.next_conn.fetch_add(1, Relaxed);
+        let ob = Arc::new(Outbox::new(id, format, wire, self.config.limits.max_pending_bytes, self.metrics.clone()));
+        let mut conns = self.conns.lock();
+        if self.stopping.load(Relaxed) {
+            drop(conns);
+            ob.close(close::SHUTDOWN, "server shutting down", false);
+            return Err(ob);
+        }
+        if conns.len() >= self.config.limits.max_connections {
+            drop(conns);
+            self.metrics.rejected_connections.fetch_add(1, Relaxed);
+            ob.close(close::TOO_MANY, "too many connections", false);
+            return Err(ob);
+        }
+        conns.insert(id, ob.clone());
+        self.metrics.connections.store(conns.len() as u64, Relaxed);
+        self.metrics.connections_total.fetch_add(1, Relaxed);
+        Ok(ob)
+    }
+
+    pub fn unregister(&self, id: u64) {
+        let mut conns = self.conns.lock();
+        conns.remove(&id);
+        self.metrics.connections.store(conns.len() as u64, Relaxed);
+    }
+
+    pub fn connection_count(&self) -> usize {
+        self.conns.lock().len()
+    }
+
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Publishes on behalf of the HTTP API, the simulator or a client (after its permission
+    /// check): validates the channel and size, then hands it to the broker.
+    pub async fn publish(&self, channel: &str, data: Data) -> Result<Position, ApiError> {
+        validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+        if data.get().len() > self.config.limits.max_publication_bytes {
+            return Err(ApiError::new(
+                code::TOO_LARGE,
+                format!("publication data larger than {} bytes", self.config.limits.max_publication_bytes),
+            ));
+        }
+        let ns = self.config.namespace(switchboard_protocol::namespace_of(channel));
+        self.broker
+            .publish(channel, data, ns.history())
+            .await
+            .map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))
+    }
+
+    /// Publishes several publications and writes to each subscriber once for the whole batch.
+    pub async fn publish_batch(&self, items: Vec<(String, Data)>) -> Vec<Result<Position, ApiError>> {
+        let results = IN_BATCH
+            .scope((), async {
+                let mut out = Vec::with_capacity(items.len());
+                for (channel, data) in items {
+                    out.push(self.publish(&channel, data).await);
+                }
+                out
+            })
+            .await;
+        self.hub.flush_pending();
+        results
+    }
+
+    /// A receiver that turns true when the node starts shutting down.
+    pub fn stopping(&self) -> watch::Receiver<bool> {
+        self.stop_tx.subscribe()
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Relaxed)
+    }
+
+    /// Sends every client `disconnect` 4000 and a close frame, then waits (up to `grace`) for
+    /// the connections to finish.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.stopping.store(true, Relaxed);
+        let _ = self.stop_tx.send(true);
+        let conns: Vec<Arc<Outbox>> = self.conns.lock().values().cloned().collect();
+        tracing::info!(connections = conns.len(), "shutting down");
+        for ob in conns {
+            ob.close(close::SHUTDOWN, "server shutting down", false);
+        }
+        let deadline = Instant::now() + grace;
+        while self.connection_count() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Pings every connection each `ping_s` and closes those silent for three intervals.
+    pub fn spawn_heartbeats(self: &Arc<Self>) {
+        let node = Arc::downgrade(self);
+        let period = Duration::from_secs(self.config.limits.ping_s);
+        tokio::spawn(async move {
+            let ping = Bytes::from(websocket::encode_frame(Opcode::Ping, b""));
+            let mut tick = tokio::time::interval(period);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(node) = node.upgrade() else { return };
+                let now = crate::unix_s();
+                let limit = 3 * node.config.limits.ping_s;
+                let conns: Vec<Arc<Outbox>> = node.conns.lock().values().cloned().collect();
+                for ob in conns {
+                    if now.saturating_sub(ob.last_seen.load(Relaxed)) >= limit {
+                        ob.close(close::STALE, "no pong for three ping intervals", true);
+                    } else if ob.push_control(ping.clone()) == crate::outbox::Pushed::Schedule {
+                        ob.flush();
+                    }
+                }
+            }
+        });
+    }
+}

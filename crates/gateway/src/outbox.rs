@@ -1,0 +1,675 @@
+//! [`Outbox`]: one connection's bounded outbound queue and its socket writes.
+//!
+//! Publications arrive as pre-encoded, shared frames ([`Frame`]): a server WebSocket frame is
+//! unmasked, so the same bytes go to every subscriber. Whoever finds the connection idle writes
+//! directly with a non-blocking `try_write` — usually the task that fanned out a publication —
+//! so a delivery costs one write call and no task wake-up. When several messages are queued,
+//! they are merged into one frame (JSON: `\n`-separated; MessagePack: concatenated) and one
+//! write. Only when the socket is full does the connection's own task take over, waiting for
+//! writability.
+//!
+//! Memory is bounded: non-conflated bytes past `max_pending` close the connection with 4008
+//! (the client reconnects and recovers from history); conflated channels keep at most one
+//! pending frame each, the latest (its predecessor is replaced in place).
+//!
+//! Concurrency: all state is behind one `parking_lot::Mutex`, held for the duration of a
+//! non-blocking write call. It is per connection, so contention is limited to a fan-out and
+//! the connection's own task meeting on the same socket; a `std`-style mutex beats an async
+//! one here because nothing is awaited while it is held.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use switchboard_protocol::websocket::{self, Opcode};
+use switchboard_protocol::Format;
+use tokio::sync::Notify;
+
+use crate::metrics::Metrics;
+
+/// Where an outbox writes: a socket, or a buffer in tests.
+pub trait Wire: Send + Sync + 'static {
+    /// Writes some bytes without blocking; `WouldBlock` when the socket is full.
+    fn try_write(&self, buf: &[u8]) -> io::Result<usize>;
+}
+
+impl Wire for tokio::net::TcpStream {
+    fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        tokio::net::TcpStream::try_write(self, buf)
+    }
+}
+
+/// A complete server frame holding one message, shared between recipients.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    pub bytes: Bytes,
+    pub header_len: u8,
+}
+
+impl Frame {
+    /// Frames one message for `format` (text for JSON, binary for MessagePack).
+    pub fn message(format: Format, payload: &[u8]) -> Frame {
+        let opcode = match format {
+            Format::Json => Opcode::Text,
+            Format::Msgpack => Opcode::Binary,
+        };
+        let mut h = [0u8; websocket::MAX_HEADER];
+        let n = websocket::encode_header(opcode, payload.len(), &mut h);
+        let mut v = Vec::with_capacity(n + payload.len());
+        v.extend_from_slice(&h[..n]);
+        v.extend_from_slice(payload);
+        Frame { bytes: Bytes::from(v), header_len: n as u8 }
+    }
+
+    pub fn payload(&self) -> &[u8] {
+        &self.bytes[usize::from(self.header_len)..]
+    }
+}
+
+/// A publication on its way to one connection.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub frame: Frame,
+    pub channel: Arc<str>,
+    pub offset: u64,
+    /// When the node accepted the publication (for the lag histogram).
+    pub born: Instant,
+}
+
+enum Item {
+    /// A message frame that may be merged with its neighbours.
+    Message { frame: Frame, channel: Option<Arc<str>>, offset: u64, born: Option<Instant> },
+    /// The pending latest value of a conflated channel, kept in `OutState::latest`.
+    Latest(Arc<str>),
+    /// A control frame (ping, close), written as is.
+    Control(Bytes),
+}
+
+#[derive(Default)]
+struct OutState {
+    queue: VecDeque<Item>,
+    latest: HashMap<Arc<str>, Delivery>,
+    /// Unwritten bytes of non-conflated items.
+    pending: usize,
+    /// A chunk being written, with what is still to go.
+    current: Bytes,
+    /// In some fan-out's flush list already.
+    scheduled: bool,
+    /// The socket is full; the connection task waits for writability and flushes.
+    blocked: bool,
+    /// Subscribes in progress: pushes queue but are not written until `release`.
+    hold: u32,
+    /// Nothing more is accepted; the connection task closes once written out.
+    closing: bool,
+    /// The socket failed; everything is dropped.
+    dead: bool,
+}
+
+/// What [`Outbox::push`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Pushed {
+    /// Queued, and the caller must call [`Outbox::flush`] (it is now in the caller's flush list).
+    Schedule,
+    /// Queued (or conflated); someone else will write it.
+    Queued,
+    /// Dropped: the connection is closing, or it just became a slow consumer.
+    Dropped,
+}
+
+/// One connection's outbound side. See the module docs.
+pub struct Outbox {
+    pub id: u64,
+    pub format: Format,
+    wire: Arc<dyn Wire>,
+    state: Mutex<OutState>,
+    wake: Notify,
+    max_pending: usize,
+    metrics: Arc<Metrics>,
+    /// Unix seconds of the last frame received from the client (heartbeats).
+    pub last_seen: AtomicU64,
+}
+
+/// Largest merged chunk written at once.
+const MAX_CHUNK: usize = 64 * 1024;
+
+impl Outbox {
+    pub fn new(id: u64, format: Format, wire: Arc<dyn Wire>, max_pending: usize, metrics: Arc<Metrics>) -> Outbox {
+        Outbox {
+            id,
+            format,
+            wire,
+            state: Mutex::new(OutState::default()),
+            wake: Notify::new(),
+            max_pending,
+            metrics,
+            last_seen: AtomicU64::new(crate::unix_s()),
+        }
+    }
+
+    /// Queues a publication. `conflate`: keep only the latest pending value of its channel.
+    pub fn push(&self, d: Delivery, conflate: bool) -> Pushed {
+        let mut st = self.state.lock();
+        if st.closing || st.dead {
+            self.metrics.dropped.fetch_add(1, Relaxed);
+            return Pushed::Dropped;
+        }
+        if conflate {
+            if let Some(slot) = st.latest.get_mut(&d.channel) {
+                *slot = d;
+                self.metrics.conflated.fetch_add(1, Relaxed);
+                return Pushed::Queued;
+            }
+            let ch = d.channel.clone();
+            st.latest.insert(ch.clone(), d);
+            st.queue.push_back(Item::Latest(ch));
+        } else {
+            let len = d.frame.bytes.len();
+            if st.pending + len > self.max_pending {
+                drop(st);
+                self.metrics.slow_consumers.fetch_add(1, Relaxed);
+                self.close(switchboard_protocol::code::close::SLOW_CONSUMER, "slow consumer", true);
+                return Pushed::Dropped;
+            }
+            st.pending += len;
+            st.queue.push_back(Item::Message { frame: d.frame, channel: Some(d.channel), offset: d.offset, born: Some(d.born) });
+        }
+        self.schedule(&mut st)
+    }
+
+    /// Queues a reply or other message that belongs to no channel.
+    pub fn push_message(&self, payload: &[u8]) -> Pushed {
+        let frame = Frame::message(self.format, payload);
+        let mut st = self.state.lock();
+        if st.closing || st.dead {
+            return Pushed::Dropped;
+        }
+        st.pending += frame.bytes.len();
+        st.queue.push_back(Item::Message { frame, channel: None, offset: 0, born: None });
+        self.schedule(&mut st)
+    }
+
+    /// Queues a pre-built frame shared by many connections (presence events).
+    pub fn push_frame(&self, frame: &Frame) -> Pushed {
+        let mut st = self.state.lock();
+        if st.closing || st.dead {
+            return Pushed::Dropped;
+        }
+        st.pending += frame.bytes.len();
+        st.queue.push_back(Item::Message { frame: frame.clone(), channel: None, offset: 0, born: None });
+        self.schedule(&mut st)
+    }
+
+    /// Queues a control frame (ping).
+    pub fn push_control(&self, frame: Bytes) -> Pushed {
+        let mut st = self.state.lock();
+        if st.closing || st.dead {
+            return Pushed::Dropped;
+        }
+        st.queue.push_back(Item::Control(frame));
+        self.schedule(&mut st)
+    }
+
+    fn schedule(&self, st: &mut OutState) -> Pushed {
+        if st.scheduled || st.blocked || st.hold > 0 {
+            Pushed::Queued
+        } else {
+            st.scheduled = true;
+            Pushed::Schedule
+        }
+    }
+
+    /// Writes what is queued, as far as the socket takes it without blocking. Called by the
+    /// fan-out that got [`Pushed::Schedule`], or by the connection task after its own pushes.
+    pub fn flush(&self) {
+        let mut st = self.state.lock();
+        st.scheduled = false;
+        if st.blocked || st.hold > 0 || st.dead {
+            return;
+        }
+        self.write_locked(&mut st);
+    }
+
+    /// Called by the connection task when the socket became writable again.
+    pub fn flush_blocked(&self) {
+        let mut st = self.state.lock();
+        if st.dead {
+            return;
+        }
+        st.blocked = false;
+        self.write_locked(&mut st);
+    }
+
+    fn write_locked(&self, st: &mut OutState) {
+        loop {
+            if st.current.is_empty() && !self.next_chunk(st) {
+                if st.closing {
+                    self.wake.notify_one();
+                }
+                return;
+            }
+            self.metrics.writes.fetch_add(1, Relaxed);
+            match self.wire.try_write(&st.current) {
+                Ok(0) => {
+                    self.fail(st);
+                    return;
+                }
+                Ok(n) => {
+                    self.metrics.bytes_out.fetch_add(n as u64, Relaxed);
+                    let _ = st.current.split_to(n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    st.blocked = true;
+                    self.wake.notify_one();
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.fail(st);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn fail(&self, st: &mut OutState) {
+        st.dead = true;
+        st.queue.clear();
+        st.latest.clear();
+        st.current = Bytes::new();
+        st.pending = 0;
+        self.wake.notify_one();
+    }
+
+    /// Moves queued items into `current`: one shared frame as is when it is alone, otherwise
+    /// a run of messages merged into one frame, followed by control frames, up to MAX_CHUNK.
+    fn next_chunk(&self, st: &mut OutState) -> bool {
+        let Some(first) = st.queue.pop_front() else { return false };
+        let now = Instant::now();
+        let mut delivered = 0u64;
+        let mut take = |st: &mut OutState, item: Item| -> Option<(Frame, bool)> {
+            match item {
+                Item::Message { frame, born, .. } => {
+                    st.pending = st.pending.saturating_sub(frame.bytes.len());
+                    if let Some(b) = born {
+                        self.metrics.observe_lag(now.saturating_duration_since(b));
+                    }
+                    delivered += 1;
+                    Some((frame, false))
+                }
+                Item::Latest(ch) => {
+                    let d = st.latest.remove(&ch)?;
+                    self.metrics.observe_lag(now.saturating_duration_since(d.born));
+                    delivered += 1;
+                    Some((d.frame, false))
+                }
+                Item::Control(b) => Some((Frame { bytes: b, header_len: 0 }, true)),
+            }
+        };
+        let Some(first) = take(st, first) else { return self.next_chunk(st) };
+        if st.queue.is_empty() {
+            st.current = first.0.bytes;
+            self.metrics.deliveries.fetch_add(delivered, Relaxed);
+            return true;
+        }
+        let mut out: Vec<u8> = Vec::with_capacity(MAX_CHUNK.min(st.pending + first.0.bytes.len() + 64));
+        let mut run: Vec<Frame> = Vec::new();
+        let mut run_len = 0usize;
+        let sep = self.format.separator();
+        let emit_run = |out: &mut Vec<u8>, run: &mut Vec<Frame>, run_len: &mut usize| {
+            match run.len() {
+                0 => {}
+                1 => out.extend_from_slice(&run[0].bytes),
+                _ => {
+                    let total = *run_len + sep.len() * (run.len() - 1);
+                    let opcode = if self.format == Format::Json { Opcode::Text } else { Opcode::Binary };
+                    let mut h = [0u8; websocket::MAX_HEADER];
+                    let n = websocket::encode_header(opcode, total, &mut h);
+                    out.extend_from_slice(&h[..n]);
+                    for (i, f) in run.iter().enumerate() {
+                        if i > 0 {
+                            out.extend_from_slice(sep);
+                        }
+                        out.extend_from_slice(f.payload());
+                    }
+                }
+            }
+            run.clear();
+            *run_len = 0;
+        };
+        let mut next = Some(first);
+        let mut size = 0usize;
+        while let Some((frame, control)) = next.take() {
+            if control {
+                emit_run(&mut out, &mut run, &mut run_len);
+                size += frame.bytes.len();
+                out.extend_from_slice(&frame.bytes);
+            } else {
+                size += frame.payload().len() + 1;
+                run_len += frame.payload().len();
+                run.push(frame);
+            }
+            if size >= MAX_CHUNK {
+                break;
+            }
+            while let Some(item) = st.queue.pop_front() {
+                if let Some(x) = take(st, item) {
+                    next = Some(x);
+                    break;
+                }
+            }
+        }
+        emit_run(&mut out, &mut run, &mut run_len);
+        self.metrics.deliveries.fetch_add(delivered, Relaxed);
+        st.current = Bytes::from(out);
+        true
+    }
+
+    /// Starts a subscribe: until the matching [`release`](Self::release), publications queue
+    /// but are not written, so the reply can go first.
+    pub fn hold(&self) {
+        self.state.lock().hold += 1;
+    }
+
+    /// Ends a subscribe: drops queued publications the reply already covers (`covered`:
+    /// channel → offset in the reply), puts the reply in front of the queue and writes.
+    pub fn release(&self, reply: &[u8], covered: &HashMap<Arc<str>, u64>) {
+        self.release_inner(Some(Frame::message(self.format, reply)), covered)
+    }
+
+    /// Ends a subscribe that has no reply (a command without id that succeeded).
+    pub fn release_without_reply(&self, covered: &HashMap<Arc<str>, u64>) {
+        self.release_inner(None, covered)
+    }
+
+    fn release_inner(&self, reply: Option<Frame>, covered: &HashMap<Arc<str>, u64>) {
+        let mut st = self.state.lock();
+        st.hold = st.hold.saturating_sub(1);
+        if st.closing || st.dead {
+            return;
+        }
+        if !covered.is_empty() {
+            let mut freed = 0;
+            st.queue.retain(|item| match item {
+                Item::Message { channel: Some(ch), offset, frame, .. } => {
+                    let keep = covered.get(ch).is_none_or(|c| offset > c);
+                    if !keep {
+                        freed += frame.bytes.len();
+                    }
+                    keep
+                }
+                _ => true,
+            });
+            st.pending -= freed;
+            let stale: Vec<Arc<str>> = st
+                .latest
+                .iter()
+                .filter(|(ch, d)| covered.get(*ch).is_some_and(|c| d.offset <= *c))
+                .map(|(ch, _)| ch.clone())
+                .collect();
+            for ch in stale {
+                st.latest.remove(&ch);
+            }
+        }
+        if let Some(frame) = reply {
+            st.pending += frame.bytes.len();
+            st.queue.push_front(Item::Message { frame, channel: None, offset: 0, born: None });
+        }
+        if st.hold == 0 && !st.blocked {
+            st.scheduled = false;
+            self.write_locked(&mut st);
+        }
+    }
+
+    /// Closes with a `disconnect` message and a close frame. `drop_pending`: discard what is
+    /// queued (slow consumer) instead of writing it first (shutdown).
+    pub fn close(&self, code: u16, reason: &str, drop_pending: bool) {
+        let msg = switchboard_protocol::message::encode_disconnect(self.format, code, reason);
+        let mut st = self.state.lock();
+        if st.closing || st.dead {
+            return;
+        }
+        if drop_pending {
+            let dropped = st.queue.len() as u64;
+            self.metrics.dropped.fetch_add(dropped, Relaxed);
+            st.queue.clear();
+            st.latest.clear();
+            st.pending = 0;
+        }
+        let frame = Frame::message(self.format, &msg);
+        st.queue.push_back(Item::Message { frame, channel: None, offset: 0, born: None });
+        st.queue.push_back(Item::Control(Bytes::from(websocket::encode_close(code, reason))));
+        st.closing = true;
+        st.hold = 0;
+        if !st.blocked {
+            self.write_locked(&mut st);
+        }
+        self.wake.notify_one();
+    }
+
+    /// Answers a client's close frame with `payload` (its code) and closes; no `disconnect`.
+    pub fn close_echo(&self, payload: &[u8]) {
+        let mut st = self.state.lock();
+        if st.closing || st.dead {
+            return;
+        }
+        st.queue.push_back(Item::Control(Bytes::from(websocket::encode_frame(Opcode::Close, payload))));
+        st.closing = true;
+        st.hold = 0;
+        if !st.blocked {
+            self.write_locked(&mut st);
+        }
+        self.wake.notify_one();
+    }
+
+    /// Waits until something needs the connection task (blocked socket, closing, failure).
+    pub async fn notified(&self) {
+        self.wake.notified().await
+    }
+
+    pub fn is_blocked(&self) -> bool {
+        self.state.lock().blocked
+    }
+
+    /// True once closing and everything, close frame included, is written — or the socket died.
+    pub fn finished(&self) -> bool {
+        let st = self.state.lock();
+        st.dead || (st.closing && st.queue.is_empty() && st.current.is_empty())
+    }
+
+    pub fn is_closing(&self) -> bool {
+        let st = self.state.lock();
+        st.closing || st.dead
+    }
+
+    /// Unwritten bytes (non-conflated) and conflated channels pending; for tests and metrics.
+    pub fn backlog(&self) -> (usize, usize) {
+        let st = self.state.lock();
+        (st.pending + st.current.len(), st.latest.len())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use switchboard_protocol::message::encode_publication;
+
+    /// A socket stand-in that accepts `room` bytes until `open_up` is called.
+    #[derive(Default)]
+    pub struct TestWire {
+        pub written: Mutex<Vec<u8>>,
+        pub room: Mutex<usize>,
+        pub writes: AtomicU64,
+    }
+
+    impl TestWire {
+        pub fn open(room: usize) -> Arc<TestWire> {
+            Arc::new(TestWire { room: Mutex::new(room), ..Default::default() })
+        }
+        /// Parses what was written into (opcode, payload) frames.
+        pub fn frames(&self) -> Vec<(Opcode, Vec<u8>)> {
+            let buf = self.written.lock().clone();
+            let mut out = Vec::new();
+            let mut pos = 0;
+            while let Some(h) = websocket::parse_header(&buf[pos..], usize::MAX, false).unwrap() {
+                let start = pos + h.header_len;
+                out.push((h.opcode, buf[start..start + h.payload_len].to_vec()));
+                pos = start + h.payload_len;
+            }
+            assert_eq!(pos, buf.len(), "trailing partial frame");
+            out
+        }
+        /// Every JSON message written, split on newlines.
+        pub fn messages(&self) -> Vec<serde_json::Value> {
+            self.frames()
+                .into_iter()
+                .filter(|(op, _)| *op == Opcode::Text)
+                .flat_map(|(_, p)| {
+                    String::from_utf8(p).unwrap().split('\n').map(|l| serde_json::from_str(l).unwrap()).collect::<Vec<_>>()
+                })
+                .collect()
+        }
+    }
+
+    impl Wire for TestWire {
+        fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+            self.writes.fetch_add(1, Relaxed);
+            let mut room = self.room.lock();
+            if *room == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            let n = buf.len().min(*room);
+            *room -= n;
+            self.written.lock().extend_from_slice(&buf[..n]);
+            Ok(n)
+        }
+    }
+
+    pub fn delivery(ch: &str, off: u64, v: &str) -> Delivery {
+        let data = serde_json::value::RawValue::from_string(v.to_string()).unwrap();
+        Delivery {
+            frame: Frame::message(Format::Json, &encode_publication(Format::Json, ch, off, &data)),
+            channel: ch.into(),
+            offset: off,
+            born: Instant::now(),
+        }
+    }
+
+    fn outbox(wire: &Arc<TestWire>, max_pending: usize) -> Outbox {
+        Outbox::new(1, Format::Json, wire.clone(), max_pending, Arc::new(Metrics::default()))
+    }
+
+    #[test]
+    fn outbox_idle_connection_gets_the_shared_frame_in_one_write() {
+        let wire = TestWire::open(usize::MAX);
+        let ob = outbox(&wire, 1 << 20);
+        let d = delivery("a", 1, "1");
+        assert_eq!(ob.push(d.clone(), false), Pushed::Schedule);
+        ob.flush();
+        assert_eq!(wire.writes.load(Relaxed), 1);
+        assert_eq!(*wire.written.lock(), d.frame.bytes.to_vec());
+    }
+
+    #[test]
+    fn outbox_merges_queued_messages_into_one_frame_and_one_write() {
+        let wire = TestWire::open(usize::MAX);
+        let ob = outbox(&wire, 1 << 20);
+        assert_eq!(ob.push(delivery("a", 1, "1"), false), Pushed::Schedule);
+        for i in 2..=50 {
+            assert_eq!(ob.push(delivery("a", i, &i.to_string()), false), Pushed::Queued);
+        }
+        ob.flush();
+        assert_eq!(wire.writes.load(Relaxed), 1);
+        assert_eq!(wire.frames().len(), 1);
+        let offs: Vec<u64> = wire.messages().iter().map(|m| m["pub"]["off"].as_u64().unwrap()).collect();
+        assert_eq!(offs, (1..=50).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn outbox_conflates_a_stalled_point_channel_to_its_latest_value() {
+        let wire = TestWire::open(0);
+        let ob = outbox(&wire, 4096);
+        for i in 1..=10_000u64 {
+            for ch in ["pt:a", "pt:b"] {
+                let _ = ob.push(delivery(ch, i, &format!("{{\"v\":{i}}}")), true);
+            }
+            ob.flush();
+        }
+        assert_eq!(ob.backlog().1, 2, "one pending value per channel, however many arrived");
+        assert!(!ob.is_closing());
+        *wire.room.lock() = usize::MAX;
+        ob.flush_blocked();
+        let msgs = wire.messages();
+        // The chunk already handed to the socket when it filled up cannot be taken back; after
+        // it, each channel gets exactly one message: its latest value.
+        assert!(msgs.len() <= 4, "{} messages", msgs.len());
+        for ch in ["pt:a", "pt:b"] {
+            let last = msgs.iter().rev().find(|m| m["pub"]["ch"] == ch).unwrap();
+            assert_eq!(last["pub"]["data"]["v"], 10_000);
+            assert_eq!(msgs.iter().filter(|m| m["pub"]["ch"] == ch && m["pub"]["data"]["v"] == 10_000).count(), 1);
+        }
+    }
+
+    #[test]
+    fn outbox_slow_consumer_is_closed_with_4008_and_memory_stays_bounded() {
+        let wire = TestWire::open(0);
+        let ob = outbox(&wire, 10_000);
+        let mut dropped = 0;
+        for i in 1..=1000u64 {
+            if ob.push(delivery("a", i, "\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\""), false) == Pushed::Dropped {
+                dropped += 1;
+            }
+            ob.flush();
+            assert!(ob.backlog().0 < 10_200);
+        }
+        assert!(dropped > 800);
+        assert!(ob.is_closing());
+        *wire.room.lock() = usize::MAX;
+        ob.flush_blocked();
+        assert!(ob.finished());
+        let frames = wire.frames();
+        let (op, last) = frames.last().unwrap();
+        assert_eq!(*op, Opcode::Close);
+        assert_eq!(&last[..2], &4008u16.to_be_bytes());
+        let msgs = wire.messages();
+        assert_eq!(msgs.last().unwrap()["disconnect"]["code"], 4008);
+        // Only the frame in flight when the socket filled is completed; the backlog is dropped.
+        assert_eq!(msgs.len(), 2, "in-flight publication + disconnect");
+        assert_eq!(msgs[0]["pub"]["off"], 1);
+    }
+
+    #[test]
+    fn outbox_partial_writes_resume_where_they_stopped() {
+        let wire = TestWire::open(7);
+        let ob = outbox(&wire, 1 << 20);
+        let _ = ob.push(delivery("a", 1, "\"hello world\""), false);
+        ob.flush();
+        assert!(ob.is_blocked());
+        let _ = ob.push(delivery("a", 2, "2"), false);
+        *wire.room.lock() = usize::MAX;
+        ob.flush_blocked();
+        let offs: Vec<u64> = wire.messages().iter().map(|m| m["pub"]["off"].as_u64().unwrap()).collect();
+        assert_eq!(offs, vec![1, 2]);
+    }
+
+    #[test]
+    fn outbox_hold_puts_the_reply_first_and_drops_covered_publications() {
+        let wire = TestWire::open(usize::MAX);
+        let ob = outbox(&wire, 1 << 20);
+        ob.hold();
+        for i in 5..=8 {
+            assert_eq!(ob.push(delivery("a", i, "0"), false), Pushed::Queued);
+        }
+        ob.flush();
+        assert!(wire.written.lock().is_empty(), "nothing is written while held");
+        let covered: HashMap<Arc<str>, u64> = [(Arc::from("a"), 6)].into_iter().collect();
+        ob.release(br#"{"id":1,"ok":{}}"#, &covered);
+        let msgs = wire.messages();
+        assert_eq!(msgs[0]["id"], 1);
+        let offs: Vec<u64> = msgs[1..].iter().map(|m| m["pub"]["off"].as_u64().unwrap()).collect();
+        assert_eq!(offs, vec![7, 8]);
+    }
+}

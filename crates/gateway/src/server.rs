@@ -1,0 +1,115 @@
+//! The accept loop and the node's whole life as one call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::node::Node;
+
+/// How long shutdown waits for clients to take their close frames.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// Slow handshakes (slowloris) are cut after this.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Accepts connections until the node stops. Each TCP connection is served by hyper (HTTP/1.1
+/// with upgrades); `/ws` upgrades hand the raw socket to the WebSocket transport.
+pub async fn accept_loop(node: Arc<Node>, listener: TcpListener) {
+    let app = crate::api::router(node.clone());
+    let mut stop = node.stopping();
+    loop {
+        let tcp = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Out of file descriptors, most likely: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => return,
+        };
+        let svc = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(tcp), svc)
+                .with_upgrades();
+            let _ = conn.await;
+        });
+    }
+}
+
+/// Runs a node to completion: builds the runtime (`workers` threads, at most the cores),
+/// binds, prints `switchboard listening on http://ADDR` on stdout, serves, and on SIGINT or
+/// SIGTERM disconnects every client with 4000 and returns.
+pub fn run(config: Config) -> anyhow::Result<()> {
+    run_node(config, false)
+}
+
+/// [`run`] plus a few chat rooms (`room:lobby`, `room:ops`) with simulated chatter, for
+/// `switchboard demo`.
+pub fn run_demo(config: Config) -> anyhow::Result<()> {
+    run_node(config, true)
+}
+
+fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
+    let workers = config.worker_threads();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .max_blocking_threads(2)
+        .thread_name("switchboard-worker")
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let addr = config.listen_addr()?;
+        let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+        let local = listener.local_addr()?;
+        let simulate = config.simulate.clone();
+        let broker: Arc<dyn switchboard_broker::Broker> = Arc::new(switchboard_broker::MemoryBroker::new());
+        let node = Node::new(config, broker);
+        node.spawn_heartbeats();
+        if let Some(sim) = simulate {
+            let (n, hz) = crate::config::parse_simulate(&sim).map_err(anyhow::Error::msg)?;
+            crate::simulate::spawn(node.clone(), n, hz);
+        }
+        if demo {
+            crate::simulate::spawn_rooms(node.clone());
+        }
+        tracing::info!(%local, workers, node = %node.id, "listening");
+        {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "switchboard listening on http://{local}");
+            let _ = out.flush();
+        }
+        let accept = tokio::spawn(accept_loop(node.clone(), listener));
+        wait_for_signal().await;
+        node.shutdown(SHUTDOWN_GRACE).await;
+        accept.abort();
+        tracing::info!("stopped");
+        Ok::<(), anyhow::Error>(())
+    })?;
+    rt.shutdown_timeout(Duration::from_millis(200));
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

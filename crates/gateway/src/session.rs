@@ -1,0 +1,384 @@
+//! [`Session`]: one client's commands and subscriptions, independent of the transport.
+//!
+//! A transport decodes frames into payloads and hands them to [`Session::handle_payload`];
+//! everything the session says goes through the connection's [`Outbox`]. Tests drive a session
+//! with an in-memory wire.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use switchboard_broker::{ClientInfo, Position, Publication};
+use switchboard_protocol::code::{self, close};
+use switchboard_protocol::command::{HistoryRequest, PublishRequest, SubscribeRequest};
+use switchboard_protocol::message::{encode_error, encode_ok, Data, ErrorBody, Pub};
+use switchboard_protocol::{namespace_of, validate_channel, Command, CommandBody, Format};
+
+use crate::node::{ApiError, Node};
+use crate::outbox::{Outbox, Pushed};
+
+/// Why a connection must close (sent as `disconnect` + close frame).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloseReason {
+    pub code: u16,
+    pub reason: String,
+}
+
+impl CloseReason {
+    pub fn new(code: u16, reason: impl Into<String>) -> CloseReason {
+        CloseReason { code, reason: reason.into() }
+    }
+}
+
+/// One connected client.
+pub struct Session {
+    node: Arc<Node>,
+    outbox: Arc<Outbox>,
+    client: String,
+    user: String,
+    subs: HashSet<Arc<str>>,
+    /// Channels where this client is registered as present.
+    present: Vec<Arc<str>>,
+    /// A reply was queued and the outbox wants a flush.
+    needs_flush: bool,
+}
+
+enum Outcome {
+    Ok { position: Position, last: Option<Publication>, recovered: Vec<Publication>, complete: bool },
+    Err(ErrorBody),
+}
+
+impl Session {
+    pub fn new(node: Arc<Node>, outbox: Arc<Outbox>) -> Session {
+        let client = format!("{}-{}", node.id, outbox.id);
+        Session { node, outbox, client, user: String::new(), subs: HashSet::new(), present: Vec::new(), needs_flush: false }
+    }
+
+    pub fn outbox(&self) -> &Arc<Outbox> {
+        &self.outbox
+    }
+
+    /// Handles one complete message payload (a text or binary WebSocket message).
+    pub async fn handle_payload(&mut self, payload: &[u8]) -> Result<(), CloseReason> {
+        self.node.metrics.messages_in.fetch_add(1, Relaxed);
+        self.node.metrics.bytes_in.fetch_add(payload.len() as u64, Relaxed);
+        match self.outbox.format {
+            Format::Json => {
+                let text = std::str::from_utf8(payload)
+                    .map_err(|_| CloseReason::new(close::PROTOCOL_ERROR, "text frame is not valid UTF-8"))?;
+                for line in text.split('\n') {
+                    if line.trim().is_empty() {
+                        continue;
+                    }
+                    let cmd = Command::from_json(line.as_bytes())
+                        .map_err(|e| CloseReason::new(close::PROTOCOL_ERROR, e.to_string()))?;
+                    self.dispatch(cmd).await;
+                }
+            }
+            Format::Msgpack => {
+                let cmd = Command::from_msgpack(payload).map_err(|e| CloseReason::new(close::PROTOCOL_ERROR, e.to_string()))?;
+                self.dispatch(cmd).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes replies queued by the commands handled since the last call.
+    pub fn flush(&mut self) {
+        if std::mem::take(&mut self.needs_flush) {
+            self.outbox.flush();
+        }
+    }
+
+    fn send(&mut self, bytes: Vec<u8>) {
+        if self.outbox.push_message(&bytes) == Pushed::Schedule {
+            self.needs_flush = true;
+        }
+    }
+
+    fn ok<T: Serialize>(&mut self, id: Option<u32>, body: &T) {
+        if let Some(id) = id {
+            let bytes = encode_ok(self.outbox.format, id, body);
+            self.send(bytes);
+        }
+    }
+
+    fn err(&mut self, id: Option<u32>, e: ApiError) {
+        let bytes = encode_error(self.outbox.format, id.unwrap_or(0), e.code, &e.message);
+        self.send(bytes);
+    }
+
+    async fn dispatch(&mut self, cmd: Command) {
+        let id = cmd.id;
+        let result = match cmd.body {
+            CommandBody::Subscribe(req) => return self.subscribe(id, req).await,
+            CommandBody::Ping(p) => {
+                #[derive(Serialize)]
+                struct Echo<'a> {
+                    #[serde(skip_serializing_if = "Option::is_none")]
+                    data: Option<Data<'a>>,
+                }
+                self.ok(id, &Echo { data: p.data.as_deref().map(Data) });
+                return;
+            }
+            CommandBody::Publish(req) => self.publish(id, req).await,
+            CommandBody::Unsubscribe(req) => {
+                for ch in &req.channels {
+                    self.unsubscribe(ch).await;
+                }
+                self.ok(id, &serde_json::json!({}));
+                return;
+            }
+            CommandBody::History(req) => self.history(id, req).await,
+            CommandBody::Presence(req) => self.presence(id, &req.channel).await,
+            CommandBody::Connect(req) => {
+                if let Some(name) = req.name {
+                    tracing::debug!(client = %self.client, name = %name.chars().take(64).collect::<String>(), "connect");
+                }
+                #[derive(Serialize)]
+                struct Connected<'a> {
+                    client: &'a str,
+                    node: &'a str,
+                    ping_s: u64,
+                }
+                let body = Connected { client: &self.client, node: &self.node.id, ping_s: self.node.config.limits.ping_s };
+                let bytes = id.map(|id| encode_ok(self.outbox.format, id, &body));
+                if let Some(b) = bytes {
+                    self.send(b);
+                }
+                return;
+            }
+            CommandBody::Refresh(_) => Err(ApiError::new(code::BAD_REQUEST, "authentication is not configured on this node")),
+            CommandBody::Unknown(name) => Err(ApiError::new(code::NOT_FOUND, format!("unknown command {name:?}"))),
+            CommandBody::Invalid(why) => Err(ApiError::new(code::BAD_REQUEST, why)),
+        };
+        if let Err(e) = result {
+            self.err(id, e);
+        }
+    }
+
+    async fn publish(&mut self, id: Option<u32>, req: PublishRequest) -> Result<(), ApiError> {
+        validate_channel(&req.channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+        let ns = self.node.config.namespace(namespace_of(&req.channel));
+        if !ns.client_publish {
+            return Err(ApiError::new(code::FORBIDDEN, "clients may not publish in this namespace"));
+        }
+        let pos = self.node.publish(&req.channel, Arc::new(req.data)).await?;
+        self.ok(id, &serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}));
+        Ok(())
+    }
+
+    async fn history(&mut self, id: Option<u32>, req: HistoryRequest) -> Result<(), ApiError> {
+        validate_channel(&req.channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+        let since = req.since.map(|s| Position { epoch: s.epoch.into(), offset: s.offset });
+        let limit = req.limit.unwrap_or(100).min(10_000);
+        let r = self
+            .node
+            .broker
+            .history(&req.channel, since.as_ref(), limit)
+            .await
+            .map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
+        #[derive(Serialize)]
+        struct HistoryReply<'a> {
+            publications: Vec<Pub<'a>>,
+            epoch: &'a str,
+            offset: u64,
+            complete: bool,
+        }
+        let body = HistoryReply {
+            publications: r.publications.iter().map(|p| pub_of(&req.channel, p)).collect(),
+            epoch: &r.position.epoch,
+            offset: r.position.offset,
+            complete: r.complete,
+        };
+        self.ok(id, &body);
+        Ok(())
+    }
+
+    async fn presence(&mut self, id: Option<u32>, channel: &str) -> Result<(), ApiError> {
+        validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+        if !self.node.config.namespace(namespace_of(channel)).presence {
+            return Err(ApiError::new(code::FORBIDDEN, "presence is not enabled in this namespace"));
+        }
+        let clients = self.node.broker.presence(channel).await.map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
+        self.ok(id, &serde_json::json!({ "clients": clients }));
+        Ok(())
+    }
+
+    async fn subscribe(&mut self, id: Option<u32>, req: SubscribeRequest) {
+        let limits = &self.node.config.limits;
+        if req.channels.len() > limits.max_channels_per_subscribe {
+            let e = ApiError::new(
+                code::LIMIT,
+                format!("{} channels in one subscribe; at most {}", req.channels.len(), limits.max_channels_per_subscribe),
+            );
+            return self.err(id, e);
+        }
+        self.outbox.hold();
+        let mut results: Vec<(String, Outcome)> = Vec::with_capacity(req.channels.len());
+        let mut covered: HashMap<Arc<str>, u64> = HashMap::new();
+        let mut seen: HashSet<&str> = HashSet::new();
+        for name in &req.channels {
+            if !seen.insert(name.as_str()) {
+                continue;
+            }
+            let outcome = match self.subscribe_one(name, &req).await {
+                Ok((ch, outcome)) => {
+                    if let Outcome::Ok { position, .. } = &outcome {
+                        covered.insert(ch, position.offset);
+                    }
+                    outcome
+                }
+                Err(e) => Outcome::Err(ErrorBody { code: e.code, message: e.message }),
+            };
+            results.push((name.clone(), outcome));
+        }
+        let reply = match id {
+            Some(id) => encode_ok(self.outbox.format, id, &SubscribeReply(&results)),
+            None => {
+                let failed: Vec<&(String, Outcome)> = results.iter().filter(|(_, o)| matches!(o, Outcome::Err(_))).collect();
+                if failed.is_empty() {
+                    Vec::new()
+                } else {
+                    encode_error(self.outbox.format, 0, failed_code(&failed), "some channels could not be subscribed")
+                }
+            }
+        };
+        if reply.is_empty() {
+            self.outbox.release_without_reply(&covered);
+        } else {
+            self.outbox.release(&reply, &covered);
+        }
+        // Presence joins go out after the reply, so a member sees itself join after subscribing.
+        let joins: Vec<Arc<str>> = covered.keys().filter(|ch| self.node.config.namespace(namespace_of(ch)).presence).cloned().collect();
+        for ch in joins {
+            let info = ClientInfo { client: self.client.clone(), user: self.user.clone() };
+            if self.node.broker.presence_add(&ch, info).await.is_ok() {
+                self.present.push(ch);
+            }
+        }
+    }
+
+    async fn subscribe_one(&mut self, name: &str, req: &SubscribeRequest) -> Result<(Arc<str>, Outcome), ApiError> {
+        validate_channel(name).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+        if self.subs.contains(name) {
+            return Err(ApiError::new(code::CONFLICT, "already subscribed"));
+        }
+        if self.subs.len() >= self.node.config.limits.max_subscriptions {
+            return Err(ApiError::new(
+                code::LIMIT,
+                format!("subscription limit of {} reached", self.node.config.limits.max_subscriptions),
+            ));
+        }
+        let ns = self.node.config.namespace(namespace_of(name));
+        let ch: Arc<str> = Arc::from(name);
+        if self.node.hub.add(&ch, &self.outbox, ns.conflate) {
+            if let Err(e) = self.node.broker.subscribe(name).await {
+                self.node.hub.remove(name, self.outbox.id);
+                return Err(ApiError::new(code::INTERNAL, e.to_string()));
+            }
+        }
+        self.subs.insert(ch.clone());
+        self.node.metrics.subscriptions.fetch_add(1, Relaxed);
+        let broker_err = |e: switchboard_broker::BrokerError| ApiError::new(code::INTERNAL, e.to_string());
+        let (mut position, mut recovered, mut complete) = (None, Vec::new(), true);
+        if let Some(from) = req.recover.get(name) {
+            let since = Position { epoch: from.epoch.as_str().into(), offset: from.offset };
+            let r = self.node.broker.history(name, Some(&since), usize::MAX).await.map_err(broker_err)?;
+            position = Some(r.position);
+            recovered = r.publications;
+            complete = r.complete;
+        }
+        let mut last = None;
+        if req.initial || position.is_none() {
+            let (pos, l) = self.node.broker.last(name).await.map_err(broker_err)?;
+            // The later read wins: it covers everything the earlier one saw.
+            position = Some(pos);
+            if req.initial {
+                last = l;
+            }
+        }
+        let position = position.ok_or_else(|| ApiError::new(code::INTERNAL, "no position"))?;
+        Ok((ch, Outcome::Ok { position, last, recovered, complete }))
+    }
+
+    async fn unsubscribe(&mut self, name: &str) {
+        let Some(ch) = self.subs.take(name) else { return };
+        self.node.metrics.subscriptions.fetch_sub(1, Relaxed);
+        if self.node.hub.remove(&ch, self.outbox.id) {
+            let _ = self.node.broker.unsubscribe(&ch).await;
+        }
+        if let Some(i) = self.present.iter().position(|p| **p == *name) {
+            self.present.swap_remove(i);
+            let _ = self.node.broker.presence_remove(name, &self.client).await;
+        }
+    }
+
+    /// Removes every subscription and presence entry; called once when the connection ends.
+    pub async fn cleanup(&mut self) {
+        let subs: Vec<Arc<str>> = self.subs.iter().cloned().collect();
+        for ch in subs {
+            self.unsubscribe(&ch).await;
+        }
+    }
+}
+
+fn failed_code(failed: &[&(String, Outcome)]) -> u16 {
+    match failed.first() {
+        Some((_, Outcome::Err(e))) => e.code,
+        _ => code::BAD_REQUEST,
+    }
+}
+
+fn pub_of<'a>(ch: &'a str, p: &'a Publication) -> Pub<'a> {
+    let data: &RawValue = &p.data;
+    Pub { ch, off: p.offset, data: Data(data) }
+}
+
+/// Serializes `{"channels": {name: result, ...}}` in request order.
+struct SubscribeReply<'a>(&'a [(String, Outcome)]);
+
+impl Serialize for SubscribeReply<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct OkBody<'a> {
+            epoch: &'a str,
+            offset: u64,
+            last: Option<Pub<'a>>,
+            recovered: Vec<Pub<'a>>,
+            complete: bool,
+        }
+        #[derive(Serialize)]
+        struct ErrBody<'a> {
+            error: &'a ErrorBody,
+        }
+        struct Channels<'a>(&'a [(String, Outcome)]);
+        impl Serialize for Channels<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let mut m = s.serialize_map(Some(self.0.len()))?;
+                for (name, outcome) in self.0 {
+                    match outcome {
+                        Outcome::Ok { position, last, recovered, complete } => m.serialize_entry(
+                            name,
+                            &OkBody {
+                                epoch: &position.epoch,
+                                offset: position.offset,
+                                last: last.as_ref().map(|p| pub_of(name, p)),
+                                recovered: recovered.iter().map(|p| pub_of(name, p)).collect(),
+                                complete: *complete,
+                            },
+                        )?,
+                        Outcome::Err(e) => m.serialize_entry(name, &ErrBody { error: e })?,
+                    }
+                }
+                m.end()
+            }
+        }
+        let mut m = s.serialize_map(Some(1))?;
+        m.serialize_entry("channels", &Channels(self.0))?;
+        m.end()
+    }
+}
