@@ -1,0 +1,56 @@
+# Switchboard — the README's commands.
+#   make demo   build everything and run a gateway with a simulator and the dashboard
+#   make test   everything CI checks: format, lints, unit, integration, black-box clients
+SHELL := /bin/bash
+CARGO ?= cargo
+BIN := target/release/switchboard
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo build test fmt-check lint rust-test black-box py-deps node-deps python-test node-test bench clean
+
+build:
+	$(CARGO) build --release --locked -p switchboard
+
+demo: build
+	$(BIN) demo
+
+test: fmt-check lint rust-test black-box
+	@echo "make test: all suites passed"
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+lint:
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+rust-test: build
+	$(CARGO) test --workspace --locked
+
+black-box: build python-test node-test
+
+# Clients nobody here wrote: Python websockets and Node ws, against the release binary.
+$(VENV)/.installed: tests/python/requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
+	touch $@
+
+py-deps: $(VENV)/.installed
+
+tests/node/node_modules/.package-lock.json: tests/node/package-lock.json
+	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
+
+node-deps: tests/node/node_modules/.package-lock.json
+
+python-test: py-deps
+	SWITCHBOARD_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q tests/python
+
+node-test: node-deps
+	cd tests/node && SWITCHBOARD_BIN=$(CURDIR)/$(BIN) node --test
+
+bench: build
+	@echo "see docs/benchmarks.md for the commands behind each figure"
+
+clean:
+	$(CARGO) clean
+	rm -rf $(VENV) tests/node/node_modules
