@@ -64,6 +64,7 @@ struct PublishOne {
 #[serde(deny_unknown_fields)]
 struct PublishBody {
     channel: Option<String>,
+    #[serde(default, deserialize_with = "switchboard_protocol::command::present")]
     data: Option<Box<RawValue>>,
     batch: Option<Vec<PublishOne>>,
 }
@@ -75,9 +76,8 @@ struct Published<'a> {
 }
 
 async fn publish(State(node): State<Arc<Node>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
-    let body: PublishBody = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(400, format!("expected {{\"channel\", \"data\"}} or {{\"batch\": [...]}}: {e}"))
-    })?;
+    let body: PublishBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::new(400, format!("expected {{\"channel\", \"data\"}} or {{\"batch\": [...]}}: {e}")))?;
     match body {
         PublishBody { channel: Some(channel), data: Some(data), batch: None } => {
             let pos = node.publish(&channel, Arc::new(data)).await?;
@@ -134,7 +134,11 @@ struct HistoryQuery {
 
 /// `GET /api/channels/{channel}` and `GET /api/channels/{channel}/history`. Channel names may
 /// contain `/`; a name that itself ends in `/history` must be percent-encoded (`%2Fhistory`).
-async fn channel(State(node): State<Arc<Node>>, Path(rest): Path<String>, Query(q): Query<HistoryQuery>) -> Result<Response, ApiError> {
+async fn channel(
+    State(node): State<Arc<Node>>,
+    Path(rest): Path<String>,
+    Query(q): Query<HistoryQuery>,
+) -> Result<Response, ApiError> {
     if let Some(ch) = rest.strip_suffix("/history") {
         return history(&node, ch, q).await;
     }
@@ -172,6 +176,9 @@ async fn history(node: &Node, ch: &str, q: HistoryQuery) -> Result<Response, Api
 
 async fn presence(State(node): State<Arc<Node>>, Path(ch): Path<String>) -> Result<Response, ApiError> {
     validate_channel(&ch).map_err(|e| ApiError::new(400, e.to_string()))?;
+    if !node.config.namespace(switchboard_protocol::namespace_of(&ch)).presence {
+        return Err(ApiError::new(403, "presence is not enabled in this namespace"));
+    }
     let clients = node.broker.presence(&ch).await.map_err(|e| ApiError::new(500, e.to_string()))?;
     Ok(Json(serde_json::json!({ "channel": ch, "clients": clients })).into_response())
 }
@@ -203,7 +210,8 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
 }
 
 async fn metrics(State(node): State<Arc<Node>>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], node.metrics.render(node.hub.channel_count())).into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], node.metrics.render(node.hub.channel_count()))
+        .into_response()
 }
 
 async fn index() -> Html<&'static str> {

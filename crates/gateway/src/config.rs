@@ -73,11 +73,12 @@ impl Default for Config {
     fn default() -> Config {
         let mut namespaces = HashMap::new();
         namespaces.insert(String::new(), Namespace::default());
-        namespaces.insert("pt".to_string(), Namespace { history_size: 0, history_ttl_s: 0, conflate: true, ..Namespace::default() });
         namespaces.insert(
-            "room".to_string(),
-            Namespace { client_publish: true, presence: true, ..Namespace::default() },
+            "pt".to_string(),
+            Namespace { history_size: 0, history_ttl_s: 0, conflate: true, ..Namespace::default() },
         );
+        namespaces
+            .insert("room".to_string(), Namespace { client_publish: true, presence: true, ..Namespace::default() });
         Config {
             listen: "127.0.0.1:8700".to_string(),
             workers: 0,
@@ -150,7 +151,8 @@ impl Config {
                 path.insert(0, "limits".to_string());
             }
             let dotted = path.join(".");
-            set_path(&mut table, &path, env_value(&value)).map_err(|e| ConfigError(format!("environment {key} ({dotted}): {e}")))?;
+            set_path(&mut table, &path, env_value(&value))
+                .map_err(|e| ConfigError(format!("environment {key} ({dotted}): {e}")))?;
         }
         for (dotted, value) in overrides {
             let path: Vec<String> = dotted.split('.').map(str::to_string).collect();
@@ -170,7 +172,10 @@ impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
         self.listen_addr()?;
         if self.broker != "memory" {
-            return Err(ConfigError(format!("broker: unsupported broker {:?} (this build supports `memory`)", self.broker)));
+            return Err(ConfigError(format!(
+                "broker: unsupported broker {:?} (this build supports `memory`)",
+                self.broker
+            )));
         }
         if let Some(sim) = &self.simulate {
             parse_simulate(sim).map_err(|e| ConfigError(format!("simulate: {e}")))?;
@@ -202,7 +207,9 @@ impl Config {
     }
 
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
-        self.listen.parse().map_err(|e| ConfigError(format!("listen: {:?} is not an address like 127.0.0.1:8700 ({e})", self.listen)))
+        self.listen
+            .parse()
+            .map_err(|e| ConfigError(format!("listen: {:?} is not an address like 127.0.0.1:8700 ({e})", self.listen)))
     }
 
     /// The options of a channel's namespace; unknown namespaces use the default namespace's.
@@ -213,7 +220,11 @@ impl Config {
     /// Worker threads: the configured number, capped at the cores.
     pub fn worker_threads(&self) -> usize {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        if self.workers == 0 { cores } else { self.workers.min(cores) }
+        if self.workers == 0 {
+            cores
+        } else {
+            self.workers.min(cores)
+        }
     }
 }
 
@@ -281,10 +292,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sbcfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("c.toml");
-        std::fs::write(&path, "listen = \"127.0.0.1:9000\"\n[limits]\nmax_connections = 5\n[namespaces.chat]\nclient_publish = true\n").unwrap();
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:9000\"\n[limits]\nmax_connections = 5\n[namespaces.chat]\nclient_publish = true\n",
+        )
+        .unwrap();
         let c = Config::load(
             Some(&path),
-            env(&[("SWITCHBOARD_MAX_SUBSCRIPTIONS", "7"), ("SWITCHBOARD_NAMESPACES__PT__HISTORY_SIZE", "3"), ("OTHER", "x")]),
+            env(&[
+                ("SWITCHBOARD_MAX_SUBSCRIPTIONS", "7"),
+                ("SWITCHBOARD_NAMESPACES__PT__HISTORY_SIZE", "3"),
+                ("OTHER", "x"),
+            ]),
             &[("limits.max_connections", toml::Value::Integer(6))],
         )
         .unwrap();

@@ -48,7 +48,11 @@ pub struct Hub {
 
 impl Hub {
     pub fn new(metrics: Arc<Metrics>) -> Hub {
-        Hub { shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(), pending: Mutex::new(Vec::new()), metrics }
+        Hub {
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            pending: Mutex::new(Vec::new()),
+            metrics,
+        }
     }
 
     fn shard(&self, channel: &str) -> &RwLock<HashMap<Arc<str>, Subscribers>> {
@@ -60,9 +64,11 @@ impl Hub {
     /// Adds a subscriber. Returns true when it is the channel's first on this node.
     pub fn add(&self, channel: &Arc<str>, outbox: &Arc<Outbox>, conflate: bool) -> bool {
         let mut shard = self.shard(channel).write();
-        let subs = shard
-            .entry(channel.clone())
-            .or_insert_with(|| Subscribers { conflate, conns: IndexMap::new(), msgpack: 0 });
+        let subs = shard.entry(channel.clone()).or_insert_with(|| Subscribers {
+            conflate,
+            conns: IndexMap::new(),
+            msgpack: 0,
+        });
         let first = subs.conns.is_empty();
         if subs.conns.insert(outbox.id, outbox.clone()).is_none() && outbox.format == Format::Msgpack {
             subs.msgpack += 1;
@@ -157,13 +163,10 @@ impl BrokerHandler for Hub {
         self.metrics.publications.fetch_add(1, Relaxed);
         let born = Instant::now();
         let ch: Arc<str> = Arc::from(channel);
-        self.fan_out(
-            channel,
-            |format| {
-                let payload = encode_publication(format, channel, p.offset, &p.data);
-                Delivery { frame: Frame::message(format, &payload), channel: ch.clone(), offset: p.offset, born }
-            },
-        );
+        self.fan_out(channel, |format| {
+            let payload = encode_publication(format, channel, p.offset, &p.data);
+            Delivery { frame: Frame::message(format, &payload), channel: ch.clone(), offset: p.offset, born }
+        });
     }
 
     fn after_publications(&self) {
@@ -178,7 +181,8 @@ impl BrokerHandler for Hub {
         let Some(subs) = shard.get(channel) else { return };
         let ev = || PresenceEvent { ch: channel, client: &info.client, user: &info.user };
         let json = Frame::message(Format::Json, &encode_presence(Format::Json, joined, ev()));
-        let mp = (subs.msgpack > 0).then(|| Frame::message(Format::Msgpack, &encode_presence(Format::Msgpack, joined, ev())));
+        let mp = (subs.msgpack > 0)
+            .then(|| Frame::message(Format::Msgpack, &encode_presence(Format::Msgpack, joined, ev())));
         let mut scheduled = Vec::new();
         for ob in subs.conns.values() {
             let frame = match (ob.format, &mp) {

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Upper bounds (seconds) of the delivery-lag histogram buckets.
-const LAG_BOUNDS: [f64; 14] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
+const LAG_BOUNDS: [f64; 14] =
+    [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 
 /// Counters and gauges of one node. Every field is updated with relaxed atomics: the figures
 /// are statistics, never used to synchronize.
@@ -43,25 +44,79 @@ impl Metrics {
     pub fn render(&self, channels: usize) -> String {
         let mut out = String::with_capacity(4096);
         let g = |out: &mut String, name: &str, help: &str, kind: &str, v: u64| {
-            let _ = writeln!(out, "# HELP switchboard_{name} {help}\n# TYPE switchboard_{name} {kind}\nswitchboard_{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP switchboard_{name} {help}\n# TYPE switchboard_{name} {kind}\nswitchboard_{name} {v}"
+            );
         };
         g(&mut out, "connections", "Open client connections.", "gauge", self.connections.load(Relaxed));
-        g(&mut out, "connections_accepted_total", "Client connections accepted.", "counter", self.connections_total.load(Relaxed));
-        g(&mut out, "connections_rejected_total", "Connections refused by the connection limit.", "counter", self.rejected_connections.load(Relaxed));
+        g(
+            &mut out,
+            "connections_accepted_total",
+            "Client connections accepted.",
+            "counter",
+            self.connections_total.load(Relaxed),
+        );
+        g(
+            &mut out,
+            "connections_rejected_total",
+            "Connections refused by the connection limit.",
+            "counter",
+            self.rejected_connections.load(Relaxed),
+        );
         g(&mut out, "subscriptions", "Active subscriptions on this node.", "gauge", self.subscriptions.load(Relaxed));
         g(&mut out, "channels", "Channels with local subscribers.", "gauge", channels as u64);
         g(&mut out, "messages_in_total", "Client frames received.", "counter", self.messages_in.load(Relaxed));
         g(&mut out, "bytes_in_total", "Client bytes received.", "counter", self.bytes_in.load(Relaxed));
-        g(&mut out, "messages_out_total", "Messages delivered to clients (publications, replies, presence).", "counter", self.deliveries.load(Relaxed));
+        g(
+            &mut out,
+            "messages_out_total",
+            "Messages delivered to clients (publications, replies, presence).",
+            "counter",
+            self.deliveries.load(Relaxed),
+        );
         g(&mut out, "bytes_out_total", "Bytes written to client sockets.", "counter", self.bytes_out.load(Relaxed));
         g(&mut out, "socket_writes_total", "Write calls on client sockets.", "counter", self.writes.load(Relaxed));
-        g(&mut out, "publications_total", "Publications accepted by this node.", "counter", self.publications.load(Relaxed));
-        g(&mut out, "conflated_total", "Deliveries replaced by a newer value before being written (conflation).", "counter", self.conflated.load(Relaxed));
-        g(&mut out, "dropped_total", "Deliveries dropped because their connection was closing or too slow.", "counter", self.dropped.load(Relaxed));
-        g(&mut out, "slow_consumer_disconnects_total", "Connections closed with 4008 because their outbound queue passed its bound.", "counter", self.slow_consumers.load(Relaxed));
-        g(&mut out, "protocol_errors_total", "Connections closed for a protocol error or oversize frame.", "counter", self.protocol_errors.load(Relaxed));
+        g(
+            &mut out,
+            "publications_total",
+            "Publications accepted by this node.",
+            "counter",
+            self.publications.load(Relaxed),
+        );
+        g(
+            &mut out,
+            "conflated_total",
+            "Deliveries replaced by a newer value before being written (conflation).",
+            "counter",
+            self.conflated.load(Relaxed),
+        );
+        g(
+            &mut out,
+            "dropped_total",
+            "Deliveries dropped because their connection was closing or too slow.",
+            "counter",
+            self.dropped.load(Relaxed),
+        );
+        g(
+            &mut out,
+            "slow_consumer_disconnects_total",
+            "Connections closed with 4008 because their outbound queue passed its bound.",
+            "counter",
+            self.slow_consumers.load(Relaxed),
+        );
+        g(
+            &mut out,
+            "protocol_errors_total",
+            "Connections closed for a protocol error or oversize frame.",
+            "counter",
+            self.protocol_errors.load(Relaxed),
+        );
         let name = "switchboard_delivery_lag_seconds";
-        let _ = writeln!(out, "# HELP {name} Time from publication accepted to bytes handed to the socket.\n# TYPE {name} histogram");
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time from publication accepted to bytes handed to the socket.\n# TYPE {name} histogram"
+        );
         let mut cumulative = 0;
         for (i, b) in LAG_BOUNDS.iter().enumerate() {
             cumulative += self.lag_buckets[i].load(Relaxed);

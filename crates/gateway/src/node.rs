@@ -117,10 +117,7 @@ impl Node {
             ));
         }
         let ns = self.config.namespace(switchboard_protocol::namespace_of(channel));
-        self.broker
-            .publish(channel, data, ns.history())
-            .await
-            .map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))
+        self.broker.publish(channel, data, ns.history()).await.map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))
     }
 
     /// Publishes several publications and writes to each subscriber once for the whole batch.

@@ -175,7 +175,12 @@ impl Outbox {
                 return Pushed::Dropped;
             }
             st.pending += len;
-            st.queue.push_back(Item::Message { frame: d.frame, channel: Some(d.channel), offset: d.offset, born: Some(d.born) });
+            st.queue.push_back(Item::Message {
+                frame: d.frame,
+                channel: Some(d.channel),
+                offset: d.offset,
+                born: Some(d.born),
+            });
         }
         self.schedule(&mut st)
     }
@@ -528,7 +533,11 @@ pub(crate) mod tests {
                 .into_iter()
                 .filter(|(op, _)| *op == Opcode::Text)
                 .flat_map(|(_, p)| {
-                    String::from_utf8(p).unwrap().split('\n').map(|l| serde_json::from_str(l).unwrap()).collect::<Vec<_>>()
+                    String::from_utf8(p)
+                        .unwrap()
+                        .split('\n')
+                        .map(|l| serde_json::from_str(l).unwrap())
+                        .collect::<Vec<_>>()
                 })
                 .collect()
         }

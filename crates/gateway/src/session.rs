@@ -15,7 +15,9 @@ use switchboard_broker::{ClientInfo, Position, Publication};
 use switchboard_protocol::code::{self, close};
 use switchboard_protocol::command::{HistoryRequest, PublishRequest, SubscribeRequest};
 use switchboard_protocol::message::{encode_error, encode_ok, Data, ErrorBody, Pub};
-use switchboard_protocol::{namespace_of, validate_channel, Command, CommandBody, Format};
+use switchboard_protocol::{
+    decode_json_frame, decode_msgpack_frame, namespace_of, validate_channel, Command, CommandBody, Format,
+};
 
 use crate::node::{ApiError, Node};
 use crate::outbox::{Outbox, Pushed};
@@ -54,7 +56,15 @@ enum Outcome {
 impl Session {
     pub fn new(node: Arc<Node>, outbox: Arc<Outbox>) -> Session {
         let client = format!("{}-{}", node.id, outbox.id);
-        Session { node, outbox, client, user: String::new(), subs: HashSet::new(), present: Vec::new(), needs_flush: false }
+        Session {
+            node,
+            outbox,
+            client,
+            user: String::new(),
+            subs: HashSet::new(),
+            present: Vec::new(),
+            needs_flush: false,
+        }
     }
 
     pub fn outbox(&self) -> &Arc<Outbox> {
@@ -65,23 +75,17 @@ impl Session {
     pub async fn handle_payload(&mut self, payload: &[u8]) -> Result<(), CloseReason> {
         self.node.metrics.messages_in.fetch_add(1, Relaxed);
         self.node.metrics.bytes_in.fetch_add(payload.len() as u64, Relaxed);
-        match self.outbox.format {
+        let commands = match self.outbox.format {
             Format::Json => {
-                let text = std::str::from_utf8(payload)
+                std::str::from_utf8(payload)
                     .map_err(|_| CloseReason::new(close::PROTOCOL_ERROR, "text frame is not valid UTF-8"))?;
-                for line in text.split('\n') {
-                    if line.trim().is_empty() {
-                        continue;
-                    }
-                    let cmd = Command::from_json(line.as_bytes())
-                        .map_err(|e| CloseReason::new(close::PROTOCOL_ERROR, e.to_string()))?;
-                    self.dispatch(cmd).await;
-                }
+                decode_json_frame(payload)
             }
-            Format::Msgpack => {
-                let cmd = Command::from_msgpack(payload).map_err(|e| CloseReason::new(close::PROTOCOL_ERROR, e.to_string()))?;
-                self.dispatch(cmd).await;
-            }
+            Format::Msgpack => decode_msgpack_frame(payload),
+        }
+        .map_err(|e| CloseReason::new(close::PROTOCOL_ERROR, e.to_string()))?;
+        for cmd in commands {
+            self.dispatch(cmd).await;
         }
         Ok(())
     }
@@ -121,7 +125,8 @@ impl Session {
                     #[serde(skip_serializing_if = "Option::is_none")]
                     data: Option<Data<'a>>,
                 }
-                self.ok(id, &Echo { data: p.data.as_deref().map(Data) });
+                let data = p.data.map(switchboard_protocol::message::single_line);
+                self.ok(id, &Echo { data: data.as_deref().map(Data) });
                 return;
             }
             CommandBody::Publish(req) => self.publish(id, req).await,
@@ -144,14 +149,17 @@ impl Session {
                     node: &'a str,
                     ping_s: u64,
                 }
-                let body = Connected { client: &self.client, node: &self.node.id, ping_s: self.node.config.limits.ping_s };
+                let body =
+                    Connected { client: &self.client, node: &self.node.id, ping_s: self.node.config.limits.ping_s };
                 let bytes = id.map(|id| encode_ok(self.outbox.format, id, &body));
                 if let Some(b) = bytes {
                     self.send(b);
                 }
                 return;
             }
-            CommandBody::Refresh(_) => Err(ApiError::new(code::BAD_REQUEST, "authentication is not configured on this node")),
+            CommandBody::Refresh(_) => {
+                Err(ApiError::new(code::BAD_REQUEST, "authentication is not configured on this node"))
+            }
             CommandBody::Unknown(name) => Err(ApiError::new(code::NOT_FOUND, format!("unknown command {name:?}"))),
             CommandBody::Invalid(why) => Err(ApiError::new(code::BAD_REQUEST, why)),
         };
@@ -203,7 +211,8 @@ impl Session {
         if !self.node.config.namespace(namespace_of(channel)).presence {
             return Err(ApiError::new(code::FORBIDDEN, "presence is not enabled in this namespace"));
         }
-        let clients = self.node.broker.presence(channel).await.map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
+        let clients =
+            self.node.broker.presence(channel).await.map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
         self.ok(id, &serde_json::json!({ "clients": clients }));
         Ok(())
     }
@@ -213,7 +222,11 @@ impl Session {
         if req.channels.len() > limits.max_channels_per_subscribe {
             let e = ApiError::new(
                 code::LIMIT,
-                format!("{} channels in one subscribe; at most {}", req.channels.len(), limits.max_channels_per_subscribe),
+                format!(
+                    "{} channels in one subscribe; at most {}",
+                    req.channels.len(),
+                    limits.max_channels_per_subscribe
+                ),
             );
             return self.err(id, e);
         }
@@ -239,7 +252,8 @@ impl Session {
         let reply = match id {
             Some(id) => encode_ok(self.outbox.format, id, &SubscribeReply(&results)),
             None => {
-                let failed: Vec<&(String, Outcome)> = results.iter().filter(|(_, o)| matches!(o, Outcome::Err(_))).collect();
+                let failed: Vec<&(String, Outcome)> =
+                    results.iter().filter(|(_, o)| matches!(o, Outcome::Err(_))).collect();
                 if failed.is_empty() {
                     Vec::new()
                 } else {
@@ -253,7 +267,8 @@ impl Session {
             self.outbox.release(&reply, &covered);
         }
         // Presence joins go out after the reply, so a member sees itself join after subscribing.
-        let joins: Vec<Arc<str>> = covered.keys().filter(|ch| self.node.config.namespace(namespace_of(ch)).presence).cloned().collect();
+        let joins: Vec<Arc<str>> =
+            covered.keys().filter(|ch| self.node.config.namespace(namespace_of(ch)).presence).cloned().collect();
         for ch in joins {
             let info = ClientInfo { client: self.client.clone(), user: self.user.clone() };
             if self.node.broker.presence_add(&ch, info).await.is_ok() {

@@ -25,10 +25,7 @@ pub fn validate_channel(name: &str) -> Result<(), ChannelError> {
     for b in name.bytes() {
         let ok = b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'/' | b'@' | b'=' | b'-');
         if !ok {
-            let c = name[name.bytes().position(|x| x == b).unwrap_or(0)..]
-                .chars()
-                .next()
-                .unwrap_or('?');
+            let c = name[name.bytes().position(|x| x == b).unwrap_or(0)..].chars().next().unwrap_or('?');
             return Err(ChannelError::BadByte(c));
         }
     }

@@ -87,8 +87,14 @@ pub struct PresenceRequest {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct PingRequest {
-    #[serde(default)]
+    /// `Some` whenever the field is present, `null` included (it is echoed as is).
+    #[serde(default, deserialize_with = "present")]
     pub data: Option<Box<RawValue>>,
+}
+
+/// Deserializes a raw JSON field that may be `null` as `Some(null)`; only absence is `None`.
+pub fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,11 +115,46 @@ pub enum DecodeError {
     ManyCommands,
 }
 
+/// Decodes every command of a JSON frame: one command, or several JSON objects one after the
+/// other (the client may batch them `\n`-separated). All or nothing: a frame with any bad
+/// command yields the error and no command runs.
+pub fn decode_json_frame(frame: &[u8]) -> Result<Vec<Command>, DecodeError> {
+    let mut out = Vec::new();
+    for raw in serde_json::Deserializer::from_slice(frame).into_iter::<&RawValue>() {
+        let raw = raw.map_err(|e| DecodeError::NotJson(e.to_string()))?;
+        out.push(Command::from_json(raw.get().as_bytes())?);
+    }
+    if out.is_empty() {
+        return Err(DecodeError::NoCommand);
+    }
+    Ok(out)
+}
+
+/// Decodes every command of a MessagePack frame: one map, or several concatenated. All or
+/// nothing, like [`decode_json_frame`]; trailing bytes that are not a whole map are an error.
+pub fn decode_msgpack_frame(frame: &[u8]) -> Result<Vec<Command>, DecodeError> {
+    let mut out = Vec::new();
+    let mut rest = frame;
+    while !rest.is_empty() {
+        let mut cursor = std::io::Cursor::new(rest);
+        let value: serde_json::Value = {
+            let mut de = rmp_serde::Deserializer::new(&mut cursor);
+            serde::Deserialize::deserialize(&mut de).map_err(|e| DecodeError::NotMsgpack(e.to_string()))?
+        };
+        let used = cursor.position() as usize;
+        out.push(Command::from_value(value)?);
+        rest = &rest[used..];
+    }
+    if out.is_empty() {
+        return Err(DecodeError::NoCommand);
+    }
+    Ok(out)
+}
+
 impl Command {
     /// Decodes one JSON command.
     pub fn from_json(frame: &[u8]) -> Result<Command, DecodeError> {
-        let env: Envelope<'_> =
-            serde_json::from_slice(frame).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+        let env: Envelope<'_> = serde_json::from_slice(frame).map_err(|e| DecodeError::NotJson(e.to_string()))?;
         env.into_command()
     }
 
@@ -121,6 +162,10 @@ impl Command {
     pub fn from_msgpack(frame: &[u8]) -> Result<Command, DecodeError> {
         let value: serde_json::Value =
             rmp_serde::from_slice(frame).map_err(|e| DecodeError::NotMsgpack(e.to_string()))?;
+        Command::from_value(value)
+    }
+
+    fn from_value(value: serde_json::Value) -> Result<Command, DecodeError> {
         let obj = match value {
             serde_json::Value::Object(map) => map,
             _ => return Err(DecodeError::NotMsgpack("not a map".into())),
@@ -254,11 +299,31 @@ mod tests {
         assert!(matches!(Command::from_json(b"hello"), Err(DecodeError::NotJson(_))));
         assert!(matches!(Command::from_json(b"[1,2]"), Err(DecodeError::NotJson(_))));
         assert!(matches!(Command::from_json(b"{\"id\":1}"), Err(DecodeError::NoCommand)));
-        assert!(matches!(
-            Command::from_json(br#"{"ping":{},"publish":{}}"#),
-            Err(DecodeError::ManyCommands)
-        ));
+        assert!(matches!(Command::from_json(br#"{"ping":{},"publish":{}}"#), Err(DecodeError::ManyCommands)));
         assert!(Command::from_json(br#"{"id":-1,"ping":{}}"#).is_err());
+    }
+
+    #[test]
+    fn command_frames_hold_one_pretty_printed_or_several_commands() {
+        let pretty = b"{\n  \"id\": 1,\n  \"ping\": {\n    \"data\": null\n  }\n}";
+        let cmds = decode_json_frame(pretty).unwrap();
+        assert_eq!(cmds.len(), 1);
+        let CommandBody::Ping(p) = &cmds[0].body else { panic!() };
+        assert_eq!(p.data.as_ref().unwrap().get(), "null", "null data is present, not absent");
+        let cmds = decode_json_frame(b"{\"id\":1,\"ping\":{}}\n{\"id\":2,\"ping\":{}}\n").unwrap();
+        assert_eq!(cmds.iter().map(|c| c.id).collect::<Vec<_>>(), vec![Some(1), Some(2)]);
+        assert!(decode_json_frame(b"{\"id\":1,\"ping\":{}} garbage").is_err());
+        assert!(decode_json_frame(b"   ").is_err());
+    }
+
+    #[test]
+    fn command_msgpack_frames_hold_concatenated_maps_and_reject_trailing_bytes() {
+        let one = rmp_serde::to_vec_named(&serde_json::json!({"id": 1, "ping": {}})).unwrap();
+        let two = rmp_serde::to_vec_named(&serde_json::json!({"id": 2, "ping": {}})).unwrap();
+        let both = [one.clone(), two].concat();
+        let cmds = decode_msgpack_frame(&both).unwrap();
+        assert_eq!(cmds.iter().map(|c| c.id).collect::<Vec<_>>(), vec![Some(1), Some(2)]);
+        assert!(decode_msgpack_frame(&[one, vec![0xc1]].concat()).is_err());
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub mod message;
 pub mod websocket;
 
 pub use channel::{namespace_of, validate_channel, ChannelError};
-pub use command::{Command, CommandBody, DecodeError};
+pub use command::{decode_json_frame, decode_msgpack_frame, Command, CommandBody, DecodeError};
 pub use message::Format;
 
 /// A position in a channel's stream: the epoch and the offset of the last publication seen.

@@ -55,11 +55,23 @@ impl Serialize for Data<'_> {
         if s.is_human_readable() {
             self.0.serialize(s)
         } else {
-            let v: serde_json::Value =
-                serde_json::from_str(self.0.get()).map_err(serde::ser::Error::custom)?;
+            let v: serde_json::Value = serde_json::from_str(self.0.get()).map_err(serde::ser::Error::custom)?;
             v.serialize(s)
         }
     }
+}
+
+/// Makes raw JSON safe to embed in a `\n`-separated frame: text with a raw line break (only
+/// possible as whitespace between tokens) is re-serialized compactly; anything else is kept
+/// byte for byte.
+pub fn single_line(raw: Box<RawValue>) -> Box<RawValue> {
+    if !raw.get().bytes().any(|b| b == b'\n' || b == b'\r') {
+        return raw;
+    }
+    serde_json::from_str::<serde_json::Value>(raw.get())
+        .ok()
+        .and_then(|v| serde_json::value::to_raw_value(&v).ok())
+        .unwrap_or(raw)
 }
 
 /// A publication as it appears on the WebSocket: in pushes, `last`, `recovered` and `history`.
@@ -190,6 +202,13 @@ mod tests {
         let out = encode_publication(Format::Msgpack, "a", 1, &raw(r#"[1,"x",true]"#));
         let v: serde_json::Value = rmp_serde::from_slice(&out).unwrap();
         assert_eq!(v, serde_json::json!({"pub": {"ch": "a", "off": 1, "data": [1, "x", true]}}));
+    }
+
+    #[test]
+    fn message_single_line_keeps_compact_json_and_flattens_pretty_json() {
+        assert_eq!(single_line(raw(r#"{"a": 1.50}"#)).get(), r#"{"a": 1.50}"#);
+        assert_eq!(single_line(raw("{\n  \"a\": [1,\r\n 2]\n}")).get(), r#"{"a":[1,2]}"#);
+        assert_eq!(single_line(raw(r#""line\nbreak""#)).get(), r#""line\nbreak""#);
     }
 
     #[test]

@@ -29,7 +29,9 @@ const CLOSE_GRACE: Duration = Duration::from_secs(3);
 pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Response<Body> {
     let h = req.headers();
     let has = |name: header::HeaderName, token: &str| {
-        h.get_all(name).iter().any(|v| v.to_str().is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token))))
+        h.get_all(name)
+            .iter()
+            .any(|v| v.to_str().is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token))))
     };
     if req.method() != Method::GET || !has(header::UPGRADE, "websocket") || !has(header::CONNECTION, "upgrade") {
         return plain(StatusCode::BAD_REQUEST, "expected a WebSocket upgrade (GET with Upgrade: websocket)");
@@ -55,7 +57,10 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
         _ => None,
     });
     if format.is_none() && !offered.is_empty() {
-        return plain(StatusCode::BAD_REQUEST, "no supported subprotocol offered; use switchboard.v1.json or switchboard.v1.msgpack");
+        return plain(
+            StatusCode::BAD_REQUEST,
+            "no supported subprotocol offered; use switchboard.v1.json or switchboard.v1.msgpack",
+        );
     }
     let on_upgrade = hyper::upgrade::on(&mut req);
     let max_frame = node.config.limits.max_frame_bytes;
@@ -68,7 +73,9 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
             }
         };
         match upgraded.downcast::<TokioIo<TcpStream>>() {
-            Ok(parts) => run(node, parts.io.into_inner(), parts.read_buf, format.unwrap_or(Format::Json), max_frame).await,
+            Ok(parts) => {
+                run(node, parts.io.into_inner(), parts.read_buf, format.unwrap_or(Format::Json), max_frame).await
+            }
             Err(_) => tracing::error!("upgraded connection is not a TCP stream"),
         }
     });
@@ -146,7 +153,9 @@ impl FrameReader {
     }
 
     fn parse(&mut self, data: &mut [u8], out: &mut Vec<Event>) -> Result<usize, ReadError> {
-        let too_big = |n: u64| ReadError::Close(CloseReason::new(close::MESSAGE_TOO_BIG, format!("message of {n} bytes is too big")));
+        let too_big = |n: u64| {
+            ReadError::Close(CloseReason::new(close::MESSAGE_TOO_BIG, format!("message of {n} bytes is too big")))
+        };
         let bad = |why: String| ReadError::Close(CloseReason::new(close::PROTOCOL_ERROR, why));
         let mut pos = 0;
         loop {

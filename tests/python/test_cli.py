@@ -1,0 +1,131 @@
+"""Command line (SPEC §5): the start-up line, flags, SWITCHBOARD_* environment variables,
+exit codes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+import sb
+from sb import WS, api_get, uniq
+
+
+def _run(binary, *args, env=None, timeout=10):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+    full_env.update(env or {})
+    return subprocess.run([binary, *args], capture_output=True, timeout=timeout, env=full_env,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_cli_serve_prints_exactly_one_listening_line(server):
+    # start_server already parsed "switchboard listening on http://127.0.0.1:PORT"; the port is real.
+    assert 0 < server.port < 65536
+    assert api_get(server, "/healthz").status == 200
+    assert server.http_url == f"http://127.0.0.1:{server.port}"
+
+
+def test_cli_help_exits_0_and_names_serve(switchboard_bin):
+    r = _run(switchboard_bin, "--help")
+    assert r.returncode == 0
+    assert b"serve" in r.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["serve", "--listen", "127.0.0.1:0", "--no-such-flag"],
+    ["serve", "--listen", "127.0.0.1:0", "--max-connections", "lots"],
+    ["serve", "--listen", "not-an-address"],
+    ["no-such-subcommand"],
+])
+def test_cli_bad_usage_exits_2(switchboard_bin, args):
+    r = _run(switchboard_bin, *args)
+    assert r.returncode == 2, (args, r.returncode, r.stderr[-500:])
+    assert r.stderr.strip(), "a usage error must say what is wrong"
+
+
+def test_cli_missing_config_file_exits_2(switchboard_bin, tmp_path):
+    r = _run(switchboard_bin, "serve", "--listen", "127.0.0.1:0", "--config", str(tmp_path / "nope.toml"))
+    assert r.returncode == 2, (r.returncode, r.stderr[-500:])
+
+
+def test_cli_bad_config_value_exits_2_naming_the_key(switchboard_bin, tmp_path):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[limits]\nmax_connections = "many"\n')
+    r = _run(switchboard_bin, "serve", "--listen", "127.0.0.1:0", "--config", str(cfg))
+    assert r.returncode == 2, (r.returncode, r.stderr[-500:])
+    assert b"max_connections" in r.stderr, r.stderr[-500:]
+
+
+def test_cli_unparsable_config_file_exits_2(switchboard_bin, tmp_path):
+    cfg = tmp_path / "broken.toml"
+    cfg.write_text("this is = = not toml\n")
+    r = _run(switchboard_bin, "serve", "--listen", "127.0.0.1:0", "--config", str(cfg))
+    assert r.returncode == 2, (r.returncode, r.stderr[-500:])
+
+
+def test_cli_config_file_defines_a_namespace(start_server, tmp_path):
+    cfg = tmp_path / "ns.toml"
+    cfg.write_text("[namespaces.news]\nclient_publish = true\nhistory_size = 3\nhistory_ttl_s = 60\n")
+    srv = start_server("--config", str(cfg))
+    ch = uniq("news:")
+    with WS(srv.ws_url) as ws:
+        epoch = ws.subscribe([ch])["channels"][ch]["epoch"]
+        for i in range(1, 6):
+            assert ws.ok("publish", {"channel": ch, "data": i}) == {"offset": i, "epoch": epoch}
+        hist = ws.ok("history", {"channel": ch})
+        assert hist["publications"] == [{"ch": ch, "off": i, "data": i} for i in (3, 4, 5)]
+    with WS(srv.ws_url) as ws:
+        r = ws.subscribe([ch], recover={ch: {"epoch": epoch, "offset": 1}})["channels"][ch]
+        assert r["complete"] is False
+        r2 = ws.ok("subscribe", {"channels": [uniq("news:")]})
+        assert "channels" in r2
+
+
+def test_cli_listening_beyond_loopback_without_auth_is_refused(switchboard_bin):
+    r = _run(switchboard_bin, "serve", "--listen", "0.0.0.0:0", timeout=10)
+    assert r.returncode == 2, (r.returncode, r.stdout[-300:], r.stderr[-500:])
+    assert b"allow-anonymous" in r.stderr, r.stderr[-500:]
+
+
+def test_cli_environment_variable_sets_config(start_server):
+    srv = start_server(env={"SWITCHBOARD_MAX_CONNECTIONS": "1"})
+    with WS(srv.ws_url) as first:
+        assert first.ping(1) == {"data": 1}
+        second = WS(srv.ws_url)
+        closed = second.wait_closed()
+        assert closed.code == 4029
+
+
+def test_cli_simulate_publishes_points(start_server):
+    srv = start_server("--simulate", "20@5")
+    deadline = time.monotonic() + 5
+    while True:
+        rows = api_get(srv, "/api/channels").json()
+        rows = rows if isinstance(rows, list) else rows["channels"]
+        live = [r for r in rows if r["offset"] >= 1]
+        if len(live) >= 20:
+            break
+        assert time.monotonic() < deadline, f"only {len(live)} simulated channels after 5 s"
+        time.sleep(0.2)
+    ch = live[0]["channel"]
+    with WS(srv.ws_url) as ws:
+        ws.subscribe([ch])
+        p = ws.pubs(ch, 1)[0]
+        assert set(p["data"]) >= {"v", "t"}, p
+        assert p["off"] > live[0]["offset"] - 1
+
+
+@pytest.mark.parametrize("server", [["--workers", "1"]], indirect=True)
+def test_cli_workers_flag_runs_and_everything_works_on_one_worker(server):
+    ch = uniq("w1.")
+    with WS(server.ws_url) as a, WS(server.ws_url) as b:
+        a.subscribe([ch])
+        b.subscribe([ch])
+        sb.api_batch(server, [{"channel": ch, "data": i} for i in range(1, 501)])
+        for ws in (a, b):
+            assert [p["off"] for p in ws.pubs(ch, 500)] == list(range(1, 501))
+    info = api_get(server, "/api/info").json()
+    if "workers" in info:
+        assert info["workers"] == 1
