@@ -74,7 +74,8 @@ pub fn latency_svg(title: &str, latency: &Latency) -> String {
         for (q, us) in &points {
             let _ = write!(poly, "{:.1},{:.1} ", x_of(*q), y_of(*us as f64 / 1000.0));
         }
-        let _ = writeln!(s, r##"<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{}"/>"##, poly.trim_end());
+        let _ =
+            writeln!(s, r##"<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{}"/>"##, poly.trim_end());
         let sm = latency.summary();
         let legend = format!(
             "n={}  p50={}  p99={}  p99.9={}  max={} ms",

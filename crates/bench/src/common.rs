@@ -72,6 +72,23 @@ impl CommonArgs {
     }
 }
 
+/// The wire format of WebSocket load (`--format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireFormat {
+    Json,
+    Msgpack,
+}
+
+impl WireFormat {
+    pub fn format(self) -> switchboard_protocol::Format {
+        match self {
+            WireFormat::Json => switchboard_protocol::Format::Json,
+            WireFormat::Msgpack => switchboard_protocol::Format::Msgpack,
+        }
+    }
+}
+
 /// Splits `total` connections over `procs` workers: `(first global index, count)` each.
 pub fn split(total: usize, procs: usize) -> Vec<(usize, usize)> {
     let procs = procs.max(1);
@@ -124,12 +141,7 @@ pub fn rfc3339(unix_us: u64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
-        sod / 3600,
-        (sod / 60) % 60,
-        sod % 60
-    )
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z", sod / 3600, (sod / 60) % 60, sod % 60)
 }
 
 #[cfg(test)]

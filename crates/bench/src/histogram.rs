@@ -153,7 +153,13 @@ mod tests {
                 let v = match w {
                     0 => 50 + seed % 500,
                     1 => 1_000 + seed % 100_000,
-                    _ => if i % 1000 == 0 { 5_000_000 } else { 200 + seed % 50 },
+                    _ => {
+                        if i % 1000 == 0 {
+                            5_000_000
+                        } else {
+                            200 + seed % 50
+                        }
+                    }
                 };
                 part.record(v);
                 all.record(v);

@@ -4,6 +4,7 @@
 //! stime of all its threads) and memory from `/proc/PID/status` (`VmRSS` now, `VmHWM` the
 //! peak). The `limit` scenario samples its own writer thread through `/proc/thread-self`.
 
+use std::collections::HashMap;
 use std::io;
 
 /// Clock ticks per second of `/proc` times. The kernel reports them in `USER_HZ`, which is
@@ -17,6 +18,35 @@ pub struct Memory {
     pub rss: u64,
     /// Peak resident set size so far ("high water mark").
     pub hwm: u64,
+}
+
+/// CPU time of a process at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct CpuSample {
+    /// utime + stime of the whole process, 10 ms resolution.
+    pub total_s: f64,
+    /// Run time per thread id, ns.
+    pub threads: HashMap<u32, u64>,
+}
+
+impl CpuSample {
+    /// CPU seconds between two samples. Uses the per-thread nanosecond counters when every
+    /// thread of the first sample is still alive at the second (a thread that exited took its
+    /// counter with it; threads that appeared in between count in full); otherwise the
+    /// tick-based totals.
+    pub fn seconds_until(&self, later: &CpuSample) -> f64 {
+        let precise = !self.threads.is_empty() && self.threads.keys().all(|t| later.threads.contains_key(t));
+        if precise {
+            let ns: u64 = later
+                .threads
+                .iter()
+                .map(|(tid, ns)| ns.saturating_sub(self.threads.get(tid).copied().unwrap_or(0)))
+                .sum();
+            ns as f64 / 1e9
+        } else {
+            (later.total_s - self.total_s).max(0.0)
+        }
+    }
 }
 
 /// One process to watch.
@@ -35,6 +65,24 @@ impl ProcessProbe {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid))?;
         let (utime, stime) = parse_stat_times(&stat).ok_or_else(|| bad("/proc/PID/stat"))?;
         Ok((utime + stime) as f64 / USER_HZ)
+    }
+
+    /// A CPU-time sample precise to the nanosecond where the kernel allows: the scheduler's
+    /// run time of every thread (`/proc/PID/task/*/schedstat`) beside the tick-based total.
+    pub fn cpu_sample(&self) -> io::Result<CpuSample> {
+        let total_s = self.cpu_seconds()?;
+        let mut threads = HashMap::new();
+        if let Ok(dir) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) {
+            for e in dir.flatten() {
+                let Some(tid) = e.file_name().to_str().and_then(|t| t.parse::<u32>().ok()) else { continue };
+                if let Ok(s) = std::fs::read_to_string(e.path().join("schedstat")) {
+                    if let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse().ok()) {
+                        threads.insert(tid, ns);
+                    }
+                }
+            }
+        }
+        Ok(CpuSample { total_s, threads })
     }
 
     pub fn memory(&self) -> io::Result<Memory> {
@@ -123,5 +171,27 @@ mod tests {
         std::hint::black_box(x);
         assert!(thread_cpu_ns().unwrap() >= a);
         assert!(open_file_limit().unwrap_or(1) > 0);
+        let a = me.cpu_sample().unwrap();
+        std::thread::spawn(|| {
+            let mut x = 0u64;
+            for i in 0..5_000_000u64 {
+                x = x.wrapping_mul(31).wrapping_add(i);
+            }
+            std::hint::black_box(x);
+        })
+        .join()
+        .unwrap();
+        let b = me.cpu_sample().unwrap();
+        assert!(a.seconds_until(&b) >= 0.0);
+    }
+
+    #[test]
+    fn probe_cpu_delta_falls_back_when_a_thread_exited() {
+        let a = CpuSample { total_s: 1.0, threads: HashMap::from([(1, 1_000_000_000), (2, 500_000_000)]) };
+        let b =
+            CpuSample { total_s: 2.5, threads: HashMap::from([(1, 1_200_000_000), (2, 600_000_000), (3, 50_000_000)]) };
+        assert!((a.seconds_until(&b) - 0.35).abs() < 1e-9);
+        let c = CpuSample { total_s: 2.0, threads: HashMap::from([(1, 1_300_000_000)]) };
+        assert!((a.seconds_until(&c) - 1.0).abs() < 1e-9);
     }
 }

@@ -53,6 +53,23 @@ pub struct ServerStats {
     pub rss_per_connection_bytes: Option<f64>,
 }
 
+/// `(RSS after connecting − RSS before) / connections`, or `None` with the reason when the
+/// figure would be meaningless: RSS that fell while connecting means memory from earlier load
+/// was being returned to the OS at the same time, which hides what the connections cost.
+pub fn rss_per_connection(before: Option<u64>, after: Option<u64>, conns: u64) -> (Option<f64>, Option<String>) {
+    match (before, after) {
+        (Some(b), Some(a)) if conns > 0 && a >= b => (Some((a - b) as f64 / conns as f64), None),
+        (Some(b), Some(a)) if conns > 0 => (
+            None,
+            Some(format!(
+                "server RSS fell from {b} to {a} bytes while connecting (memory of earlier load being \
+                 returned); run against a freshly started server for a per-connection figure"
+            )),
+        ),
+        _ => (None, None),
+    }
+}
+
 /// One pass/fail check and what was observed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Criterion {
@@ -77,7 +94,11 @@ pub fn standard_criteria(conns: &Connections, dropped: u64, m: &MessageCounts) -
             format!("{}/{} established, {} failed", conns.established, conns.target, conns.failed),
         ),
         Criterion::new("no connection dropped during the run", dropped == 0, format!("{dropped} dropped")),
-        Criterion::new("no message lost", m.lost == 0 && m.received >= m.expected, format!("{} of {} lost", m.lost, m.expected)),
+        Criterion::new(
+            "no message lost",
+            m.lost == 0 && m.received >= m.expected,
+            format!("{} of {} lost", m.lost, m.expected),
+        ),
         Criterion::new("no message duplicated", m.duplicated == 0, format!("{} duplicated", m.duplicated)),
     ]
 }
@@ -221,7 +242,10 @@ fn flatten(prefix: &str, v: &Value, out: &mut Vec<(String, String)>) {
         }
         // Arrays (criteria, per-burst lists) are not one scalar; keep them as compact JSON.
         Value::Array(_) => out.push((prefix.to_string(), v.to_string())),
-        other => out.push((prefix.to_string(), scalar(other).unwrap_or_default())),
+        Value::Null => out.push((prefix.to_string(), String::new())),
+        Value::String(s) => out.push((prefix.to_string(), s.clone())),
+        // Numbers and booleans at full precision.
+        other => out.push((prefix.to_string(), other.to_string())),
     }
 }
 
@@ -266,8 +290,18 @@ mod tests {
         let v = serde_json::to_value(sample()).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         let mut want = vec![
-            "scenario", "params", "started", "duration_s", "connections", "messages", "throughput", "latency_ms",
-            "server", "pass", "criteria", "extra",
+            "scenario",
+            "params",
+            "started",
+            "duration_s",
+            "connections",
+            "messages",
+            "throughput",
+            "latency_ms",
+            "server",
+            "pass",
+            "criteria",
+            "extra",
         ];
         let mut got = keys.clone();
         want.sort_unstable();
@@ -286,6 +320,15 @@ mod tests {
         assert_eq!(v["latency_ms"]["p50"], json!(1.5));
         assert_eq!(v["server"]["cpu_s"], Value::Null);
         assert_eq!(v["pass"], json!(true));
+    }
+
+    #[test]
+    fn report_rss_per_connection_refuses_negative_figures() {
+        assert_eq!(rss_per_connection(Some(1000), Some(5000), 4), (Some(1000.0), None));
+        let (v, why) = rss_per_connection(Some(5000), Some(1000), 4);
+        assert!(v.is_none() && why.is_some());
+        assert_eq!(rss_per_connection(None, Some(1), 1), (None, None));
+        assert_eq!(rss_per_connection(Some(1), Some(2), 0), (None, None));
     }
 
     #[test]
@@ -316,7 +359,12 @@ mod tests {
         let csv = std::fs::read_to_string(dir.join("result.csv")).unwrap();
         let lines: Vec<&str> = csv.lines().collect();
         assert_eq!(lines.len(), 2);
-        assert!(lines[0].starts_with("scenario,params.subs,started,duration_s,connections.target"), "{}", lines[0]);
+        assert!(
+            lines[0].starts_with("scenario,params.subs,started,duration_s,connections.established"),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[1].starts_with("broadcast,10,2024-01-01T00:00:00.000Z,1.0,10,0,10,"), "{}", lines[1]);
         let svg = std::fs::read_to_string(dir.join("latency.svg")).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("<polyline"));
         assert!(r.table().contains("PASS"));

@@ -31,6 +31,14 @@ use crate::histogram::Latency;
 use crate::progress::Progress;
 use crate::scenario::{broadcast, echo, limit};
 
+/// The environment variable carrying the auth token from the coordinator to its workers.
+pub const TOKEN_ENV: &str = "SWITCHBOARD_BENCH_TOKEN";
+
+/// The token the coordinator passed, if any.
+pub fn token() -> Option<String> {
+    std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty())
+}
+
 /// What one worker process does; the JSON argument of `bench worker`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -72,6 +80,9 @@ pub struct FinalReport {
     pub latency: String,
     /// Connect + handshake time histogram, µs, base64 HdrHistogram V2.
     pub connect: String,
+    /// Peak resident memory of the worker process.
+    #[serde(default)]
+    pub rss_peak_bytes: u64,
 }
 
 /// One line from a worker.
@@ -104,7 +115,7 @@ pub struct WorkerCtx {
 }
 
 impl WorkerCtx {
-    fn new(target: u64) -> Rc<WorkerCtx> {
+    pub(crate) fn new(target: u64) -> Rc<WorkerCtx> {
         let (stop_tx, _) = watch::channel(false);
         Rc::new(WorkerCtx {
             tally: RefCell::default(),
@@ -206,6 +217,7 @@ impl WorkerCtx {
             tally: self.tally.borrow().clone(),
             latency: self.latency.borrow().to_base64(),
             connect: self.connect.borrow().to_base64(),
+            rss_peak_bytes: crate::probe::ProcessProbe::new(std::process::id()).memory().map(|m| m.hwm).unwrap_or(0),
         }
     }
 }
@@ -291,6 +303,9 @@ pub struct Pool {
     stdins: Vec<Option<ChildStdin>>,
     rx: mpsc::UnboundedReceiver<(usize, Incoming)>,
     pub workers: Vec<WorkerState>,
+    /// When the next progress line is due; kept across [`Pool::run_until`] calls so that
+    /// short waits (one per publication) still show a line a second.
+    next_progress: Instant,
 }
 
 /// Merged results of all workers.
@@ -301,18 +316,25 @@ pub struct Merged {
     pub connect: Latency,
     /// Workers that ended without a final report.
     pub missing: usize,
+    /// Sum of the workers' peak resident memory.
+    pub rss_peak_bytes: u64,
 }
 
 impl Pool {
-    /// Starts one worker per config.
-    pub fn spawn(configs: &[WorkerConfig]) -> anyhow::Result<Pool> {
+    /// Starts one worker per config. `token`, if any, reaches the workers through the
+    /// environment ([`TOKEN_ENV`]), not the command line, which every user can read.
+    pub fn spawn(configs: &[WorkerConfig], token: Option<&str>) -> anyhow::Result<Pool> {
         let exe = std::env::current_exe().context("locating the bench executable")?;
         let (tx, rx) = mpsc::unbounded_channel();
         let mut children = Vec::new();
         let mut stdins = Vec::new();
         for (i, cfg) in configs.iter().enumerate() {
             let json = serde_json::to_string(cfg)?;
-            let mut child = Command::new(&exe)
+            let mut cmd = Command::new(&exe);
+            if let Some(t) = token {
+                cmd.env(TOKEN_ENV, t);
+            }
+            let mut child = cmd
                 .args(["bench", "worker", &json])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -338,7 +360,13 @@ impl Pool {
             });
             children.push(child);
         }
-        Ok(Pool { children, stdins, rx, workers: configs.iter().map(|_| WorkerState::default()).collect() })
+        Ok(Pool {
+            children,
+            stdins,
+            rx,
+            workers: configs.iter().map(|_| WorkerState::default()).collect(),
+            next_progress: Instant::now() + Duration::from_secs(1),
+        })
     }
 
     /// Sum of the latest progress of every worker.
@@ -404,9 +432,6 @@ impl Pool {
         mut status: impl FnMut(&Pool) -> String,
         done: impl Fn(&Pool) -> bool,
     ) -> bool {
-        let mut iv = tokio::time::interval(Duration::from_secs(1));
-        iv.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        iv.tick().await;
         loop {
             if done(self) {
                 return true;
@@ -417,7 +442,10 @@ impl Pool {
                     // Every reader task is gone: nothing more will arrive.
                     None => return done(self),
                 },
-                _ = iv.tick() => progress.update(&status(self)),
+                _ = tokio::time::sleep_until(self.next_progress) => {
+                    progress.update(&status(self));
+                    self.next_progress = Instant::now() + Duration::from_secs(1);
+                }
                 _ = tokio::time::sleep_until(deadline) => return done(self),
             }
         }
@@ -454,6 +482,7 @@ impl Pool {
                     m.tally.merge(&f.tally);
                     m.latency.merge(&Latency::from_base64(&f.latency)?)?;
                     m.connect.merge(&Latency::from_base64(&f.connect)?)?;
+                    m.rss_peak_bytes += f.rss_peak_bytes;
                 }
                 None => {
                     m.missing += 1;
@@ -479,6 +508,7 @@ mod tests {
             tally: Tally { established: 3, received: 9, ..Default::default() },
             latency: lat.to_base64(),
             connect: Latency::new().to_base64(),
+            rss_peak_bytes: 0,
         }));
         let line = serde_json::to_string(&f).unwrap();
         assert!(line.starts_with("{\"final\":{"), "{line}");

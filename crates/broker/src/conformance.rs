@@ -1,4 +1,5 @@
 //! The conformance suite every [`Broker`] must pass. Each implementation's tests call
+#![allow(clippy::unwrap_used)] // a test suite: a failed step should panic with its error
 //! [`run_all`] with a factory that yields a fresh broker (fresh channels) per case.
 
 use std::sync::Arc;
@@ -114,5 +115,12 @@ async fn presence_joins_and_leaves(b: Arc<dyn Broker>) {
     b.presence_remove("room:1", "c1").await.unwrap();
     assert_eq!(b.presence("room:1").await.unwrap(), vec![ClientInfo { client: "c2".into(), user: "bob".into() }]);
     let ev = h.presence.lock().clone();
-    assert_eq!(ev, vec![("room:1".into(), "c1".into(), true), ("room:1".into(), "c2".into(), true), ("room:1".into(), "c1".into(), false)]);
+    assert_eq!(
+        ev,
+        vec![
+            ("room:1".into(), "c1".into(), true),
+            ("room:1".into(), "c2".into(), true),
+            ("room:1".into(), "c1".into(), false)
+        ]
+    );
 }

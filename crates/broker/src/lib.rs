@@ -114,7 +114,12 @@ pub trait Broker: Send + Sync + 'static {
     async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError>;
 
     /// Publications after `since` (all kept ones when `None`), at most `limit`, oldest first.
-    async fn history(&self, channel: &str, since: Option<&Position>, limit: usize) -> Result<HistoryResult, BrokerError>;
+    async fn history(
+        &self,
+        channel: &str,
+        since: Option<&Position>,
+        limit: usize,
+    ) -> Result<HistoryResult, BrokerError>;
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError>;
     async fn presence_remove(&self, channel: &str, client: &str) -> Result<(), BrokerError>;
@@ -129,8 +134,5 @@ pub trait Broker: Send + Sync + 'static {
 
 /// Unix time in milliseconds.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }

@@ -140,7 +140,12 @@ impl Broker for MemoryBroker {
         Ok((s.position(), s.last.clone()))
     }
 
-    async fn history(&self, channel: &str, since: Option<&Position>, limit: usize) -> Result<HistoryResult, BrokerError> {
+    async fn history(
+        &self,
+        channel: &str,
+        since: Option<&Position>,
+        limit: usize,
+    ) -> Result<HistoryResult, BrokerError> {
         let ttl = self.ttl_of(channel);
         let stream = self.stream(channel);
         let mut s = stream.lock();

@@ -50,16 +50,12 @@ pub struct SubArgs {
 
 /// Publishes once through the HTTP API and prints the reply.
 pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
-    let data: Value = serde_json::from_str(&args.json)
-        .with_context(|| format!("JSON argument {:?}", args.json))?;
+    let data: Value = serde_json::from_str(&args.json).with_context(|| format!("JSON argument {:?}", args.json))?;
     let mut api = HttpApi::new(&args.url).with_context(|| format!("--url {}", args.url))?;
     if let Some(t) = args.token {
         api = api.with_token(t);
     }
-    let reply = api
-        .publish(&args.channel, &data)
-        .await
-        .with_context(|| format!("publish to {}", args.url))?;
+    let reply = api.publish(&args.channel, &data).await.with_context(|| format!("publish to {}", args.url))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string(&reply)?)?;
     Ok(())
@@ -70,9 +66,8 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
 pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
     let mut opts = ConnectOptions::new(Format::Json);
     opts.token = args.token.clone();
-    let mut client = Client::connect_with(&args.url, &opts)
-        .await
-        .with_context(|| format!("connect to {}", args.url))?;
+    let mut client =
+        Client::connect_with(&args.url, &opts).await.with_context(|| format!("connect to {}", args.url))?;
     let reply = client
         .subscribe(SubscribeOptions::new(args.channels.iter().cloned()).initial(args.initial))
         .await

@@ -26,8 +26,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::frame::{decode_frame, ServerMessage};
 use crate::reply::{
-    ConnectReply, HistoryReply, PresenceReply, PublishReply, RefreshReply, SubscribeOptions,
-    SubscribeReply,
+    ConnectReply, HistoryReply, PresenceReply, PublishReply, RefreshReply, SubscribeOptions, SubscribeReply,
 };
 
 /// The close code reported when a connection ends without a close frame (RFC 6455 §7.1.5).
@@ -168,23 +167,17 @@ impl Client {
 
     fn encode(&self, command: &impl Serialize) -> Result<Message> {
         Ok(match self.format {
-            Format::Json => Message::text(
-                serde_json::to_string(command).map_err(|e| Error::Decode(e.to_string()))?,
-            ),
-            Format::Msgpack => Message::binary(
-                rmp_serde::to_vec_named(command).map_err(|e| Error::Decode(e.to_string()))?,
-            ),
+            Format::Json => Message::text(serde_json::to_string(command).map_err(|e| Error::Decode(e.to_string()))?),
+            Format::Msgpack => {
+                Message::binary(rmp_serde::to_vec_named(command).map_err(|e| Error::Decode(e.to_string()))?)
+            }
         })
     }
 
     /// Sends `{"id": <new id>, "<command>": body}` and waits for the reply's `ok` body.
     pub async fn request<B: Serialize>(&self, command: &str, body: &B) -> Result<Value> {
         let id = self.next_id();
-        let msg = self.encode(&Envelope {
-            id: Some(id),
-            command,
-            body,
-        })?;
+        let msg = self.encode(&Envelope { id: Some(id), command, body })?;
         let (tx, rx) = oneshot::channel();
         {
             let mut st = self.shared.lock();
@@ -195,17 +188,13 @@ impl Client {
         }
         if self.out.send(msg).is_err() {
             self.shared.lock().pending.remove(&id);
-            return Err(Error::Closed {
-                code: self.closed().unwrap_or(ABNORMAL_CLOSE),
-            });
+            return Err(Error::Closed { code: self.closed().unwrap_or(ABNORMAL_CLOSE) });
         }
         match tokio::time::timeout(self.request_timeout, rx).await {
             Ok(Ok(Ok(body))) => Ok(body),
             Ok(Ok(Err(e))) => Err(Error::Reply(e)),
             // The reader dropped the sender: the connection ended.
-            Ok(Err(_)) => Err(Error::Closed {
-                code: self.closed().unwrap_or(ABNORMAL_CLOSE),
-            }),
+            Ok(Err(_)) => Err(Error::Closed { code: self.closed().unwrap_or(ABNORMAL_CLOSE) }),
             Err(_) => {
                 self.shared.lock().pending.remove(&id);
                 Err(Error::Timeout)
@@ -214,51 +203,33 @@ impl Client {
     }
 
     /// Like [`Client::request`] but decodes the `ok` body into `T`.
-    pub async fn request_typed<B: Serialize, T: DeserializeOwned>(
-        &self,
-        command: &str,
-        body: &B,
-    ) -> Result<T> {
+    pub async fn request_typed<B: Serialize, T: DeserializeOwned>(&self, command: &str, body: &B) -> Result<T> {
         let v = self.request(command, body).await?;
         serde_json::from_value(v).map_err(|e| Error::Decode(format!("{command} reply: {e}")))
     }
 
     /// Sends a command without id: the server replies only if it fails (as [`Event::Error`]).
     pub fn notify<B: Serialize>(&self, command: &str, body: &B) -> Result<()> {
-        let msg = self.encode(&Envelope {
-            id: None,
-            command,
-            body,
-        })?;
-        self.out.send(msg).map_err(|_| Error::Closed {
-            code: self.closed().unwrap_or(ABNORMAL_CLOSE),
-        })
+        let msg = self.encode(&Envelope { id: None, command, body })?;
+        self.out.send(msg).map_err(|_| Error::Closed { code: self.closed().unwrap_or(ABNORMAL_CLOSE) })
     }
 
     /// Sends a raw text frame (tests of malformed input).
     pub fn send_text(&self, text: impl Into<String>) -> Result<()> {
         self.out
             .send(Message::text(text.into()))
-            .map_err(|_| Error::Closed {
-                code: self.closed().unwrap_or(ABNORMAL_CLOSE),
-            })
+            .map_err(|_| Error::Closed { code: self.closed().unwrap_or(ABNORMAL_CLOSE) })
     }
 
     /// Sends a raw binary frame (tests of malformed input).
     pub fn send_binary(&self, bytes: impl Into<Vec<u8>>) -> Result<()> {
         self.out
             .send(Message::binary(bytes.into()))
-            .map_err(|_| Error::Closed {
-                code: self.closed().unwrap_or(ABNORMAL_CLOSE),
-            })
+            .map_err(|_| Error::Closed { code: self.closed().unwrap_or(ABNORMAL_CLOSE) })
     }
 
     /// `connect`: authenticates with a token when none was given at the handshake.
-    pub async fn connect_cmd(
-        &self,
-        token: Option<&str>,
-        name: Option<&str>,
-    ) -> Result<ConnectReply> {
+    pub async fn connect_cmd(&self, token: Option<&str>, name: Option<&str>) -> Result<ConnectReply> {
         let mut body = serde_json::Map::new();
         if let Some(t) = token {
             body.insert("token".into(), json!(t));
@@ -282,15 +253,12 @@ impl Client {
         S: Into<String>,
     {
         let channels: Vec<String> = channels.into_iter().map(Into::into).collect();
-        self.request("unsubscribe", &json!({ "channels": channels }))
-            .await
-            .map(|_| ())
+        self.request("unsubscribe", &json!({ "channels": channels })).await.map(|_| ())
     }
 
     /// `publish` (the namespace must allow client publishing).
     pub async fn publish(&self, channel: &str, data: Value) -> Result<PublishReply> {
-        self.request_typed("publish", &json!({ "channel": channel, "data": data }))
-            .await
+        self.request_typed("publish", &json!({ "channel": channel, "data": data })).await
     }
 
     /// `history`: publications after `since` (all kept ones when `None`), at most `limit`.
@@ -313,23 +281,18 @@ impl Client {
 
     /// `presence`: who is subscribed to `channel`.
     pub async fn presence(&self, channel: &str) -> Result<PresenceReply> {
-        self.request_typed("presence", &json!({ "channel": channel }))
-            .await
+        self.request_typed("presence", &json!({ "channel": channel })).await
     }
 
     /// `ping`: the server echoes `data` back.
     pub async fn ping(&self, data: Value) -> Result<Value> {
         let mut reply = self.request("ping", &json!({ "data": data })).await?;
-        Ok(reply
-            .get_mut("data")
-            .map(Value::take)
-            .unwrap_or(Value::Null))
+        Ok(reply.get_mut("data").map(Value::take).unwrap_or(Value::Null))
     }
 
     /// `refresh`: replaces the connection's token before it expires.
     pub async fn refresh(&self, token: &str) -> Result<RefreshReply> {
-        self.request_typed("refresh", &json!({ "token": token }))
-            .await
+        self.request_typed("refresh", &json!({ "token": token })).await
     }
 
     /// Closes the connection (code 1000) and waits up to 5 s for the server's close.
@@ -361,10 +324,7 @@ impl<B: Serialize> Serialize for Envelope<'_, B> {
     }
 }
 
-async fn write_loop(
-    mut sink: SplitSink<WsStream, Message>,
-    mut rx: mpsc::UnboundedReceiver<Message>,
-) {
+async fn write_loop(mut sink: SplitSink<WsStream, Message>, mut rx: mpsc::UnboundedReceiver<Message>) {
     while let Some(msg) = rx.recv().await {
         let is_close = matches!(msg, Message::Close(_));
         if sink.send(msg).await.is_err() || is_close {
@@ -375,11 +335,7 @@ async fn write_loop(
     let _ = sink.close().await;
 }
 
-async fn read_loop(
-    mut stream: SplitStream<WsStream>,
-    shared: Arc<Shared>,
-    events: mpsc::UnboundedSender<Event>,
-) {
+async fn read_loop(mut stream: SplitStream<WsStream>, shared: Arc<Shared>, events: mpsc::UnboundedSender<Event>) {
     let mut close_code = ABNORMAL_CLOSE;
     while let Some(msg) = stream.next().await {
         let (format, payload) = match &msg {
@@ -494,10 +450,7 @@ mod tests {
         assert_eq!(a.unwrap(), json!("one"));
         assert_eq!(b.unwrap(), json!("two"));
         let ev = client.next_event().await.unwrap();
-        assert!(
-            matches!(ev, Event::Publication(ref p) if p.data == json!("between")),
-            "{ev:?}"
-        );
+        assert!(matches!(ev, Event::Publication(ref p) if p.data == json!("between")), "{ev:?}");
     }
 
     #[tokio::test]
@@ -515,43 +468,29 @@ mod tests {
         })
         .await;
         let mut client = Client::connect(&url, Format::Msgpack).await.unwrap();
-        let sub = client
-            .subscribe(SubscribeOptions::new(["a"]))
-            .await
-            .unwrap();
+        let sub = client.subscribe(SubscribeOptions::new(["a"])).await.unwrap();
         assert_eq!(sub.errors().count(), 0);
         let err = client.publish("a", json!(1)).await.unwrap_err();
         assert_eq!(err.code(), Some(403));
         for _ in 0..2 {
             let ev = client.next_event().await.unwrap();
-            assert!(
-                matches!(ev, Event::Publication(ref p) if p.data == json!({"k": [1, 2]})),
-                "{ev:?}"
-            );
+            assert!(matches!(ev, Event::Publication(ref p) if p.data == json!({"k": [1, 2]})), "{ev:?}");
         }
     }
 
     #[tokio::test]
     async fn client_fails_pending_commands_when_the_server_closes() {
         let url = scripted_server(|_| {
-            vec![Message::Close(Some(
-                tokio_tungstenite::tungstenite::protocol::CloseFrame {
-                    code: 4000.into(),
-                    reason: "shutting down".into(),
-                },
-            ))]
+            vec![Message::Close(Some(tokio_tungstenite::tungstenite::protocol::CloseFrame {
+                code: 4000.into(),
+                reason: "shutting down".into(),
+            }))]
         })
         .await;
         let mut client = Client::connect(&url, Format::Json).await.unwrap();
         let err = client.ping(json!(null)).await.unwrap_err();
         assert!(matches!(err, Error::Closed { code: 4000 }), "{err:?}");
-        assert_eq!(
-            client.next_event().await,
-            Some(Event::Closed { code: 4000 })
-        );
-        assert!(matches!(
-            client.ping(json!(1)).await,
-            Err(Error::Closed { code: 4000 })
-        ));
+        assert_eq!(client.next_event().await, Some(Event::Closed { code: 4000 }));
+        assert!(matches!(client.ping(json!(1)).await, Err(Error::Closed { code: 4000 })));
     }
 }

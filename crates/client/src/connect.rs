@@ -99,12 +99,7 @@ impl Endpoint {
         if host.is_empty() {
             return Err(bad());
         }
-        Ok(Endpoint {
-            scheme,
-            host,
-            port,
-            path,
-        })
+        Ok(Endpoint { scheme, host, port, path })
     }
 
     /// `host:port` as written in a `Host` header.
@@ -118,12 +113,7 @@ impl Endpoint {
 
     /// Whether the host is a loopback IP address literal or `localhost`.
     pub fn is_loopback(&self) -> bool {
-        self.host == "localhost"
-            || self
-                .host
-                .parse::<IpAddr>()
-                .map(|ip| ip.is_loopback())
-                .unwrap_or(false)
+        self.host == "localhost" || self.host.parse::<IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false)
     }
 }
 
@@ -139,20 +129,14 @@ pub async fn connect_tcp(host: &str, port: u16, bind: Option<IpAddr>) -> Result<
             Err(e) => last_err = Some(e),
         }
     }
-    Err(last_err
-        .map(Error::Io)
-        .unwrap_or_else(|| Error::Url(format!("{host}:{port} resolves to no address"))))
+    Err(last_err.map(Error::Io).unwrap_or_else(|| Error::Url(format!("{host}:{port} resolves to no address"))))
 }
 
 async fn connect_addr(addr: SocketAddr, bind: Option<IpAddr>) -> std::io::Result<TcpStream> {
     match bind {
         None => TcpStream::connect(addr).await,
         Some(ip) => {
-            let socket = if addr.is_ipv4() {
-                TcpSocket::new_v4()?
-            } else {
-                TcpSocket::new_v6()?
-            };
+            let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
             socket.bind(SocketAddr::new(ip, 0))?;
             socket.connect(addr).await
         }
@@ -169,10 +153,7 @@ pub async fn handshake(url: &str, opts: &ConnectOptions) -> Result<WsStream> {
         let stream = connect_tcp(&ep.host, ep.port, opts.bind).await?;
         let mut request = url.into_client_request()?;
         if opts.offer_subprotocol {
-            request.headers_mut().insert(
-                SEC_WEBSOCKET_PROTOCOL,
-                HeaderValue::from_static(opts.format.subprotocol()),
-            );
+            request.headers_mut().insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(opts.format.subprotocol()));
         }
         if let Some(token) = &opts.token {
             let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
@@ -182,16 +163,11 @@ pub async fn handshake(url: &str, opts: &ConnectOptions) -> Result<WsStream> {
         }
         // Write each message at once (latency over batching); keep the initial read buffer
         // small, it grows to the largest frame seen.
-        let config = WebSocketConfig::default()
-            .read_buffer_size(opts.read_buffer)
-            .write_buffer_size(0);
-        let (ws, _response) =
-            tokio_tungstenite::client_async_with_config(request, stream, Some(config)).await?;
+        let config = WebSocketConfig::default().read_buffer_size(opts.read_buffer).write_buffer_size(0);
+        let (ws, _response) = tokio_tungstenite::client_async_with_config(request, stream, Some(config)).await?;
         Ok(ws)
     };
-    tokio::time::timeout(opts.timeout, attempt)
-        .await
-        .map_err(|_| Error::Timeout)?
+    tokio::time::timeout(opts.timeout, attempt).await.map_err(|_| Error::Timeout)?
 }
 
 #[cfg(test)]
@@ -201,33 +177,17 @@ mod tests {
     #[test]
     fn connect_parses_urls() {
         let e = Endpoint::parse("ws://127.0.0.1:8700/ws").unwrap();
-        assert_eq!(
-            (e.scheme.as_str(), e.host.as_str(), e.port, e.path.as_str()),
-            ("ws", "127.0.0.1", 8700, "/ws")
-        );
+        assert_eq!((e.scheme.as_str(), e.host.as_str(), e.port, e.path.as_str()), ("ws", "127.0.0.1", 8700, "/ws"));
         assert!(e.is_loopback());
         let e = Endpoint::parse("http://localhost").unwrap();
-        assert_eq!(
-            (e.host.as_str(), e.port, e.path.as_str()),
-            ("localhost", 80, "/")
-        );
+        assert_eq!((e.host.as_str(), e.port, e.path.as_str()), ("localhost", 80, "/"));
         let e = Endpoint::parse("ws://[::1]:9000/ws?token=x").unwrap();
-        assert_eq!(
-            (e.host.as_str(), e.port, e.path.as_str()),
-            ("::1", 9000, "/ws?token=x")
-        );
+        assert_eq!((e.host.as_str(), e.port, e.path.as_str()), ("::1", 9000, "/ws?token=x"));
         assert_eq!(e.authority(), "[::1]:9000");
         let e = Endpoint::parse("http://example.com:81?x=1").unwrap();
         assert_eq!(e.path, "/?x=1");
         assert!(!e.is_loopback());
-        for bad in [
-            "wss://a/ws",
-            "127.0.0.1:80",
-            "ws://:80/",
-            "ws://a:x/",
-            "ws://u@a/",
-            "ftp://a",
-        ] {
+        for bad in ["wss://a/ws", "127.0.0.1:80", "ws://:80/", "ws://a:x/", "ws://u@a/", "ftp://a"] {
             assert!(Endpoint::parse(bad).is_err(), "{bad}");
         }
     }

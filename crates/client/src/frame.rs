@@ -60,10 +60,7 @@ where
 #[derive(Debug, Clone, PartialEq)]
 pub enum ServerMessage {
     /// The reply to the command with this id: its `ok` body or its `error`.
-    Reply {
-        id: u32,
-        result: Result<serde_json::Value, ErrorBody>,
-    },
+    Reply { id: u32, result: Result<serde_json::Value, ErrorBody> },
     /// Anything else.
     Event(Event),
 }
@@ -110,10 +107,7 @@ impl Incoming {
         if let Some(id) = self.id {
             // `ok` is always an object; a missing or null one is read as `null`.
             let body = self.ok.unwrap_or(serde_json::Value::Null);
-            return Ok(ServerMessage::Reply {
-                id,
-                result: Ok(body),
-            });
+            return Ok(ServerMessage::Reply { id, result: Ok(body) });
         }
         if let Some(p) = self.join {
             return Ok(ServerMessage::Event(Event::Join(p)));
@@ -135,9 +129,7 @@ impl Incoming {
 /// Decodes every message of one frame into [`ServerMessage`]s, in order.
 pub fn decode_frame(format: Format, payload: &[u8]) -> Vec<Result<ServerMessage, FrameError>> {
     let mut out = Vec::new();
-    for_each_message::<Incoming, _>(format, payload, |m| {
-        out.push(m.and_then(Incoming::classify))
-    });
+    for_each_message::<Incoming, _>(format, payload, |m| out.push(m.and_then(Incoming::classify)));
     out
 }
 
@@ -153,30 +145,15 @@ mod tests {
     #[test]
     fn frame_splits_batched_json_lines() {
         let payload = b"{\"pub\":{\"ch\":\"a\",\"off\":1,\"data\":{\"v\":1}}}\n{\"id\":3,\"ok\":{}}\r\n\n{\"pub\":{\"ch\":\"a\",\"off\":2,\"data\":\"x\\ny\"}}\n";
-        let msgs: Vec<_> = decode_frame(Format::Json, payload)
-            .into_iter()
-            .map(Result::unwrap)
-            .collect();
+        let msgs: Vec<_> = decode_frame(Format::Json, payload).into_iter().map(Result::unwrap).collect();
         assert_eq!(msgs.len(), 3);
         assert_eq!(
             msgs[0],
-            ServerMessage::Event(Event::Publication(Publication {
-                ch: "a".into(),
-                off: 1,
-                data: json!({"v": 1})
-            }))
+            ServerMessage::Event(Event::Publication(Publication { ch: "a".into(), off: 1, data: json!({"v": 1}) }))
         );
-        assert_eq!(
-            msgs[1],
-            ServerMessage::Reply {
-                id: 3,
-                result: Ok(json!({}))
-            }
-        );
+        assert_eq!(msgs[1], ServerMessage::Reply { id: 3, result: Ok(json!({})) });
         // A newline inside a JSON string is escaped on the wire, so it never splits a message.
-        let ServerMessage::Event(Event::Publication(p)) = &msgs[2] else {
-            panic!("{:?}", msgs[2])
-        };
+        let ServerMessage::Event(Event::Publication(p)) = &msgs[2] else { panic!("{:?}", msgs[2]) };
         assert_eq!(p.data, json!("x\ny"));
     }
 
@@ -188,33 +165,17 @@ mod tests {
         assert!(msgs[1].is_err());
         assert_eq!(
             msgs[2],
-            Ok(ServerMessage::Reply {
-                id: 2,
-                result: Err(ErrorBody {
-                    code: 403,
-                    message: "no".into()
-                })
-            })
+            Ok(ServerMessage::Reply { id: 2, result: Err(ErrorBody { code: 403, message: "no".into() }) })
         );
     }
 
     #[test]
     fn frame_splits_concatenated_msgpack_maps() {
-        let mut payload =
-            msgpack(&json!({"pub": {"ch": "pt:x", "off": 7, "data": {"v": 1.5, "q": "good"}}}));
-        payload.extend(msgpack(
-            &json!({"join": {"ch": "room:1", "client": "c1", "user": "u"}}),
-        ));
-        payload.extend(msgpack(
-            &json!({"id": 9, "ok": {"offset": 8, "epoch": "e"}}),
-        ));
-        payload.extend(msgpack(
-            &json!({"disconnect": {"code": 4008, "reason": "slow", "reconnect": true}}),
-        ));
-        let msgs: Vec<_> = decode_frame(Format::Msgpack, &payload)
-            .into_iter()
-            .map(Result::unwrap)
-            .collect();
+        let mut payload = msgpack(&json!({"pub": {"ch": "pt:x", "off": 7, "data": {"v": 1.5, "q": "good"}}}));
+        payload.extend(msgpack(&json!({"join": {"ch": "room:1", "client": "c1", "user": "u"}})));
+        payload.extend(msgpack(&json!({"id": 9, "ok": {"offset": 8, "epoch": "e"}})));
+        payload.extend(msgpack(&json!({"disconnect": {"code": 4008, "reason": "slow", "reconnect": true}})));
+        let msgs: Vec<_> = decode_frame(Format::Msgpack, &payload).into_iter().map(Result::unwrap).collect();
         assert_eq!(
             msgs,
             vec![
@@ -228,15 +189,8 @@ mod tests {
                     client: "c1".into(),
                     user: Some("u".into())
                 })),
-                ServerMessage::Reply {
-                    id: 9,
-                    result: Ok(json!({"offset": 8, "epoch": "e"}))
-                },
-                ServerMessage::Event(Event::Disconnect {
-                    code: 4008,
-                    reason: "slow".into(),
-                    reconnect: true
-                }),
+                ServerMessage::Reply { id: 9, result: Ok(json!({"offset": 8, "epoch": "e"})) },
+                ServerMessage::Event(Event::Disconnect { code: 4008, reason: "slow".into(), reconnect: true }),
             ]
         );
     }
@@ -253,17 +207,8 @@ mod tests {
 
     #[test]
     fn frame_error_without_id_is_an_event() {
-        let msgs = decode_frame(
-            Format::Json,
-            br#"{"id":0,"error":{"code":400,"message":"bad"}}"#,
-        );
-        assert_eq!(
-            msgs,
-            vec![Ok(ServerMessage::Event(Event::Error(ErrorBody {
-                code: 400,
-                message: "bad".into()
-            })))]
-        );
+        let msgs = decode_frame(Format::Json, br#"{"id":0,"error":{"code":400,"message":"bad"}}"#);
+        assert_eq!(msgs, vec![Ok(ServerMessage::Event(Event::Error(ErrorBody { code: 400, message: "bad".into() })))]);
     }
 
     #[test]
@@ -280,9 +225,7 @@ mod tests {
         let mut offs = Vec::new();
         let payload = msgpack(&json!({"pub": {"ch": "a", "off": 4, "data": [1, 2]}}));
         let twice = [payload.clone(), payload].concat();
-        for_each_message::<Off, _>(Format::Msgpack, &twice, |m| {
-            offs.push(m.unwrap().publication.off)
-        });
+        for_each_message::<Off, _>(Format::Msgpack, &twice, |m| offs.push(m.unwrap().publication.off));
         assert_eq!(offs, vec![4, 4]);
     }
 }

@@ -46,12 +46,7 @@ impl HttpApi {
         if endpoint.scheme != "http" {
             return Err(Error::Url(base.to_string()));
         }
-        Ok(HttpApi {
-            endpoint,
-            token: None,
-            timeout: Duration::from_secs(30),
-            conn: tokio::sync::Mutex::new(None),
-        })
+        Ok(HttpApi { endpoint, token: None, timeout: Duration::from_secs(30), conn: tokio::sync::Mutex::new(None) })
     }
 
     /// Sends `Authorization: Bearer <token>` (an API key or a JWT) with every request.
@@ -68,24 +63,14 @@ impl HttpApi {
 
     /// `POST /api/publish` `{"channel", "data"}`.
     pub async fn publish(&self, channel: &str, data: &Value) -> Result<PublishReply> {
-        let v = self
-            .post("/api/publish", &json!({ "channel": channel, "data": data }))
-            .await?;
+        let v = self.post("/api/publish", &json!({ "channel": channel, "data": data })).await?;
         serde_json::from_value(v).map_err(|e| Error::Decode(format!("publish reply: {e}")))
     }
 
     /// `POST /api/publish` `{"batch": [...]}`: one result per item, in order.
-    pub async fn publish_batch(
-        &self,
-        items: &[(String, Value)],
-    ) -> Result<Vec<Result<PublishReply, ErrorBody>>> {
-        let batch: Vec<Value> = items
-            .iter()
-            .map(|(ch, data)| json!({ "channel": ch, "data": data }))
-            .collect();
-        let v = self
-            .post("/api/publish", &json!({ "batch": batch }))
-            .await?;
+    pub async fn publish_batch(&self, items: &[(String, Value)]) -> Result<Vec<Result<PublishReply, ErrorBody>>> {
+        let batch: Vec<Value> = items.iter().map(|(ch, data)| json!({ "channel": ch, "data": data })).collect();
+        let v = self.post("/api/publish", &json!({ "batch": batch })).await?;
         #[derive(Deserialize)]
         struct Batch {
             results: Vec<Item>,
@@ -96,8 +81,7 @@ impl HttpApi {
             Err { error: ErrorBody },
             Ok(PublishReply),
         }
-        let b: Batch =
-            serde_json::from_value(v).map_err(|e| Error::Decode(format!("batch reply: {e}")))?;
+        let b: Batch = serde_json::from_value(v).map_err(|e| Error::Decode(format!("batch reply: {e}")))?;
         Ok(b.results
             .into_iter()
             .map(|i| match i {
@@ -142,9 +126,7 @@ impl HttpApi {
                 }
                 Err(Failure::BeforeResponse(_)) if reused => {
                     let mut conn = self.open().await?;
-                    let (resp, keep) = exchange(&mut conn, &head, body)
-                        .await
-                        .map_err(Failure::into_error)?;
+                    let (resp, keep) = exchange(&mut conn, &head, body).await.map_err(Failure::into_error)?;
                     if keep {
                         *slot = Some(conn);
                     }
@@ -153,25 +135,15 @@ impl HttpApi {
                 Err(f) => Err(f.into_error()),
             }
         };
-        tokio::time::timeout(self.timeout, exchange)
-            .await
-            .map_err(|_| Error::Timeout)?
+        tokio::time::timeout(self.timeout, exchange).await.map_err(|_| Error::Timeout)?
     }
 
     async fn open(&self) -> Result<BufReader<TcpStream>> {
-        Ok(BufReader::new(
-            connect_tcp(&self.endpoint.host, self.endpoint.port, None).await?,
-        ))
+        Ok(BufReader::new(connect_tcp(&self.endpoint.host, self.endpoint.port, None).await?))
     }
 
     fn head(&self, method: &str, path: &str, body_len: Option<usize>) -> String {
-        let prefix = self
-            .endpoint
-            .path
-            .split('?')
-            .next()
-            .unwrap_or("")
-            .trim_end_matches('/');
+        let prefix = self.endpoint.path.split('?').next().unwrap_or("").trim_end_matches('/');
         let mut h = format!(
             "{method} {prefix}{path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: switchboard-client/{}\r\nAccept: application/json\r\n",
             self.endpoint.authority(),
@@ -181,9 +153,7 @@ impl HttpApi {
             h.push_str(&format!("Authorization: Bearer {t}\r\n"));
         }
         match body_len {
-            Some(n) => h.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {n}\r\n"
-            )),
+            Some(n) => h.push_str(&format!("Content-Type: application/json\r\nContent-Length: {n}\r\n")),
             None if method != "GET" && method != "HEAD" => h.push_str("Content-Length: 0\r\n"),
             None => {}
         }
@@ -207,10 +177,7 @@ pub async fn http_publish_batch(
 
 fn json_body(resp: Response) -> Result<Value> {
     if !(200..300).contains(&resp.status) {
-        return Err(Error::Http {
-            status: resp.status,
-            body: String::from_utf8_lossy(&resp.body).into_owned(),
-        });
+        return Err(Error::Http { status: resp.status, body: String::from_utf8_lossy(&resp.body).into_owned() });
     }
     if resp.body.is_empty() {
         return Ok(Value::Null);
@@ -240,21 +207,14 @@ async fn exchange(
     body: Option<&[u8]>,
 ) -> std::result::Result<(Response, bool), Failure> {
     let s = conn.get_mut();
-    s.write_all(head.as_bytes())
-        .await
-        .map_err(Failure::BeforeResponse)?;
+    s.write_all(head.as_bytes()).await.map_err(Failure::BeforeResponse)?;
     if let Some(b) = body {
         s.write_all(b).await.map_err(Failure::BeforeResponse)?;
     }
     let mut line = String::new();
-    let n = conn
-        .read_line(&mut line)
-        .await
-        .map_err(Failure::BeforeResponse)?;
+    let n = conn.read_line(&mut line).await.map_err(Failure::BeforeResponse)?;
     if n == 0 {
-        return Err(Failure::BeforeResponse(
-            std::io::ErrorKind::UnexpectedEof.into(),
-        ));
+        return Err(Failure::BeforeResponse(std::io::ErrorKind::UnexpectedEof.into()));
     }
     read_response(conn, line).await.map_err(Failure::After)
 }
@@ -269,10 +229,7 @@ async fn read_response<R: tokio::io::AsyncBufRead + Unpin>(
     if !version.starts_with("HTTP/1.") {
         return Err(bad("not HTTP/1.x"));
     }
-    let status: u16 = parts
-        .next()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("no status code"))?;
+    let status: u16 = parts.next().and_then(|s| s.parse().ok()).ok_or_else(|| bad("no status code"))?;
     let mut keep_alive = version == "HTTP/1.1";
     let mut content_length: Option<usize> = None;
     let mut chunked = false;
@@ -293,9 +250,7 @@ async fn read_response<R: tokio::io::AsyncBufRead + Unpin>(
         };
         let value = value.trim();
         match name.trim().to_ascii_lowercase().as_str() {
-            "content-length" => {
-                content_length = Some(value.parse().map_err(|_| bad("bad content-length"))?)
-            }
+            "content-length" => content_length = Some(value.parse().map_err(|_| bad("bad content-length"))?),
             "transfer-encoding" => chunked = value.to_ascii_lowercase().contains("chunked"),
             "connection" => {
                 let v = value.to_ascii_lowercase();
@@ -373,22 +328,15 @@ mod tests {
 
     #[tokio::test]
     async fn http_parses_length_chunked_and_close_delimited_bodies() {
-        let (r, keep) = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
-            .await
-            .unwrap();
+        let (r, keep) = parse(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}").await.unwrap();
         assert_eq!((r.status, r.body.as_slice(), keep), (200, &b"{}"[..], true));
         let (r, keep) =
             parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n4;x=y\r\n\":1}\r\n0\r\n\r\n")
                 .await
                 .unwrap();
         assert_eq!((r.body.as_slice(), keep), (&b"{\"a\":1}"[..], true));
-        let (r, keep) = parse(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\nnope")
-            .await
-            .unwrap();
-        assert_eq!(
-            (r.status, r.body.as_slice(), keep),
-            (400, &b"nope"[..], false)
-        );
+        let (r, keep) = parse(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\nnope").await.unwrap();
+        assert_eq!((r.status, r.body.as_slice(), keep), (400, &b"nope"[..], false));
         assert!(parse(b"SSH-2.0\r\n\r\n").await.is_err());
     }
 
@@ -421,36 +369,19 @@ mod tests {
                 let mut body = vec![0; len];
                 conn.read_exact(&mut body).await.unwrap();
                 requests.push((head, String::from_utf8(body).unwrap()));
-                let resp = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}", reply.len());
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
+                    reply.len()
+                );
                 conn.get_mut().write_all(resp.as_bytes()).await.unwrap();
             }
             requests
         });
-        let api = HttpApi::new(&format!("http://{addr}"))
-            .unwrap()
-            .with_token("k");
+        let api = HttpApi::new(&format!("http://{addr}")).unwrap().with_token("k");
         let r = api.publish("room:1", &json!({"x": 1})).await.unwrap();
-        assert_eq!(
-            r,
-            PublishReply {
-                offset: 5,
-                epoch: "e1".into()
-            }
-        );
-        let rs = api
-            .publish_batch(&[
-                ("room:1".into(), json!(2)),
-                ("bad channel".into(), json!(3)),
-            ])
-            .await
-            .unwrap();
-        assert_eq!(
-            rs[0],
-            Ok(PublishReply {
-                offset: 6,
-                epoch: "e1".into()
-            })
-        );
+        assert_eq!(r, PublishReply { offset: 5, epoch: "e1".into() });
+        let rs = api.publish_batch(&[("room:1".into(), json!(2)), ("bad channel".into(), json!(3))]).await.unwrap();
+        assert_eq!(rs[0], Ok(PublishReply { offset: 6, epoch: "e1".into() }));
         assert_eq!(rs[1].as_ref().unwrap_err().code, 400);
         let requests = server.await.unwrap();
         assert!(requests[0].0.starts_with("POST /api/publish HTTP/1.1\r\n"));
@@ -458,9 +389,6 @@ mod tests {
         let body: Value = serde_json::from_str(&requests[0].1).unwrap();
         assert_eq!(body, json!({"channel": "room:1", "data": {"x": 1}}));
         let body: Value = serde_json::from_str(&requests[1].1).unwrap();
-        assert_eq!(
-            body["batch"][1],
-            json!({"channel": "bad channel", "data": 3})
-        );
+        assert_eq!(body["batch"][1], json!({"channel": "bad channel", "data": 3}));
     }
 }

@@ -49,8 +49,8 @@ pub use error::{Error, Result};
 pub use event::{Event, Presence, Publication};
 pub use http::{http_publish, http_publish_batch, HttpApi};
 pub use reply::{
-    ChannelResult, ConnectReply, HistoryReply, PresenceClient, PresenceReply, PublishReply,
-    RefreshReply, SubscribeOptions, SubscribeReply, Subscribed,
+    ChannelResult, ConnectReply, HistoryReply, PresenceClient, PresenceReply, PublishReply, RefreshReply,
+    SubscribeOptions, SubscribeReply, Subscribed,
 };
 pub use switchboard_protocol::message::ErrorBody;
 pub use switchboard_protocol::{Format, StreamPosition};

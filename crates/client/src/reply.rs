@@ -30,10 +30,7 @@ impl SubscribeOptions {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        SubscribeOptions {
-            channels: channels.into_iter().map(Into::into).collect(),
-            ..Default::default()
-        }
+        SubscribeOptions { channels: channels.into_iter().map(Into::into).collect(), ..Default::default() }
     }
 
     pub fn initial(mut self, initial: bool) -> Self {
@@ -42,19 +39,8 @@ impl SubscribeOptions {
     }
 
     /// Recover `channel` from the publication after `offset` in `epoch`.
-    pub fn recover(
-        mut self,
-        channel: impl Into<String>,
-        epoch: impl Into<String>,
-        offset: u64,
-    ) -> Self {
-        self.recover.insert(
-            channel.into(),
-            StreamPosition {
-                epoch: epoch.into(),
-                offset,
-            },
-        );
+    pub fn recover(mut self, channel: impl Into<String>, epoch: impl Into<String>, offset: u64) -> Self {
+        self.recover.insert(channel.into(), StreamPosition { epoch: epoch.into(), offset });
         self
     }
 
@@ -158,17 +144,12 @@ mod tests {
 
     #[test]
     fn reply_subscribe_options_serialize_to_the_wire_shape() {
-        let o = SubscribeOptions::new(["a"])
-            .initial(true)
-            .recover("a", "e", 41);
+        let o = SubscribeOptions::new(["a"]).initial(true).recover("a", "e", 41);
         assert_eq!(
             serde_json::to_value(&o).unwrap(),
             json!({"channels": ["a"], "initial": true, "recover": {"a": {"epoch": "e", "offset": 41}}})
         );
-        assert_eq!(
-            serde_json::to_value(SubscribeOptions::new(["b"])).unwrap(),
-            json!({"channels": ["b"]})
-        );
+        assert_eq!(serde_json::to_value(SubscribeOptions::new(["b"])).unwrap(), json!({"channels": ["b"]}));
     }
 
     #[test]
@@ -178,9 +159,7 @@ mod tests {
             "b": {"error": {"code": 403, "message": "forbidden"}}
         }}))
         .unwrap();
-        let ChannelResult::Subscribed(a) = &r.channels["a"] else {
-            panic!()
-        };
+        let ChannelResult::Subscribed(a) = &r.channels["a"] else { panic!() };
         assert_eq!(a.offset, 42);
         assert_eq!(a.last.as_ref().unwrap().data, json!(1));
         let errors: Vec<_> = r.errors().collect();

@@ -92,7 +92,7 @@ pub fn spawn_rooms(node: Arc<Node>) {
                 _ = stop.changed() => return,
             }
             n += 1;
-            let room = if n % 3 == 0 { "room:ops" } else { "room:lobby" };
+            let room = if n.is_multiple_of(3) { "room:ops" } else { "room:lobby" };
             let text = LINES[n % LINES.len()];
             let user = ["ana", "ben", "chen", "dara"][n % 4];
             let body = serde_json::json!({"user": user, "text": text, "t": switchboard_broker::now_ms()}).to_string();

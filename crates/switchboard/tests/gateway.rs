@@ -1,4 +1,5 @@
 //! Black-box tests: the real `switchboard` binary on 127.0.0.1:0, driven by our Rust client.
+#![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,597 @@
+//! `broadcast`: one channel, M subscribers, a publication every P seconds (the Silverlight
+//! polling-duplex broadcast experiment).
+//!
+//! Subscribers spread over worker processes subscribe to one channel; once all are in, the
+//! coordinator publishes K publications `{"t": <unix µs>, "seq": k}` through `POST
+//! /api/publish`, one every P seconds. Every subscriber records each delivery's latency
+//! (arrival − `t`) and which offsets it saw. A burst is complete when all M subscribers have
+//! it; its completion time is the last arrival − `t`, and it passes if that is within P.
+//! `--search` doubles M until a burst misses its period (or `--search-max`).
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use anyhow::bail;
+use futures_util::{SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use switchboard_client::connect::{handshake, ConnectOptions};
+use switchboard_client::frame::{decode_frame, for_each_message, ServerMessage};
+use switchboard_client::HttpApi;
+use switchboard_protocol::Format;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::accounting::{BurstTally, Delivery, MessageCounts, OffsetSet};
+use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, WireFormat};
+use crate::histogram::Latency;
+use crate::probe::{Memory, ProcessProbe};
+use crate::progress::{Progress, Rate};
+use crate::report::{
+    rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
+};
+use crate::scenario::{conclude, coordinator_runtime, ms};
+use crate::worker::{Pool, WorkerConfig, WorkerCtx};
+
+/// `switchboard bench broadcast`
+#[derive(Debug, Clone, clap::Args)]
+pub struct BroadcastArgs {
+    /// Subscribers (the starting point with --search).
+    #[arg(long, default_value_t = 1000)]
+    pub subs: usize,
+    /// Seconds between publications; a burst must reach every subscriber within it.
+    #[arg(long, default_value_t = 1.0)]
+    pub period: f64,
+    /// Publications [default: 10, or --duration / --period].
+    #[arg(long)]
+    pub bursts: Option<u64>,
+    /// Channel to use.
+    #[arg(long, default_value = "bench:broadcast")]
+    pub channel: String,
+    /// Wire format of the subscribers.
+    #[arg(long, value_enum, default_value = "json")]
+    pub format: WireFormat,
+    /// Double --subs until a burst misses its period; report the largest that passed.
+    #[arg(long)]
+    pub search: bool,
+    /// Upper bound for --search.
+    #[arg(long, default_value_t = 64_000)]
+    pub search_max: usize,
+    /// Handshakes in flight per worker process.
+    #[arg(long, default_value_t = 200)]
+    pub concurrency: usize,
+    /// Token for the handshakes and the HTTP API (`Authorization: Bearer`).
+    #[arg(long)]
+    pub token: Option<String>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+}
+
+impl BroadcastArgs {
+    fn bursts(&self) -> u64 {
+        self.bursts.unwrap_or_else(|| match self.common.duration {
+            Some(d) => (d / self.period).ceil().max(1.0) as u64,
+            None => 10,
+        })
+    }
+}
+
+/// A broadcast worker's share of the subscribers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BroadcastWorker {
+    pub target: String,
+    pub channel: String,
+    pub conns: usize,
+    pub first_index: usize,
+    pub spread: bool,
+    pub bursts: u64,
+    pub format: WireFormat,
+    pub concurrency: usize,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker.
+
+/// Just what a subscriber needs from a push; everything else is skipped without allocating.
+#[derive(Deserialize)]
+struct Push {
+    #[serde(default, rename = "pub")]
+    publication: Option<PubIn>,
+    #[serde(default)]
+    disconnect: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct PubIn {
+    off: u64,
+    data: Stamp,
+}
+
+/// The load generator's data: publish time and sequence number.
+#[derive(Deserialize)]
+struct Stamp {
+    t: u64,
+    seq: u64,
+}
+
+pub async fn run_worker(cfg: BroadcastWorker, ctx: Rc<WorkerCtx>) {
+    ctx.tally.borrow_mut().bursts = vec![BurstTally::default(); cfg.bursts as usize];
+    let format = cfg.format.format();
+    let subscribe = json!({"id": 1, "subscribe": {"channels": [cfg.channel]}});
+    // Built once; cloning a message shares its bytes.
+    let subscribe = match format {
+        Format::Json => Message::text(subscribe.to_string()),
+        Format::Msgpack => Message::binary(rmp_serde::to_vec_named(&subscribe).unwrap_or_default()),
+    };
+    let cfg = Rc::new(cfg);
+    let token = crate::worker::token();
+    let sem = Rc::new(tokio::sync::Semaphore::new(cfg.concurrency.max(1)));
+    for i in 0..cfg.conns {
+        let task = subscriber(i, cfg.clone(), token.clone(), ctx.clone(), sem.clone(), subscribe.clone());
+        tokio::task::spawn_local(task);
+    }
+    ctx.wait_stop().await;
+}
+
+async fn subscriber(
+    i: usize,
+    cfg: Rc<BroadcastWorker>,
+    token: Option<String>,
+    ctx: Rc<WorkerCtx>,
+    sem: Rc<tokio::sync::Semaphore>,
+    subscribe: Message,
+) {
+    let format = cfg.format.format();
+    let permit = sem.acquire().await;
+    let t0 = Instant::now();
+    let mut opts = ConnectOptions::new(format);
+    opts.bind = source_addr(cfg.first_index + i, cfg.spread);
+    opts.token = token;
+    opts.timeout = Duration::from_secs(30);
+    let mut ws = match handshake(&cfg.target, &opts).await {
+        Ok(ws) => ws,
+        Err(e) => return ctx.failed(&format!("connect: {e}")),
+    };
+    if let Err(e) = ws.send(subscribe).await {
+        return ctx.failed(&format!("subscribe: {e}"));
+    }
+    let base = match tokio::time::timeout(Duration::from_secs(30), subscribe_reply(&mut ws, format, &cfg.channel)).await
+    {
+        Ok(Ok(off)) => off,
+        Ok(Err(e)) => return ctx.failed(&e),
+        Err(_) => return ctx.failed("subscribe: no reply within 30 s"),
+    };
+    drop(permit);
+    ctx.established(t0.elapsed().as_micros() as u64);
+    ctx.expect(ctx.snapshot().established * cfg.bursts);
+
+    let mut seen = OffsetSet::new(base);
+    while let Some(msg) = ws.next().await {
+        let (fmt, payload): (Format, &[u8]) = match &msg {
+            Ok(Message::Text(t)) => (Format::Json, t.as_bytes()),
+            Ok(Message::Binary(b)) => (Format::Msgpack, b),
+            Ok(Message::Close(f)) => {
+                let code = f.as_ref().map(|f| u16::from(f.code)).unwrap_or(1005);
+                return ctx.dropped(&format!("closed by the server with code {code}"));
+            }
+            Ok(_) => continue,
+            Err(e) => return ctx.dropped(&format!("read: {e}")),
+        };
+        let now = unix_micros();
+        let mut got = false;
+        {
+            let mut tally = ctx.tally.borrow_mut();
+            let mut lat = ctx.latency.borrow_mut();
+            for_each_message::<Push, _>(fmt, payload, |m| {
+                let Ok(m) = m else {
+                    tally.unexpected += 1;
+                    return;
+                };
+                if m.disconnect.is_some() {
+                    tally.note_error("server sent disconnect");
+                }
+                let Some(p) = m.publication else { return };
+                let d = seen.insert(p.off);
+                tally.count(d);
+                if d == Delivery::New {
+                    got = true;
+                    lat.record(now.saturating_sub(p.data.t));
+                    if let Some(b) = tally.bursts.get_mut(p.data.seq as usize) {
+                        b.count += 1;
+                        b.last_us = b.last_us.max(now);
+                    }
+                }
+            });
+            if got {
+                tally.last_arrival_us = now;
+            }
+        }
+        if got {
+            ctx.check_complete();
+        }
+    }
+    ctx.dropped("connection ended");
+}
+
+/// Waits for the reply to the subscribe command (id 1) and returns the channel's offset.
+async fn subscribe_reply(ws: &mut switchboard_client::WsStream, format: Format, channel: &str) -> Result<u64, String> {
+    while let Some(msg) = ws.next().await {
+        let payload: &[u8] = match &msg {
+            Ok(Message::Text(t)) => t.as_bytes(),
+            Ok(Message::Binary(b)) => b,
+            Ok(Message::Close(f)) => {
+                return Err(format!("closed before the subscribe reply: {:?}", f.as_ref().map(|f| u16::from(f.code))))
+            }
+            Ok(_) => continue,
+            Err(e) => return Err(format!("read: {e}")),
+        };
+        for m in decode_frame(format, payload) {
+            match m {
+                Ok(ServerMessage::Reply { id: 1, result: Ok(v) }) => {
+                    let ch = &v["channels"][channel];
+                    if let Some(off) = ch["offset"].as_u64() {
+                        return Ok(off);
+                    }
+                    return Err(format!("subscribe {channel}: {}", ch.get("error").unwrap_or(ch)));
+                }
+                Ok(ServerMessage::Reply { id: 1, result: Err(e) }) => {
+                    return Err(format!("subscribe: error {}: {}", e.code, e.message))
+                }
+                _ => {}
+            }
+        }
+    }
+    Err("connection ended before the subscribe reply".into())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Coordinator.
+
+/// One publication as the coordinator saw it.
+#[derive(Debug, Clone, Serialize)]
+struct Burst {
+    seq: u64,
+    published_us: u64,
+    offset: Option<u64>,
+    error: Option<String>,
+    delivered: u64,
+    /// Last arrival − publish time; `None` while not every subscriber has it.
+    completion_ms: Option<f64>,
+    within_period: bool,
+}
+
+/// One run at a given M.
+struct Outcome {
+    result: BenchResult,
+    latency: Latency,
+    bursts: Vec<Burst>,
+}
+
+pub fn run(args: BroadcastArgs) -> anyhow::Result<i32> {
+    if args.subs == 0 || args.period <= 0.0 || args.bursts() == 0 {
+        bail!("--subs, --period and --bursts must be positive");
+    }
+    coordinator_runtime()?.block_on(coordinate(args))
+}
+
+async fn coordinate(args: BroadcastArgs) -> anyhow::Result<i32> {
+    let out = args.common.out_dir("broadcast");
+    let mut progress = Progress::new(args.common.quiet);
+    if !args.search {
+        let o = run_once(&args, args.subs, &mut progress).await?;
+        write_bursts(&out, &o.bursts)?;
+        return conclude(o.result, &o.latency, &out, &mut progress);
+    }
+    let mut steps = Vec::new();
+    let mut best: Option<Outcome> = None;
+    let mut first_fail: Option<Outcome> = None;
+    let mut m = args.subs;
+    while m <= args.search_max {
+        let mut o = run_once(&args, m, &mut progress).await?;
+        o.result.decide();
+        let worst = o
+            .bursts
+            .iter()
+            .filter_map(|b| b.completion_ms)
+            .fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))));
+        progress.note(&format!(
+            "search: {m} subscribers → {} (slowest burst {})",
+            if o.result.pass { "pass" } else { "FAIL" },
+            worst.map(|w| format!("{w:.1} ms")).unwrap_or_else(|| "incomplete".into())
+        ));
+        steps.push(json!({"subs": m, "pass": o.result.pass, "slowest_burst_ms": worst}));
+        write_bursts(&out.join(format!("step-{m}")), &o.bursts)?;
+        let passed = o.result.pass;
+        if passed {
+            best = Some(o);
+        } else {
+            first_fail = Some(o);
+            break;
+        }
+        m = m.saturating_mul(2);
+        // Let the server reap the previous step's connections before the next wave.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let found = best.as_ref().map(|b| b.result.connections.target);
+    let Some(mut chosen) = best.or(first_fail) else { bail!("--search-max is below --subs") };
+    chosen.result.extra.insert("search".into(), json!({"steps": steps, "largest_passing_subs": found}));
+    chosen.result.params["search"] = json!(true);
+    write_bursts(&out, &chosen.bursts)?;
+    conclude(chosen.result, &chosen.latency, &out, &mut progress)
+}
+
+fn write_bursts(dir: &std::path::Path, bursts: &[Burst]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let mut csv = String::from("seq,published_us,offset,delivered,completion_ms,within_period,error\n");
+    for b in bursts {
+        csv.push_str(&format!(
+            "{},{},{},{},{},{},{}\n",
+            b.seq,
+            b.published_us,
+            b.offset.map(|o| o.to_string()).unwrap_or_default(),
+            b.delivered,
+            b.completion_ms.map(|c| format!("{c:.3}")).unwrap_or_default(),
+            b.within_period,
+            b.error.as_deref().unwrap_or("").replace([',', '\n'], " ")
+        ));
+    }
+    std::fs::write(dir.join("bursts.csv"), csv)
+}
+
+async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) -> anyhow::Result<Outcome> {
+    let started = unix_micros();
+    let bursts = args.bursts();
+    let probe = args.common.server_pid.map(ProcessProbe::new);
+    let mem_before: Option<Memory> = probe.and_then(|p| p.memory().ok());
+    let mut api = HttpApi::new(&args.common.api_base()?)?;
+    if let Some(t) = &args.token {
+        api = api.with_token(t.clone());
+    }
+
+    let procs = args.common.procs_for(subs);
+    let spread = args.common.spread_sources(subs);
+    let configs: Vec<WorkerConfig> = split(subs, procs)
+        .into_iter()
+        .map(|(first, n)| {
+            WorkerConfig::Broadcast(BroadcastWorker {
+                target: args.common.target.clone(),
+                channel: args.channel.clone(),
+                conns: n,
+                first_index: first,
+                spread,
+                bursts,
+                format: args.format,
+                concurrency: args.concurrency,
+            })
+        })
+        .collect();
+    progress.note(&format!(
+        "broadcast: {subs} subscribers on {} over {} worker processes, {bursts} publications every {} s",
+        args.channel,
+        configs.len(),
+        args.period
+    ));
+    let mut pool = Pool::spawn(&configs, args.token.as_deref())?;
+    let connect_deadline = Instant::now() + Duration::from_secs(30) + Duration::from_millis(subs as u64 * 5);
+    let mut rate = Rate::default();
+    pool.run_until(
+        connect_deadline,
+        progress,
+        |p| {
+            let t = p.totals();
+            format!("subscribing {}/{subs} ({} failed, {:.0}/s)", t.established, t.failed, rate.per_s(t.established))
+        },
+        Pool::all_ready,
+    )
+    .await;
+    let ready = pool.totals();
+    if ready.established == 0 {
+        let merged = pool.finish(Duration::from_secs(10), progress).await?;
+        bail!("no subscriber could connect and subscribe: {}", merged.tally.errors.join("; "));
+    }
+    let mem_connected = probe.and_then(|p| p.memory().ok());
+    let cpu0 = probe.and_then(|p| p.cpu_sample().ok());
+
+    // Publishing phase.
+    let mut plan = Vec::with_capacity(bursts as usize);
+    let phase_start = Instant::now();
+    let first_publish_us = unix_micros();
+    let period = Duration::from_secs_f64(args.period);
+    let mut rate = Rate::default();
+    for k in 0..bursts {
+        let at = phase_start + period * k as u32;
+        let sent = plan.len();
+        pool.run_until(
+            at,
+            progress,
+            |p| {
+                let t = p.totals();
+                format!("publishing {sent}/{bursts}: {} deliveries ({:.0}/s)", t.received, rate.per_s(t.received))
+            },
+            |_| false,
+        )
+        .await;
+        let t = unix_micros();
+        let (offset, error) = match api.publish(&args.channel, &json!({"t": t, "seq": k})).await {
+            Ok(r) => (Some(r.offset), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        plan.push(Burst {
+            seq: k,
+            published_us: t,
+            offset,
+            error,
+            delivered: 0,
+            completion_ms: None,
+            within_period: false,
+        });
+    }
+    let published = plan.iter().filter(|b| b.offset.is_some()).count() as u64;
+    let expected = published * ready.established;
+    let grace = period.max(Duration::from_secs(5)) * 2;
+    pool.run_until(
+        Instant::now() + grace,
+        progress,
+        |p| {
+            let t = p.totals();
+            format!("draining: {}/{expected} deliveries", t.received)
+        },
+        |p| p.totals().received >= expected,
+    )
+    .await;
+    let cpu1 = probe.and_then(|p| p.cpu_sample().ok());
+    let mem_end = probe.and_then(|p| p.memory().ok());
+    let merged = pool.finish(Duration::from_secs(30), progress).await?;
+    let t = &merged.tally;
+
+    // Per-burst completion.
+    let established = t.established;
+    let mut late = 0;
+    for b in plan.iter_mut() {
+        let tally = t.bursts.get(b.seq as usize).copied().unwrap_or_default();
+        b.delivered = tally.count;
+        if b.offset.is_some() && tally.count >= established && established > 0 {
+            let c = ms(tally.last_us.saturating_sub(b.published_us));
+            b.completion_ms = Some(c);
+            b.within_period = c <= args.period * 1000.0;
+        }
+        if !b.within_period {
+            late += 1;
+        }
+    }
+
+    let connections = Connections {
+        target: subs as u64,
+        established,
+        failed: t.failed + (subs as u64).saturating_sub(established + t.failed),
+    };
+    let messages = MessageCounts::from_tally(plan.len() as u64, expected, t);
+    let span_us = t.last_arrival_us.saturating_sub(first_publish_us).max(1);
+    let cpu_s = match (&cpu0, &cpu1) {
+        (Some(a), Some(b)) => Some(a.seconds_until(b)),
+        _ => None,
+    };
+    let mut criteria = standard_criteria(&connections, t.dropped, &messages);
+    criteria.push(Criterion::new(
+        "every publish accepted",
+        published == bursts,
+        format!("{published}/{bursts} accepted"),
+    ));
+    criteria.push(Criterion::new(
+        "every burst reached every subscriber within the period",
+        late == 0,
+        format!("{late} of {bursts} bursts late or incomplete"),
+    ));
+    criteria.push(Criterion::new("every worker reported", merged.missing == 0, format!("{} missing", merged.missing)));
+
+    let completions: Vec<f64> = plan.iter().filter_map(|b| b.completion_ms).collect();
+    let mut extra = Map::new();
+    extra.insert("procs".into(), json!(configs.len()));
+    extra.insert("bursts_late_or_incomplete".into(), json!(late));
+    extra.insert(
+        "burst_completion_ms_max".into(),
+        json!(completions.iter().copied().fold(None, |a: Option<f64>, x| Some(a.map_or(x, |a| a.max(x))))),
+    );
+    extra.insert(
+        "burst_completion_ms_mean".into(),
+        json!(if completions.is_empty() {
+            None
+        } else {
+            Some(completions.iter().sum::<f64>() / completions.len() as f64)
+        }),
+    );
+    extra.insert(
+        "server_cpu_us_per_delivery".into(),
+        json!(cpu_s.filter(|_| t.received > 0).map(|c| c * 1e6 / t.received as f64)),
+    );
+    extra.insert("rss_before_bytes".into(), json!(mem_before.map(|m| m.rss)));
+    extra.insert("rss_connected_bytes".into(), json!(mem_connected.map(|m| m.rss)));
+    let cs = merged.connect.summary();
+    extra.insert("subscribe_ms_p50".into(), json!(cs.p50));
+    extra.insert("subscribe_ms_p99".into(), json!(cs.p99));
+    extra.insert("subscribe_ms_max".into(), json!(cs.max));
+    extra.insert("load_generator_rss_peak_bytes".into(), json!(merged.rss_peak_bytes));
+    extra.insert("bursts".into(), serde_json::to_value(&plan).unwrap_or(Value::Null));
+    if !t.errors.is_empty() {
+        extra.insert("errors".into(), json!(t.errors));
+    }
+    let (rss_per_conn, rss_note) =
+        rss_per_connection(mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss), established);
+    if let Some(note) = rss_note {
+        extra.insert("rss_note".into(), json!(note));
+    }
+    let result = BenchResult {
+        scenario: "broadcast".into(),
+        params: json!({
+            "subs": subs, "period_s": args.period, "bursts": bursts, "channel": args.channel,
+            "format": args.format, "procs": configs.len(), "target": args.common.target,
+        }),
+        started: rfc3339(started),
+        duration_s: span_us as f64 / 1e6,
+        connections,
+        messages,
+        throughput: Throughput { deliveries_per_s: t.received as f64 * 1e6 / span_us as f64 },
+        latency_ms: merged.latency.summary(),
+        server: ServerStats { cpu_s, rss_peak_bytes: mem_end.map(|m| m.hwm), rss_per_connection_bytes: rss_per_conn },
+        pass: false,
+        criteria,
+        extra,
+    };
+    Ok(Outcome { result, latency: merged.latency, bursts: plan })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil;
+
+    #[test]
+    fn broadcast_worker_counts_latency_duplicates_and_bursts() {
+        testutil::local(async {
+            let url = testutil::serve(|msg| {
+                let cmd: Value = serde_json::from_str(msg.to_text().unwrap()).unwrap();
+                assert_eq!(cmd["subscribe"]["channels"], json!(["c"]));
+                let t = unix_micros() - 2_000;
+                let p = |off: u64, seq: u64| json!({"pub": {"ch": "c", "off": off, "data": {"t": t, "seq": seq}}});
+                vec![
+                    // The reply, then a batched frame with a duplicate, then the last one.
+                    Message::text(
+                        json!({"id": 1, "ok": {"channels": {"c": {"epoch": "e", "offset": 10}}}}).to_string(),
+                    ),
+                    Message::text(format!("{}\n{}\n{}", p(11, 0), p(12, 1), p(12, 1))),
+                    Message::text(p(13, 2).to_string()),
+                ]
+            })
+            .await;
+            let ctx = WorkerCtx::new(1);
+            let cfg = BroadcastWorker {
+                target: url,
+                channel: "c".into(),
+                conns: 1,
+                first_index: 0,
+                spread: false,
+                bursts: 3,
+                format: WireFormat::Json,
+                concurrency: 1,
+            };
+            let watcher = ctx.clone();
+            tokio::task::spawn_local(async move {
+                for _ in 0..500 {
+                    if watcher.tally.borrow().received + watcher.tally.borrow().duplicated >= 4 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                watcher.stop();
+            });
+            run_worker(cfg, ctx.clone()).await;
+            let t = ctx.tally.borrow();
+            assert_eq!((t.established, t.failed, t.received, t.duplicated, t.unexpected), (1, 0, 3, 1, 0));
+            assert_eq!(t.bursts.iter().map(|b| b.count).collect::<Vec<_>>(), vec![1, 1, 1]);
+            let lat = ctx.latency.borrow();
+            assert_eq!(lat.count(), 3, "duplicates are not latency samples");
+            assert!(lat.value_at(0.5) >= 2_000, "latency is measured from the stamped time");
+            assert_eq!(ctx.connect.borrow().count(), 1);
+        });
+    }
+}
