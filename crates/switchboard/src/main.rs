@@ -28,6 +28,8 @@ enum Command {
     Publish(switchboard_client::cli::PublishArgs),
     /// Subscribe to channels and print each publication as a JSON line.
     Sub(switchboard_client::cli::SubArgs),
+    /// Run a benchmark scenario against a Switchboard node or any WebSocket echo server.
+    Bench(switchboard_bench::BenchCommand),
 }
 
 #[derive(Args)]
@@ -158,6 +160,11 @@ fn main() -> ExitCode {
         }
         Command::Publish(args) => client_runtime().and_then(|rt| rt.block_on(switchboard_client::cli::publish(args))),
         Command::Sub(args) => client_runtime().and_then(|rt| rt.block_on(switchboard_client::cli::sub(args))),
+        Command::Bench(cmd) => match switchboard_bench::run(cmd) {
+            // 0: the run passed its criteria; 1: it ran but failed them.
+            Ok(code) => return ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
