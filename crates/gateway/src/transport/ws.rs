@@ -217,7 +217,7 @@ async fn run(node: Arc<Node>, stream: TcpStream, leftover: Bytes, format: Format
     let outbox = match node.register(format, stream.clone()) {
         Ok(ob) => ob,
         Err(ob) => {
-            finish(&stream, &ob).await;
+            Box::pin(finish(&stream, &ob)).await;
             return;
         }
     };
@@ -229,7 +229,7 @@ async fn run(node: Arc<Node>, stream: TcpStream, leftover: Bytes, format: Format
         let mut data = leftover.to_vec();
         match reader.feed(&mut data, &mut events) {
             Ok(()) => {
-                if let Err(reason) = handle_events(&mut session, &mut events).await {
+                if let Err(reason) = Box::pin(handle_events(&mut session, &mut events)).await {
                     close_with(&node, &session, reason);
                 }
             }
@@ -256,7 +256,9 @@ async fn run(node: Arc<Node>, stream: TcpStream, leftover: Bytes, format: Format
                     Ok(0) => {}
                     Ok(_) => {
                         outbox.last_seen.store(crate::unix_s(), Relaxed);
-                        if let Err(reason) = handle_events(&mut session, &mut events).await {
+                        // Boxed: command handling needs a large future, but only while a
+                        // command runs; an idle connection keeps just this loop's small state.
+                        if let Err(reason) = Box::pin(handle_events(&mut session, &mut events)).await {
                             close_with(&node, &session, reason);
                         }
                     }
@@ -266,8 +268,8 @@ async fn run(node: Arc<Node>, stream: TcpStream, leftover: Bytes, format: Format
             _ = stop.changed() => {}
         }
     }
-    session.cleanup().await;
-    finish(&stream, &outbox).await;
+    Box::pin(session.cleanup()).await;
+    Box::pin(finish(&stream, &outbox)).await;
     node.unregister(outbox.id);
 }
 
