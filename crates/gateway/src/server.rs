@@ -68,7 +68,7 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async move {
         let addr = config.listen_addr()?;
-        let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+        let listener = bind(addr).map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
         let local = listener.local_addr()?;
         let simulate = config.simulate.clone();
         let broker: Arc<dyn switchboard_broker::Broker> = Arc::new(switchboard_broker::MemoryBroker::new());
@@ -97,6 +97,18 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
     })?;
     rt.shutdown_timeout(Duration::from_millis(200));
     Ok(())
+}
+
+/// Pending connections the kernel may queue before `accept` (capped by `net.core.somaxconn`):
+/// connection storms of thousands of clients overflow the usual 1,024 and turn into SYN
+/// retransmits of a second or more.
+const LISTEN_BACKLOG: u32 = 8192;
+
+fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 async fn wait_for_signal() {
