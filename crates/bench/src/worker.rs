@@ -60,6 +60,21 @@ pub struct Snapshot {
     pub bytes: u64,
 }
 
+impl From<&Tally> for Snapshot {
+    /// Progress lines count deliveries of unknown offsets as duplicates.
+    fn from(t: &Tally) -> Snapshot {
+        Snapshot {
+            established: t.established,
+            failed: t.failed,
+            dropped: t.dropped,
+            sent: t.sent,
+            received: t.received,
+            duplicated: t.duplicated + t.unexpected,
+            bytes: t.bytes,
+        }
+    }
+}
+
 impl Snapshot {
     fn add(&mut self, o: &Snapshot) {
         self.established += o.established;
@@ -138,16 +153,7 @@ impl WorkerCtx {
     }
 
     pub fn snapshot(&self) -> Snapshot {
-        let t = self.tally.borrow();
-        Snapshot {
-            established: t.established,
-            failed: t.failed,
-            dropped: t.dropped,
-            sent: t.sent,
-            received: t.received,
-            duplicated: t.duplicated + t.unexpected,
-            bytes: t.bytes,
-        }
+        Snapshot::from(&*self.tally.borrow())
     }
 
     /// One connection is up, after `connect_us` of connect + handshake (+ subscribe).
@@ -402,16 +408,7 @@ impl Pool {
             }
             Incoming::Msg(WorkerMsg::Progress(s)) => w.snapshot = s,
             Incoming::Msg(WorkerMsg::Final(f)) => {
-                let t = &f.tally;
-                w.snapshot = Snapshot {
-                    established: t.established,
-                    failed: t.failed,
-                    dropped: t.dropped,
-                    sent: t.sent,
-                    received: t.received,
-                    duplicated: t.duplicated + t.unexpected,
-                    bytes: t.bytes,
-                };
+                w.snapshot = Snapshot::from(&f.tally);
                 w.final_report = Some(*f);
             }
             Incoming::Garbage(line) => {
