@@ -74,10 +74,6 @@ impl MemoryBroker {
         map.entry(Arc::from(channel)).or_insert_with(|| Arc::new(Mutex::new(Stream::new()))).clone()
     }
 
-    fn existing(&self, channel: &str) -> Option<Arc<Mutex<Stream>>> {
-        self.streams.read().get(channel).cloned()
-    }
-
     fn ttl_of(&self, channel: &str) -> u64 {
         self.ttl_ms.read().get(channel).copied().unwrap_or(u64::MAX)
     }
@@ -211,13 +207,6 @@ impl Broker for MemoryBroker {
 
     async fn ready(&self) -> bool {
         true
-    }
-}
-
-impl MemoryBroker {
-    /// Whether a channel has ever been used (published to or read) on this broker.
-    pub fn knows(&self, channel: &str) -> bool {
-        self.existing(channel).is_some()
     }
 }
 
