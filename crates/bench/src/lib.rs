@@ -28,6 +28,7 @@
 pub mod accounting;
 pub mod chart;
 pub mod common;
+pub mod compare;
 pub mod histogram;
 pub mod probe;
 pub mod progress;
@@ -61,6 +62,20 @@ pub enum Scenario {
     Broadcast(BroadcastArgs),
     /// Round-trip times over many connections (Switchboard `ping` or any JSON echo server).
     Echo(EchoArgs),
+    /// Collaboration rooms: one member of each room publishes, the other members receive.
+    Rooms(scenario::rooms::RoomsArgs),
+    /// Stream sets vs many channels: U users × K points at F Hz, one connection with K
+    /// subscriptions per user (`set`) or K connections with one each (`channels`).
+    Streams(scenario::streams::StreamsArgs),
+    /// A dashboard: W point subscriptions on one connection; time to first value per widget,
+    /// then sustained updates/s.
+    Dashboard(scenario::dashboard::DashboardArgs),
+    /// Connection storm: handshake + first subscribe at a given rate.
+    Connect(scenario::connect::ConnectArgs),
+    /// Sessions × worker threads: starts the server itself per worker count.
+    Sessions(scenario::sessions::SessionsArgs),
+    /// One HTML page comparing several result folders side by side.
+    Report(compare::ReportArgs),
     /// Internal: one load-generating worker process (started by the scenarios).
     #[command(hide = true)]
     Worker {
@@ -76,6 +91,12 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         Scenario::Limit(a) => scenario::limit::run(a),
         Scenario::Broadcast(a) => scenario::broadcast::run(a),
         Scenario::Echo(a) => scenario::echo::run(a),
+        Scenario::Rooms(a) => scenario::rooms::run(a),
+        Scenario::Streams(a) => scenario::streams::run(a),
+        Scenario::Dashboard(a) => scenario::dashboard::run(a),
+        Scenario::Connect(a) => scenario::connect::run(a),
+        Scenario::Sessions(a) => scenario::sessions::run(a),
+        Scenario::Report(a) => compare::run(a),
         Scenario::Worker { config } => worker::worker_main(&config),
     }
 }

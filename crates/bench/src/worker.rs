@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use crate::accounting::Tally;
 use crate::histogram::Latency;
 use crate::progress::Progress;
-use crate::scenario::{broadcast, echo, limit};
+use crate::scenario::{broadcast, connect, dashboard, echo, limit, rooms, streams};
 
 /// The environment variable carrying the auth token from the coordinator to its workers.
 pub const TOKEN_ENV: &str = "SWITCHBOARD_BENCH_TOKEN";
@@ -46,6 +46,10 @@ pub enum WorkerConfig {
     Limit(limit::LimitWorker),
     Broadcast(broadcast::BroadcastWorker),
     Echo(echo::EchoWorker),
+    Rooms(rooms::RoomsWorker),
+    Streams(streams::StreamsWorker),
+    Dashboard(dashboard::DashboardWorker),
+    Connect(connect::ConnectWorker),
 }
 
 /// A running worker's counters, as reported in progress lines.
@@ -238,6 +242,10 @@ pub fn worker_main(config: &str) -> anyhow::Result<i32> {
             WorkerConfig::Limit(c) => c.conns,
             WorkerConfig::Broadcast(c) => c.conns,
             WorkerConfig::Echo(c) => c.conns,
+            WorkerConfig::Rooms(c) => c.conns,
+            WorkerConfig::Streams(c) => c.conns,
+            WorkerConfig::Dashboard(c) => c.conns,
+            WorkerConfig::Connect(c) => c.conns,
         } as u64;
         let ctx = WorkerCtx::new(target);
         if target == 0 {
@@ -249,6 +257,10 @@ pub fn worker_main(config: &str) -> anyhow::Result<i32> {
             WorkerConfig::Limit(c) => limit::run_worker(c, ctx.clone()).await,
             WorkerConfig::Broadcast(c) => broadcast::run_worker(c, ctx.clone()).await,
             WorkerConfig::Echo(c) => echo::run_worker(c, ctx.clone()).await,
+            WorkerConfig::Rooms(c) => rooms::run_worker(c, ctx.clone()).await,
+            WorkerConfig::Streams(c) => streams::run_worker(c, ctx.clone()).await,
+            WorkerConfig::Dashboard(c) => dashboard::run_worker(c, ctx.clone()).await,
+            WorkerConfig::Connect(c) => connect::run_worker(c, ctx.clone()).await,
         }
         ctx.stop();
         ctx.emit(&WorkerMsg::Final(Box::new(ctx.final_report())));

@@ -3,8 +3,13 @@
 //! phase, build the [`BenchResult`]) and a worker half (`run_worker`).
 
 pub mod broadcast;
+pub mod connect;
+pub mod dashboard;
 pub mod echo;
 pub mod limit;
+pub mod rooms;
+pub mod sessions;
+pub mod streams;
 
 use std::path::Path;
 
