@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, StatusCode};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
@@ -28,7 +28,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/", get(index))
+        .merge(crate::dashboards::router(&node.config))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(node)
 }
@@ -212,8 +212,4 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
 async fn metrics(State(node): State<Arc<Node>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], node.metrics.render(node.hub.channel_count()))
         .into_response()
-}
-
-async fn index() -> Html<&'static str> {
-    Html(include_str!("index.html"))
 }

@@ -34,6 +34,11 @@ pub struct Config {
     pub simulate: Option<String>,
     /// Allow listening beyond loopback with no authentication configured.
     pub allow_anonymous: bool,
+    /// Directory of the node's files (saved dashboards); created when first written.
+    pub data_dir: std::path::PathBuf,
+    /// Directory of the built dashboard app; unset means `web/dashboard/dist` found next to
+    /// the working directory or the executable.
+    pub web_dir: Option<std::path::PathBuf>,
     pub limits: Limits,
     /// Namespace options by namespace name; `""` is the default namespace.
     pub namespaces: HashMap<String, Namespace>,
@@ -86,6 +91,8 @@ impl Default for Config {
             node_id: None,
             simulate: None,
             allow_anonymous: false,
+            data_dir: std::path::PathBuf::from("switchboard-data"),
+            web_dir: None,
             limits: Limits::default(),
             namespaces,
         }

@@ -10,12 +10,15 @@
 //! - [`session`]: one client's commands and subscriptions, transport-free.
 //! - [`transport`]: WebSocket handshake and connection task (`transport::ws`).
 //! - [`api`]: the HTTP API and route table.
+//! - [`dashboards`]: saved dashboards (`/api/dashboards`, files in the data directory) and the
+//!   built web app served at `/`.
 //! - [`metrics`]: counters and the delivery-lag histogram, rendered for Prometheus.
 //! - [`simulate`]: the built-in point simulator (`--simulate N@HZ`).
 //! - [`server`]: the accept loop and [`server::run`], the whole node as a blocking call.
 
 pub mod api;
 pub mod config;
+pub mod dashboards;
 pub mod hub;
 pub mod metrics;
 pub mod node;

@@ -1,0 +1,646 @@
+//! The dashboard app's server side (SPEC §7): saved dashboards under `/api/dashboards`, kept as
+//! JSON files in the data directory, and the built web app served at `/` and `/assets/*`.
+//!
+//! # Saved dashboards
+//! `GET /api/dashboards` lists `[{"id", "title", "widget_count", "updated"}]`;
+//! `GET /api/dashboards/{id}` returns `{"id", "title", "widgets", "updated"}`; `PUT` stores a
+//! `{"title", "widgets": [{"type", "channel", "x", "y", "w", "h", "options"}]}` body (201 when
+//! new, 200 when replaced); `DELETE` removes it (204, or 404). Bad input is a 400 whose message
+//! names the offending field. Each dashboard is one file `<data_dir>/dashboards/<id>.json`,
+//! written to a temporary file, synced and renamed over the old one, so a reader or a crash sees
+//! either the old or the new dashboard, never half of one.
+//!
+//! # The web app
+//! The app is built by npm (`web/dashboard`, output `web/dashboard/dist`) and served from that
+//! directory rather than embedded in the binary: `cargo build` then works on a fresh clone before
+//! npm has ever run, and the app can be rebuilt without rebuilding the server. The directory is
+//! `web_dir` when configured, else `web/dashboard/dist` under the working directory or under an
+//! ancestor of the executable's directory (`target/release/switchboard` finds the repository's).
+//! Without a build, `/` serves a minimal live channel page that says how to build the app.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use switchboard_protocol::code;
+
+use crate::config::Config;
+use crate::node::ApiError;
+
+/// Largest accepted dashboard body (10,000 widgets with options fit comfortably).
+pub const MAX_DASHBOARD_BYTES: usize = 8 * 1024 * 1024;
+/// Most widgets in one dashboard.
+pub const MAX_WIDGETS: usize = 20_000;
+/// Most dashboards kept in one data directory.
+pub const MAX_DASHBOARDS: usize = 1_000;
+const MAX_ID_LEN: usize = 64;
+const MAX_TITLE_LEN: usize = 200;
+/// Largest `options` object of one widget, serialized.
+const MAX_OPTIONS_BYTES: usize = 4096;
+/// Positions are grid cells; the board is at most this many cells wide and tall.
+const MAX_POS: u32 = 100_000;
+/// Widget sizes are 1..=this many grid cells.
+const MAX_SIZE: u32 = 1_000;
+
+/// Where the built app lives relative to the repository root.
+const WEB_BUILD: &str = "web/dashboard/dist";
+
+/// A widget's kind; the wire names are the lower-case variant names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WidgetKind {
+    Value,
+    Led,
+    Gauge,
+    Trend,
+    Spectrum,
+    Scatter,
+}
+
+/// One widget: its kind, the channel it shows (`""` while unbound), its place and size in grid
+/// cells, and kind-specific options (labels, units, ranges, thresholds), kept as given.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Widget {
+    #[serde(rename = "type")]
+    pub kind: WidgetKind,
+    #[serde(default)]
+    pub channel: String,
+    pub x: u32,
+    pub y: u32,
+    pub w: u32,
+    pub h: u32,
+    #[serde(default)]
+    pub options: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A dashboard as a client sends it. `id` and `updated` are accepted so that an exported
+/// dashboard can be sent back as it is; `id`, when present, must name the same dashboard.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DashboardBody {
+    pub title: String,
+    pub widgets: Vec<Widget>,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub updated: Option<u64>,
+}
+
+/// A dashboard as stored and returned.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Dashboard {
+    pub id: String,
+    pub title: String,
+    pub widgets: Vec<Widget>,
+    /// Unix milliseconds of the last save.
+    pub updated: u64,
+}
+
+/// One entry of the list.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub id: String,
+    pub title: String,
+    pub widget_count: usize,
+    pub updated: u64,
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::new(code::BAD_REQUEST, message)
+}
+
+fn internal(what: &str, e: std::io::Error) -> ApiError {
+    tracing::warn!(error = %e, what, "dashboard store");
+    ApiError::new(code::INTERNAL, format!("{what}: {e}"))
+}
+
+/// Dashboard ids are 1–64 characters of `[A-Za-z0-9_-]`: safe as file names on every platform
+/// and in URLs without escaping.
+pub fn validate_id(id: &str) -> Result<(), ApiError> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_ID_LEN
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(bad(format!("dashboard id {id:?}: must be 1-{MAX_ID_LEN} characters of A-Z a-z 0-9 _ -")))
+    }
+}
+
+/// Parses and validates a dashboard body for `id`.
+pub fn parse_body(id: &str, bytes: &[u8]) -> Result<DashboardBody, ApiError> {
+    if bytes.len() > MAX_DASHBOARD_BYTES {
+        return Err(ApiError::new(code::TOO_LARGE, format!("dashboard larger than {MAX_DASHBOARD_BYTES} bytes")));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    let body: DashboardBody = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let at = if path == "." { String::new() } else { format!("{path}: ") };
+        bad(format!("{at}{} (expected {{\"title\", \"widgets\": [{{\"type\", \"channel\", \"x\", \"y\", \"w\", \"h\", \"options\"}}]}})", e.inner()))
+    })?;
+    validate(id, &body)?;
+    Ok(body)
+}
+
+fn validate(id: &str, body: &DashboardBody) -> Result<(), ApiError> {
+    if let Some(given) = &body.id {
+        if given != id {
+            return Err(bad(format!("id: body names dashboard {given:?} but the URL names {id:?}")));
+        }
+    }
+    if body.title.chars().count() > MAX_TITLE_LEN {
+        return Err(bad(format!("title: longer than {MAX_TITLE_LEN} characters")));
+    }
+    if body.widgets.len() > MAX_WIDGETS {
+        return Err(ApiError::new(code::TOO_LARGE, format!("widgets: more than {MAX_WIDGETS}")));
+    }
+    for (i, w) in body.widgets.iter().enumerate() {
+        if !w.channel.is_empty() {
+            switchboard_protocol::validate_channel(&w.channel)
+                .map_err(|e| bad(format!("widgets[{i}].channel: {e}")))?;
+        }
+        if w.x > MAX_POS || w.y > MAX_POS {
+            return Err(bad(format!("widgets[{i}]: x and y must be 0-{MAX_POS} grid cells")));
+        }
+        if !(1..=MAX_SIZE).contains(&w.w) || !(1..=MAX_SIZE).contains(&w.h) {
+            return Err(bad(format!("widgets[{i}]: w and h must be 1-{MAX_SIZE} grid cells")));
+        }
+        let options_len = serde_json::to_vec(&w.options).map(|v| v.len()).unwrap_or(usize::MAX);
+        if options_len > MAX_OPTIONS_BYTES {
+            return Err(bad(format!("widgets[{i}].options: larger than {MAX_OPTIONS_BYTES} bytes")));
+        }
+    }
+    Ok(())
+}
+
+/// Saved dashboards, one JSON file each in `dir`.
+pub struct DashboardStore {
+    dir: PathBuf,
+    /// Serializes writers (PUT and DELETE are rare) so that the count limit holds and a
+    /// temporary file has one writer. Readers take no lock: a rename replaces a file atomically.
+    write: tokio::sync::Mutex<()>,
+    tmp_seq: AtomicU64,
+}
+
+impl DashboardStore {
+    pub fn new(dir: PathBuf) -> DashboardStore {
+        DashboardStore { dir, write: tokio::sync::Mutex::new(()), tmp_seq: AtomicU64::new(0) }
+    }
+
+    fn file(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    /// The stored file's bytes, exactly as `GET` returns them.
+    pub async fn get(&self, id: &str) -> Result<Vec<u8>, ApiError> {
+        validate_id(id)?;
+        match tokio::fs::read(self.file(id)).await {
+            Ok(bytes) => Ok(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(ApiError::new(code::NOT_FOUND, format!("no dashboard {id:?}")))
+            }
+            Err(e) => Err(internal("reading dashboard", e)),
+        }
+    }
+
+    /// Stores `body` as dashboard `id`; returns its summary and whether it is new.
+    pub async fn put(&self, id: &str, body: DashboardBody) -> Result<(Summary, bool), ApiError> {
+        validate_id(id)?;
+        let dashboard = Dashboard {
+            id: id.to_string(),
+            title: body.title,
+            widgets: body.widgets,
+            updated: switchboard_broker::now_ms(),
+        };
+        let bytes = serde_json::to_vec(&dashboard).map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
+        let _guard = self.write.lock().await;
+        tokio::fs::create_dir_all(&self.dir).await.map_err(|e| internal("creating the data directory", e))?;
+        let path = self.file(id);
+        let existed = tokio::fs::try_exists(&path).await.map_err(|e| internal("reading dashboard", e))?;
+        if !existed && self.ids().await?.len() >= MAX_DASHBOARDS {
+            return Err(ApiError::new(code::LIMIT, format!("at most {MAX_DASHBOARDS} dashboards are kept")));
+        }
+        let seq = self.tmp_seq.fetch_add(1, Relaxed);
+        let tmp = self.dir.join(format!(".{id}.{}.{seq}.tmp", std::process::id()));
+        let written = write_synced(&tmp, bytes).await;
+        if let Err(e) = written {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(internal("writing dashboard", e));
+        }
+        if let Err(e) = tokio::fs::rename(&tmp, &path).await {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(internal("writing dashboard", e));
+        }
+        let summary = Summary {
+            id: dashboard.id,
+            title: dashboard.title,
+            widget_count: dashboard.widgets.len(),
+            updated: dashboard.updated,
+        };
+        Ok((summary, !existed))
+    }
+
+    pub async fn delete(&self, id: &str) -> Result<(), ApiError> {
+        validate_id(id)?;
+        let _guard = self.write.lock().await;
+        match tokio::fs::remove_file(self.file(id)).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(ApiError::new(code::NOT_FOUND, format!("no dashboard {id:?}")))
+            }
+            Err(e) => Err(internal("deleting dashboard", e)),
+        }
+    }
+
+    /// Ids of the stored dashboards, sorted.
+    async fn ids(&self) -> Result<Vec<String>, ApiError> {
+        let mut dir = match tokio::fs::read_dir(&self.dir).await {
+            Ok(dir) => dir,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(internal("listing dashboards", e)),
+        };
+        let mut ids = Vec::new();
+        while let Some(entry) = dir.next_entry().await.map_err(|e| internal("listing dashboards", e))? {
+            let name = entry.file_name();
+            let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else { continue };
+            if validate_id(id).is_ok() {
+                ids.push(id.to_string());
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Summaries of every stored dashboard, sorted by id. A file that no longer parses (edited
+    /// by hand) is listed with its id and an empty title rather than hiding the others.
+    pub async fn list(&self) -> Result<Vec<Summary>, ApiError> {
+        let mut out = Vec::new();
+        for id in self.ids().await? {
+            let Ok(bytes) = tokio::fs::read(self.file(&id)).await else { continue };
+            match serde_json::from_slice::<Dashboard>(&bytes) {
+                Ok(d) => out.push(Summary { id, title: d.title, widget_count: d.widgets.len(), updated: d.updated }),
+                Err(e) => {
+                    tracing::warn!(dashboard = %id, error = %e, "unreadable dashboard file");
+                    out.push(Summary { id, title: String::new(), widget_count: 0, updated: 0 });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+async fn write_synced(path: &Path, bytes: Vec<u8>) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut f = tokio::fs::File::create(path).await?;
+    f.write_all(&bytes).await?;
+    f.sync_all().await
+}
+
+/// The built web app's directory, looked up on each request for `/` so that building the app
+/// while the server runs is enough.
+pub struct WebApp {
+    candidates: Vec<PathBuf>,
+}
+
+impl WebApp {
+    /// `configured` wins; otherwise `web/dashboard/dist` under the working directory, then under
+    /// each ancestor of the executable's directory.
+    pub fn new(configured: Option<&Path>) -> WebApp {
+        if let Some(dir) = configured {
+            return WebApp { candidates: vec![dir.to_path_buf()] };
+        }
+        let mut candidates = vec![PathBuf::from(WEB_BUILD)];
+        if let Ok(exe) = std::env::current_exe() {
+            candidates.extend(exe.ancestors().skip(1).take(4).map(|a| a.join(WEB_BUILD)));
+        }
+        WebApp { candidates }
+    }
+
+    /// The first candidate that holds a built app.
+    pub fn dir(&self) -> Option<&Path> {
+        self.candidates.iter().map(PathBuf::as_path).find(|d| d.join("index.html").is_file())
+    }
+}
+
+/// The page served when the app is not built.
+const FALLBACK_PAGE: &str = include_str!("index.html");
+
+/// Shared state of the dashboard routes.
+pub struct Dashboards {
+    pub store: DashboardStore,
+    pub app: WebApp,
+}
+
+impl Dashboards {
+    pub fn new(config: &Config) -> Dashboards {
+        Dashboards {
+            store: DashboardStore::new(config.data_dir.join("dashboards")),
+            app: WebApp::new(config.web_dir.as_deref()),
+        }
+    }
+}
+
+/// The dashboard routes: `/api/dashboards[/{id}]`, `/` and `/assets/{file}`.
+pub fn router<S: Clone + Send + Sync + 'static>(config: &Config) -> Router<S> {
+    let state = Arc::new(Dashboards::new(config));
+    match state.app.dir() {
+        Some(dir) => tracing::info!(web_dir = %dir.display(), "serving the dashboard app"),
+        None => tracing::info!("dashboard app not built (make build); serving the minimal page at /"),
+    }
+    Router::new()
+        .route("/api/dashboards", get(list))
+        .route("/api/dashboards/{id}", get(get_one).put(put_one).delete(delete_one))
+        .route("/", get(index))
+        .route("/assets/{file}", get(asset))
+        .with_state(state)
+}
+
+async fn list(State(d): State<Arc<Dashboards>>) -> Result<Response, ApiError> {
+    Ok(Json(d.store.list().await?).into_response())
+}
+
+async fn get_one(State(d): State<Arc<Dashboards>>, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
+    let bytes = d.store.get(&id).await?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], bytes).into_response())
+}
+
+async fn put_one(
+    State(d): State<Arc<Dashboards>>,
+    UrlPath(id): UrlPath<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    validate_id(&id)?;
+    let body = parse_body(&id, &body)?;
+    let (summary, created) = d.store.put(&id, body).await?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(summary)).into_response())
+}
+
+async fn delete_one(State(d): State<Arc<Dashboards>>, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
+    d.store.delete(&id).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn index(State(d): State<Arc<Dashboards>>) -> Response {
+    if let Some(dir) = d.app.dir() {
+        if let Ok(html) = tokio::fs::read(dir.join("index.html")).await {
+            return ([(header::CONTENT_TYPE, "text/html; charset=utf-8"), (header::CACHE_CONTROL, "no-cache")], html)
+                .into_response();
+        }
+    }
+    Html(FALLBACK_PAGE).into_response()
+}
+
+/// Files of the built app. Names are plain file names (no directories, no leading dot), so a
+/// request cannot leave the assets directory.
+async fn asset(State(d): State<Arc<Dashboards>>, UrlPath(file): UrlPath<String>) -> Response {
+    let safe = !file.starts_with('.')
+        && file.len() <= 128
+        && file.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    let Some(dir) = d.app.dir().filter(|_| safe) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    match tokio::fs::read(dir.join("assets").join(&file)).await {
+        Ok(bytes) => {
+            ([(header::CONTENT_TYPE, content_type(&file)), (header::CACHE_CONTROL, "no-cache")], bytes).into_response()
+        }
+        Err(_) => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+fn content_type(file: &str) -> &'static str {
+    match file.rsplit('.').next().unwrap_or("") {
+        "js" | "mjs" => "text/javascript; charset=utf-8",
+        "css" => "text/css; charset=utf-8",
+        "json" | "map" => "application/json",
+        "svg" => "image/svg+xml",
+        "png" => "image/png",
+        "woff2" => "font/woff2",
+        "html" => "text/html; charset=utf-8",
+        _ => "application/octet-stream",
+    }
+}
+
+/// Id of the dashboard `switchboard demo` opens.
+pub const DEMO_ID: &str = "demo";
+
+/// A dashboard of the demo plant: the simulator's channels `pt:sim.<i>` (by `i % 4`: random
+/// walk, sine, boolean, 64-bin spectrum) and the demo chat room.
+pub fn demo_dashboard() -> DashboardBody {
+    let o = |pairs: &[(&str, serde_json::Value)]| -> serde_json::Map<String, serde_json::Value> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    };
+    use serde_json::json;
+    use WidgetKind::*;
+    let w =
+        |kind, channel: &str, x, y, w, h, options| Widget { kind, channel: channel.to_string(), x, y, w, h, options };
+    let widgets = vec![
+        w(
+            Value,
+            "pt:sim.0",
+            0,
+            0,
+            8,
+            4,
+            o(&[("label", json!("Boiler 1 temp")), ("units", json!("°C")), ("decimals", json!(2))]),
+        ),
+        w(
+            Value,
+            "pt:sim.4",
+            8,
+            0,
+            8,
+            4,
+            o(&[("label", json!("Boiler 2 temp")), ("units", json!("°C")), ("decimals", json!(2))]),
+        ),
+        w(
+            Gauge,
+            "pt:sim.8",
+            16,
+            0,
+            8,
+            8,
+            o(&[("label", json!("Header temp")), ("min", json!(0)), ("max", json!(60)), ("units", json!("°C"))]),
+        ),
+        w(
+            Gauge,
+            "pt:sim.1",
+            24,
+            0,
+            8,
+            8,
+            o(&[("label", json!("Pump P-101 vibration")), ("min", json!(-10)), ("max", json!(10))]),
+        ),
+        w(Led, "pt:sim.2", 0, 4, 4, 4, o(&[("label", json!("Valve V-2"))])),
+        w(Led, "pt:sim.6", 4, 4, 4, 4, o(&[("label", json!("Valve V-6"))])),
+        w(Led, "pt:sim.10", 8, 4, 4, 4, o(&[("label", json!("Valve V-10"))])),
+        w(Led, "pt:sim.12", 12, 4, 4, 4, o(&[("label", json!("Tank > 32")), ("threshold", json!(32))])),
+        w(Trend, "pt:sim.1", 0, 8, 16, 8, o(&[("label", json!("Vibration")), ("window_s", json!(60))])),
+        w(Trend, "pt:sim.0", 16, 8, 16, 8, o(&[("label", json!("Boiler 1 temp")), ("window_s", json!(120))])),
+        w(
+            Spectrum,
+            "pt:sim.3",
+            0,
+            16,
+            16,
+            8,
+            o(&[("label", json!("Pump P-101 spectrum")), ("min", json!(0)), ("max", json!(50))]),
+        ),
+        w(Scatter, "pt:sim.1", 16, 16, 8, 8, o(&[("label", json!("Vibration X/Y")), ("x_channel", json!("pt:sim.5"))])),
+        w(
+            Spectrum,
+            "pt:sim.7",
+            24,
+            16,
+            8,
+            8,
+            o(&[("label", json!("Fan spectrum")), ("min", json!(0)), ("max", json!(50))]),
+        ),
+        w(Value, "room:lobby", 0, 24, 16, 3, o(&[("label", json!("room:lobby")), ("field", json!("text"))])),
+        w(Value, "room:ops", 16, 24, 16, 3, o(&[("label", json!("room:ops")), ("field", json!("text"))])),
+    ];
+    DashboardBody { title: "Demo plant".to_string(), widgets, id: None, updated: None }
+}
+
+/// Writes the demo dashboard into `data_dir` unless one is already there (a user may have edited
+/// it). Runs before the runtime starts, hence blocking I/O. Returns whether it was written.
+pub fn install_demo(data_dir: &Path) -> std::io::Result<bool> {
+    let dir = data_dir.join("dashboards");
+    let path = dir.join(format!("{DEMO_ID}.json"));
+    if path.exists() {
+        return Ok(false);
+    }
+    std::fs::create_dir_all(&dir)?;
+    let body = demo_dashboard();
+    let d = Dashboard {
+        id: DEMO_ID.to_string(),
+        title: body.title,
+        widgets: body.widgets,
+        updated: switchboard_broker::now_ms(),
+    };
+    let bytes = serde_json::to_vec(&d).map_err(std::io::Error::other)?;
+    let tmp = dir.join(format!(".{DEMO_ID}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(json: &str) -> Result<DashboardBody, ApiError> {
+        parse_body("d1", json.as_bytes())
+    }
+
+    #[test]
+    fn dashboards_accept_every_widget_type_and_keep_options() {
+        let b = body(
+            r#"{"title":"t","widgets":[
+                {"type":"value","channel":"pt:a","x":0,"y":0,"w":2,"h":1,"options":{"units":"C"}},
+                {"type":"led","channel":"b","x":1,"y":0,"w":1,"h":1},
+                {"type":"gauge","channel":"","x":1,"y":0,"w":1,"h":1},
+                {"type":"trend","channel":"c","x":1,"y":0,"w":1,"h":1},
+                {"type":"spectrum","channel":"c","x":1,"y":0,"w":1,"h":1},
+                {"type":"scatter","channel":"c","x":1,"y":0,"w":1,"h":1}]}"#,
+        )
+        .unwrap();
+        assert_eq!(b.widgets.len(), 6);
+        assert_eq!(b.widgets[0].options["units"], "C");
+        assert_eq!(b.widgets[5].kind, WidgetKind::Scatter);
+    }
+
+    #[test]
+    fn dashboards_reject_bad_input_naming_the_field() {
+        let cases = [
+            (r#"{"title":"t","widgets":[{"type":"pie","channel":"a","x":0,"y":0,"w":1,"h":1}]}"#, "widgets[0].type"),
+            (
+                r#"{"title":"t","widgets":[{"type":"led","channel":"a b","x":0,"y":0,"w":1,"h":1}]}"#,
+                "widgets[0].channel",
+            ),
+            (r#"{"title":"t","widgets":[{"type":"led","channel":"a","x":0,"y":0,"w":0,"h":1}]}"#, "widgets[0]"),
+            (r#"{"title":"t","widgets":[{"type":"led","channel":"a","x":-1,"y":0,"w":1,"h":1}]}"#, "widgets[0].x"),
+            (
+                r#"{"title":"t","widgets":[{"type":"led","channel":"a","x":0,"y":0,"w":1,"h":1,"options":[]}]}"#,
+                "options",
+            ),
+            (r#"{"title":"t","widgets":[{"type":"led","channel":"a","x":0,"y":0,"w":1,"h":1,"colour":1}]}"#, "colour"),
+            (r#"{"widgets":[]}"#, "title"),
+            (r#"{"title":"t","widgets":[],"id":"other"}"#, "id"),
+            (r#"not json"#, "expected"),
+        ];
+        for (json, needle) in cases {
+            let e = body(json).unwrap_err();
+            assert_eq!(e.code, 400, "{json}");
+            assert!(e.message.contains(needle), "{json}: {}", e.message);
+        }
+        let big = format!(
+            r#"{{"title":"t","widgets":[{{"type":"led","channel":"a","x":0,"y":0,"w":1,"h":1,"options":{{"s":"{}"}}}}]}}"#,
+            "x".repeat(5000)
+        );
+        assert!(body(&big).unwrap_err().message.contains("options"));
+    }
+
+    #[test]
+    fn dashboards_ids_are_limited_to_a_safe_charset() {
+        for ok in ["a", "demo", "Plant_1-b", &"x".repeat(64)] {
+            assert!(validate_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "..", "a.json", "a/b", "a b", "ü", &"x".repeat(65)] {
+            assert_eq!(validate_id(bad).unwrap_err().code, 400, "{bad}");
+        }
+    }
+
+    #[test]
+    fn dashboards_demo_is_valid() {
+        let d = demo_dashboard();
+        validate(DEMO_ID, &d).unwrap();
+        for kind in [WidgetKind::Value, WidgetKind::Led, WidgetKind::Gauge, WidgetKind::Trend, WidgetKind::Spectrum] {
+            assert!(d.widgets.iter().any(|w| w.kind == kind), "{kind:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn dashboards_store_round_trips_lists_and_deletes_across_instances() {
+        let dir = std::env::temp_dir().join(format!("sb-dash-{}-{}", std::process::id(), fastrand::u32(..)));
+        let store = DashboardStore::new(dir.clone());
+        assert!(store.list().await.unwrap().is_empty());
+        assert_eq!(store.get("a").await.unwrap_err().code, 404);
+        let b =
+            body(r#"{"title":"First","widgets":[{"type":"gauge","channel":"pt:x","x":3,"y":4,"w":5,"h":6}]}"#).unwrap();
+        let (s, created) = store.put("a", b.clone()).await.unwrap();
+        assert!(created && s.widget_count == 1 && s.title == "First");
+        let (_, created) = store.put("a", b).await.unwrap();
+        assert!(!created);
+
+        // A new store over the same directory (a restarted server) sees the same dashboard.
+        let again = DashboardStore::new(dir.clone());
+        let d: Dashboard = serde_json::from_slice(&again.get("a").await.unwrap()).unwrap();
+        assert_eq!((d.id.as_str(), d.title.as_str(), d.widgets[0].x, d.widgets[0].h), ("a", "First", 3, 6));
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("a.json")], "no temporary files left behind");
+        assert_eq!(again.list().await.unwrap().len(), 1);
+        again.delete("a").await.unwrap();
+        assert_eq!(again.delete("a").await.unwrap_err().code, 404);
+        assert!(store.list().await.unwrap().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn dashboards_install_demo_keeps_an_edited_demo() {
+        let dir = std::env::temp_dir().join(format!("sb-demo-{}-{}", std::process::id(), fastrand::u32(..)));
+        assert!(install_demo(&dir).unwrap());
+        let path = dir.join("dashboards/demo.json");
+        std::fs::write(&path, b"{\"id\":\"demo\",\"title\":\"mine\",\"widgets\":[],\"updated\":1}").unwrap();
+        assert!(!install_demo(&dir).unwrap());
+        assert!(std::fs::read_to_string(&path).unwrap().contains("mine"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
