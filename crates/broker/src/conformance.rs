@@ -1,9 +1,12 @@
 //! The conformance suite every [`Broker`] must pass. Each implementation's tests call
 #![allow(clippy::unwrap_used)] // a test suite: a failed step should panic with its error
 //! [`run_all`] with a factory that yields a fresh broker (fresh channels) per case.
+//!
+//! Deliveries may be asynchronous (a shared broker hands them over from another connection),
+//! so the cases subscribe before they expect any and wait for them with a bounded deadline.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
@@ -15,6 +18,22 @@ use crate::{Broker, BrokerHandler, ClientInfo, HistoryPolicy, Publication};
 pub struct RecordingHandler {
     pub publications: Mutex<Vec<(String, u64, String)>>,
     pub presence: Mutex<Vec<(String, String, bool)>>,
+    pub missed: Mutex<Vec<String>>,
+}
+
+impl RecordingHandler {
+    /// Waits (at most 5 s) until `cond` holds for what was recorded.
+    pub async fn wait_for(&self, what: &str, cond: impl Fn(&RecordingHandler) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !cond(self) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    pub fn offsets(&self, channel: &str) -> Vec<u64> {
+        self.publications.lock().iter().filter(|p| p.0 == channel).map(|p| p.1).collect()
+    }
 }
 
 impl BrokerHandler for RecordingHandler {
@@ -24,6 +43,9 @@ impl BrokerHandler for RecordingHandler {
     fn after_publications(&self) {}
     fn on_presence(&self, channel: &str, info: &ClientInfo, joined: bool) {
         self.presence.lock().push((channel.to_string(), info.client.clone(), joined));
+    }
+    fn on_missed(&self, channel: &str) {
+        self.missed.lock().push(channel.to_string());
     }
 }
 
@@ -41,15 +63,21 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     wrong_epoch_is_incomplete(make()).await;
     last_value_is_kept_without_history(make()).await;
     presence_joins_and_leaves(make()).await;
+    subscriptions_are_counted(make()).await;
+    reads_never_run_ahead_of_deliveries(make()).await;
+    a_new_channel_keeps_its_first_epoch(make()).await;
+    history_limit_takes_the_oldest_after_a_position(make()).await;
 }
 
 async fn offsets_increase_and_reach_the_handler_in_order(b: Arc<dyn Broker>) {
     let h = Arc::new(RecordingHandler::default());
     b.set_handler(h.clone());
+    b.subscribe("c:order").await.unwrap();
     for i in 1..=10u64 {
         let pos = b.publish("c:order", data(&i.to_string()), KEEP).await.unwrap();
         assert_eq!(pos.offset, i);
     }
+    h.wait_for("10 publications", |h| h.publications.lock().len() >= 10).await;
     let got = h.publications.lock().clone();
     let offsets: Vec<u64> = got.iter().map(|p| p.1).collect();
     assert_eq!(offsets, (1..=10).collect::<Vec<_>>());
@@ -108,12 +136,14 @@ async fn last_value_is_kept_without_history(b: Arc<dyn Broker>) {
 async fn presence_joins_and_leaves(b: Arc<dyn Broker>) {
     let h = Arc::new(RecordingHandler::default());
     b.set_handler(h.clone());
+    b.subscribe("room:1").await.unwrap();
     let a = ClientInfo { client: "c1".into(), user: "ann".into() };
     b.presence_add("room:1", a.clone()).await.unwrap();
     b.presence_add("room:1", ClientInfo { client: "c2".into(), user: "bob".into() }).await.unwrap();
     assert_eq!(b.presence("room:1").await.unwrap().len(), 2);
     b.presence_remove("room:1", "c1").await.unwrap();
     assert_eq!(b.presence("room:1").await.unwrap(), vec![ClientInfo { client: "c2".into(), user: "bob".into() }]);
+    h.wait_for("3 presence events", |h| h.presence.lock().len() >= 3).await;
     let ev = h.presence.lock().clone();
     assert_eq!(
         ev,
@@ -123,4 +153,70 @@ async fn presence_joins_and_leaves(b: Arc<dyn Broker>) {
             ("room:1".into(), "c1".into(), false)
         ]
     );
+}
+
+async fn subscriptions_are_counted(b: Arc<dyn Broker>) {
+    let h = Arc::new(RecordingHandler::default());
+    b.set_handler(h.clone());
+    // Two local subscribers, then one leaves: the channel is still delivered.
+    b.subscribe("c:count").await.unwrap();
+    b.subscribe("c:count").await.unwrap();
+    b.unsubscribe("c:count").await.unwrap();
+    b.publish("c:count", data("1"), KEEP).await.unwrap();
+    h.wait_for("the publication after one of two unsubscribed", |h| h.offsets("c:count") == vec![1]).await;
+}
+
+async fn reads_never_run_ahead_of_deliveries(b: Arc<dyn Broker>) {
+    let h = Arc::new(RecordingHandler::default());
+    b.set_handler(h.clone());
+    b.subscribe("c:race").await.unwrap();
+    let publisher = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            for i in 1..=200u64 {
+                b.publish("c:race", data(&i.to_string()), KEEP).await.unwrap();
+            }
+        })
+    };
+    // A read that reports offset N promises the handler already has 1..=N.
+    for _ in 0..50 {
+        let (pos, _) = b.last("c:race").await.unwrap();
+        let seen = h.offsets("c:race");
+        assert_eq!(seen, (1..=seen.len() as u64).collect::<Vec<_>>(), "in order, no gaps");
+        assert!(seen.len() as u64 >= pos.offset, "last() reported {} but only {} delivered", pos.offset, seen.len());
+        let r = b.history("c:race", None, 1).await.unwrap();
+        assert!(h.offsets("c:race").len() as u64 >= r.position.offset);
+        tokio::task::yield_now().await;
+    }
+    publisher.await.unwrap();
+    h.wait_for("all 200", |h| h.offsets("c:race").len() == 200).await;
+    assert_eq!(h.offsets("c:race"), (1..=200).collect::<Vec<_>>());
+    assert!(h.missed.lock().is_empty());
+}
+
+async fn a_new_channel_keeps_its_first_epoch(b: Arc<dyn Broker>) {
+    let (before, last) = b.last("c:fresh").await.unwrap();
+    assert_eq!(before.offset, 0);
+    assert!(last.is_none());
+    let p = b.publish("c:fresh", data("1"), KEEP).await.unwrap();
+    assert_eq!(p.epoch, before.epoch, "reading a channel fixes its epoch");
+    let r = b.history("c:fresh", Some(&before), 10).await.unwrap();
+    assert!(r.complete);
+    assert_eq!(r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(r.publications[0].data.get(), "1");
+}
+
+async fn history_limit_takes_the_oldest_after_a_position(b: Arc<dyn Broker>) {
+    for i in 1..=5 {
+        b.publish("c:lim", data(&format!("{{\"i\": {i}, \"s\": \"a b\\nc\"}}")), KEEP).await.unwrap();
+    }
+    let (pos, _) = b.last("c:lim").await.unwrap();
+    let since = crate::Position { epoch: pos.epoch.clone(), offset: 1 };
+    let r = b.history("c:lim", Some(&since), 2).await.unwrap();
+    assert!(r.complete);
+    assert_eq!(r.position, pos);
+    assert_eq!(r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(), vec![2, 3]);
+    assert_eq!(r.publications[0].data.get(), "{\"i\": 2, \"s\": \"a b\\nc\"}", "data kept byte for byte");
+    let r = b.history("c:lim", Some(&crate::Position { epoch: pos.epoch, offset: 9 }), 2).await.unwrap();
+    assert!(!r.complete, "a position ahead of the channel is not ours");
 }

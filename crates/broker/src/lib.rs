@@ -5,6 +5,8 @@
 //! - this file: the [`Broker`] trait, the [`BrokerHandler`] a node registers to receive
 //!   publications, and the value types they exchange.
 //! - [`memory`]: [`MemoryBroker`], the embedded single-node default.
+//! - [`redis`]: [`RedisBroker`], the cluster broker: every node shares one Redis, publications
+//!   reach the other nodes over Redis pub/sub, history and presence live in Redis.
 //! - [`conformance`]: the suite every broker must pass (run from each implementation's tests).
 //!
 //! # Delivery contract
@@ -12,7 +14,13 @@
 //! [`BrokerHandler::on_publication`] in offset order, never concurrently for the same channel.
 //! Saving to history, updating the last value and handing the publication to the handler form
 //! one atomic step per channel: a reader of history or last value never sees a publication the
-//! handler has not been given, nor the reverse.
+//! handler has not been given, nor the reverse. For a broker shared by several nodes this holds
+//! per node for the channels it subscribes to: a read returns only once every publication up to
+//! the position it reports has been handed to this node's handler.
+//!
+//! When a broker cannot keep that promise (an offset gap, a new epoch, a lost connection to a
+//! shared broker), it calls [`BrokerHandler::on_missed`] so the node tells the channel's
+//! subscribers to recover from history instead of silently skipping publications.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +29,9 @@ use serde_json::value::RawValue;
 
 pub mod conformance;
 pub mod memory;
+pub mod redis;
 
+pub use self::redis::RedisBroker;
 pub use memory::MemoryBroker;
 
 /// Publication data: raw JSON text, shared by history, last value and every delivery.
@@ -68,6 +78,15 @@ pub struct ClientInfo {
     pub user: String,
 }
 
+/// What a broker shared by several nodes knows about the whole cluster.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterInfo {
+    /// Ids of the nodes alive now (their heartbeats have not expired).
+    pub nodes: Vec<String>,
+    /// Subscriptions per channel summed over the live nodes (channels without any are absent).
+    pub subscribers: std::collections::HashMap<Arc<str>, u64>,
+}
+
 /// Per-channel figures for the HTTP API.
 #[derive(Debug, Clone)]
 pub struct ChannelSummary {
@@ -91,6 +110,12 @@ pub trait BrokerHandler: Send + Sync + 'static {
     fn after_publications(&self);
     /// A presence change on `channel`.
     fn on_presence(&self, channel: &str, info: &ClientInfo, joined: bool);
+    /// This node may have missed publications on `channel` (an offset gap, a new epoch, a lost
+    /// broker connection): every local subscriber of it must recover from history. Same rules
+    /// as `on_publication`: must not block. The default ignores it.
+    fn on_missed(&self, channel: &str) {
+        let _ = channel;
+    }
 }
 
 /// The interface every broker implements. All methods are safe to call concurrently.
@@ -102,12 +127,23 @@ pub trait Broker: Send + Sync + 'static {
     /// Sets the handler that receives publications; called once by the node at start.
     fn set_handler(&self, handler: Arc<dyn BrokerHandler>);
 
+    /// Tells the broker the id of the node it serves (shared brokers register it for the
+    /// cluster figures); called once by the node at start. The default ignores it.
+    fn set_node_id(&self, id: &str) {
+        let _ = id;
+    }
+
     /// Publishes: assigns the next offset, keeps history per `policy`, updates the last value
     /// and delivers to every node with subscribers.
     async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError>;
 
-    /// This node has local subscribers of `channel` (first one) / no longer has any (last one).
+    /// One more local subscription of `channel`. Called for every subscription, not only the
+    /// channel's first on this node: the broker counts them (so calls for different clients may
+    /// arrive in any order) and returns once publications on `channel` reach the handler, so a
+    /// history or last-value read made afterwards cannot miss a publication. On `Err` nothing
+    /// was counted.
     async fn subscribe(&self, channel: &str) -> Result<(), BrokerError>;
+    /// One subscription fewer; the broker stops delivering `channel` when none is left.
     async fn unsubscribe(&self, channel: &str) -> Result<(), BrokerError>;
 
     /// The current position and last publication of a channel.
@@ -130,6 +166,11 @@ pub trait Broker: Send + Sync + 'static {
 
     /// Whether the broker is reachable (`/readyz`).
     async fn ready(&self) -> bool;
+
+    /// Cluster-wide figures, or `None` when the broker serves a single node (the default).
+    async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {
+        Ok(None)
+    }
 }
 
 /// Unix time in milliseconds.

@@ -1,0 +1,585 @@
+//! [`RedisBroker`]: the cluster broker. Every node of a cluster points at the same Redis; a
+//! client may connect to any node and recover on any other.
+//!
+//! - Publishing is one Lua script (see [`scripts`]): append to the channel's history stream
+//!   (capped at the namespace's `history_size`, expiring `history_ttl_s` after the last
+//!   publication), bump the offset, store the last value and PUBLISH on the channel's Redis
+//!   pub/sub channel — atomic in Redis, so offsets are dense and ordered per channel and history
+//!   never disagrees with what was published.
+//! - The epoch lives in Redis beside the offset. When the channel's keys are gone (Redis
+//!   restarted without persistence, or was flushed), the next use creates a new random epoch, so
+//!   a client recovering from an old position learns `complete: false`.
+//! - Each node holds one Redis subscription per channel with local subscribers, on one pub/sub
+//!   connection ([`link`]); a publication costs one Redis message per subscribed node, however
+//!   many clients it has there. Commands from all tasks share one multiplexed connection, which
+//!   pipelines whatever is in flight together.
+//! - Presence is a sorted set per channel with an expiry per client, refreshed by the node that
+//!   holds the client; a dead node's clients expire and leave (the sweep publishes the leave).
+//! - A heartbeat registers the node (`/api/info` node count) and its subscription counts
+//!   (cluster-wide subscriber figures in `/api/channels`).
+//!
+//! The URL is `redis://[user:password@]host:port[/db][?prefix=sb&presence_ttl_s=15]`; `prefix`
+//! lets several clusters share one Redis database. Redis Cluster (`redis+cluster://`) and TLS
+//! (`rediss://`) are refused: see [`parse_url`].
+
+mod link;
+mod scripts;
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use serde_json::value::RawValue;
+use tokio::sync::watch;
+
+use crate::{
+    Broker, BrokerError, BrokerHandler, ChannelSummary, ClientInfo, ClusterInfo, Data, HistoryPolicy, HistoryResult,
+    Position, Publication,
+};
+use link::Link;
+use scripts::Scripts;
+
+/// How long a subscribe waits for Redis to confirm before failing.
+const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a read waits for the pub/sub connection to deliver what the read has seen.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest history read in one script call.
+const MAX_HISTORY_READ: usize = 1_000_000;
+
+/// Settings carried in the broker URL's query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Key prefix (`[A-Za-z0-9_.-]`, default `sb`).
+    pub prefix: String,
+    /// How long a present client and a node registration last without a heartbeat (the
+    /// heartbeat runs three times per period). A dead node's clients leave after at most this.
+    pub presence_ttl: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> RedisOptions {
+        RedisOptions { prefix: "sb".into(), presence_ttl: Duration::from_secs(15) }
+    }
+}
+
+/// Splits a broker URL into the Redis connection URL and the broker's own options, and checks
+/// both. Errors never repeat the URL, which may carry a password.
+pub fn parse_url(url: &str) -> Result<(String, RedisOptions), String> {
+    if url.starts_with("redis+cluster://") {
+        return Err("Redis Cluster (redis+cluster://) is not supported yet: point every node at one \
+                    Redis (with a replica for failover) using redis://host:port/db"
+            .into());
+    }
+    if url.starts_with("rediss://") {
+        return Err("TLS to Redis (rediss://) is not supported yet; use redis:// on a trusted network".into());
+    }
+    if !url.starts_with("redis://") {
+        return Err("expected `memory` or a Redis URL like redis://127.0.0.1:6379/0".into());
+    }
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut options = RedisOptions::default();
+    let mut passed = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "prefix" => {
+                if v.is_empty() || !v.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-')) {
+                    return Err("prefix: use 1 or more of [A-Za-z0-9_.-]".into());
+                }
+                options.prefix = v.to_string();
+            }
+            "presence_ttl_s" => {
+                let s: u64 = v.parse().map_err(|_| "presence_ttl_s: expected whole seconds".to_string())?;
+                if !(1..=86_400).contains(&s) {
+                    return Err("presence_ttl_s: must be between 1 and 86400".into());
+                }
+                options.presence_ttl = Duration::from_secs(s);
+            }
+            // Left for the Redis client (e.g. `protocol`).
+            _ => passed.push(pair),
+        }
+    }
+    let redis_url = if passed.is_empty() { base.to_string() } else { format!("{base}?{}", passed.join("&")) };
+    redis::Client::open(redis_url.as_str()).map_err(|_| "not a valid Redis URL (redis://host:port/db)".to_string())?;
+    Ok((redis_url, options))
+}
+
+/// Key names (layout in [`scripts`]).
+pub(crate) struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    fn meta(&self, ch: &str) -> String {
+        format!("{}:{{{ch}}}:m", self.prefix)
+    }
+    fn history(&self, ch: &str) -> String {
+        format!("{}:{{{ch}}}:h", self.prefix)
+    }
+    fn pubsub(&self, ch: &str) -> String {
+        format!("{}:{{{ch}}}:p", self.prefix)
+    }
+    fn presence(&self, ch: &str) -> String {
+        format!("{}:{{{ch}}}:pz", self.prefix)
+    }
+    fn presence_info(&self, ch: &str) -> String {
+        format!("{}:{{{ch}}}:pi", self.prefix)
+    }
+    fn nodes(&self) -> String {
+        format!("{}:nodes", self.prefix)
+    }
+    fn node_subs(&self, id: &str) -> String {
+        format!("{}:node:{id}:subs", self.prefix)
+    }
+    /// The channel a pub/sub channel name belongs to.
+    fn channel_of_pubsub<'a>(&self, name: &'a str) -> Option<&'a str> {
+        name.strip_prefix(self.prefix.as_str())?.strip_prefix(":{")?.strip_suffix("}:p")
+    }
+    /// The channel of a meta key found by SCAN.
+    fn channel_of_meta<'a>(&self, key: &'a str) -> Option<&'a str> {
+        key.strip_prefix(self.prefix.as_str())?.strip_prefix(":{")?.strip_suffix("}:m")
+    }
+}
+
+/// State shared by the broker handle and its background tasks.
+pub(crate) struct Inner {
+    keys: Keys,
+    client: redis::Client,
+    /// Multiplexed and reconnecting: concurrent commands from every task are pipelined on it.
+    conn: ConnectionManager,
+    scripts: Scripts,
+    handler: OnceLock<Arc<dyn BrokerHandler>>,
+    node_id: OnceLock<String>,
+    /// Used until the node tells its id.
+    fallback_id: String,
+    presence_ttl: Duration,
+    link: Link,
+    /// This node's present clients: channel → client → info JSON, for the heartbeat.
+    presence: Mutex<HashMap<Arc<str>, HashMap<String, String>>>,
+}
+
+/// The Redis broker. Create it inside a Tokio runtime: it spawns the pub/sub link and the
+/// heartbeat, which stop when the broker is dropped.
+pub struct RedisBroker {
+    inner: Arc<Inner>,
+    /// Dropping it stops the background tasks.
+    _stop: watch::Sender<()>,
+}
+
+fn unavailable(e: redis::RedisError) -> BrokerError {
+    BrokerError::Unavailable(format!("redis: {e}"))
+}
+
+fn new_epoch() -> String {
+    format!("{:016x}", fastrand::u64(..))
+}
+
+fn data_of(text: String) -> Result<Data, BrokerError> {
+    RawValue::from_string(text)
+        .map(Arc::new)
+        .map_err(|_| BrokerError::Unavailable("redis holds publication data that is not JSON".into()))
+}
+
+impl RedisBroker {
+    /// Connects to the broker URL (`redis://…`, see [`parse_url`]). The connection is made
+    /// lazily and kept with reconnects; an unreachable Redis shows in [`Broker::ready`].
+    pub fn new(url: &str) -> Result<RedisBroker, BrokerError> {
+        let (redis_url, options) = parse_url(url).map_err(BrokerError::Unavailable)?;
+        RedisBroker::with_options(&redis_url, options)
+    }
+
+    /// Connects to a plain Redis URL with explicit options.
+    pub fn with_options(redis_url: &str, options: RedisOptions) -> Result<RedisBroker, BrokerError> {
+        let client = redis::Client::open(redis_url).map_err(unavailable)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(3)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(2));
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(unavailable)?;
+        let inner = Arc::new(Inner {
+            keys: Keys { prefix: options.prefix },
+            client,
+            conn,
+            scripts: Scripts::new(),
+            handler: OnceLock::new(),
+            node_id: OnceLock::new(),
+            fallback_id: format!("n{:06x}", fastrand::u32(..) & 0xff_ffff),
+            presence_ttl: options.presence_ttl,
+            link: Link::default(),
+            presence: Mutex::new(HashMap::new()),
+        });
+        let (stop, stopped) = watch::channel(());
+        tokio::spawn(link::run(inner.clone(), stopped.clone()));
+        tokio::spawn(heartbeat(inner.clone(), stopped));
+        Ok(RedisBroker { inner, _stop: stop })
+    }
+}
+
+impl Inner {
+    fn conn(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    fn node_id(&self) -> &str {
+        self.node_id.get().map_or(self.fallback_id.as_str(), String::as_str)
+    }
+
+    /// The channel's position and last publication (creating its epoch if it has none).
+    async fn position(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
+        let (epoch, offset, data, time): (String, u64, Option<String>, Option<u64>) = self
+            .scripts
+            .position
+            .key(self.keys.meta(channel))
+            .key(self.keys.history(channel))
+            .arg(new_epoch())
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(unavailable)?;
+        let last = match data {
+            Some(d) if offset > 0 => Some(Publication { offset, data: data_of(d)?, time_ms: time.unwrap_or(0) }),
+            _ => None,
+        };
+        Ok((Position { epoch: epoch.into(), offset }, last))
+    }
+
+    /// Read-your-deliveries: returns once the handler has every publication up to `position`
+    /// (for channels this node delivers), so a subscriber's read and its live stream line up.
+    async fn settle(&self, channel: &str, position: &Position) {
+        if !self.link.wait_delivered(channel, position, SETTLE_TIMEOUT).await {
+            tracing::warn!(channel, offset = position.offset, "publication not delivered by redis in time");
+            if let Some(h) = self.handler.get() {
+                h.on_missed(channel);
+                h.after_publications();
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Broker for RedisBroker {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn set_handler(&self, handler: Arc<dyn BrokerHandler>) {
+        let _ = self.inner.handler.set(handler);
+    }
+
+    fn set_node_id(&self, id: &str) {
+        let _ = self.inner.node_id.set(id.to_string());
+    }
+
+    async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
+        let i = &self.inner;
+        let ttl_ms = u64::try_from(policy.ttl.as_millis()).unwrap_or(u64::MAX);
+        let (epoch, offset): (String, u64) = i
+            .scripts
+            .publish
+            .key(i.keys.meta(channel))
+            .key(i.keys.history(channel))
+            .arg(data.get())
+            .arg(policy.size)
+            .arg(ttl_ms)
+            .arg(new_epoch())
+            .arg(i.keys.pubsub(channel))
+            .invoke_async(&mut i.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(Position { epoch: epoch.into(), offset })
+    }
+
+    async fn subscribe(&self, channel: &str) -> Result<(), BrokerError> {
+        let link = &self.inner.link;
+        let entry = link.acquire(channel)?;
+        if let Err(e) = link.wait_active(&entry, SUBSCRIBE_TIMEOUT).await {
+            link.release(channel);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    async fn unsubscribe(&self, channel: &str) -> Result<(), BrokerError> {
+        self.inner.link.release(channel);
+        Ok(())
+    }
+
+    async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
+        let (position, last) = self.inner.position(channel).await?;
+        self.inner.settle(channel, &position).await;
+        Ok((position, last))
+    }
+
+    async fn history(
+        &self,
+        channel: &str,
+        since: Option<&Position>,
+        limit: usize,
+    ) -> Result<HistoryResult, BrokerError> {
+        let i = &self.inner;
+        let (since_epoch, since_offset) = match since {
+            Some(p) => (p.epoch.to_string(), p.offset),
+            None => (String::new(), 0),
+        };
+        let (epoch, offset, complete, entries): (String, u64, i64, Vec<(u64, u64, String)>) = i
+            .scripts
+            .history
+            .key(i.keys.meta(channel))
+            .key(i.keys.history(channel))
+            .arg(new_epoch())
+            .arg(since_epoch)
+            .arg(since_offset)
+            .arg(limit.min(MAX_HISTORY_READ))
+            .invoke_async(&mut i.conn())
+            .await
+            .map_err(unavailable)?;
+        let mut publications = Vec::with_capacity(entries.len());
+        for (offset, time_ms, data) in entries {
+            publications.push(Publication { offset, data: data_of(data)?, time_ms });
+        }
+        let position = Position { epoch: epoch.into(), offset };
+        i.settle(channel, &position).await;
+        Ok(HistoryResult { publications, position, complete: complete == 1 })
+    }
+
+    async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {
+        let i = &self.inner;
+        let json = serde_json::to_string(&info).map_err(|e| BrokerError::Unavailable(e.to_string()))?;
+        let ttl_ms = i.presence_ttl.as_millis() as u64;
+        let _: i64 = i
+            .scripts
+            .presence_add
+            .key(i.keys.presence(channel))
+            .key(i.keys.presence_info(channel))
+            .arg(&info.client)
+            .arg(&json)
+            .arg(ttl_ms)
+            .arg(i.keys.pubsub(channel))
+            .invoke_async(&mut i.conn())
+            .await
+            .map_err(unavailable)?;
+        i.presence.lock().entry(Arc::from(channel)).or_default().insert(info.client, json);
+        Ok(())
+    }
+
+    async fn presence_remove(&self, channel: &str, client: &str) -> Result<(), BrokerError> {
+        let i = &self.inner;
+        {
+            let mut local = i.presence.lock();
+            if let Some(m) = local.get_mut(channel) {
+                m.remove(client);
+                if m.is_empty() {
+                    local.remove(channel);
+                }
+            }
+        }
+        let _: i64 = i
+            .scripts
+            .presence_remove
+            .key(i.keys.presence(channel))
+            .key(i.keys.presence_info(channel))
+            .arg(client)
+            .arg(i.keys.pubsub(channel))
+            .invoke_async(&mut i.conn())
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError> {
+        let i = &self.inner;
+        let infos: Vec<String> = i
+            .scripts
+            .presence_list
+            .key(i.keys.presence(channel))
+            .key(i.keys.presence_info(channel))
+            .arg(i.keys.pubsub(channel))
+            .invoke_async(&mut i.conn())
+            .await
+            .map_err(unavailable)?;
+        #[derive(serde::Deserialize)]
+        struct Info {
+            client: String,
+            #[serde(default)]
+            user: String,
+        }
+        let mut out: Vec<ClientInfo> = infos
+            .iter()
+            .filter_map(|s| serde_json::from_str::<Info>(s).ok())
+            .map(|i| ClientInfo { client: i.client, user: i.user })
+            .collect();
+        out.sort_by(|a, b| a.client.cmp(&b.client));
+        Ok(out)
+    }
+
+    async fn channels(&self) -> Result<Vec<ChannelSummary>, BrokerError> {
+        let i = &self.inner;
+        let mut conn = i.conn();
+        let pattern = format!("{}:{{*}}:m", i.keys.prefix);
+        let mut names: Vec<String> = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            names.extend(keys.iter().filter_map(|k| i.keys.channel_of_meta(k)).map(str::to_string));
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        names.sort();
+        names.dedup();
+        let mut out = Vec::with_capacity(names.len());
+        for chunk in names.chunks(1000) {
+            let mut pipe = redis::pipe();
+            for ch in chunk {
+                pipe.cmd("HMGET").arg(i.keys.meta(ch)).arg("e").arg("o");
+            }
+            let rows: Vec<(Option<String>, Option<u64>)> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            for (ch, (epoch, offset)) in chunk.iter().zip(rows) {
+                if let Some(epoch) = epoch {
+                    out.push(ChannelSummary {
+                        channel: Arc::from(ch.as_str()),
+                        position: Position { epoch: epoch.into(), offset: offset.unwrap_or(0) },
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn ready(&self) -> bool {
+        if !self.inner.link.up.load(Relaxed) {
+            return false;
+        }
+        let mut conn = self.inner.conn();
+        let cmd = redis::cmd("PING");
+        let ping = cmd.query_async::<String>(&mut conn);
+        matches!(tokio::time::timeout(Duration::from_secs(1), ping).await, Ok(Ok(_)))
+    }
+
+    async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {
+        let i = &self.inner;
+        let rows: Vec<redis::Value> = i
+            .scripts
+            .cluster
+            .key(i.keys.nodes())
+            .arg(&i.keys.prefix)
+            .invoke_async(&mut i.conn())
+            .await
+            .map_err(unavailable)?;
+        let mut info = ClusterInfo::default();
+        let mut it = rows.into_iter();
+        while let (Some(id), Some(subs)) = (it.next(), it.next()) {
+            let id: String = redis::from_redis_value(id).map_err(|e| BrokerError::Unavailable(e.to_string()))?;
+            let subs: HashMap<String, u64> =
+                redis::from_redis_value(subs).map_err(|e| BrokerError::Unavailable(e.to_string()))?;
+            for (ch, n) in subs {
+                *info.subscribers.entry(Arc::from(ch.as_str())).or_insert(0) += n;
+            }
+            info.nodes.push(id);
+        }
+        info.nodes.sort();
+        Ok(Some(info))
+    }
+}
+
+/// Registers the node and refreshes its presence entries three times per presence TTL; also
+/// sweeps expired entries (clients of dead nodes) of the channels it has present clients in.
+async fn heartbeat(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
+    let period = inner.presence_ttl / 3;
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen_generation = 0;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if !inner.link.up.load(Relaxed) {
+            continue;
+        }
+        let generation = inner.link.generation.load(Relaxed);
+        // After a reconnect Redis may have lost everything: write the whole state again.
+        let full = generation != seen_generation;
+        if let Err(e) = beat(&inner, full).await {
+            tracing::debug!(error = %e, "redis heartbeat failed");
+            continue;
+        }
+        seen_generation = generation;
+    }
+}
+
+async fn beat(inner: &Inner, full: bool) -> Result<(), BrokerError> {
+    let ttl_ms = inner.presence_ttl.as_millis() as u64;
+    let replace = full || inner.link.counts_changed.swap(false, Relaxed);
+    let mut node = inner.scripts.node_beat.prepare_invoke();
+    node.key(inner.keys.nodes()).key(inner.keys.node_subs(inner.node_id())).arg(inner.node_id()).arg(ttl_ms);
+    node.arg(if replace { "1" } else { "0" });
+    if replace {
+        for (ch, n) in inner.link.counts() {
+            node.arg(&*ch).arg(n);
+        }
+    }
+    let r: Result<i64, _> = node.invoke_async(&mut inner.conn()).await;
+    if let Err(e) = r {
+        if replace {
+            inner.link.counts_changed.store(true, Relaxed);
+        }
+        return Err(unavailable(e));
+    }
+    // A snapshot: the lock is not held across the awaits below.
+    let present: Vec<(Arc<str>, HashMap<String, String>)> =
+        inner.presence.lock().iter().map(|(ch, m)| (ch.clone(), m.clone())).collect();
+    let calls = present.iter().map(|(ch, clients)| {
+        let mut inv = inner.scripts.presence_refresh.prepare_invoke();
+        inv.key(inner.keys.presence(ch)).key(inner.keys.presence_info(ch)).arg(ttl_ms);
+        inv.arg(if full { "1" } else { "0" }).arg(inner.keys.pubsub(ch));
+        for (client, info) in clients {
+            inv.arg(client).arg(info);
+        }
+        async move { inv.invoke_async::<i64>(&mut inner.conn()).await }
+    });
+    for r in futures_util::future::join_all(calls).await {
+        r.map_err(unavailable)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broker_redis_url_options_are_parsed_and_clusters_refused() {
+        let (url, o) = parse_url("redis://127.0.0.1:6379/2?prefix=blue&presence_ttl_s=6").unwrap();
+        assert_eq!(url, "redis://127.0.0.1:6379/2");
+        assert_eq!(o, RedisOptions { prefix: "blue".into(), presence_ttl: Duration::from_secs(6) });
+        assert_eq!(parse_url("redis://h:1").unwrap().1, RedisOptions::default());
+        assert!(parse_url("redis+cluster://h:1").unwrap_err().contains("Cluster"));
+        assert!(parse_url("rediss://h:1").unwrap_err().contains("TLS"));
+        assert!(parse_url("redis://h:1?prefix=a*b").unwrap_err().contains("prefix"));
+        assert!(parse_url("redis://h:1?presence_ttl_s=0").unwrap_err().contains("presence_ttl_s"));
+        let e = parse_url("postgres://user:secret@h").unwrap_err();
+        assert!(!e.contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn broker_redis_keys_round_trip_channel_names() {
+        let k = Keys { prefix: "sb".into() };
+        assert_eq!(k.meta("pt:a.b"), "sb:{pt:a.b}:m");
+        assert_eq!(k.channel_of_pubsub(&k.pubsub("room:1/x@y=z")), Some("room:1/x@y=z"));
+        assert_eq!(k.channel_of_meta(&k.meta("a")), Some("a"));
+        assert_eq!(k.channel_of_pubsub("other:{a}:p"), None);
+    }
+}

@@ -1,0 +1,239 @@
+//! The Lua scripts behind [`super::RedisBroker`]. Each runs atomically inside Redis, which is
+//! what makes "append to history, bump the offset, store the last value, publish" one step.
+//!
+//! Key layout per channel `ch` (the `{ch}` hash tag keeps a channel's keys in one slot):
+//! - `P:{ch}:m` hash: `e` epoch, `o` offset, `d` last data, `t` its time (ms), `ttl` history ms
+//! - `P:{ch}:h` stream: entries `<offset>-0` with fields `d` and `t`, capped at the history size
+//! - `P:{ch}:p` the pub/sub channel: `p<epoch> <offset> <ms> <data>`, `j<info>`, `l<info>`
+//! - `P:{ch}:pz` zset client → presence expiry (ms); `P:{ch}:pi` hash client → info JSON
+//!
+//! Cluster-wide: `P:nodes` zset node id → heartbeat expiry (ms), `P:node:<id>:subs` hash
+//! channel → that node's subscription count. Times come from Redis `TIME`, so node clocks
+//! never disagree about expiry.
+
+use redis::Script;
+
+/// Publishes: KEYS meta, history; ARGV data, history size, history ttl ms, an epoch to use if
+/// the channel has none (new, or lost with a Redis restart), pub/sub channel.
+/// Returns `{epoch, offset}`.
+const PUBLISH: &str = r#"
+local epoch = redis.call('HGET', KEYS[1], 'e')
+if not epoch then
+  epoch = ARGV[4]
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'e', epoch)
+end
+local offset = redis.call('HINCRBY', KEYS[1], 'o', 1)
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local size = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'd', ARGV[1], 't', ms, 'ttl', ttl)
+if size > 0 then
+  redis.call('XADD', KEYS[2], 'MAXLEN', size, offset .. '-0', 'd', ARGV[1], 't', ms)
+  if ttl > 0 then
+    redis.call('PEXPIRE', KEYS[2], ttl)
+  else
+    redis.call('PERSIST', KEYS[2])
+  end
+else
+  redis.call('DEL', KEYS[2])
+end
+redis.call('PUBLISH', ARGV[5], 'p' .. epoch .. ' ' .. offset .. ' ' .. ms .. ' ' .. ARGV[1])
+return {epoch, offset}
+"#;
+
+/// Position and last value: KEYS meta, history; ARGV an epoch to use if the channel has none.
+/// Returns `{epoch, offset, last data or nil, its time or nil}`.
+const POSITION: &str = r#"
+local epoch = redis.call('HGET', KEYS[1], 'e')
+if not epoch then
+  epoch = ARGV[1]
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'e', epoch, 'o', 0)
+end
+local m = redis.call('HMGET', KEYS[1], 'o', 'd', 't')
+return {epoch, tonumber(m[1]) or 0, m[2], m[3]}
+"#;
+
+/// History: KEYS meta, history; ARGV an epoch to use if the channel has none, the reader's
+/// epoch (`''`: no position, the newest entries), its offset, the limit.
+/// Returns `{epoch, offset, complete (0/1), {{offset, ms, data}, ...}}`, oldest first.
+/// Entries older than the namespace's history TTL count as gone, as in the memory broker.
+const HISTORY: &str = r#"
+local epoch = redis.call('HGET', KEYS[1], 'e')
+if not epoch then
+  epoch = ARGV[1]
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'e', epoch, 'o', 0)
+end
+local m = redis.call('HMGET', KEYS[1], 'o', 'ttl')
+local offset = tonumber(m[1]) or 0
+local ttl = tonumber(m[2]) or 0
+local cutoff = 0
+if ttl > 0 then
+  local now = redis.call('TIME')
+  cutoff = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) - ttl
+end
+local limit = tonumber(ARGV[4])
+local function entry(e)
+  local off = tonumber(string.match(e[1], '^(%d+)'))
+  local f = e[2]
+  local d, t
+  for i = 1, #f, 2 do
+    if f[i] == 'd' then d = f[i + 1] elseif f[i] == 't' then t = tonumber(f[i + 1]) end
+  end
+  return off, t or 0, d
+end
+local out = {}
+if ARGV[2] == '' then
+  local entries = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', limit)
+  for i = #entries, 1, -1 do
+    local off, t, d = entry(entries[i])
+    if t >= cutoff then out[#out + 1] = {off, t, d} end
+  end
+  return {epoch, offset, 1, out}
+end
+local since = tonumber(ARGV[3])
+if ARGV[2] ~= epoch or since > offset then
+  return {epoch, offset, 0, out}
+end
+if since == offset then
+  return {epoch, offset, 1, out}
+end
+local entries = redis.call('XRANGE', KEYS[2], (since + 1) .. '-0', '+', 'COUNT', limit)
+local complete = 0
+for i = 1, #entries do
+  local off, t, d = entry(entries[i])
+  if t >= cutoff then
+    if i == 1 and off == since + 1 then complete = 1 end
+    out[#out + 1] = {off, t, d}
+  end
+end
+return {epoch, offset, complete, out}
+"#;
+
+/// Sweeps expired presence entries (their node stopped refreshing them), publishing a leave
+/// for each. Shared by the presence scripts below; expects KEYS zset, hash and `pubsub`.
+const SWEEP: &str = r#"
+local function now_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+local function sweep(now, pubsub)
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. now)
+  for _, c in ipairs(dead) do
+    local info = redis.call('HGET', KEYS[2], c)
+    redis.call('ZREM', KEYS[1], c)
+    redis.call('HDEL', KEYS[2], c)
+    if info then redis.call('PUBLISH', pubsub, 'l' .. info) end
+  end
+end
+"#;
+
+/// KEYS zset, hash; ARGV client, info JSON, ttl ms, pub/sub channel. Publishes a join when
+/// the client was not present yet. Returns 1 when added.
+const PRESENCE_ADD: &str = r#"
+local now = now_ms()
+local added = redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+if added == 1 then redis.call('PUBLISH', ARGV[4], 'j' .. ARGV[2]) end
+return added
+"#;
+
+/// KEYS zset, hash; ARGV client, pub/sub channel. Publishes a leave when it was present.
+const PRESENCE_REMOVE: &str = r#"
+local info = redis.call('HGET', KEYS[2], ARGV[1])
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+if removed == 1 and info then redis.call('PUBLISH', ARGV[2], 'l' .. info) end
+return removed
+"#;
+
+/// KEYS zset, hash; ARGV pub/sub channel. Returns the info JSON of every live member.
+const PRESENCE_LIST: &str = r#"
+sweep(now_ms(), ARGV[1])
+return redis.call('HVALS', KEYS[2])
+"#;
+
+/// Heartbeat of one node's present clients on a channel: KEYS zset, hash; ARGV ttl ms, mode
+/// (`1`: re-add with info, after a reconnect; `0`: extend only the entries still there), pub/sub
+/// channel, then client, info pairs. Also sweeps entries of dead nodes.
+const PRESENCE_REFRESH: &str = r#"
+local now = now_ms()
+local ttl = tonumber(ARGV[1])
+for i = 4, #ARGV, 2 do
+  if ARGV[2] == '1' then
+    redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+  else
+    redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[i])
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('PEXPIRE', KEYS[2], ttl)
+sweep(now, ARGV[3])
+return 1
+"#;
+
+/// Node heartbeat: KEYS nodes zset, this node's subscription hash; ARGV node id, ttl ms,
+/// replace (`1`: the counts below replace the hash), then channel, count pairs.
+const NODE_BEAT: &str = r#"
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], ms + ttl, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ms)
+if ARGV[3] == '1' then
+  redis.call('DEL', KEYS[2])
+  for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+end
+redis.call('PEXPIRE', KEYS[2], ttl)
+return 1
+"#;
+
+/// KEYS nodes zset; ARGV key prefix. Returns `{node id, {channel, count, ...}, ...}` for the
+/// live nodes. Reads keys it was not given, so it suits a single Redis, not Redis Cluster.
+const CLUSTER: &str = r#"
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], ms, '+inf')
+local out = {}
+for _, id in ipairs(ids) do
+  out[#out + 1] = id
+  out[#out + 1] = redis.call('HGETALL', ARGV[1] .. ':node:' .. id .. ':subs')
+end
+return out
+"#;
+
+/// The compiled scripts; Redis caches them by SHA1 (`EVALSHA`, reloaded after a restart).
+pub(super) struct Scripts {
+    pub publish: Script,
+    pub position: Script,
+    pub history: Script,
+    pub presence_add: Script,
+    pub presence_remove: Script,
+    pub presence_list: Script,
+    pub presence_refresh: Script,
+    pub node_beat: Script,
+    pub cluster: Script,
+}
+
+impl Scripts {
+    pub fn new() -> Scripts {
+        let with_sweep = |body: &str| Script::new(&format!("{SWEEP}{body}"));
+        Scripts {
+            publish: Script::new(PUBLISH),
+            position: Script::new(POSITION),
+            history: Script::new(HISTORY),
+            presence_add: with_sweep(PRESENCE_ADD),
+            presence_remove: Script::new(PRESENCE_REMOVE),
+            presence_list: with_sweep(PRESENCE_LIST),
+            presence_refresh: with_sweep(PRESENCE_REFRESH),
+            node_beat: Script::new(NODE_BEAT),
+            cluster: Script::new(CLUSTER),
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! `RedisBroker` against a real `redis-server`, started by each test on a spare loopback port
+//! without persistence and killed (by PID) when the test ends.
+#![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::value::RawValue;
+use switchboard_broker::conformance::{run_all, RecordingHandler};
+use switchboard_broker::redis::{RedisBroker, RedisOptions};
+use switchboard_broker::{Broker, ClientInfo, HistoryPolicy};
+
+/// A `redis-server` child; killed on drop.
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Redis::start_on(port)
+    }
+
+    fn start_on(port: u16) -> Redis {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server not found: run `make redis-deps` (apt-get install redis-server)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut c) = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap().get_connection() {
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "redis-server did not answer on port {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Redis { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn cmd<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
+        let mut c = redis::Client::open(self.url()).unwrap().get_connection().unwrap();
+        cmd.query(&mut c).unwrap()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn data(s: &str) -> switchboard_broker::Data {
+    Arc::new(RawValue::from_string(s.to_string()).unwrap())
+}
+
+const KEEP: HistoryPolicy = HistoryPolicy { size: 100, ttl: Duration::from_secs(300) };
+
+fn broker(r: &Redis, prefix: &str) -> Arc<RedisBroker> {
+    let options = RedisOptions { prefix: prefix.into(), presence_ttl: Duration::from_secs(15) };
+    Arc::new(RedisBroker::with_options(&r.url(), options).unwrap())
+}
+
+async fn until(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn ready(b: &RedisBroker) {
+    until("the broker to be ready", Duration::from_secs(10), async || b.ready().await).await;
+}
+
+#[tokio::test]
+async fn broker_redis_passes_the_conformance_suite() {
+    let r = Redis::start();
+    let n = AtomicUsize::new(0);
+    // A fresh prefix per case: fresh channels on the same Redis.
+    let first = broker(&r, "warmup");
+    ready(&first).await;
+    run_all(|| broker(&r, &format!("case{}", n.fetch_add(1, Ordering::Relaxed))) as Arc<dyn Broker>).await;
+}
+
+#[tokio::test]
+async fn broker_redis_two_nodes_share_offsets_history_and_presence() {
+    let r = Redis::start();
+    let (a, b) = (broker(&r, "sb"), broker(&r, "sb"));
+    a.set_node_id("node-a");
+    b.set_node_id("node-b");
+    let ha = Arc::new(RecordingHandler::default());
+    a.set_handler(ha.clone());
+    ready(&a).await;
+    ready(&b).await;
+    a.subscribe("room:1").await.unwrap();
+    a.subscribe("room:1").await.unwrap();
+    a.subscribe("room:1").await.unwrap();
+    // Three local subscribers, one Redis subscription.
+    let numsub: (String, u64) = r.cmd(redis::cmd("PUBSUB").arg("NUMSUB").arg("sb:{room:1}:p"));
+    assert_eq!(numsub.1, 1);
+    for i in 1..=3 {
+        let p = b.publish("room:1", data(&format!("{{\"n\":{i}}}")), KEEP).await.unwrap();
+        assert_eq!(p.offset, i);
+    }
+    ha.wait_for("3 publications from the other node", |h| h.offsets("room:1") == vec![1, 2, 3]).await;
+    let (pa, _) = a.last("room:1").await.unwrap();
+    let (pb, last) = b.last("room:1").await.unwrap();
+    assert_eq!(pa, pb, "one position for the whole cluster");
+    assert_eq!(last.unwrap().data.get(), "{\"n\":3}");
+    let since = switchboard_broker::Position { epoch: pa.epoch.clone(), offset: 1 };
+    let r2 = a.history("room:1", Some(&since), 10).await.unwrap();
+    assert_eq!(r2.publications.iter().map(|p| p.offset).collect::<Vec<_>>(), vec![2, 3]);
+
+    b.presence_add("room:1", ClientInfo { client: "b-1".into(), user: "bob".into() }).await.unwrap();
+    a.presence_add("room:1", ClientInfo { client: "a-1".into(), user: "ann".into() }).await.unwrap();
+    let everyone = vec![
+        ClientInfo { client: "a-1".into(), user: "ann".into() },
+        ClientInfo { client: "b-1".into(), user: "bob".into() },
+    ];
+    assert_eq!(a.presence("room:1").await.unwrap(), everyone);
+    assert_eq!(b.presence("room:1").await.unwrap(), everyone);
+    ha.wait_for("both joins", |h| h.presence.lock().len() == 2).await;
+    b.presence_remove("room:1", "b-1").await.unwrap();
+    ha.wait_for("the leave", |h| h.presence.lock().last() == Some(&("room:1".into(), "b-1".into(), false))).await;
+
+    until("both nodes in the cluster figures", Duration::from_secs(10), async || {
+        let c = b.cluster().await.unwrap().unwrap();
+        c.nodes == vec!["node-a".to_string(), "node-b".to_string()] && c.subscribers.get("room:1").copied() == Some(3)
+    })
+    .await;
+    let channels = b.channels().await.unwrap();
+    assert_eq!(channels.len(), 1);
+    assert_eq!((&*channels[0].channel, channels[0].position.offset), ("room:1", 3));
+}
+
+#[tokio::test]
+async fn broker_redis_unsubscribing_the_last_local_subscriber_stops_delivery() {
+    let r = Redis::start();
+    let a = broker(&r, "sb");
+    let h = Arc::new(RecordingHandler::default());
+    a.set_handler(h.clone());
+    ready(&a).await;
+    a.subscribe("x").await.unwrap();
+    a.unsubscribe("x").await.unwrap();
+    a.subscribe("y").await.unwrap();
+    until("the Redis unsubscribe", Duration::from_secs(5), async || {
+        let n: (String, u64) = r.cmd(redis::cmd("PUBSUB").arg("NUMSUB").arg("sb:{x}:p"));
+        n.1 == 0
+    })
+    .await;
+    a.publish("x", data("1"), KEEP).await.unwrap();
+    a.publish("y", data("2"), KEEP).await.unwrap();
+    // One connection delivers in publish order: had x arrived, it would be here before y.
+    h.wait_for("y", |h| h.offsets("y") == vec![1]).await;
+    assert!(h.offsets("x").is_empty());
+    // Subscribing again starts cleanly: no false gap for what was skipped meanwhile.
+    a.subscribe("x").await.unwrap();
+    a.publish("x", data("3"), KEEP).await.unwrap();
+    h.wait_for("x again", |h| h.offsets("x") == vec![2]).await;
+    assert!(h.missed.lock().is_empty());
+}
+
+#[tokio::test]
+async fn broker_redis_batches_subscriptions_of_many_channels() {
+    let r = Redis::start();
+    let a = broker(&r, "sb");
+    ready(&a).await;
+    let before: String = r.cmd(redis::cmd("INFO").arg("commandstats"));
+    let calls = |info: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_subscribe:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let names: Vec<String> = (0..2000).map(|i| format!("pt:many.{i}")).collect();
+    let results = futures_util::future::join_all(names.iter().map(|n| a.subscribe(n))).await;
+    assert!(results.iter().all(|r| r.is_ok()));
+    let after: String = r.cmd(redis::cmd("INFO").arg("commandstats"));
+    let used = calls(&after) - calls(&before);
+    assert!(used <= 10, "2,000 channels took {used} SUBSCRIBE commands");
+    let n: u64 = r.cmd(redis::cmd("PUBSUB").arg("NUMPAT"));
+    assert_eq!(n, 0);
+    let subscribed: Vec<String> = r.cmd(redis::cmd("PUBSUB").arg("CHANNELS").arg("sb:{pt:many.*"));
+    assert_eq!(subscribed.len(), 2000);
+}
+
+#[tokio::test]
+async fn broker_redis_offset_gap_makes_subscribers_recover() {
+    let r = Redis::start();
+    let a = broker(&r, "sb");
+    let h = Arc::new(RecordingHandler::default());
+    a.set_handler(h.clone());
+    ready(&a).await;
+    a.subscribe("g").await.unwrap();
+    let p = a.publish("g", data("1"), KEEP).await.unwrap();
+    h.wait_for("offset 1", |h| h.offsets("g") == vec![1]).await;
+    // A message that skips offsets 2..4, as if the pub/sub stream had lost them.
+    let _: i64 =
+        r.cmd(redis::cmd("PUBLISH").arg("sb:{g}:p").arg(format!("p{} 5 1700000000000 {{\"late\":true}}", p.epoch)));
+    h.wait_for("the gap report", |h| h.missed.lock().as_slice() == ["g".to_string()]).await;
+    h.wait_for("offset 5 after the report", |h| h.offsets("g") == vec![1, 5]).await;
+}
+
+#[tokio::test]
+async fn broker_redis_restart_means_new_epoch_and_resubscribed_channels() {
+    let mut r = Redis::start();
+    let port = r.port;
+    let a = broker(&r, "sb");
+    let h = Arc::new(RecordingHandler::default());
+    a.set_handler(h.clone());
+    ready(&a).await;
+    a.subscribe("news").await.unwrap();
+    let before = a.publish("news", data("1"), KEEP).await.unwrap();
+    h.wait_for("offset 1", |h| h.offsets("news") == vec![1]).await;
+
+    r.kill();
+    until("readyz to fail while Redis is down", Duration::from_secs(10), async || !a.ready().await).await;
+    assert!(a.publish("news", data("2"), KEEP).await.is_err());
+    let _r = Redis::start_on(port);
+    ready(&a).await;
+
+    // The node resubscribed and saw the channel's new epoch: its subscribers must recover.
+    h.wait_for("the missed report", |h| h.missed.lock().contains(&"news".to_string())).await;
+    let after = a.publish("news", data("3"), KEEP).await.unwrap();
+    assert_ne!(after.epoch, before.epoch);
+    assert_eq!(after.offset, 1);
+    h.wait_for("delivery after the restart", |h| h.offsets("news") == vec![1, 1]).await;
+    let r2 = a.history("news", Some(&before), 10).await.unwrap();
+    assert!(!r2.complete, "history of the old epoch is gone");
+}
+
+#[tokio::test]
+async fn broker_redis_presence_of_a_dead_node_expires_with_a_leave() {
+    let r = Redis::start();
+    let options = RedisOptions { prefix: "sb".into(), presence_ttl: Duration::from_secs(1) };
+    let a = Arc::new(RedisBroker::with_options(&r.url(), options.clone()).unwrap());
+    let b = Arc::new(RedisBroker::with_options(&r.url(), options).unwrap());
+    let hb = Arc::new(RecordingHandler::default());
+    b.set_handler(hb.clone());
+    ready(&a).await;
+    ready(&b).await;
+    b.subscribe("room:z").await.unwrap();
+    a.presence_add("room:z", ClientInfo { client: "a-1".into(), user: "ann".into() }).await.unwrap();
+    b.presence_add("room:z", ClientInfo { client: "b-1".into(), user: "bob".into() }).await.unwrap();
+    // Heartbeats keep both alive past the TTL.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(b.presence("room:z").await.unwrap().len(), 2);
+    drop(a); // the node dies: nobody refreshes a-1
+    until("a-1 to expire", Duration::from_secs(10), async || b.presence("room:z").await.unwrap().len() == 1).await;
+    assert_eq!(b.presence("room:z").await.unwrap()[0].client, "b-1");
+    hb.wait_for("a leave for a-1", |h| h.presence.lock().contains(&("room:z".into(), "a-1".into(), false))).await;
+}
