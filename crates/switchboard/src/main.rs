@@ -40,7 +40,8 @@ struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8700].
     #[arg(long)]
     listen: Option<String>,
-    /// Broker: `memory` (embedded).
+    /// Broker: `memory` (embedded, one node) or `redis://host:port/db` (a cluster of nodes
+    /// sharing one Redis).
     #[arg(long)]
     broker: Option<String>,
     /// Worker threads (at most the number of cores) [default: one per core].
@@ -70,6 +71,13 @@ struct ServeArgs {
     /// Seconds between server pings.
     #[arg(long)]
     ping_s: Option<u64>,
+    /// Directory for saved dashboards [default: ./switchboard-data].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Directory of the built dashboard app [default: web/dashboard/dist near the working
+    /// directory or the executable].
+    #[arg(long)]
+    web_dir: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -77,6 +85,17 @@ struct DemoArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8700")]
     listen: String,
+    /// Directory for saved dashboards [default: ./switchboard-data].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Directory of the built dashboard app.
+    #[arg(long)]
+    web_dir: Option<PathBuf>,
+}
+
+/// A path as a configuration value.
+fn path_value(p: &std::path::Path) -> toml::Value {
+    toml::Value::String(p.to_string_lossy().into_owned())
 }
 
 impl ServeArgs {
@@ -101,6 +120,12 @@ impl ServeArgs {
         }
         if self.allow_anonymous {
             o.push(("allow_anonymous", toml::Value::Boolean(true)));
+        }
+        if let Some(v) = &self.data_dir {
+            o.push(("data_dir", path_value(v)));
+        }
+        if let Some(v) = &self.web_dir {
+            o.push(("web_dir", path_value(v)));
         }
         for (key, v) in [
             ("limits.max_connections", self.max_connections),
@@ -143,13 +168,30 @@ fn main() -> ExitCode {
             }
         },
         Command::Demo(args) => {
-            let overrides = [
+            let mut overrides = vec![
                 ("listen", toml::Value::String(args.listen.clone())),
                 ("simulate", toml::Value::String("1000@1".into())),
             ];
+            if let Some(v) = &args.data_dir {
+                overrides.push(("data_dir", path_value(v)));
+            }
+            if let Some(v) = &args.web_dir {
+                overrides.push(("web_dir", path_value(v)));
+            }
             match load(None, &overrides) {
                 Ok(config) => {
-                    eprintln!("switchboard demo: open http://{} in a browser (Ctrl-C stops)", args.listen);
+                    use switchboard_gateway::dashboards::{install_demo, DEMO_ID};
+                    if let Err(e) = install_demo(&config.data_dir) {
+                        eprintln!(
+                            "switchboard: cannot write the demo dashboard into {}: {e}",
+                            config.data_dir.display()
+                        );
+                        return ExitCode::from(1);
+                    }
+                    eprintln!(
+                        "switchboard demo: open http://{}/?dashboard={DEMO_ID} in a browser (Ctrl-C stops)",
+                        args.listen
+                    );
                     switchboard_gateway::server::run_demo(config)
                 }
                 Err(e) => {
