@@ -105,13 +105,23 @@ struct ChannelInfo<'a> {
     subscribers: usize,
     offset: u64,
     epoch: &'a str,
+    /// Subscriptions over the whole cluster, when the broker knows them (Redis).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster_subscribers: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     last: Option<Option<HttpPub<'a>>>,
+}
+
+/// Cluster-wide subscriptions of `channel`, when the broker keeps such figures.
+async fn cluster_subscribers(node: &Node, channel: &str) -> Option<u64> {
+    let info = node.broker.cluster().await.ok().flatten()?;
+    Some(info.subscribers.get(channel).copied().unwrap_or(0))
 }
 
 async fn channels(State(node): State<Arc<Node>>) -> Result<Response, ApiError> {
     let mut list = node.broker.channels().await.map_err(|e| ApiError::new(500, e.to_string()))?;
     list.sort_by(|a, b| a.channel.cmp(&b.channel));
+    let cluster = node.broker.cluster().await.ok().flatten();
     let out: Vec<ChannelInfo<'_>> = list
         .iter()
         .map(|c| ChannelInfo {
@@ -119,6 +129,7 @@ async fn channels(State(node): State<Arc<Node>>) -> Result<Response, ApiError> {
             subscribers: node.hub.subscriber_count(&c.channel),
             offset: c.position.offset,
             epoch: &c.position.epoch,
+            cluster_subscribers: cluster.as_ref().map(|i| i.subscribers.get(&c.channel).copied().unwrap_or(0)),
             last: None,
         })
         .collect();
@@ -149,6 +160,7 @@ async fn channel(
         subscribers: node.hub.subscriber_count(&rest),
         offset: pos.offset,
         epoch: &pos.epoch,
+        cluster_subscribers: cluster_subscribers(&node, &rest).await,
         last: Some(last.as_ref().map(|p| http_pub(&rest, p))),
     };
     Ok(Json(info).into_response())
@@ -185,7 +197,7 @@ async fn presence(State(node): State<Arc<Node>>, Path(ch): Path<String>) -> Resu
 
 async fn info(State(node): State<Arc<Node>>) -> Response {
     use std::sync::atomic::Ordering::Relaxed;
-    Json(serde_json::json!({
+    let mut body = serde_json::json!({
         "node": node.id,
         "version": env!("CARGO_PKG_VERSION"),
         "connections": node.connection_count(),
@@ -194,8 +206,21 @@ async fn info(State(node): State<Arc<Node>>) -> Response {
         "uptime_s": node.uptime().as_secs(),
         "broker": node.broker.kind(),
         "workers": node.config.worker_threads(),
-    }))
-    .into_response()
+    });
+    // Figures of the whole cluster, from a shared broker (absent with the memory broker).
+    match node.broker.cluster().await {
+        Ok(Some(c)) => {
+            body["cluster"] = serde_json::json!({
+                "nodes": c.nodes.len(),
+                "node_ids": c.nodes,
+                "subscriptions": c.subscribers.values().sum::<u64>(),
+                "channels_with_subscribers": c.subscribers.len(),
+            })
+        }
+        Ok(None) => {}
+        Err(e) => body["cluster"] = serde_json::json!({ "error": e.to_string() }),
+    }
+    Json(body).into_response()
 }
 
 async fn readyz(State(node): State<Arc<Node>>) -> Response {

@@ -26,7 +26,8 @@ pub struct Config {
     pub listen: String,
     /// Runtime worker threads; 0 means one per core. Never more than the cores.
     pub workers: usize,
-    /// `memory` (the embedded default).
+    /// `memory` (the embedded default) or `redis://host:port/db` (a cluster of nodes sharing
+    /// one Redis; query options `prefix` and `presence_ttl_s`).
     pub broker: String,
     /// This node's id in replies and `/api/info`; random when unset.
     pub node_id: Option<String>,
@@ -179,10 +180,8 @@ impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
         self.listen_addr()?;
         if self.broker != "memory" {
-            return Err(ConfigError(format!(
-                "broker: unsupported broker {:?} (this build supports `memory`)",
-                self.broker
-            )));
+            // The message never repeats the URL: it may carry the Redis password.
+            switchboard_broker::redis::parse_url(&self.broker).map_err(|e| ConfigError(format!("broker: {e}")))?;
         }
         if let Some(sim) = &self.simulate {
             parse_simulate(sim).map_err(|e| ConfigError(format!("simulate: {e}")))?;

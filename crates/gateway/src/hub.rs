@@ -15,6 +15,7 @@ use std::time::Instant;
 use indexmap::IndexMap;
 use parking_lot::{Mutex, RwLock};
 use switchboard_broker::{BrokerHandler, ClientInfo, Publication};
+use switchboard_protocol::code::close;
 use switchboard_protocol::message::{encode_presence, encode_publication, PresenceEvent};
 use switchboard_protocol::Format;
 
@@ -195,6 +196,23 @@ impl BrokerHandler for Hub {
         }
         drop(shard);
         self.pending.lock().extend(scheduled);
+    }
+
+    /// The broker could not deliver every publication of `channel` to this node (an offset
+    /// gap, a new epoch after a Redis restart, publications made while the node's Redis link
+    /// was down): its subscribers are disconnected with 4008 and `reconnect: true`, and recover
+    /// what they missed from history with their last offsets, on this node or any other. What
+    /// they were sent before the hole is written first.
+    fn on_missed(&self, channel: &str) {
+        let outboxes: Vec<Arc<Outbox>> = {
+            let shard = self.shard(channel).read();
+            let Some(subs) = shard.get(channel) else { return };
+            subs.conns.values().cloned().collect()
+        };
+        self.metrics.recover_disconnects.fetch_add(outboxes.len() as u64, Relaxed);
+        for ob in outboxes {
+            ob.close(close::SLOW_CONSUMER, "publications may have been missed; reconnect and recover", false);
+        }
     }
 }
 

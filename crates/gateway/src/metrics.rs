@@ -24,6 +24,8 @@ pub struct Metrics {
     pub conflated: AtomicU64,
     pub dropped: AtomicU64,
     pub slow_consumers: AtomicU64,
+    /// Subscribers told to reconnect and recover because the broker lost publications.
+    pub recover_disconnects: AtomicU64,
     pub protocol_errors: AtomicU64,
     pub rejected_connections: AtomicU64,
     lag_buckets: [AtomicU64; LAG_BOUNDS.len() + 1],
@@ -104,6 +106,13 @@ impl Metrics {
             "Connections closed with 4008 because their outbound queue passed its bound.",
             "counter",
             self.slow_consumers.load(Relaxed),
+        );
+        g(
+            &mut out,
+            "recover_disconnects_total",
+            "Subscribers closed with 4008 to recover from history: the broker lost publications.",
+            "counter",
+            self.recover_disconnects.load(Relaxed),
         );
         g(
             &mut out,

@@ -54,6 +54,7 @@ impl Node {
         let hub = Arc::new(Hub::new(metrics.clone()));
         broker.set_handler(hub.clone());
         let id = config.node_id.clone().unwrap_or_else(|| format!("n{:06x}", fastrand::u32(..) & 0xff_ffff));
+        broker.set_node_id(&id);
         let (stop_tx, _) = watch::channel(false);
         Arc::new(Node {
             config,

@@ -290,11 +290,15 @@ impl Session {
         }
         let ns = self.node.config.namespace(namespace_of(name));
         let ch: Arc<str> = Arc::from(name);
-        if self.node.hub.add(&ch, &self.outbox, ns.conflate) {
-            if let Err(e) = self.node.broker.subscribe(name).await {
-                self.node.hub.remove(name, self.outbox.id);
-                return Err(ApiError::new(code::INTERNAL, e.to_string()));
-            }
+        self.node.hub.add(&ch, &self.outbox, ns.conflate);
+        // Every subscription goes to the broker, not only the node's first one on the channel:
+        // the broker counts them, and returns only once publications flow to this node, so the
+        // position read below cannot run ahead of the live stream (a shared broker subscribes
+        // asynchronously, and a second subscriber must not read before the first one's
+        // subscription is confirmed).
+        if let Err(e) = self.node.broker.subscribe(name).await {
+            self.node.hub.remove(name, self.outbox.id);
+            return Err(ApiError::new(code::INTERNAL, e.to_string()));
         }
         self.subs.insert(ch.clone());
         self.node.metrics.subscriptions.fetch_add(1, Relaxed);
@@ -323,9 +327,8 @@ impl Session {
     async fn unsubscribe(&mut self, name: &str) {
         let Some(ch) = self.subs.take(name) else { return };
         self.node.metrics.subscriptions.fetch_sub(1, Relaxed);
-        if self.node.hub.remove(&ch, self.outbox.id) {
-            let _ = self.node.broker.unsubscribe(&ch).await;
-        }
+        self.node.hub.remove(&ch, self.outbox.id);
+        let _ = self.node.broker.unsubscribe(&ch).await;
         if let Some(i) = self.present.iter().position(|p| **p == *name) {
             self.present.swap_remove(i);
             let _ = self.node.broker.presence_remove(name, &self.client).await;
