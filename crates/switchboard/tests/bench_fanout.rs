@@ -1,0 +1,249 @@
+//! End-to-end runs of the fan-out scenarios of `switchboard bench` — `rooms`, `streams` and
+//! `dashboard` — with the real binary as the server and as the load generator (coordinator
+//! and worker processes), at small sizes; the verdicts are read back from `result.json`.
+#![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
+/// Longest any one bench run may take here before it is killed and the test fails.
+const RUN_LIMIT: Duration = Duration::from_secs(120);
+
+/// A running server; killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start() -> Server {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start switchboard");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("listening line");
+        let addr = line.trim().strip_prefix("switchboard listening on http://").unwrap_or_else(|| panic!("{line:?}"));
+        let port =
+            addr.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no port in {line:?}"));
+        Server { child, port }
+    }
+
+    fn ws(&self) -> String {
+        format!("ws://127.0.0.1:{}/ws", self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A fresh output directory, removed on drop.
+struct OutDir(PathBuf);
+
+impl OutDir {
+    fn new(name: &str) -> OutDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("sb-bench-fanout-{}-{n}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        OutDir(p)
+    }
+}
+
+impl Drop for OutDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `switchboard bench <args> --target <server> --out <dir> --quiet --server-pid <pid>`
+/// and returns its exit status and `result.json`, after checking the other output files.
+fn bench(server: &Server, args: &[&str]) -> (ExitStatus, Value) {
+    let out = OutDir::new(args[0]);
+    let pid = server.child.id().to_string();
+    let mut child = Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .args(["--target", &server.ws(), "--quiet", "--server-pid", &pid])
+        .arg("--out")
+        .arg(&out.0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start bench");
+    let deadline = Instant::now() + RUN_LIMIT;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("bench {args:?} still running after {RUN_LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let json = std::fs::read(out.0.join("result.json"))
+        .unwrap_or_else(|e| panic!("bench {args:?} exited {status} without result.json: {e}"));
+    let result: Value = serde_json::from_slice(&json).unwrap();
+    let csv = std::fs::read_to_string(out.0.join("result.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 2, "header and one row");
+    assert!(csv.starts_with("scenario,"), "{csv}");
+    let svg = std::fs::read_to_string(out.0.join("latency.svg")).unwrap();
+    assert!(svg.starts_with("<svg"));
+    (status, result)
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// `pass` with every criterion listed as holding, exit code 0, and the latency fields filled.
+fn assert_passed(status: ExitStatus, r: &Value) {
+    assert_eq!(r["pass"], Value::Bool(true), "{:#}", r["criteria"]);
+    assert!(status.success(), "a passing run exits 0, got {status}");
+    let criteria = r["criteria"].as_array().unwrap();
+    assert!(!criteria.is_empty() && criteria.iter().all(|c| c["ok"] == Value::Bool(true)));
+    let l = &r["latency_ms"];
+    for k in ["p50", "p90", "p99", "p999", "max", "mean", "stdev"] {
+        assert!(l[k].as_f64().is_some_and(|v| v >= 0.0), "latency_ms.{k} = {}", l[k]);
+    }
+    assert!(l["p50"].as_f64() <= l["p99"].as_f64() && l["p99"].as_f64() <= l["max"].as_f64());
+    assert!(r["server"]["cpu_s"].as_f64().is_some(), "--server-pid was given: {}", r["server"]);
+    assert!(u(&r["server"]["rss_peak_bytes"]) > 0);
+    assert!(r["throughput"]["deliveries_per_s"].as_f64().unwrap() > 0.0);
+}
+
+/// Every connection up, every expected delivery received once.
+fn assert_complete(r: &Value, conns: u64, expected: u64) {
+    let c = &r["connections"];
+    assert_eq!((u(&c["target"]), u(&c["established"]), u(&c["failed"])), (conns, conns, 0), "{c}");
+    let m = &r["messages"];
+    assert_eq!(u(&m["expected"]), expected, "{m}");
+    assert_eq!(u(&m["received"]), expected, "{m}");
+    assert_eq!((u(&m["lost"]), u(&m["duplicated"])), (0, 0), "{m}");
+}
+
+#[test]
+fn bench_rooms_reach_every_other_member_of_every_room() {
+    let server = Server::start();
+    let (status, r) =
+        bench(&server, &["rooms", "--rooms", "5", "--members", "3", "--iterations", "5", "--pause", "0.2"]);
+    assert_eq!(r["scenario"], "rooms");
+    assert_passed(status, &r);
+    // 5 rooms × 3 members; each of 5 iterations of each room reaches its 2 other members.
+    assert_complete(&r, 15, 5 * 2 * 5);
+    assert_eq!(u(&r["messages"]["sent"]), 25, "one publication per room and iteration");
+    let x = &r["extra"];
+    assert_eq!(u(&x["iterations_incomplete"]), 0);
+    assert_eq!(x["latency_median_ms"], r["latency_ms"]["p50"]);
+    assert_eq!(x["latency_mean_ms"], r["latency_ms"]["mean"]);
+    assert_eq!(x["latency_stdev_ms"], r["latency_ms"]["stdev"]);
+    assert_eq!(x["latency_p99_ms"], r["latency_ms"]["p99"]);
+    // Four pauses of 0.2 s separate each room's five iterations.
+    assert!(r["duration_s"].as_f64().unwrap() >= 0.8, "{}", r["duration_s"]);
+}
+
+#[test]
+fn bench_rooms_fail_when_the_namespace_refuses_client_publish() {
+    // The default namespace does not let clients publish: every publication is refused, so
+    // nothing arrives and the run must say so.
+    let server = Server::start();
+    let (status, r) = bench(
+        &server,
+        &[
+            "rooms",
+            "--rooms",
+            "2",
+            "--members",
+            "2",
+            "--iterations",
+            "2",
+            "--pause",
+            "0.1",
+            "--prefix",
+            "bench:closed.",
+        ],
+    );
+    assert_eq!(r["pass"], Value::Bool(false));
+    assert_eq!(status.code(), Some(1), "a run that did not pass exits 1");
+    let m = &r["messages"];
+    assert_eq!((u(&m["expected"]), u(&m["received"]), u(&m["lost"])), (4, 0, 4), "{m}");
+    let errors = r["extra"]["errors"].to_string();
+    assert!(errors.contains("403"), "the refusal is reported: {errors}");
+}
+
+#[test]
+fn bench_streams_set_mode_delivers_every_point_to_every_user() {
+    let server = Server::start();
+    // 50 points in subscribe commands of 20 channels: three per user.
+    let args = [
+        "streams",
+        "--users",
+        "3",
+        "--points",
+        "50",
+        "--hz",
+        "5",
+        "--duration",
+        "2",
+        "--mode",
+        "set",
+        "--subscribe-chunk",
+        "20",
+    ];
+    let (status, r) = bench(&server, &args);
+    assert_eq!(r["scenario"], "streams");
+    assert_passed(status, &r);
+    // 10 ticks × 50 points, each to 3 users.
+    assert_complete(&r, 3, 10 * 50 * 3);
+    assert_eq!(u(&r["messages"]["sent"]), 500, "every point updated at every tick");
+    let x = &r["extra"];
+    assert_eq!((u(&x["subscriptions"]), u(&x["ticks"]), u(&x["ticks_incomplete"])), (150, 10, 0));
+    assert_eq!(x["mode"], "set");
+    assert!(x["server_cpu_us_per_delivery"].as_f64().is_some());
+}
+
+#[test]
+fn bench_streams_channels_mode_opens_one_connection_per_user_and_point() {
+    let server = Server::start();
+    let args = ["streams", "--users", "3", "--points", "50", "--hz", "5", "--duration", "2", "--mode", "channels"];
+    let (status, r) = bench(&server, &args);
+    assert_passed(status, &r);
+    assert_complete(&r, 150, 10 * 50 * 3);
+    assert_eq!(r["extra"]["mode"], "channels");
+    assert_eq!(u(&r["extra"]["ticks_incomplete"]), 0);
+}
+
+#[test]
+fn bench_dashboard_fills_every_widget_and_keeps_the_final_values() {
+    let server = Server::start();
+    let (status, r) = bench(&server, &["dashboard", "--widgets", "200", "--hz", "5", "--duration", "2"]);
+    assert_eq!(r["scenario"], "dashboard");
+    assert_passed(status, &r);
+    let c = &r["connections"];
+    assert_eq!((u(&c["target"]), u(&c["established"]), u(&c["failed"])), (1, 1, 0));
+    let x = &r["extra"];
+    assert_eq!((u(&x["widgets"]), u(&x["final_values"])), (200, 200));
+    assert!(x["load_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{}", x["load_ms"]);
+    // `pt:` conflates: what was not delivered must all be accounted as conflated, not lost.
+    let m = &r["messages"];
+    let (published, received) = (u(&m["expected"]), u(&m["received"]));
+    assert_eq!(published, 10 * 200);
+    assert_eq!(u(&m["sent"]), published);
+    assert_eq!((u(&m["lost"]), u(&m["duplicated"])), (0, 0));
+    assert!((200..=published).contains(&received), "{m}");
+    assert_eq!(received + u(&x["conflated"]), published);
+}
