@@ -1,0 +1,866 @@
+// The Switchboard client: one connection carrying any number of subscriptions, commands with
+// replies, automatic reconnects with recovery, and delivery batched per animation frame.
+//
+// Delivery guarantee: for each channel the application receives publications in offset order,
+// each at most once. Across reconnects nothing is lost while the server's history reaches back
+// to the client's last position; otherwise a `gap` event says so and the latest value (plus the
+// new epoch's history, for non-point channels) is delivered instead. Point channels deliver only
+// the latest publication per frame.
+
+import { Backoff, type BackoffOptions } from './backoff.js';
+import { defaultScheduler, FrameBatcher, type FrameBatch, type Scheduler } from './batcher.js';
+import { codecFor, type Codec, type Format } from './codec.js';
+import { Emitter } from './emitter.js';
+import type { ClientEvents, ClientState, SubscribedEvent } from './events.js';
+import { Subscription, type SubscriptionOwner, type SubscriptionState } from './subscription.js';
+import { baseUrlOf, type Transport, type TransportFactory } from './transport.js';
+import {
+  LocalCode,
+  SwitchboardError,
+  toPublication,
+  type Command,
+  type CommandBodies,
+  type CommandName,
+  type DisconnectBody,
+  type ErrorBody,
+  type Position,
+  type Publication,
+  type ReplyBodies,
+  type ServerMessage,
+  type WireChannelResult,
+  type WirePub,
+} from './types.js';
+import { websocketTransport, type WebSocketConstructor } from './websocket.js';
+
+export interface ClientOptions {
+  /** The server: `http://host:port`, `ws://host:port/ws` or `host:port`. */
+  url: string;
+  /** Wire format (default `json`). */
+  format?: Format;
+  /** A token sent in a `connect` command as the first command of each connection. */
+  token?: string;
+  /** Called before each connection for a fresh token; wins over `token`. */
+  getToken?: () => string | Promise<string>;
+  /** Application name sent with `connect`. */
+  name?: string;
+  /** The transport (default: WebSocket). */
+  transport?: TransportFactory;
+  /** WebSocket implementation for the default transport (Node: the `ws` package). */
+  WebSocket?: WebSocketConstructor;
+  /** Reconnect backoff; `false` disables reconnecting. */
+  reconnect?: BackoffOptions | false;
+  /** Random source for the backoff jitter (tests). */
+  random?: () => number;
+  /** A connection that lived this long resets the backoff (ms, default 5,000). */
+  stableAfterMs?: number;
+  /** Replies slower than this reject with code `LocalCode.Timeout` (ms, default 10,000). */
+  commandTimeoutMs?: number;
+  /** Point channels get only their latest publication per frame (default: the `pt:` namespace). */
+  isPointChannel?: (channel: string) => boolean;
+  /** When the frame batch is delivered (default: `requestAnimationFrame`, else a 16 ms timer). */
+  schedule?: Scheduler;
+  /** After an epoch change of a non-point channel, fetch the new epoch's history (default true). */
+  fillOnEpochChange?: boolean;
+  /** Most publications fetched by that fill (default 1,000). */
+  fillLimit?: number;
+  /** Budget of one subscribe command's channel list, bytes (the server's frame limit is 64 KiB). */
+  maxSubscribeBytes?: number;
+}
+
+export interface SubscribeOptions {
+  /** Deliver the channel's latest publication at once (default true). */
+  initial?: boolean;
+  /** Start from a known position (e.g. one the application stored): missed publications are
+   * recovered, as after a reconnect. */
+  recover?: Position;
+  /** Called with each publication of the channel, in the per-frame delivery. */
+  onPublication?: (p: Publication) => void;
+}
+
+export interface HistoryOptions {
+  since?: Position;
+  limit?: number;
+}
+
+export interface HistoryResult {
+  publications: Publication[];
+  epoch: string;
+  offset: number;
+  complete: boolean;
+}
+
+export interface ClientStats {
+  /** Publications pushed live by the server. */
+  received: number;
+  /** Publications handed to the application (after per-frame reduction of point channels). */
+  delivered: number;
+  /** Frame batches delivered. */
+  frames: number;
+  reconnects: number;
+  subscriptions: number;
+}
+
+type Pending = {
+  resolve: (v: unknown) => void;
+  reject: (e: SwitchboardError) => void;
+  timer: ReturnType<typeof setTimeout> | null;
+};
+
+/** Per-channel state, shared by the channel's handles. */
+interface Entry {
+  channel: string;
+  point: boolean;
+  handles: Set<Subscription>;
+  /** `pending`: to be sent; `sending`: awaiting its reply. */
+  status: 'pending' | 'sending' | 'subscribed' | 'error';
+  /** Position of the latest publication delivered (or covered by a subscribe reply). */
+  position: Position | null;
+  /** Id of the subscribe command awaiting its reply. */
+  inflight: number;
+  initial: boolean;
+  everSubscribed: boolean;
+  /** Live publications held while the new epoch's history is fetched. */
+  filling: boolean;
+  fillToken: number;
+  buffer: WirePub[];
+  /** The latest publication delivered, for handles added later with `initial`. */
+  latest: Publication | null;
+}
+
+const NO_RECONNECT_CODES = new Set([4003, 4010]);
+const MAX_CHANNELS_PER_SUBSCRIBE = 5_000;
+const MAX_U32 = 0xffff_ffff;
+
+export class Client implements SubscriptionOwner {
+  private readonly opts: ClientOptions;
+  private readonly baseUrl: string;
+  private readonly codec: Codec;
+  private readonly transportFactory: TransportFactory;
+  private readonly events: Emitter<ClientEvents>;
+  private readonly batcher: FrameBatcher;
+  private readonly backoff: Backoff;
+  private readonly isPoint: (ch: string) => boolean;
+
+  private transport: Transport | null = null;
+  private _state: ClientState = 'idle';
+  private nextId = 1;
+  private readonly pending = new Map<number, Pending>();
+  /** Commands waiting for a connection. */
+  private waiting: Command[] = [];
+  /** Commands to send at the end of this task. */
+  private outgoing: Command[] = [];
+  private flushQueued = false;
+  private readonly entries = new Map<string, Entry>();
+  private readonly toUnsubscribe = new Set<string>();
+  private reconnectTimer: ReturnType<typeof setTimeout> | null = null;
+  private heartbeat: ReturnType<typeof setInterval> | null = null;
+  private lastRx = 0;
+  private pingSentAt = 0;
+  private connectedAt = 0;
+  private disconnectBody: DisconnectBody | null = null;
+  private session: { client: string; node: string; pingS: number } | null = null;
+  private readonly _stats: ClientStats = { received: 0, delivered: 0, frames: 0, reconnects: 0, subscriptions: 0 };
+  private connections = 0;
+  private generation = 0;
+
+  constructor(opts: ClientOptions) {
+    this.opts = opts;
+    this.baseUrl = baseUrlOf(opts.url);
+    this.codec = codecFor(opts.format ?? 'json');
+    this.transportFactory = opts.transport ?? websocketTransport({ WebSocket: opts.WebSocket });
+    this.events = new Emitter<ClientEvents>((e) => this.events.emit('error', asError(e)));
+    this.batcher = new FrameBatcher((b) => this.deliver(b), opts.schedule ?? defaultScheduler);
+    this.backoff = new Backoff(opts.reconnect === false ? {} : opts.reconnect, opts.random);
+    this.isPoint = opts.isPointChannel ?? ((ch) => ch.startsWith('pt:'));
+  }
+
+  /** The server's base URL (`http://host:port`), for the HTTP API. */
+  get url(): string {
+    return this.baseUrl;
+  }
+
+  get state(): ClientState {
+    return this._state;
+  }
+
+  /** The connection's client id and node, once connected. */
+  get info(): { client: string; node: string; pingS: number } | null {
+    return this.session;
+  }
+
+  get stats(): Readonly<ClientStats> {
+    this._stats.subscriptions = this.entries.size;
+    return this._stats;
+  }
+
+  on<K extends keyof ClientEvents>(event: K, fn: (v: ClientEvents[K]) => void): () => void {
+    return this.events.on(event, fn);
+  }
+
+  /** Starts connecting (and reconnecting); resolves once connected. */
+  connect(): Promise<void> {
+    const done = new Promise<void>((resolve, reject) => {
+      if (this._state === 'connected') return resolve();
+      const offs: Array<() => void> = [];
+      const settle = (f: () => void) => {
+        offs.forEach((o) => o());
+        f();
+      };
+      offs.push(this.on('connected', () => settle(resolve)));
+      offs.push(
+        this.on('state', ({ state }) => {
+          if (state === 'closed') settle(() => reject(new SwitchboardError(LocalCode.Closed, 'client closed')));
+        }),
+      );
+    });
+    if (this._state === 'idle' || this._state === 'closed') this.open();
+    return done;
+  }
+
+  /** Closes the connection for good: pending commands reject, nothing is delivered anymore. */
+  close(): void {
+    if (this._state === 'closed') return;
+    this.generation++;
+    if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
+    this.reconnectTimer = null;
+    this.stopHeartbeat();
+    const t = this.transport;
+    this.transport = null;
+    t?.close(1000, 'client closed');
+    this.failPending(LocalCode.Closed, 'client closed');
+    for (const c of this.waiting) this.rejectCommand(c, LocalCode.Closed, 'client closed');
+    this.waiting = [];
+    this.outgoing = [];
+    this.batcher.clear();
+    for (const e of this.entries.values()) this.resetEntry(e);
+    this.setState('closed');
+  }
+
+  /**
+   * Drops the current connection as if the network failed; the client reconnects and recovers.
+   * For tests and for applications that know the network changed.
+   */
+  dropConnection(): void {
+    const t = this.transport;
+    if (!t) return;
+    t.close(4999, 'dropped by client');
+    this.onTransportClose(t, { code: 1006, reason: 'dropped by client' });
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Subscriptions
+
+  /** Subscribes to one channel. Handles of the same channel share one server subscription. */
+  subscribe(channel: string, opts: SubscribeOptions = {}): Subscription {
+    return this.subscribeMany([channel], opts)[0];
+  }
+
+  /** Subscribes to many channels; they go to the server in as few commands as fit its limits. */
+  subscribeMany(channels: string[], opts: SubscribeOptions = {}): Subscription[] {
+    const initial = opts.initial ?? true;
+    const out: Subscription[] = [];
+    for (const channel of channels) {
+      const sub = new Subscription(this, channel, (e) => this.events.emit('error', asError(e)));
+      if (opts.onPublication) sub.on('publication', opts.onPublication);
+      let e = this.entries.get(channel);
+      if (!e) {
+        e = {
+          channel,
+          point: this.isPoint(channel),
+          handles: new Set(),
+          status: 'pending',
+          position: opts.recover ? { ...opts.recover } : null,
+          inflight: 0,
+          initial,
+          everSubscribed: false,
+          filling: false,
+          fillToken: 0,
+          buffer: [],
+          latest: null,
+        };
+        this.entries.set(channel, e);
+        this.toUnsubscribe.delete(channel);
+        this.queueFlush();
+      } else {
+        e.initial ||= initial;
+        if (e.status === 'subscribed' && e.position) {
+          const ev: SubscribedEvent = { channel, position: { ...e.position }, resubscribed: false, recovered: 0 };
+          const latest = e.latest;
+          queueMicrotask(() => {
+            sub.emit('subscribed', ev);
+            if (initial && latest) sub.emit('publication', latest);
+          });
+        }
+      }
+      e.handles.add(sub);
+      out.push(sub);
+    }
+    return out;
+  }
+
+  /** Unsubscribes every handle of these channels. */
+  unsubscribe(channels: string | string[]): void {
+    for (const ch of Array.isArray(channels) ? channels : [channels]) {
+      const e = this.entries.get(ch);
+      if (!e) continue;
+      for (const h of [...e.handles]) h.unsubscribe();
+    }
+  }
+
+  /** Channels with a subscription (any state). */
+  channels(): string[] {
+    return [...this.entries.keys()];
+  }
+
+  /** @internal SubscriptionOwner */
+  release(sub: Subscription): void {
+    const e = this.entries.get(sub.channel);
+    if (!e || !e.handles.delete(sub) || e.handles.size > 0) return;
+    this.entries.delete(sub.channel);
+    e.fillToken++;
+    // Only what the server has (or is about to have) needs an unsubscribe.
+    if (e.status === 'sending' || e.status === 'subscribed') {
+      this.toUnsubscribe.add(sub.channel);
+      this.queueFlush();
+    }
+  }
+
+  /** @internal SubscriptionOwner */
+  positionOf(channel: string): Position | null {
+    const p = this.entries.get(channel)?.position;
+    return p ? { ...p } : null;
+  }
+
+  /** @internal SubscriptionOwner */
+  stateOf(channel: string): SubscriptionState {
+    const s = this.entries.get(channel)?.status;
+    if (s === 'subscribed' || s === 'error') return s;
+    return s ? 'pending' : 'unsubscribed';
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Commands
+
+  /** Publishes `data` to a channel (the namespace must allow client publishing). */
+  publish(channel: string, data: unknown): Promise<{ offset: number; epoch: string }> {
+    return this.request('publish', { channel, data });
+  }
+
+  /** Publications after `since` (or the latest ones), oldest first. */
+  async history(channel: string, opts: HistoryOptions = {}): Promise<HistoryResult> {
+    const r = await this.request('history', { channel, since: opts.since, limit: opts.limit });
+    return {
+      publications: r.publications.map(toPublication),
+      epoch: r.epoch,
+      offset: r.offset,
+      complete: r.complete ?? true,
+    };
+  }
+
+  /** Who is in a channel (namespaces with presence). */
+  async presence(channel: string): Promise<{ client: string; user: string }[]> {
+    return (await this.request('presence', { channel })).clients;
+  }
+
+  /** A round trip through the server. */
+  async ping(data?: unknown): Promise<unknown> {
+    return (await this.request('ping', { data })).data;
+  }
+
+  /** Hands the server a fresh token for this connection. */
+  refresh(token: string): Promise<{ expires: number }> {
+    return this.request('refresh', { token });
+  }
+
+  /** Sends a command and resolves with its reply. Before `connect()` and while reconnecting it
+   * waits (up to `commandTimeoutMs`); a connection lost after sending rejects it with
+   * `LocalCode.Disconnected`, since the server may or may not have run it. */
+  request<K extends Exclude<CommandName, 'subscribe' | 'unsubscribe' | 'connect'>>(
+    name: K,
+    body: CommandBodies[K],
+  ): Promise<ReplyBodies[K]> {
+    if (this._state === 'closed') return Promise.reject(new SwitchboardError(LocalCode.Closed, 'client closed'));
+    const id = this.allocId();
+    const cmd = { id, [name]: body } as Command;
+    const p = this.expect(id, this.opts.commandTimeoutMs ?? 10_000, () => this.dropWaiting(cmd));
+    if (this._state === 'connected') this.enqueue(cmd);
+    else this.waiting.push(cmd);
+    return p as Promise<ReplyBodies[K]>;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Connection lifecycle
+
+  private open(): void {
+    if (this.transport) return;
+    this.reconnectTimer = null;
+    this.setState('connecting');
+    const gen = ++this.generation;
+    let transport: Transport | null = null;
+    try {
+      transport = this.transportFactory({
+        baseUrl: this.baseUrl,
+        format: this.codec.format,
+        codec: this.codec,
+        handlers: {
+          onOpen: () => {
+            if (gen === this.generation) void this.onTransportOpen(transport!, gen);
+          },
+          onMessages: (msgs) => {
+            if (gen === this.generation) this.onMessages(msgs);
+          },
+          onClose: (info) => {
+            if (gen === this.generation && transport) this.onTransportClose(transport, info);
+          },
+        },
+      });
+    } catch (e) {
+      this.events.emit('error', asError(e));
+      this.scheduleReconnect({ code: 1006, reason: String(e) });
+      return;
+    }
+    this.transport = transport;
+  }
+
+  private async onTransportOpen(transport: Transport, gen: number): Promise<void> {
+    this.lastRx = Date.now();
+    let token: string | undefined;
+    try {
+      token = this.opts.getToken ? await this.opts.getToken() : this.opts.token;
+    } catch (e) {
+      this.events.emit('error', asError(e));
+      transport.close(1000, 'no token');
+      this.onTransportClose(transport, { code: 4001, reason: 'token provider failed' });
+      return;
+    }
+    if (gen !== this.generation) return;
+    let info = { client: '', node: '', pingS: 25 };
+    // `connect` is optional without authentication, but its reply names this client (for
+    // presence) and the server's ping interval, so it always goes first.
+    {
+      const id = this.allocId();
+      const reply = this.expect(id, this.opts.commandTimeoutMs ?? 10_000, () => {});
+      transport.send([{ id, connect: { token, name: this.opts.name } }]);
+      try {
+        const r = (await reply) as ReplyBodies['connect'];
+        info = { client: r.client, node: r.node, pingS: r.ping_s || 25 };
+      } catch (e) {
+        if (gen !== this.generation) return;
+        const err = e as SwitchboardError;
+        this.events.emit('error', err);
+        transport.close(1000, 'connect refused');
+        this.onTransportClose(transport, { code: err.code === 401 ? 4001 : 1006, reason: err.message });
+        return;
+      }
+      if (gen !== this.generation) return;
+    }
+    this.session = info;
+    this.connectedAt = Date.now();
+    if (this.connections++ > 0) this._stats.reconnects++;
+    this.setState('connected');
+    this.startHeartbeat(info.pingS * 1000);
+    // Every channel goes back to the server, recovering from its position.
+    for (const e of this.entries.values()) {
+      e.status = 'pending';
+      e.inflight = 0;
+    }
+    this.toUnsubscribe.clear();
+    const waiting = this.waiting;
+    this.waiting = [];
+    for (const c of waiting) this.enqueue(c);
+    this.queueFlush();
+    this.events.emit('connected', { ...info, reconnects: this._stats.reconnects });
+  }
+
+  private onTransportClose(transport: Transport, info: { code: number; reason: string }): void {
+    if (transport !== this.transport) return;
+    this.transport = null;
+    this.generation++;
+    this.stopHeartbeat();
+    this.session = null;
+    this.failPending(LocalCode.Disconnected, `connection closed (${info.code} ${info.reason})`.trim());
+    this.outgoing = [];
+    for (const e of this.entries.values()) this.resetEntry(e);
+    this.toUnsubscribe.clear();
+    if (this.connectedAt && Date.now() - this.connectedAt >= (this.opts.stableAfterMs ?? 5_000)) this.backoff.reset();
+    this.connectedAt = 0;
+    const told = this.disconnectBody;
+    this.disconnectBody = null;
+    const code = told?.code ?? info.code;
+    const reason = told?.reason ?? info.reason;
+    let again = this.opts.reconnect !== false && !NO_RECONNECT_CODES.has(code);
+    if (told && !told.reconnect) again = false;
+    // An expired token can be replaced when there is a provider to ask.
+    if (code === 4001) again = this.opts.reconnect !== false && this.opts.getToken !== undefined;
+    this.scheduleReconnect({ code, reason }, again);
+  }
+
+  private scheduleReconnect(info: { code: number; reason: string }, again = this.opts.reconnect !== false): void {
+    if (!again) {
+      this.events.emit('disconnected', { code: info.code, reason: info.reason, reconnect: false, delayMs: 0 });
+      for (const c of this.waiting) this.rejectCommand(c, LocalCode.Closed, 'client closed');
+      this.waiting = [];
+      this.setState('closed');
+      return;
+    }
+    const delayMs = this.backoff.next();
+    this.setState('disconnected');
+    this.events.emit('disconnected', { code: info.code, reason: info.reason, reconnect: true, delayMs });
+    this.reconnectTimer = setTimeout(() => this.open(), delayMs);
+  }
+
+  private setState(state: ClientState): void {
+    const previous = this._state;
+    if (previous === state) return;
+    this._state = state;
+    this.events.emit('state', { state, previous });
+  }
+
+  private startHeartbeat(intervalMs: number): void {
+    this.stopHeartbeat();
+    this.pingSentAt = 0;
+    // The browser answers the server's WebSocket pings without telling the page, so a dead
+    // network path is noticed here: a `ping` command when nothing arrived for an interval, and
+    // a reconnect when that stays unanswered for another one.
+    this.heartbeat = setInterval(
+      () => {
+        const now = Date.now();
+        if (now - this.lastRx < intervalMs) {
+          this.pingSentAt = 0;
+          return;
+        }
+        if (this.pingSentAt && now - this.pingSentAt >= intervalMs) {
+          const t = this.transport;
+          if (t) {
+            t.close(4011, 'no reply');
+            this.onTransportClose(t, { code: 4011, reason: 'server silent' });
+          }
+          return;
+        }
+        if (!this.pingSentAt) {
+          this.pingSentAt = now;
+          // No pending entry: any message, this reply included, proves the path alive.
+          this.enqueue({ id: this.allocId(), ping: {} });
+        }
+      },
+      Math.max(1000, intervalMs / 2),
+    );
+  }
+
+  private stopHeartbeat(): void {
+    if (this.heartbeat) clearInterval(this.heartbeat);
+    this.heartbeat = null;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Sending
+
+  private allocId(): number {
+    const id = this.nextId;
+    this.nextId = id >= MAX_U32 ? 1 : id + 1;
+    return id;
+  }
+
+  private expect(id: number, timeoutMs: number, onTimeout: () => void): Promise<unknown> {
+    return new Promise((resolve, reject) => {
+      const timer =
+        timeoutMs > 0
+          ? setTimeout(() => {
+              this.pending.delete(id);
+              onTimeout();
+              reject(new SwitchboardError(LocalCode.Timeout, `no reply within ${timeoutMs} ms`));
+            }, timeoutMs)
+          : null;
+      this.pending.set(id, { resolve, reject, timer });
+    });
+  }
+
+  private dropWaiting(cmd: Command): void {
+    this.waiting = this.waiting.filter((c) => c !== cmd);
+  }
+
+  private rejectCommand(cmd: Command, code: number, message: string): void {
+    if (cmd.id === undefined) return;
+    const p = this.pending.get(cmd.id);
+    if (!p) return;
+    this.pending.delete(cmd.id);
+    if (p.timer) clearTimeout(p.timer);
+    p.reject(new SwitchboardError(code, message));
+  }
+
+  private failPending(code: number, message: string): void {
+    const all = [...this.pending.values()];
+    this.pending.clear();
+    for (const p of all) {
+      if (p.timer) clearTimeout(p.timer);
+      p.reject(new SwitchboardError(code, message));
+    }
+  }
+
+  private enqueue(cmd: Command): void {
+    this.outgoing.push(cmd);
+    this.queueFlush();
+  }
+
+  private queueFlush(): void {
+    if (this.flushQueued) return;
+    this.flushQueued = true;
+    queueMicrotask(() => {
+      this.flushQueued = false;
+      this.flush();
+    });
+  }
+
+  /** Sends what this task queued: unsubscribes, then subscribes, then other commands. */
+  private flush(): void {
+    const t = this.transport;
+    if (!t || this._state !== 'connected') return;
+    const frames: Command[][] = [];
+    if (this.toUnsubscribe.size > 0) {
+      const channels = [...this.toUnsubscribe];
+      this.toUnsubscribe.clear();
+      for (const chunk of this.chunkChannels(channels, () => 0)) frames.push([{ unsubscribe: { channels: chunk } }]);
+    }
+    const due = [...this.entries.values()].filter((e) => e.status === 'pending');
+    if (due.length > 0) {
+      const recoverBytes = (e: Entry) => (e.position ? e.position.epoch.length + e.channel.length + 40 : 0);
+      for (const chunk of this.chunkChannels(
+        due.map((e) => e.channel),
+        (ch) => recoverBytes(this.entries.get(ch)!),
+      )) {
+        const id = this.allocId();
+        const recover: Record<string, Position> = {};
+        let anyRecover = false;
+        for (const ch of chunk) {
+          const e = this.entries.get(ch)!;
+          e.status = 'sending';
+          e.inflight = id;
+          if (e.position) {
+            recover[ch] = { ...e.position };
+            anyRecover = true;
+          }
+        }
+        this.expect(id, 0, () => {}).then(
+          (r) => this.onSubscribeReply(id, chunk, r as ReplyBodies['subscribe'], null),
+          (err: SwitchboardError) => this.onSubscribeReply(id, chunk, null, err),
+        );
+        const body: CommandBodies['subscribe'] = { channels: chunk, initial: true };
+        if (anyRecover) body.recover = recover;
+        frames.push([{ id, subscribe: body }]);
+      }
+    }
+    if (this.outgoing.length > 0) {
+      // Commands share frames up to a budget well under the server's 64 KiB frame limit.
+      let frame: Command[] = [];
+      let bytes = 0;
+      for (const c of this.outgoing) {
+        const size = c.publish ? JSON.stringify(c.publish.data ?? null).length + 64 : 256;
+        if (frame.length > 0 && bytes + size > 32_000) {
+          frames.push(frame);
+          frame = [];
+          bytes = 0;
+        }
+        frame.push(c);
+        bytes += size;
+      }
+      if (frame.length > 0) frames.push(frame);
+      this.outgoing = [];
+    }
+    try {
+      for (const f of frames) t.send(f);
+    } catch (e) {
+      this.events.emit('error', asError(e));
+    }
+  }
+
+  private chunkChannels(channels: string[], extra: (ch: string) => number): string[][] {
+    const budget = this.opts.maxSubscribeBytes ?? 40_000;
+    const out: string[][] = [];
+    let chunk: string[] = [];
+    let bytes = 0;
+    for (const ch of channels) {
+      const size = ch.length + 4 + extra(ch);
+      if (chunk.length > 0 && (bytes + size > budget || chunk.length >= MAX_CHANNELS_PER_SUBSCRIBE)) {
+        out.push(chunk);
+        chunk = [];
+        bytes = 0;
+      }
+      chunk.push(ch);
+      bytes += size;
+    }
+    if (chunk.length > 0) out.push(chunk);
+    return out;
+  }
+
+  // ---------------------------------------------------------------------------------------
+  // Receiving
+
+  private onMessages(msgs: ServerMessage[]): void {
+    this.lastRx = Date.now();
+    this.pingSentAt = 0;
+    for (const m of msgs) {
+      if (m.pub) {
+        this.onPub(m.pub);
+      } else if (m.id !== undefined && (m.ok !== undefined || m.error !== undefined)) {
+        this.onReply(m.id, m.ok, m.error);
+      } else if (m.join) {
+        this.events.emit('join', m.join);
+      } else if (m.leave) {
+        this.events.emit('leave', m.leave);
+      } else if (m.disconnect) {
+        this.disconnectBody = m.disconnect;
+      }
+    }
+  }
+
+  private onReply(id: number, ok: unknown, error: ErrorBody | undefined): void {
+    const p = this.pending.get(id);
+    if (!p) {
+      // Errors of commands sent without an id come back with id 0.
+      if (error) this.events.emit('error', new SwitchboardError(error.code, error.message));
+      return;
+    }
+    this.pending.delete(id);
+    if (p.timer) clearTimeout(p.timer);
+    if (error) p.reject(new SwitchboardError(error.code, error.message));
+    else p.resolve(ok);
+  }
+
+  private onSubscribeReply(
+    id: number,
+    channels: string[],
+    reply: ReplyBodies['subscribe'] | null,
+    err: SwitchboardError | null,
+  ): void {
+    for (const ch of channels) {
+      const e = this.entries.get(ch);
+      if (!e || e.inflight !== id) continue;
+      e.inflight = 0;
+      if (err) {
+        // The connection dropped before the reply: the entry was reset and goes out again.
+        if (err.code === LocalCode.Disconnected || err.code === LocalCode.Closed) continue;
+        this.refuse(e, err);
+        continue;
+      }
+      const r: WireChannelResult | undefined = reply?.channels?.[ch];
+      if (!r) this.refuse(e, new SwitchboardError(500, 'no result for this channel in the reply'));
+      else if ('error' in r) this.refuse(e, new SwitchboardError(r.error.code, r.error.message));
+      else this.accept(e, r);
+    }
+  }
+
+  private refuse(e: Entry, err: SwitchboardError): void {
+    e.status = 'error';
+    this.events.emit('subscribeError', { channel: e.channel, error: err });
+    for (const h of e.handles) h.emit('error', err);
+  }
+
+  private accept(e: Entry, r: Exclude<WireChannelResult, { error: unknown }>): void {
+    const prev = e.position ? { ...e.position } : null;
+    const resubscribed = e.everSubscribed || prev !== null;
+    e.status = 'subscribed';
+    e.everSubscribed = true;
+    let recovered = 0;
+    const now: Position = { epoch: r.epoch, offset: r.offset };
+    if (prev && prev.epoch === r.epoch) {
+      for (const p of r.recovered ?? []) {
+        if (p.off > e.position!.offset) {
+          this.deliverPub(e, p);
+          recovered++;
+        }
+      }
+      if (r.complete === false) {
+        this.gap(e, prev, now, false);
+        if (r.last && r.last.off > e.position!.offset) this.deliverPub(e, r.last);
+      }
+      if (r.offset > e.position!.offset) e.position = { epoch: r.epoch, offset: r.offset };
+    } else if (prev) {
+      this.gap(e, prev, now, true);
+      e.position = { epoch: r.epoch, offset: 0 };
+      if (!e.point && (this.opts.fillOnEpochChange ?? true) && r.offset > 0) {
+        this.fill(e, now, r.last ?? null);
+      } else {
+        if (r.last) this.deliverPub(e, r.last);
+        e.position = now;
+      }
+    } else {
+      if (e.initial && r.last) this.deliverPub(e, r.last);
+      e.position = now;
+    }
+    const ev: SubscribedEvent = { channel: e.channel, position: { ...now }, resubscribed, recovered };
+    this.events.emit('subscribed', ev);
+    for (const h of e.handles) h.emit('subscribed', ev);
+  }
+
+  private gap(e: Entry, from: Position, to: Position, epochChanged: boolean): void {
+    this.events.emit('gap', { channel: e.channel, from: { ...from }, to: { ...to }, epochChanged });
+    for (const h of e.handles) h.emit('gap', { channel: e.channel, from: { ...from }, to: { ...to }, epochChanged });
+  }
+
+  /** After an epoch change: delivers the new epoch's publications up to `upTo` from history,
+   * holding live ones meanwhile, then the held ones. */
+  private fill(e: Entry, upTo: Position, last: WirePub | null): void {
+    e.filling = true;
+    e.buffer = [];
+    const token = ++e.fillToken;
+    const limit = this.opts.fillLimit ?? 1000;
+    const since = { epoch: upTo.epoch, offset: Math.max(0, upTo.offset - limit) };
+    const finish = (pubs: WirePub[]) => {
+      if (this.entries.get(e.channel) !== e || e.fillToken !== token) return;
+      for (const p of pubs) if (p.off <= upTo.offset && p.off > e.position!.offset) this.deliverPub(e, p);
+      if (last && last.off > e.position!.offset) this.deliverPub(e, last);
+      if (e.position!.offset < upTo.offset) e.position = { ...upTo };
+      e.filling = false;
+      const held = e.buffer;
+      e.buffer = [];
+      for (const p of held) if (p.off > e.position!.offset) this.deliverPub(e, p);
+    };
+    this.request('history', { channel: e.channel, since, limit }).then(
+      (r) => finish(r.publications),
+      () => finish([]),
+    );
+  }
+
+  private onPub(p: WirePub): void {
+    this._stats.received++;
+    const e = this.entries.get(p.ch);
+    if (!e || e.status !== 'subscribed') return;
+    if (e.filling) {
+      e.buffer.push(p);
+      return;
+    }
+    if (e.position && p.off <= e.position.offset) return;
+    this.deliverPub(e, p);
+  }
+
+  private deliverPub(e: Entry, p: WirePub): void {
+    if (e.position) e.position.offset = p.off;
+    const pub = toPublication(p);
+    e.latest = pub;
+    this.batcher.push(pub, e.point);
+  }
+
+  private resetEntry(e: Entry): void {
+    e.status = 'pending';
+    e.inflight = 0;
+    e.filling = false;
+    e.buffer = [];
+    e.fillToken++;
+  }
+
+  private deliver(batch: FrameBatch): void {
+    if (this._state === 'closed') return;
+    this._stats.frames++;
+    this._stats.delivered += batch.publications.length;
+    this.events.emit('frame', batch);
+    for (const p of batch.publications) {
+      const e = this.entries.get(p.channel);
+      if (!e) continue;
+      for (const h of e.handles) if (h.wantsPublications()) h.emit('publication', p);
+    }
+  }
+}
+
+function asError(e: unknown): Error {
+  return e instanceof Error ? e : new Error(String(e));
+}

@@ -1,0 +1,31 @@
+// switchboard-sdk: the TypeScript client of the Switchboard push gateway.
+//
+//   const client = new Client({ url: 'http://127.0.0.1:8700' });
+//   client.on('frame', (batch) => render(batch.publications));
+//   client.subscribeMany(['pt:boiler.temp', 'room:ops']);
+//   await client.connect();
+
+export { Client } from './client.js';
+export type { ClientOptions, SubscribeOptions, HistoryOptions, HistoryResult, ClientStats } from './client.js';
+export { Subscription } from './subscription.js';
+export type { SubscriptionEvents, SubscriptionState } from './subscription.js';
+export type {
+  ClientEvents,
+  ClientState,
+  ConnectedEvent,
+  DisconnectedEvent,
+  GapEvent,
+  SubscribedEvent,
+} from './events.js';
+export { FrameBatcher, defaultScheduler } from './batcher.js';
+export type { FrameBatch, Scheduler } from './batcher.js';
+export { Backoff } from './backoff.js';
+export type { BackoffOptions } from './backoff.js';
+export { JsonCodec, MsgpackCodec, codecFor } from './codec.js';
+export type { Codec, Format } from './codec.js';
+export { baseUrlOf } from './transport.js';
+export type { Transport, TransportContext, TransportFactory, TransportHandlers } from './transport.js';
+export { websocketTransport, wsUrl } from './websocket.js';
+export type { WebSocketConstructor, WebSocketLike, WebSocketTransportOptions } from './websocket.js';
+export { SwitchboardError, LocalCode } from './types.js';
+export type { Position, Publication, PresenceClient, PresenceEvent, ErrorBody } from './types.js';

@@ -1,0 +1,124 @@
+// Wire types of the Switchboard WebSocket protocol v1 (docs/protocol.md) and the SDK's own
+// public shapes built on them.
+
+/** A channel's place in its stream: offsets count publications within one epoch. */
+export interface Position {
+  epoch: string;
+  offset: number;
+}
+
+/** A publication as the application sees it. */
+export interface Publication {
+  channel: string;
+  offset: number;
+  data: unknown;
+}
+
+/** The compact publication form used everywhere on the WebSocket. */
+export interface WirePub {
+  ch: string;
+  off: number;
+  data: unknown;
+}
+
+export interface ErrorBody {
+  code: number;
+  message: string;
+}
+
+/** One channel's entry of a subscribe reply. */
+export type WireChannelResult =
+  | {
+      epoch: string;
+      offset: number;
+      last?: WirePub | null;
+      recovered?: WirePub[];
+      complete?: boolean;
+    }
+  | { error: ErrorBody };
+
+/** A command body by command name (client → server). */
+export interface CommandBodies {
+  connect: { token?: string; name?: string };
+  subscribe: {
+    channels: string[];
+    initial?: boolean;
+    recover?: Record<string, Position>;
+    max_rate_hz?: number;
+  };
+  unsubscribe: { channels: string[] };
+  publish: { channel: string; data: unknown };
+  history: { channel: string; since?: Position; limit?: number };
+  presence: { channel: string };
+  ping: { data?: unknown };
+  refresh: { token: string };
+}
+
+export type CommandName = keyof CommandBodies;
+
+/** One command as sent: `{"id": 3, "publish": {...}}`. */
+export type Command = { id?: number } & { [K in CommandName]?: CommandBodies[K] };
+
+/** Ok replies by command name. */
+export interface ReplyBodies {
+  connect: { client: string; node: string; ping_s: number };
+  subscribe: { channels: Record<string, WireChannelResult> };
+  unsubscribe: Record<string, never>;
+  publish: { offset: number; epoch: string };
+  history: { publications: WirePub[]; epoch: string; offset: number; complete?: boolean };
+  presence: { clients: PresenceClient[] };
+  ping: { data?: unknown };
+  refresh: { expires: number };
+}
+
+export interface PresenceClient {
+  client: string;
+  user: string;
+}
+
+export interface PresenceEvent {
+  ch: string;
+  client: string;
+  user: string;
+}
+
+export interface DisconnectBody {
+  code: number;
+  reason: string;
+  reconnect: boolean;
+}
+
+/** Anything the server sends. */
+export interface ServerMessage {
+  id?: number;
+  ok?: unknown;
+  error?: ErrorBody;
+  pub?: WirePub;
+  join?: PresenceEvent;
+  leave?: PresenceEvent;
+  disconnect?: DisconnectBody;
+}
+
+/** A reply error or a failure of the connection, with the protocol's code (0 when local). */
+export class SwitchboardError extends Error {
+  readonly code: number;
+  constructor(code: number, message: string) {
+    super(message);
+    this.name = 'SwitchboardError';
+    this.code = code;
+  }
+}
+
+/** Codes the SDK uses for failures that never reached the server. */
+export const LocalCode = {
+  /** The connection closed before the reply arrived; the command may or may not have run. */
+  Disconnected: 0,
+  /** No reply within `commandTimeoutMs`. */
+  Timeout: 1,
+  /** The client was closed. */
+  Closed: 2,
+} as const;
+
+export function toPublication(p: WirePub): Publication {
+  return { channel: p.ch, offset: p.off, data: p.data };
+}

@@ -1,0 +1,55 @@
+// Pieces that need no server: backoff jitter, frame codecs, per-frame batching.
+
+import { describe, expect, it } from 'vitest';
+import { Backoff, FrameBatcher, JsonCodec, MsgpackCodec, baseUrlOf, type FrameBatch } from '../src/index.js';
+
+describe('backoff', () => {
+  it('draws each delay uniformly from a window that doubles up to the cap', () => {
+    const b = new Backoff({ minDelayMs: 100, maxDelayMs: 1000 }, () => 0.999);
+    const delays = Array.from({ length: 6 }, () => b.next());
+    expect(delays).toEqual([99, 199, 399, 799, 999, 999]);
+    b.reset();
+    expect(b.window()).toBe(100);
+    const zero = new Backoff({ minDelayMs: 100 }, () => 0);
+    expect(zero.next()).toBe(0);
+  });
+});
+
+describe('codecs', () => {
+  it('splits a JSON frame of several messages, including strings with escaped newlines', () => {
+    const c = new JsonCodec();
+    const frame = '{"pub":{"ch":"a","off":1,"data":"x\\ny"}}\n{"id":2,"ok":{}}\n';
+    expect(c.decode(frame)).toEqual([{ pub: { ch: 'a', off: 1, data: 'x\ny' } }, { id: 2, ok: {} }]);
+    expect(c.encode([{ id: 1, ping: {} }, { id: 2, ping: {} }]).split('\n')).toHaveLength(2);
+  });
+
+  it('round-trips concatenated MessagePack maps', () => {
+    const c = new MsgpackCodec();
+    const bytes = c.encode([{ id: 1, publish: { channel: 'a', data: { v: 1 } } }, { id: 2, ping: {} }]);
+    // Decoding reads the same structures back (the server's replies use the same framing).
+    expect(c.decode(bytes)).toEqual([{ id: 1, publish: { channel: 'a', data: { v: 1 } } }, { id: 2, ping: {} }]);
+  });
+
+  it('normalizes server URLs', () => {
+    expect(baseUrlOf('ws://h:1/ws')).toBe('http://h:1');
+    expect(baseUrlOf('https://h/base/')).toBe('https://h/base');
+    expect(baseUrlOf('127.0.0.1:8700')).toBe('http://127.0.0.1:8700');
+  });
+});
+
+describe('frame batcher', () => {
+  it('keeps the latest point per frame at its first place and every other publication', () => {
+    const frames: FrameBatch[] = [];
+    let run: (() => void) | null = null;
+    const b = new FrameBatcher((f) => frames.push(f), (flush) => (run = flush));
+    b.push({ channel: 'pt:a', offset: 1, data: 1 }, true);
+    b.push({ channel: 'ev', offset: 1, data: 'x' }, false);
+    b.push({ channel: 'pt:a', offset: 2, data: 2 }, true);
+    b.push({ channel: 'ev', offset: 2, data: 'y' }, false);
+    expect(frames).toHaveLength(0);
+    run!();
+    expect(frames).toHaveLength(1);
+    expect(frames[0].received).toBe(4);
+    expect(frames[0].publications.map((p) => `${p.channel}@${p.offset}`)).toEqual(['pt:a@2', 'ev@1', 'ev@2']);
+  });
+});
