@@ -12,7 +12,12 @@ use serde_json::value::RawValue;
 use switchboard_broker::{Position, Publication};
 use switchboard_protocol::validate_channel;
 
+use crate::auth::http::{allow, allow_publish, Caller};
+use crate::auth::Action;
 use crate::node::{ApiError, Node};
+
+/// The caller attached by the authentication middleware (`auth::http::guard`).
+type CallerExt = Option<axum::Extension<Caller>>;
 
 /// Largest accepted HTTP request body (a batch publish of thousands of points).
 const MAX_BODY: usize = 16 * 1024 * 1024;
@@ -29,6 +34,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(crate::dashboards::router(&node.config))
+        .layer(axum::middleware::from_fn_with_state(node.clone(), crate::auth::http::guard))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(node)
 }
@@ -75,17 +81,22 @@ struct Published<'a> {
     epoch: &'a str,
 }
 
-async fn publish(State(node): State<Arc<Node>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
+async fn publish(
+    State(node): State<Arc<Node>>,
+    caller: CallerExt,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
     let body: PublishBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(400, format!("expected {{\"channel\", \"data\"}} or {{\"batch\": [...]}}: {e}")))?;
     match body {
         PublishBody { channel: Some(channel), data: Some(data), batch: None } => {
+            allow_publish(&node, &caller, &channel)?;
             let pos = node.publish(&channel, Arc::new(data)).await?;
             Ok(Json(Published { offset: pos.offset, epoch: &pos.epoch }).into_response())
         }
         PublishBody { channel: None, data: None, batch: Some(batch) } => {
             let items = batch.into_iter().map(|p| (p.channel, Arc::new(p.data))).collect();
-            let results = node.publish_batch(items).await;
+            let results = crate::auth::http::publish_batch(&node, &caller, items).await;
             let results: Vec<serde_json::Value> = results
                 .into_iter()
                 .map(|r| match r {
@@ -147,13 +158,17 @@ struct HistoryQuery {
 /// contain `/`; a name that itself ends in `/history` must be percent-encoded (`%2Fhistory`).
 async fn channel(
     State(node): State<Arc<Node>>,
+    caller: CallerExt,
     Path(rest): Path<String>,
     Query(q): Query<HistoryQuery>,
 ) -> Result<Response, ApiError> {
     if let Some(ch) = rest.strip_suffix("/history") {
+        validate_channel(ch).map_err(|e| ApiError::new(400, e.to_string()))?;
+        allow(&node, &caller, Action::History, ch)?;
         return history(&node, ch, q).await;
     }
     validate_channel(&rest).map_err(|e| ApiError::new(400, e.to_string()))?;
+    allow(&node, &caller, Action::Subscribe, &rest)?;
     let (pos, last) = node.broker.last(&rest).await.map_err(|e| ApiError::new(500, e.to_string()))?;
     let info = ChannelInfo {
         channel: &rest,
@@ -186,11 +201,16 @@ async fn history(node: &Node, ch: &str, q: HistoryQuery) -> Result<Response, Api
     .into_response())
 }
 
-async fn presence(State(node): State<Arc<Node>>, Path(ch): Path<String>) -> Result<Response, ApiError> {
+async fn presence(
+    State(node): State<Arc<Node>>,
+    caller: CallerExt,
+    Path(ch): Path<String>,
+) -> Result<Response, ApiError> {
     validate_channel(&ch).map_err(|e| ApiError::new(400, e.to_string()))?;
     if !node.config.namespace(switchboard_protocol::namespace_of(&ch)).presence {
         return Err(ApiError::new(403, "presence is not enabled in this namespace"));
     }
+    allow(&node, &caller, Action::Presence, &ch)?;
     let clients = node.broker.presence(&ch).await.map_err(|e| ApiError::new(500, e.to_string()))?;
     Ok(Json(serde_json::json!({ "channel": ch, "clients": clients })).into_response())
 }

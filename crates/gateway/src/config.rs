@@ -43,6 +43,13 @@ pub struct Config {
     pub limits: Limits,
     /// Namespace options by namespace name; `""` is the default namespace.
     pub namespaces: HashMap<String, Namespace>,
+    /// Authentication: JWT keys, users file, API keys, origins, proxies, grants.
+    pub auth: crate::auth::AuthConfig,
+    /// TLS certificate and key (serve `https://` and `wss://` directly).
+    pub tls: crate::transport::tls::TlsConfig,
+    /// What `auth` and `tls` name, loaded and checked by [`Config::load`].
+    #[serde(skip)]
+    pub security: crate::auth::Security,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -60,6 +67,23 @@ pub struct Limits {
     pub max_channels_per_subscribe: usize,
     /// Largest publication data in bytes (413).
     pub max_publication_bytes: usize,
+    /// WebSocket connections from one client address; more are closed with 4029.
+    pub max_connections_per_ip: usize,
+    /// WebSocket handshakes per second from one client address (bursts of twice this pass);
+    /// more are refused with HTTP 429.
+    pub handshakes_per_ip_per_s: usize,
+    /// Publishes per second on one connection (bursts of twice this pass); more get error 429.
+    pub publishes_per_connection_per_s: usize,
+    /// Publications per second with one API key over the HTTP API; more get 429.
+    pub publishes_per_api_key_per_s: usize,
+    /// Seconds a client has for its TLS handshake and each request head (slowloris).
+    pub handshake_timeout_s: u64,
+    /// Seconds an unauthenticated client has for its first message when authentication is
+    /// configured (4001 after).
+    pub first_message_timeout_s: u64,
+    /// Loopback clients (local tools and benchmarks, or a local proxy not listed in
+    /// `auth.trusted_proxies`) skip the per-address and per-connection rate limits.
+    pub exempt_loopback: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -73,6 +97,8 @@ pub struct Namespace {
     pub client_publish: bool,
     /// Join/leave events and who-is-here.
     pub presence: bool,
+    /// Who may subscribe, publish, see presence and read history.
+    pub allow: crate::auth::Permissions,
 }
 
 impl Default for Config {
@@ -96,6 +122,9 @@ impl Default for Config {
             web_dir: None,
             limits: Limits::default(),
             namespaces,
+            auth: crate::auth::AuthConfig::default(),
+            tls: crate::transport::tls::TlsConfig::default(),
+            security: crate::auth::Security::default(),
         }
     }
 }
@@ -110,13 +139,27 @@ impl Default for Limits {
             ping_s: 25,
             max_channels_per_subscribe: 10_000,
             max_publication_bytes: 64 * 1024,
+            max_connections_per_ip: 1000,
+            handshakes_per_ip_per_s: 50,
+            publishes_per_connection_per_s: 100,
+            publishes_per_api_key_per_s: 10_000,
+            handshake_timeout_s: 10,
+            first_message_timeout_s: 5,
+            exempt_loopback: true,
         }
     }
 }
 
 impl Default for Namespace {
     fn default() -> Namespace {
-        Namespace { history_size: 100, history_ttl_s: 300, conflate: false, client_publish: false, presence: false }
+        Namespace {
+            history_size: 100,
+            history_ttl_s: 300,
+            conflate: false,
+            client_publish: false,
+            presence: false,
+            allow: crate::auth::Permissions::DEFAULT,
+        }
     }
 }
 
@@ -126,7 +169,7 @@ impl Namespace {
     }
 }
 
-const LIMIT_KEYS: [&str; 7] = [
+const LIMIT_KEYS: [&str; 14] = [
     "max_connections",
     "max_subscriptions",
     "max_frame_bytes",
@@ -134,6 +177,29 @@ const LIMIT_KEYS: [&str; 7] = [
     "ping_s",
     "max_channels_per_subscribe",
     "max_publication_bytes",
+    "max_connections_per_ip",
+    "handshakes_per_ip_per_s",
+    "publishes_per_connection_per_s",
+    "publishes_per_api_key_per_s",
+    "handshake_timeout_s",
+    "first_message_timeout_s",
+    "exempt_loopback",
+];
+
+/// Flat `SWITCHBOARD_*` names of the security settings (the flags' names) and their keys.
+const SECURITY_KEYS: [(&str, &str, &str); 12] = [
+    ("jwt_secret", "auth", "jwt_secret"),
+    ("jwt_public_key", "auth", "jwt_public_key"),
+    ("jwks", "auth", "jwks"),
+    ("users", "auth", "users"),
+    ("api_key", "auth", "api_keys"),
+    ("api_keys", "auth", "api_keys"),
+    ("allowed_origin", "auth", "allowed_origins"),
+    ("allowed_origins", "auth", "allowed_origins"),
+    ("trusted_proxies", "auth", "trusted_proxies"),
+    ("tls_cert", "tls", "cert"),
+    ("tls_key", "tls", "key"),
+    ("jwt_leeway_s", "auth", "jwt_leeway_s"),
 ];
 
 impl Config {
@@ -158,8 +224,22 @@ impl Config {
             if path.len() == 1 && LIMIT_KEYS.contains(&path[0].as_str()) {
                 path.insert(0, "limits".to_string());
             }
+            if path.len() == 1 {
+                if let Some((_, section, name)) = SECURITY_KEYS.iter().find(|(flat, _, _)| *flat == path[0]) {
+                    path = vec![section.to_string(), name.to_string()];
+                }
+            }
             let dotted = path.join(".");
-            set_path(&mut table, &path, env_value(&value))
+            let value = if dotted == "auth.api_keys" {
+                // A plain key from the environment is hashed here and never kept.
+                api_keys_value(&value).map_err(|e| ConfigError(format!("environment {key} ({dotted}): {e}")))?
+            } else if (path[0] == "auth" || path[0] == "tls") && dotted != "auth.jwt_leeway_s" {
+                // Secrets and paths stay text, even when they look like numbers.
+                toml::Value::String(value)
+            } else {
+                env_value(&value)
+            };
+            set_path(&mut table, &path, value)
                 .map_err(|e| ConfigError(format!("environment {key} ({dotted}): {e}")))?;
         }
         for (dotted, value) in overrides {
@@ -174,6 +254,10 @@ impl Config {
             config.namespaces.entry(name).or_insert(ns);
         }
         config.validate()?;
+        config.security = crate::auth::Security {
+            auth: std::sync::Arc::new(crate::auth::Auth::build(&config.auth, &config.limits)?),
+            tls: crate::transport::tls::load(&config.tls)?,
+        };
         Ok(config)
     }
 
@@ -195,6 +279,12 @@ impl Config {
             ("limits.ping_s", l.ping_s as usize),
             ("limits.max_channels_per_subscribe", l.max_channels_per_subscribe),
             ("limits.max_publication_bytes", l.max_publication_bytes),
+            ("limits.max_connections_per_ip", l.max_connections_per_ip),
+            ("limits.handshakes_per_ip_per_s", l.handshakes_per_ip_per_s),
+            ("limits.publishes_per_connection_per_s", l.publishes_per_connection_per_s),
+            ("limits.publishes_per_api_key_per_s", l.publishes_per_api_key_per_s),
+            ("limits.handshake_timeout_s", l.handshake_timeout_s as usize),
+            ("limits.first_message_timeout_s", l.first_message_timeout_s as usize),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{key}: must be greater than 0")));
@@ -203,13 +293,20 @@ impl Config {
         if l.max_frame_bytes < 125 {
             return Err(ConfigError("limits.max_frame_bytes: must be at least 125".into()));
         }
-        if !self.allow_anonymous && !self.listen_addr()?.ip().is_loopback() {
+        if !self.allow_anonymous && !self.listen_addr()?.ip().is_loopback() && !self.auth_configured() {
             return Err(ConfigError(format!(
-                "listen: {} is beyond loopback and no authentication is configured; pass --allow-anonymous to serve anyway",
+                "listen: {} is beyond loopback and no authentication is configured (--jwt-secret, --jwt-public-key, --jwks or --users); pass --allow-anonymous to serve anyway",
                 self.listen
             )));
         }
         Ok(())
+    }
+
+    /// Whether clients must authenticate: a JWT key source or a users file is configured.
+    /// (API keys alone protect only the HTTP API.)
+    pub fn auth_configured(&self) -> bool {
+        let a = &self.auth;
+        a.jwt_secret.is_some() || a.jwt_public_key.is_some() || a.jwks.is_some() || a.users.is_some()
     }
 
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
@@ -234,8 +331,14 @@ impl Config {
     }
 }
 
-static DEFAULT_NAMESPACE: Namespace =
-    Namespace { history_size: 100, history_ttl_s: 300, conflate: false, client_publish: false, presence: false };
+static DEFAULT_NAMESPACE: Namespace = Namespace {
+    history_size: 100,
+    history_ttl_s: 300,
+    conflate: false,
+    client_publish: false,
+    presence: false,
+    allow: crate::auth::Permissions::DEFAULT,
+};
 
 /// Parses `N@HZ`.
 pub fn parse_simulate(s: &str) -> Result<(usize, f64), String> {
@@ -260,6 +363,18 @@ fn env_value(s: &str) -> toml::Value {
         "false" => toml::Value::Boolean(false),
         _ => toml::Value::String(s.to_string()),
     }
+}
+
+/// `auth.api_keys` from the environment: one key or a comma-separated list, each plain (hashed
+/// here) or already a `sha256:` digest.
+fn api_keys_value(text: &str) -> Result<toml::Value, String> {
+    let keys = text
+        .split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(|k| crate::auth::apikey::stored_form(k).map(toml::Value::String))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(toml::Value::Array(keys))
 }
 
 fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> Result<(), String> {

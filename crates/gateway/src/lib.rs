@@ -8,8 +8,11 @@
 //! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out.
 //! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes.
 //! - [`session`]: one client's commands and subscriptions, transport-free.
-//! - [`transport`]: WebSocket handshake and connection task (`transport::ws`).
+//! - [`transport`]: the accepted connection (`transport::conn`, TLS in `transport::tls`), the
+//!   WebSocket handshake and connection task (`transport::ws`).
 //! - [`api`]: the HTTP API and route table.
+//! - [`auth`]: authentication (JWT, Basic, API keys), namespace permissions, `Origin` checks
+//!   and per-address / per-key abuse limits.
 //! - [`dashboards`]: saved dashboards (`/api/dashboards`, files in the data directory) and the
 //!   built web app served at `/`.
 //! - [`metrics`]: counters and the delivery-lag histogram, rendered for Prometheus.
@@ -17,6 +20,7 @@
 //! - [`server`]: the accept loop and [`server::run`], the whole node as a blocking call.
 
 pub mod api;
+pub mod auth;
 pub mod config;
 pub mod dashboards;
 pub mod hub;

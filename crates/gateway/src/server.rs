@@ -3,8 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
 use crate::config::Config;
@@ -12,18 +10,17 @@ use crate::node::Node;
 
 /// How long shutdown waits for clients to take their close frames.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
-/// Slow handshakes (slowloris) are cut after this.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accepts connections until the node stops. Each TCP connection is served by hyper (HTTP/1.1
-/// with upgrades); `/ws` upgrades hand the raw socket to the WebSocket transport.
+/// with upgrades, behind TLS when configured; see `transport::conn`); `/ws` upgrades hand the
+/// socket to the WebSocket transport.
 pub async fn accept_loop(node: Arc<Node>, listener: TcpListener) {
     let app = crate::api::router(node.clone());
     let mut stop = node.stopping();
     loop {
-        let tcp = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
-                Ok((tcp, _)) => tcp,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors, most likely: back off instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -33,15 +30,7 @@ pub async fn accept_loop(node: Arc<Node>, listener: TcpListener) {
             },
             _ = stop.changed() => return,
         };
-        let svc = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(tcp), svc)
-                .with_upgrades();
-            let _ = conn.await;
-        });
+        tokio::spawn(crate::transport::conn::serve(node.clone(), app.clone(), tcp, peer));
     }
 }
 
@@ -90,7 +79,8 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "switchboard listening on http://{local}");
+            let scheme = if node.config.security.tls.is_some() { "https" } else { "http" };
+            let _ = writeln!(out, "switchboard listening on {scheme}://{local}");
             let _ = out.flush();
         }
         let accept = tokio::spawn(accept_loop(node.clone(), listener));

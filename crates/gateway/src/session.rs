@@ -3,10 +3,18 @@
 //! A transport decodes frames into payloads and hands them to [`Session::handle_payload`];
 //! everything the session says goes through the connection's [`Outbox`]. Tests drive a session
 //! with an in-memory wire.
+//!
+//! The session also owns the client's [`Identity`]: set by the transport from handshake
+//! credentials, or by a `connect` command with a token, replaced by `refresh`. Every command
+//! on a channel is checked against the namespace permissions ([`Auth::check`]). The transport
+//! asks [`Session::deadline`] when the connection must be looked at again (the first message of
+//! an unauthenticated client, the token's expiry) and closes it with what
+//! [`Session::check_deadline`] returns (4001).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
@@ -19,6 +27,8 @@ use switchboard_protocol::{
     decode_json_frame, decode_msgpack_frame, namespace_of, validate_channel, Command, CommandBody, Format,
 };
 
+use crate::auth::limits::Bucket;
+use crate::auth::{Action, Auth, Identity, Method};
 use crate::node::{ApiError, Node};
 use crate::outbox::{Outbox, Pushed};
 
@@ -46,6 +56,13 @@ pub struct Session {
     present: Vec<Arc<str>>,
     /// A reply was queued and the outbox wants a flush.
     needs_flush: bool,
+    auth: Arc<Auth>,
+    identity: Identity,
+    /// An unauthenticated client on a node with authentication must send its first message
+    /// before this (4001 otherwise).
+    first_message_by: Option<SystemTime>,
+    /// Publishes per second (none when the client is exempt from rate limits).
+    publish_rate: Option<Bucket>,
 }
 
 enum Outcome {
@@ -56,7 +73,9 @@ enum Outcome {
 impl Session {
     pub fn new(node: Arc<Node>, outbox: Arc<Outbox>) -> Session {
         let client = format!("{}-{}", node.id, outbox.id);
-        Session {
+        let auth = node.config.security.auth.clone();
+        let publish_rate = Some(Bucket::full(node.config.limits.publishes_per_connection_per_s as f64, Instant::now()));
+        let mut session = Session {
             node,
             outbox,
             client,
@@ -64,7 +83,75 @@ impl Session {
             subs: HashSet::new(),
             present: Vec::new(),
             needs_flush: false,
+            auth,
+            identity: Identity::anonymous(),
+            first_message_by: None,
+            publish_rate,
+        };
+        session.set_identity(None);
+        session
+    }
+
+    /// Sets who the client is, from the handshake. `None` (no credentials) on a node with
+    /// authentication starts the first-message deadline: the client has
+    /// `limits.first_message_timeout_s` to send a command — usually `connect` with a token.
+    pub fn set_identity(&mut self, identity: Option<Identity>) {
+        match identity {
+            Some(i) => {
+                self.user = i.user.clone();
+                self.identity = i;
+                self.first_message_by = None;
+            }
+            None => {
+                self.user = String::new();
+                self.identity = Identity::anonymous();
+                self.first_message_by = self
+                    .auth
+                    .enabled()
+                    .then(|| SystemTime::now() + Duration::from_secs(self.node.config.limits.first_message_timeout_s));
+            }
         }
+    }
+
+    /// Lifts the per-connection publish rate (clients on exempt addresses, see
+    /// `limits.exempt_loopback`).
+    pub fn set_rate_exempt(&mut self, exempt: bool) {
+        if exempt {
+            self.publish_rate = None;
+        }
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// When the transport must call [`check_deadline`](Self::check_deadline) next.
+    pub fn deadline(&self) -> Option<SystemTime> {
+        let expiry =
+            self.identity.expires.map(|exp| UNIX_EPOCH + Duration::from_secs(exp.saturating_add(self.auth.leeway_s())));
+        match (self.first_message_by, expiry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The close reason once a deadline has passed: no first message in time, or an expired
+    /// token that was not refreshed (4001, no reconnect without a new token).
+    pub fn check_deadline(&mut self) -> Option<CloseReason> {
+        let now = SystemTime::now();
+        if self.first_message_by.is_some_and(|t| t <= now) {
+            return Some(CloseReason::new(
+                close::INVALID_TOKEN,
+                format!(
+                    "no credentials: send connect with a token within {} s",
+                    self.node.config.limits.first_message_timeout_s
+                ),
+            ));
+        }
+        if self.deadline().is_some_and(|t| t <= now) {
+            return Some(CloseReason::new(close::INVALID_TOKEN, "token expired"));
+        }
+        None
     }
 
     pub fn outbox(&self) -> &Arc<Outbox> {
@@ -73,6 +160,7 @@ impl Session {
 
     /// Handles one complete message payload (a text or binary WebSocket message).
     pub async fn handle_payload(&mut self, payload: &[u8]) -> Result<(), CloseReason> {
+        self.first_message_by = None;
         self.node.metrics.messages_in.fetch_add(1, Relaxed);
         self.node.metrics.bytes_in.fetch_add(payload.len() as u64, Relaxed);
         let commands = match self.outbox.format {
@@ -85,7 +173,7 @@ impl Session {
         }
         .map_err(|e| CloseReason::new(close::PROTOCOL_ERROR, e.to_string()))?;
         for cmd in commands {
-            self.dispatch(cmd).await;
+            self.dispatch(cmd).await?;
         }
         Ok(())
     }
@@ -115,10 +203,13 @@ impl Session {
         self.send(bytes);
     }
 
-    async fn dispatch(&mut self, cmd: Command) {
+    async fn dispatch(&mut self, cmd: Command) -> Result<(), CloseReason> {
         let id = cmd.id;
         let result = match cmd.body {
-            CommandBody::Subscribe(req) => return self.subscribe(id, req).await,
+            CommandBody::Subscribe(req) => {
+                self.subscribe(id, req).await;
+                return Ok(());
+            }
             CommandBody::Ping(p) => {
                 #[derive(Serialize)]
                 struct Echo<'a> {
@@ -127,7 +218,7 @@ impl Session {
                 }
                 let data = p.data.map(switchboard_protocol::message::single_line);
                 self.ok(id, &Echo { data: data.as_deref().map(Data) });
-                return;
+                return Ok(());
             }
             CommandBody::Publish(req) => self.publish(id, req).await,
             CommandBody::Unsubscribe(req) => {
@@ -135,7 +226,7 @@ impl Session {
                     self.unsubscribe(ch).await;
                 }
                 self.ok(id, &serde_json::json!({}));
-                return;
+                return Ok(());
             }
             CommandBody::History(req) => self.history(id, req).await,
             CommandBody::Presence(req) => self.presence(id, &req.channel).await,
@@ -143,29 +234,88 @@ impl Session {
                 if let Some(name) = req.name {
                     tracing::debug!(client = %self.client, name = %name.chars().take(64).collect::<String>(), "connect");
                 }
+                if let Some(token) = req.token {
+                    self.connect_token(&token)?;
+                }
                 #[derive(Serialize)]
                 struct Connected<'a> {
                     client: &'a str,
                     node: &'a str,
                     ping_s: u64,
+                    #[serde(skip_serializing_if = "str::is_empty")]
+                    user: &'a str,
+                    #[serde(skip_serializing_if = "Option::is_none")]
+                    expires: Option<u64>,
                 }
-                let body =
-                    Connected { client: &self.client, node: &self.node.id, ping_s: self.node.config.limits.ping_s };
+                let body = Connected {
+                    client: &self.client,
+                    node: &self.node.id,
+                    ping_s: self.node.config.limits.ping_s,
+                    user: &self.identity.user,
+                    expires: self.identity.expires,
+                };
                 let bytes = id.map(|id| encode_ok(self.outbox.format, id, &body));
                 if let Some(b) = bytes {
                     self.send(b);
                 }
-                return;
+                return Ok(());
             }
-            CommandBody::Refresh(_) => {
-                Err(ApiError::new(code::BAD_REQUEST, "authentication is not configured on this node"))
-            }
+            CommandBody::Refresh(req) => self.refresh(id, &req.token),
             CommandBody::Unknown(name) => Err(ApiError::new(code::NOT_FOUND, format!("unknown command {name:?}"))),
             CommandBody::Invalid(why) => Err(ApiError::new(code::BAD_REQUEST, why)),
         };
         if let Err(e) = result {
             self.err(id, e);
         }
+        Ok(())
+    }
+
+    /// `connect` with a token: authenticates an anonymous connection (a bad token closes it
+    /// with 4001), or acts as a `refresh` on an authenticated one.
+    fn connect_token(&mut self, token: &str) -> Result<(), CloseReason> {
+        if !self.auth.enabled() {
+            // Nothing to check against; the connection stays anonymous, as without a token.
+            return Ok(());
+        }
+        let verified = match self.auth.verify_token(token) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!(client = %self.client, reason = %e, "connect token refused");
+                return Err(CloseReason::new(close::INVALID_TOKEN, e.to_string()));
+            }
+        };
+        if !self.identity.is_anonymous() && verified.user != self.identity.user {
+            return Err(CloseReason::new(close::INVALID_TOKEN, "token is for another user"));
+        }
+        self.set_identity(Some(verified));
+        Ok(())
+    }
+
+    /// `refresh`: replaces the connection's token (same `sub`) before it expires.
+    fn refresh(&mut self, id: Option<u32>, token: &str) -> Result<(), ApiError> {
+        if !self.auth.has_jwt() {
+            return Err(ApiError::new(code::BAD_REQUEST, "token authentication is not configured on this node"));
+        }
+        match self.identity.method {
+            Method::Token => {}
+            Method::Anonymous => {
+                return Err(ApiError::new(code::UNAUTHORIZED, "not authenticated; send connect with a token"))
+            }
+            _ => return Err(ApiError::new(code::BAD_REQUEST, "this connection did not authenticate with a token")),
+        }
+        let verified = self.auth.verify_token(token).map_err(|e| ApiError::new(code::UNAUTHORIZED, e.to_string()))?;
+        if verified.user != self.identity.user {
+            return Err(ApiError::new(code::FORBIDDEN, "token is for another user"));
+        }
+        let expires = verified.expires;
+        self.set_identity(Some(verified));
+        self.ok(id, &serde_json::json!({ "expires": expires }));
+        Ok(())
+    }
+
+    /// Checks `action` on `channel` for this client.
+    fn allow(&self, action: Action, channel: &str) -> Result<(), ApiError> {
+        self.auth.check(&self.identity, self.node.config.namespace(namespace_of(channel)), action, channel)
     }
 
     async fn publish(&mut self, id: Option<u32>, req: PublishRequest) -> Result<(), ApiError> {
@@ -174,6 +324,13 @@ impl Session {
         if !ns.client_publish {
             return Err(ApiError::new(code::FORBIDDEN, "clients may not publish in this namespace"));
         }
+        self.allow(Action::Publish, &req.channel)?;
+        let rate = self.node.config.limits.publishes_per_connection_per_s;
+        if let Some(bucket) = &mut self.publish_rate {
+            if !bucket.take(rate as f64, Instant::now()) {
+                return Err(ApiError::new(code::LIMIT, format!("more than {rate} publishes per second")));
+            }
+        }
         let pos = self.node.publish(&req.channel, Arc::new(req.data)).await?;
         self.ok(id, &serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}));
         Ok(())
@@ -181,6 +338,7 @@ impl Session {
 
     async fn history(&mut self, id: Option<u32>, req: HistoryRequest) -> Result<(), ApiError> {
         validate_channel(&req.channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+        self.allow(Action::History, &req.channel)?;
         let since = req.since.map(|s| Position { epoch: s.epoch.into(), offset: s.offset });
         let limit = req.limit.unwrap_or(100).min(10_000);
         let r = self
@@ -211,6 +369,7 @@ impl Session {
         if !self.node.config.namespace(namespace_of(channel)).presence {
             return Err(ApiError::new(code::FORBIDDEN, "presence is not enabled in this namespace"));
         }
+        self.allow(Action::Presence, channel)?;
         let clients =
             self.node.broker.presence(channel).await.map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
         self.ok(id, &serde_json::json!({ "clients": clients }));
@@ -279,6 +438,7 @@ impl Session {
 
     async fn subscribe_one(&mut self, name: &str, req: &SubscribeRequest) -> Result<(Arc<str>, Outcome), ApiError> {
         validate_channel(name).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+        self.allow(Action::Subscribe, name)?;
         if self.subs.contains(name) {
             return Err(ApiError::new(code::CONFLICT, "already subscribed"));
         }

@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a gateway node.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run a node on 127.0.0.1 with a simulator of 1,000 points at 1 Hz and a few chat rooms.
     Demo(DemoArgs),
     /// Publish one JSON value to a channel over the HTTP API.
@@ -30,6 +30,104 @@ enum Command {
     Sub(switchboard_client::cli::SubArgs),
     /// Run a benchmark scenario against a Switchboard node or any WebSocket echo server.
     Bench(switchboard_bench::BenchCommand),
+    /// Manage the users file of Basic authentication.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Print a new random API key and the digest to put in the configuration
+    /// (`auth.api_keys`), or with --hash the digest of a key read from stdin.
+    ApiKey(ApiKeyArgs),
+}
+
+#[derive(Subcommand)]
+enum UserCommand {
+    /// Add a user or change its password. The password is read from stdin when it is not a
+    /// terminal, otherwise prompted for (twice, without echo).
+    Add {
+        /// User name: 1-64 of A-Z a-z 0-9 _ . @ -
+        name: String,
+        /// The users file to create or update.
+        #[arg(long, env = "SWITCHBOARD_USERS", default_value = "switchboard.users")]
+        users: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct ApiKeyArgs {
+    /// Read a key from stdin and print only its digest.
+    #[arg(long)]
+    hash: bool,
+}
+
+/// Authentication, origin and TLS flags of `serve` (docs/security.md).
+#[derive(Args)]
+struct SecurityArgs {
+    /// HS256 secret for JWTs (32+ bytes). Prefer SWITCHBOARD_JWT_SECRET or the config file:
+    /// command lines are visible to other local users.
+    #[arg(long, value_name = "SECRET")]
+    jwt_secret: Option<String>,
+    /// PEM public key (RSA for RS256, EC P-256 for ES256) that verifies JWTs.
+    #[arg(long, value_name = "FILE")]
+    jwt_public_key: Option<PathBuf>,
+    /// JWK set file whose keys verify JWTs (chosen by `kid`).
+    #[arg(long, value_name = "FILE")]
+    jwks: Option<PathBuf>,
+    /// Users file (Argon2 hashes) for Basic authentication; see `switchboard user add`.
+    #[arg(long, value_name = "FILE")]
+    users: Option<PathBuf>,
+    /// HTTP API key, plain (hashed at startup) or as its `sha256:` digest. Repeatable.
+    #[arg(long, value_name = "KEY")]
+    api_key: Vec<String>,
+    /// Origin allowed to open browser WebSockets (e.g. https://app.example.com; `*` for any).
+    /// Repeatable. Without any, only pages of the node's own origin may connect.
+    #[arg(long, value_name = "URL")]
+    allowed_origin: Vec<String>,
+    /// Proxy (IP or CIDR) whose X-Forwarded-For names the client address. Repeatable.
+    #[arg(long, value_name = "IP")]
+    trusted_proxy: Vec<String>,
+    /// PEM certificate chain: serve https:// and wss:// directly.
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+}
+
+impl SecurityArgs {
+    /// Configuration overrides; plain API keys are hashed here and never kept.
+    fn overrides(&self) -> Result<Vec<(&'static str, toml::Value)>, ConfigError> {
+        let mut o = Vec::new();
+        let list = |v: &[String]| toml::Value::Array(v.iter().cloned().map(toml::Value::String).collect());
+        if let Some(v) = &self.jwt_secret {
+            o.push(("auth.jwt_secret", toml::Value::String(v.clone())));
+        }
+        for (key, v) in [
+            ("auth.jwt_public_key", &self.jwt_public_key),
+            ("auth.jwks", &self.jwks),
+            ("auth.users", &self.users),
+            ("tls.cert", &self.tls_cert),
+            ("tls.key", &self.tls_key),
+        ] {
+            if let Some(p) = v {
+                o.push((key, path_value(p)));
+            }
+        }
+        if !self.api_key.is_empty() {
+            let hashed = self
+                .api_key
+                .iter()
+                .map(|k| switchboard_gateway::auth::apikey::stored_form(k))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| ConfigError(format!("--api-key: {e}")))?;
+            o.push(("auth.api_keys", list(&hashed)));
+        }
+        if !self.allowed_origin.is_empty() {
+            o.push(("auth.allowed_origins", list(&self.allowed_origin)));
+        }
+        if !self.trusted_proxy.is_empty() {
+            o.push(("auth.trusted_proxies", list(&self.trusted_proxy)));
+        }
+        Ok(o)
+    }
 }
 
 #[derive(Args)]
@@ -78,6 +176,8 @@ struct ServeArgs {
     /// directory or the executable].
     #[arg(long)]
     web_dir: Option<PathBuf>,
+    #[command(flatten)]
+    security: SecurityArgs,
 }
 
 #[derive(Args)]
@@ -152,6 +252,42 @@ fn load(config: Option<&std::path::Path>, overrides: &[(&str, toml::Value)]) -> 
     Config::load(config, std::env::vars(), overrides)
 }
 
+/// `switchboard user add NAME`: the password from stdin (not a terminal) or a prompt.
+fn user_add(name: &str, users: &std::path::Path) -> anyhow::Result<()> {
+    use std::io::{BufRead, IsTerminal};
+    let password = if std::io::stdin().is_terminal() {
+        let first = rpassword::prompt_password(format!("password for {name}: "))?;
+        let again = rpassword::prompt_password("again: ")?;
+        if first != again {
+            anyhow::bail!("the passwords differ");
+        }
+        first
+    } else {
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line)?;
+        line.trim_end_matches(['\r', '\n']).to_string()
+    };
+    let existed = switchboard_gateway::auth::users::add_user(users, name, &password).map_err(anyhow::Error::msg)?;
+    eprintln!("{} user {name} in {}", if existed { "updated" } else { "added" }, users.display());
+    Ok(())
+}
+
+/// `switchboard api-key [--hash]`.
+fn api_key(args: &ApiKeyArgs) -> anyhow::Result<()> {
+    use std::io::BufRead;
+    use switchboard_gateway::auth::apikey;
+    if args.hash {
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line)?;
+        println!("{}", apikey::stored_form(line.trim()).map_err(anyhow::Error::msg)?);
+    } else {
+        let key = apikey::generate();
+        println!("key:    {key}");
+        println!("config: api_keys = [\"{}\"]   # under [auth]", apikey::hash_key(&key));
+    }
+    Ok(())
+}
+
 fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
 }
@@ -160,7 +296,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     let result = match cli.command {
-        Command::Serve(args) => match load(args.config.as_deref(), &args.overrides()) {
+        Command::Serve(args) => match args.security.overrides().and_then(|mut o| {
+            o.extend(args.overrides());
+            load(args.config.as_deref(), &o)
+        }) {
             Ok(config) => switchboard_gateway::server::run(config),
             Err(e) => {
                 eprintln!("switchboard: {e}");
@@ -202,6 +341,8 @@ fn main() -> ExitCode {
         }
         Command::Publish(args) => client_runtime().and_then(|rt| rt.block_on(switchboard_client::cli::publish(args))),
         Command::Sub(args) => client_runtime().and_then(|rt| rt.block_on(switchboard_client::cli::sub(args))),
+        Command::User(UserCommand::Add { name, users }) => user_add(&name, &users),
+        Command::ApiKey(args) => api_key(&args),
         Command::Bench(cmd) => match switchboard_bench::run(cmd) {
             // 0: the run passed its criteria; 1: it ran but failed them.
             Ok(code) => return ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -1,17 +1,26 @@
 //! The WebSocket transport: the `/ws` handshake and one task per connection that reads frames,
 //! feeds the session, and takes over writes when the socket is full.
 //!
+//! The handshake applies the admission rules of docs/security.md in order, cheapest first:
+//! handshakes per second per client address (HTTP 429), the `Origin` allow-list (HTTP 403),
+//! the upgrade itself, then credentials — `Authorization` (Bearer or Basic), the
+//! `switchboard.token.<jwt>` subprotocol entry, or the `token` query parameter. Refused
+//! credentials and full per-address slots still upgrade and then close with 4001 / 4029, so
+//! that browsers, which never see the HTTP status of a failed handshake, learn why.
+//!
 //! The task holds no read buffer while idle: reads land in a stack buffer, and only a partial
 //! frame is kept between reads. That keeps an idle connection to a few hundred bytes of heap.
 
 use std::io;
+use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, Method, Response, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use switchboard_protocol::code::close;
@@ -19,14 +28,35 @@ use switchboard_protocol::websocket::{self, FrameError, Opcode};
 use switchboard_protocol::Format;
 use tokio::net::TcpStream;
 
+use crate::auth::credentials::{parse_authorization, split_subprotocols, token_from_query};
+use crate::auth::limits::{Admission, IpGuard};
+use crate::auth::{AuthFailure, Identity};
 use crate::node::Node;
+use crate::outbox::Wire;
 use crate::session::{CloseReason, Session};
+use crate::transport::conn::Peer;
+use crate::transport::tls::TlsWire;
 
 /// How long a closing connection may take to write its last frames and see the peer go.
 const CLOSE_GRACE: Duration = Duration::from_secs(3);
 
-/// Handles `GET /ws`: validates the upgrade, picks the subprotocol and spawns the connection.
+/// What the handshake decided about a connection, carried into its task.
+struct Admitted {
+    /// `Ok(None)`: no credentials presented.
+    identity: Result<Option<Identity>, AuthFailure>,
+    /// `Some(None)`: the client's address has no connection slot left (4029).
+    slot: Option<Option<IpGuard>>,
+    /// The client's address is exempt from per-connection rate limits.
+    exempt: bool,
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Handles `GET /ws`: admission, the upgrade, the subprotocol, and spawns the connection.
 pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Response<Body> {
+    let auth = node.config.security.auth.clone();
     let h = req.headers();
     let has = |name: header::HeaderName, token: &str| {
         h.get_all(name)
@@ -35,6 +65,23 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
     };
     if req.method() != Method::GET || !has(header::UPGRADE, "websocket") || !has(header::CONNECTION, "upgrade") {
         return plain(StatusCode::BAD_REQUEST, "expected a WebSocket upgrade (GET with Upgrade: websocket)");
+    }
+    let ip: Option<IpAddr> = req
+        .extensions()
+        .get::<Peer>()
+        .map(|p| auth.client_ip(p.0.ip(), header_str(h, "x-forwarded-for"), header_str(h, "x-real-ip")));
+    let limited = ip.filter(|ip| !auth.is_exempt(*ip));
+    if let Some(ip) = limited {
+        if auth.limiter.admit_handshake(ip) == Admission::RateLimited {
+            node.metrics.rejected_connections.fetch_add(1, Relaxed);
+            let mut r = plain(StatusCode::TOO_MANY_REQUESTS, "too many handshakes from this address; retry later");
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return r;
+        }
+    }
+    if !auth.origin_allowed(header_str(h, "origin"), header_str(h, "host")) {
+        node.metrics.rejected_connections.fetch_add(1, Relaxed);
+        return plain(StatusCode::FORBIDDEN, "origin not allowed");
     }
     if h.get(header::SEC_WEBSOCKET_VERSION).and_then(|v| v.to_str().ok()) != Some("13") {
         let mut r = plain(StatusCode::UPGRADE_REQUIRED, "unsupported WebSocket version; use 13");
@@ -45,13 +92,10 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
         return plain(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
     };
     let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
-    let offered: Vec<String> = h
-        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(',').map(|p| p.trim().to_string()))
-        .collect();
-    let format = offered.iter().find_map(|p| match p.as_str() {
+    // A `switchboard.token.<jwt>` entry carries credentials; it is never chosen (echoed).
+    let (offered, protocol_token) =
+        split_subprotocols(h.get_all(header::SEC_WEBSOCKET_PROTOCOL).iter().filter_map(|v| v.to_str().ok()));
+    let format = offered.iter().find_map(|p| match *p {
         Format::JSON_PROTOCOL => Some(Format::Json),
         Format::MSGPACK_PROTOCOL => Some(Format::Msgpack),
         _ => None,
@@ -62,6 +106,25 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
             "no supported subprotocol offered; use switchboard.v1.json or switchboard.v1.msgpack",
         );
     }
+    let presented = h
+        .get(header::AUTHORIZATION)
+        .map(|v| parse_authorization(v.as_bytes()))
+        .or(protocol_token)
+        .or_else(|| req.uri().query().and_then(token_from_query));
+    let identity = match presented {
+        // Without authentication configured, credentials are not needed and not checked.
+        _ if !auth.enabled() => Ok(None),
+        None => Ok(None),
+        Some(Err(e)) => Err(AuthFailure::from(e)),
+        Some(Ok(c)) => auth.authenticate(c).await.map(Some),
+    };
+    if let Err(e) = &identity {
+        tracing::debug!(ip = ?ip, reason = %e, "handshake credentials refused");
+    }
+    let admitted = Admitted { identity, slot: limited.map(|ip| auth.limiter.acquire(ip)), exempt: limited.is_none() };
+    let format = format.unwrap_or(Format::Json);
+    // Echo the chosen protocol only when the client offered it.
+    let echo = offered.contains(&format.subprotocol()).then_some(format.subprotocol());
     let on_upgrade = hyper::upgrade::on(&mut req);
     let max_frame = node.config.limits.max_frame_bytes;
     tokio::spawn(async move {
@@ -72,11 +135,20 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
                 return;
             }
         };
-        match upgraded.downcast::<TokioIo<TcpStream>>() {
+        let upgraded = match upgraded.downcast::<TokioIo<TcpStream>>() {
             Ok(parts) => {
-                run(node, parts.io.into_inner(), parts.read_buf, format.unwrap_or(Format::Json), max_frame).await
+                let socket = Socket::Plain(Arc::new(parts.io.into_inner()));
+                return run(node, socket, parts.read_buf, format, max_frame, admitted).await;
             }
-            Err(_) => tracing::error!("upgraded connection is not a TCP stream"),
+            Err(u) => u,
+        };
+        match upgraded.downcast::<TokioIo<tokio_rustls::server::TlsStream<TcpStream>>>() {
+            Ok(parts) => {
+                let (tcp, session) = parts.io.into_inner().into_inner();
+                let socket = Socket::Tls(Arc::new(TlsWire::new(tcp, session)));
+                run(node, socket, parts.read_buf, format, max_frame, admitted).await
+            }
+            Err(_) => tracing::error!("upgraded connection is neither TCP nor TLS over TCP"),
         }
     });
     let mut r = Response::new(Body::empty());
@@ -87,10 +159,64 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
     if let Ok(v) = HeaderValue::from_str(&accept) {
         hd.insert(header::SEC_WEBSOCKET_ACCEPT, v);
     }
-    if let Some(f) = format {
-        hd.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(f.subprotocol()));
+    if let Some(p) = echo {
+        hd.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(p));
     }
     r
+}
+
+/// A connection's socket: plain TCP, or TCP under a TLS session.
+#[derive(Clone)]
+enum Socket {
+    Plain(Arc<TcpStream>),
+    Tls(Arc<TlsWire>),
+}
+
+impl Socket {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Socket::Plain(s) => s,
+            Socket::Tls(t) => t.tcp(),
+        }
+    }
+
+    fn wire(&self) -> Arc<dyn Wire> {
+        match self {
+            Socket::Plain(s) => s.clone(),
+            Socket::Tls(t) => t.clone(),
+        }
+    }
+
+    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Socket::Plain(s) => s.try_read(buf),
+            Socket::Tls(t) => t.read_plain(buf),
+        }
+    }
+
+    /// Decrypted bytes are waiting: read without waiting for the socket.
+    fn buffered(&self) -> bool {
+        matches!(self, Socket::Tls(t) if t.has_buffered())
+    }
+
+    /// Encrypted records wait for the socket.
+    fn tls_pending(&self) -> bool {
+        matches!(self, Socket::Tls(t) if t.wants_write())
+    }
+
+    fn flush_tls(&self) -> io::Result<()> {
+        match self {
+            Socket::Plain(_) => Ok(()),
+            Socket::Tls(t) => t.flush(),
+        }
+    }
+
+    async fn tls_notified(&self) {
+        match self {
+            Socket::Plain(_) => std::future::pending().await,
+            Socket::Tls(t) => t.notified().await,
+        }
+    }
 }
 
 fn plain(status: StatusCode, msg: &'static str) -> Response<Body> {
@@ -123,9 +249,9 @@ enum ReadError {
 
 impl FrameReader {
     /// Reads what the socket has without blocking and returns the complete events.
-    fn read(&mut self, stream: &TcpStream, out: &mut Vec<Event>) -> Result<usize, ReadError> {
+    fn read(&mut self, socket: &Socket, out: &mut Vec<Event>) -> Result<usize, ReadError> {
         let mut buf = [0u8; 8192];
-        let n = match stream.try_read(&mut buf) {
+        let n = match socket.try_read(&mut buf) {
             Ok(0) => return Err(ReadError::Eof),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
@@ -210,18 +336,49 @@ impl FrameReader {
     }
 }
 
+/// What woke the connection task.
+enum Wake {
+    Read,
+    Writable,
+    Deadline,
+    Other,
+}
+
+/// The wall-clock `deadline` as a Tokio instant.
+fn instant_of(deadline: SystemTime) -> tokio::time::Instant {
+    tokio::time::Instant::now() + deadline.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO)
+}
+
 /// Runs one connection to its end.
-async fn run(node: Arc<Node>, stream: TcpStream, leftover: Bytes, format: Format, max_frame: usize) {
-    let _ = stream.set_nodelay(true);
-    let stream = Arc::new(stream);
-    let outbox = match node.register(format, stream.clone()) {
+async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, max_frame: usize, admitted: Admitted) {
+    let _ = socket.tcp().set_nodelay(true);
+    let outbox = match node.register(format, socket.wire()) {
         Ok(ob) => ob,
         Err(ob) => {
-            Box::pin(finish(&stream, &ob)).await;
+            Box::pin(finish(&socket, &ob)).await;
             return;
         }
     };
+    // Refusals that waited for the upgrade so the client can be told why.
+    let refusal = match (&admitted.slot, &admitted.identity) {
+        (Some(None), _) => {
+            node.metrics.rejected_connections.fetch_add(1, Relaxed);
+            Some(CloseReason::new(close::TOO_MANY, "too many connections from this address"))
+        }
+        (_, Err(e)) => Some(CloseReason::new(close::INVALID_TOKEN, e.to_string())),
+        _ => None,
+    };
+    if let Some(reason) = refusal {
+        outbox.close(reason.code, &reason.reason, false);
+        Box::pin(finish(&socket, &outbox)).await;
+        node.unregister(outbox.id);
+        return;
+    }
+    // Held until the connection ends: it frees the address's slot on drop.
+    let _slot = admitted.slot;
     let mut session = Session::new(node.clone(), outbox.clone());
+    session.set_identity(admitted.identity.ok().flatten());
+    session.set_rate_exempt(admitted.exempt);
     let mut reader = FrameReader { max: max_frame, partial: Vec::new(), fragments: None };
     let mut events = Vec::new();
     let mut stop = node.stopping();
@@ -236,40 +393,61 @@ async fn run(node: Arc<Node>, stream: TcpStream, leftover: Bytes, format: Format
             Err(e) => read_failed(&node, &session, e),
         }
     }
+    // The session's next deadline (first message, token expiry) and its timer; boxed and only
+    // present while there is one, so connections without authentication carry no timer.
+    let mut deadline: Option<SystemTime> = None;
+    let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
     loop {
         if outbox.is_closing() {
             break;
         }
-        let blocked = outbox.is_blocked();
-        tokio::select! {
-            _ = outbox.notified() => {}
-            r = stream.writable(), if blocked => {
-                if r.is_ok() {
+        let next = session.deadline();
+        if next != deadline {
+            deadline = next;
+            timer = next.map(|d| Box::pin(tokio::time::sleep_until(instant_of(d))));
+        }
+        let blocked = outbox.is_blocked() || socket.tls_pending();
+        let buffered = socket.buffered();
+        let wake = tokio::select! {
+            _ = outbox.notified() => Wake::Other,
+            _ = socket.tls_notified() => Wake::Other,
+            r = socket.tcp().writable(), if blocked => if r.is_ok() { Wake::Writable } else { break },
+            r = socket.tcp().readable(), if !buffered => if r.is_ok() { Wake::Read } else { break },
+            _ = std::future::ready(()), if buffered => Wake::Read,
+            _ = async { match timer.as_mut() { Some(t) => t.as_mut().await, None => std::future::pending().await } } => Wake::Deadline,
+            _ = stop.changed() => Wake::Other,
+        };
+        match wake {
+            Wake::Other => {}
+            Wake::Writable => {
+                if socket.flush_tls().is_ok() && outbox.is_blocked() {
                     outbox.flush_blocked();
                 }
             }
-            r = stream.readable() => {
-                if r.is_err() {
-                    break;
-                }
-                match reader.read(&stream, &mut events) {
-                    Ok(0) => {}
-                    Ok(_) => {
-                        outbox.last_seen.store(crate::unix_s(), Relaxed);
-                        // Boxed: command handling needs a large future, but only while a
-                        // command runs; an idle connection keeps just this loop's small state.
-                        if let Err(reason) = Box::pin(handle_events(&mut session, &mut events)).await {
-                            close_with(&node, &session, reason);
-                        }
-                    }
-                    Err(e) => read_failed(&node, &session, e),
+            Wake::Deadline => {
+                timer = None;
+                deadline = None;
+                if let Some(reason) = session.check_deadline() {
+                    tracing::debug!(code = reason.code, reason = %reason.reason, "closing connection at its deadline");
+                    session.outbox().close(reason.code, &reason.reason, true);
                 }
             }
-            _ = stop.changed() => {}
+            Wake::Read => match reader.read(&socket, &mut events) {
+                Ok(0) => {}
+                Ok(_) => {
+                    outbox.last_seen.store(crate::unix_s(), Relaxed);
+                    // Boxed: command handling needs a large future, but only while a
+                    // command runs; an idle connection keeps just this loop's small state.
+                    if let Err(reason) = Box::pin(handle_events(&mut session, &mut events)).await {
+                        close_with(&node, &session, reason);
+                    }
+                }
+                Err(e) => read_failed(&node, &session, e),
+            },
         }
     }
     Box::pin(session.cleanup()).await;
-    Box::pin(finish(&stream, &outbox)).await;
+    Box::pin(finish(&socket, &outbox)).await;
     node.unregister(outbox.id);
 }
 
@@ -317,19 +495,27 @@ async fn handle_events(session: &mut Session, events: &mut Vec<Event>) -> Result
 
 /// Writes out the closing frames (waiting for writability), half-closes, and waits briefly
 /// for the peer to close so the last frames are not lost to a reset.
-async fn finish(stream: &TcpStream, outbox: &crate::outbox::Outbox) {
+async fn finish(socket: &Socket, outbox: &crate::outbox::Outbox) {
+    let stream = socket.tcp();
     let deadline = tokio::time::Instant::now() + CLOSE_GRACE;
-    while !outbox.finished() {
+    while !outbox.finished() || socket.tls_pending() {
         tokio::select! {
             r = stream.writable() => {
                 if r.is_err() {
                     return;
                 }
-                outbox.flush_blocked();
+                if socket.flush_tls().is_ok() {
+                    outbox.flush_blocked();
+                }
             }
             _ = outbox.notified() => {}
+            _ = socket.tls_notified() => {}
             _ = tokio::time::sleep_until(deadline) => return,
         }
+    }
+    if let Socket::Tls(t) = socket {
+        t.close_notify();
+        let _ = t.flush();
     }
     let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
     let mut buf = [0u8; 1024];

@@ -1,0 +1,167 @@
+//! Authentication for the HTTP API (SPEC §4: `Authorization: Bearer <api key or token>` when
+//! authentication is on; Basic works too).
+//!
+//! [`guard`] runs in front of every route:
+//! - requests that change state (any method but GET / HEAD / OPTIONS) from a browser page of
+//!   another origin are refused 403, so a web page cannot make a visitor's browser publish
+//!   (cross-site request forgery with cached Basic credentials, or against a loopback node);
+//! - under `/api/`, when authentication or API keys are configured, a request without valid
+//!   credentials gets 401 and the caller's [`Identity`] is attached for the handlers.
+//!
+//! Health, readiness, metrics and the dashboard page stay open: they carry no channel data.
+//! The handlers then ask [`allow`] / [`allow_publish`] per channel: API keys may do anything;
+//! tokens and users follow the namespace permissions, and publish only where clients may.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use switchboard_broker::{Data, Position};
+use switchboard_protocol::{code, namespace_of, validate_channel};
+
+use super::credentials::parse_authorization;
+use super::{Action, Identity, Method as AuthMethod};
+use crate::node::{ApiError, Node};
+
+/// The authenticated caller of an HTTP API request, attached by [`guard`].
+#[derive(Debug, Clone)]
+pub struct Caller(pub Identity);
+
+fn error(status: StatusCode, message: &str) -> Response {
+    let code = status.as_u16();
+    let mut r = (status, Json(serde_json::json!({"error": {"code": code, "message": message}}))).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"switchboard\""));
+    }
+    r
+}
+
+/// The middleware; see the module docs.
+pub async fn guard(State(node): State<Arc<Node>>, mut req: Request, next: Next) -> Response {
+    let auth = node.config.security.auth.clone();
+    if !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        let h = req.headers();
+        let origin = h.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+        let host = h.get(header::HOST).and_then(|v| v.to_str().ok());
+        if !auth.origin_allowed(origin, host) {
+            return error(StatusCode::FORBIDDEN, "origin not allowed");
+        }
+    }
+    if req.uri().path().starts_with("/api/") {
+        let identity = if auth.http_enabled() {
+            let presented = req.headers().get(header::AUTHORIZATION).map(|v| parse_authorization(v.as_bytes()));
+            let verdict = match presented {
+                None => {
+                    return error(
+                        StatusCode::UNAUTHORIZED,
+                        "credentials required (Authorization: Bearer <api key or token>)",
+                    )
+                }
+                Some(Err(e)) => Err(e.into()),
+                Some(Ok(c)) => auth.authenticate_http(c).await,
+            };
+            match verdict {
+                Ok(identity) => identity,
+                Err(e) => {
+                    tracing::debug!(reason = %e, "HTTP API credentials refused");
+                    return error(StatusCode::UNAUTHORIZED, &e.to_string());
+                }
+            }
+        } else {
+            Identity::anonymous()
+        };
+        req.extensions_mut().insert(Caller(identity));
+    }
+    next.run(req).await
+}
+
+fn identity(caller: &Option<axum::Extension<Caller>>) -> Identity {
+    caller.as_ref().map(|c| c.0 .0.clone()).unwrap_or_else(Identity::anonymous)
+}
+
+/// Whether the caller may read `channel` (`Subscribe` for its last value, `History`,
+/// `Presence`).
+pub fn allow(
+    node: &Node,
+    caller: &Option<axum::Extension<Caller>>,
+    action: Action,
+    channel: &str,
+) -> Result<(), ApiError> {
+    let who = identity(caller);
+    node.config.security.auth.check(&who, node.config.namespace(namespace_of(channel)), action, channel)
+}
+
+fn allow_publish_one(node: &Node, who: &Identity, channel: &str) -> Result<(), ApiError> {
+    validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+    match who.method {
+        // Server-side publishers: an API key, or anyone while the API is open (no auth
+        // configured), as before authentication existed.
+        AuthMethod::ApiKey(_) => Ok(()),
+        AuthMethod::Anonymous if !node.config.security.auth.http_enabled() => Ok(()),
+        _ => {
+            let ns = node.config.namespace(namespace_of(channel));
+            if !ns.client_publish {
+                return Err(ApiError::new(code::FORBIDDEN, "clients may not publish in this namespace"));
+            }
+            node.config.security.auth.check(who, ns, Action::Publish, channel)
+        }
+    }
+}
+
+/// Checks one HTTP publish: permission, then the API key's publish rate (429).
+pub fn allow_publish(node: &Node, caller: &Option<axum::Extension<Caller>>, channel: &str) -> Result<(), ApiError> {
+    let who = identity(caller);
+    allow_publish_one(node, &who, channel)?;
+    if let AuthMethod::ApiKey(i) = who.method {
+        if node.config.security.auth.limiter.take_api_key(i, 1) == 0 {
+            return Err(rate_limited(node));
+        }
+    }
+    Ok(())
+}
+
+fn rate_limited(node: &Node) -> ApiError {
+    ApiError::new(
+        code::LIMIT,
+        format!(
+            "more than {} publications per second with this API key",
+            node.config.limits.publishes_per_api_key_per_s
+        ),
+    )
+}
+
+/// A batch publish on behalf of the caller: items it may not publish get 401 / 403, items
+/// past its API key's rate get 429; the others are published in order.
+pub async fn publish_batch(
+    node: &Node,
+    caller: &Option<axum::Extension<Caller>>,
+    items: Vec<(String, Data)>,
+) -> Vec<Result<Position, ApiError>> {
+    let who = identity(caller);
+    let mut verdicts: Vec<Result<(), ApiError>> =
+        items.iter().map(|(ch, _)| allow_publish_one(node, &who, ch)).collect();
+    if let AuthMethod::ApiKey(i) = who.method {
+        let wanted = verdicts.iter().filter(|v| v.is_ok()).count();
+        let mut granted = node.config.security.auth.limiter.take_api_key(i, wanted);
+        for v in verdicts.iter_mut().filter(|v| v.is_ok()) {
+            if granted == 0 {
+                *v = Err(rate_limited(node));
+            } else {
+                granted -= 1;
+            }
+        }
+    }
+    let allowed: Vec<(String, Data)> =
+        items.into_iter().zip(&verdicts).filter(|(_, v)| v.is_ok()).map(|(item, _)| item).collect();
+    let mut published = node.publish_batch(allowed).await.into_iter();
+    verdicts
+        .into_iter()
+        .map(|v| match v {
+            Ok(()) => published.next().unwrap_or_else(|| Err(ApiError::new(code::INTERNAL, "missing result"))),
+            Err(e) => Err(e),
+        })
+        .collect()
+}

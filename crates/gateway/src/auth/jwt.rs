@@ -1,0 +1,298 @@
+//! JWT verification (SPEC §6): HS256 with a shared secret, RS256 / ES256 with a PEM public key
+//! or the keys of a JWK set file.
+//!
+//! Every key is bound to exactly one algorithm — HS256 for a secret or an `oct` JWK, RS256 for
+//! an RSA key, ES256 for a P-256 key — and a token is only checked against keys of its header's
+//! algorithm. That rules out `alg: none` (not an algorithm here at all), algorithm confusion
+//! (an RS256 public key used as an HS256 secret) and downgrades to algorithms nobody
+//! configured. `exp` and `sub` are required; `nbf` is checked when present.
+
+use std::path::Path;
+
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+
+use super::pattern::PatternSet;
+
+/// Longest `sub` accepted (it is shown to other clients in presence).
+const MAX_SUB_LEN: usize = 256;
+
+/// One verification key and the algorithm it is for.
+struct Key {
+    kid: Option<String>,
+    alg: Algorithm,
+    key: DecodingKey,
+}
+
+/// The configured keys and claim checks.
+pub struct JwtVerifier {
+    keys: Vec<Key>,
+    issuer: Option<String>,
+    audience: Option<String>,
+    leeway_s: u64,
+}
+
+/// A token that passed verification.
+#[derive(Debug, Clone)]
+pub struct VerifiedToken {
+    pub sub: String,
+    pub exp: u64,
+    /// Subscribe patterns (`channels` claim), when the token restricts them.
+    pub channels: Option<PatternSet>,
+    /// Publish patterns (`publish` claim), when the token restricts them.
+    pub publish: Option<PatternSet>,
+}
+
+/// Why a token was refused. The text goes to the client (disconnect reason, error message)
+/// and to debug logs; it never contains the token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("token is not a JWT")]
+    Malformed,
+    #[error("token algorithm is not accepted here")]
+    Algorithm,
+    #[error("token signature does not verify")]
+    Signature,
+    #[error("token expired")]
+    Expired,
+    #[error("token not valid yet (nbf)")]
+    NotYetValid,
+    #[error("token lacks the {0} claim")]
+    MissingClaim(&'static str),
+    #[error("token claim {0} is invalid")]
+    BadClaim(String),
+    #[error("token issuer or audience is not accepted")]
+    Audience,
+}
+
+#[derive(Deserialize)]
+struct Claims {
+    sub: Option<String>,
+    exp: Option<u64>,
+    #[serde(default)]
+    channels: Option<Vec<String>>,
+    #[serde(default)]
+    publish: Option<Vec<String>>,
+}
+
+impl JwtVerifier {
+    /// Builds a verifier; `Err` names what is wrong with which key source (the caller prefixes
+    /// the configuration key).
+    pub fn new(
+        secret: Option<&str>,
+        public_key: Option<&Path>,
+        jwks: Option<&Path>,
+        issuer: Option<String>,
+        audience: Option<String>,
+        leeway_s: u64,
+    ) -> Result<JwtVerifier, (&'static str, String)> {
+        let mut keys = Vec::new();
+        if let Some(secret) = secret {
+            if secret.len() < 32 {
+                return Err(("jwt_secret", "must be at least 32 bytes for HS256".into()));
+            }
+            keys.push(Key { kid: None, alg: Algorithm::HS256, key: DecodingKey::from_secret(secret.as_bytes()) });
+        }
+        if let Some(path) = public_key {
+            let pem = std::fs::read(path).map_err(|e| ("jwt_public_key", format!("{}: {e}", path.display())))?;
+            let key = if let Ok(k) = DecodingKey::from_rsa_pem(&pem) {
+                Key { kid: None, alg: Algorithm::RS256, key: k }
+            } else if let Ok(k) = DecodingKey::from_ec_pem(&pem) {
+                Key { kid: None, alg: Algorithm::ES256, key: k }
+            } else {
+                return Err(("jwt_public_key", format!("{}: not a PEM RSA or EC (P-256) public key", path.display())));
+            };
+            keys.push(key);
+        }
+        if let Some(path) = jwks {
+            let text = std::fs::read_to_string(path).map_err(|e| ("jwks", format!("{}: {e}", path.display())))?;
+            let set: JwkSet =
+                serde_json::from_str(&text).map_err(|e| ("jwks", format!("{}: not a JWK set: {e}", path.display())))?;
+            let before = keys.len();
+            for (i, jwk) in set.keys.iter().enumerate() {
+                // Identity providers publish encryption keys and other algorithms beside the
+                // signing keys; only RS256, ES256 and HS256 signing keys are taken.
+                if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
+                    continue;
+                }
+                let alg = match &jwk.algorithm {
+                    AlgorithmParameters::RSA(_) => Algorithm::RS256,
+                    AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => Algorithm::ES256,
+                    AlgorithmParameters::OctetKey(_) => Algorithm::HS256,
+                    _ => continue,
+                };
+                if let Some(named) = jwk.common.key_algorithm {
+                    if named.to_string().parse::<Algorithm>().ok() != Some(alg) {
+                        continue;
+                    }
+                }
+                let key = DecodingKey::from_jwk(jwk)
+                    .map_err(|e| ("jwks", format!("{}: key {i} is unusable: {e}", path.display())))?;
+                keys.push(Key { kid: jwk.common.key_id.clone(), alg, key });
+            }
+            if keys.len() == before {
+                return Err((
+                    "jwks",
+                    format!("{}: no RS256, ES256 (P-256) or HS256 signing key in the set", path.display()),
+                ));
+            }
+        }
+        Ok(JwtVerifier { keys, issuer, audience, leeway_s })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Verifies a token's signature and claims at the current time.
+    pub fn verify(&self, token: &str) -> Result<VerifiedToken, TokenError> {
+        let header = jsonwebtoken::decode_header(token).map_err(|e| match e.kind() {
+            jsonwebtoken::errors::ErrorKind::InvalidAlgorithmName => TokenError::Algorithm,
+            _ => TokenError::Malformed,
+        })?;
+        let mut candidates = self
+            .keys
+            .iter()
+            .filter(|k| k.alg == header.alg)
+            .filter(|k| match (&header.kid, &k.kid) {
+                (Some(want), Some(have)) => want == have,
+                _ => true,
+            })
+            .peekable();
+        if candidates.peek().is_none() {
+            return Err(TokenError::Algorithm);
+        }
+        let mut validation = Validation::new(header.alg);
+        validation.leeway = self.leeway_s;
+        validation.validate_nbf = true;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        match &self.audience {
+            Some(aud) => {
+                validation.set_audience(&[aud]);
+                validation.required_spec_claims.insert("aud".into());
+            }
+            None => validation.validate_aud = false,
+        }
+        if let Some(iss) = &self.issuer {
+            validation.set_issuer(&[iss]);
+            validation.required_spec_claims.insert("iss".into());
+        }
+        let mut last = TokenError::Signature;
+        for key in candidates {
+            match jsonwebtoken::decode::<Claims>(token, &key.key, &validation) {
+                Ok(data) => return checked(data.claims),
+                Err(e) => {
+                    use jsonwebtoken::errors::ErrorKind as K;
+                    last = match e.kind() {
+                        K::InvalidSignature | K::InvalidEcdsaKey | K::InvalidRsaKey(_) | K::InvalidKeyFormat => {
+                            TokenError::Signature
+                        }
+                        K::ExpiredSignature => return Err(TokenError::Expired),
+                        K::ImmatureSignature => return Err(TokenError::NotYetValid),
+                        K::MissingRequiredClaim(c) if c == "exp" => return Err(TokenError::MissingClaim("exp")),
+                        K::MissingRequiredClaim(c) if c == "sub" => return Err(TokenError::MissingClaim("sub")),
+                        K::InvalidIssuer | K::InvalidAudience | K::MissingRequiredClaim(_) => {
+                            return Err(TokenError::Audience)
+                        }
+                        K::InvalidAlgorithm | K::MissingAlgorithm => TokenError::Algorithm,
+                        K::InvalidClaimFormat(c) => return Err(TokenError::BadClaim(c.clone())),
+                        K::Json(_) => return Err(TokenError::BadClaim("set".into())),
+                        _ => TokenError::Malformed,
+                    };
+                }
+            }
+        }
+        Err(last)
+    }
+}
+
+fn checked(c: Claims) -> Result<VerifiedToken, TokenError> {
+    let sub = c.sub.ok_or(TokenError::MissingClaim("sub"))?;
+    if sub.is_empty() || sub.len() > MAX_SUB_LEN || sub.chars().any(char::is_control) {
+        return Err(TokenError::BadClaim("sub".into()));
+    }
+    let exp = c.exp.ok_or(TokenError::MissingClaim("exp"))?;
+    let patterns = |name: &str, list: Option<Vec<String>>| -> Result<Option<PatternSet>, TokenError> {
+        list.map(|l| PatternSet::parse(&l).map_err(|(i, e)| TokenError::BadClaim(format!("{name}[{i}] ({e})"))))
+            .transpose()
+    };
+    Ok(VerifiedToken {
+        sub,
+        exp,
+        channels: patterns("channels", c.channels)?,
+        publish: patterns("publish", c.publish)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{encode, EncodingKey, Header};
+
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    fn now() -> u64 {
+        crate::unix_s()
+    }
+
+    fn hs(claims: serde_json::Value, secret: &str, alg: Algorithm) -> String {
+        encode(&Header::new(alg), &claims, &EncodingKey::from_secret(secret.as_bytes())).unwrap()
+    }
+
+    fn verifier() -> JwtVerifier {
+        JwtVerifier::new(Some(SECRET), None, None, None, None, 0).unwrap()
+    }
+
+    #[test]
+    fn auth_jwt_hs256_accepts_good_tokens_with_claims() {
+        let t = hs(
+            serde_json::json!({"sub": "alice", "exp": now() + 60, "channels": ["room:*"], "publish": ["room:1"]}),
+            SECRET,
+            Algorithm::HS256,
+        );
+        let v = verifier().verify(&t).unwrap();
+        assert_eq!(v.sub, "alice");
+        assert!(v.channels.unwrap().matches("room:7"));
+        assert!(!v.publish.unwrap().matches("room:2"));
+    }
+
+    #[test]
+    fn auth_jwt_refuses_bad_tokens() {
+        let v = verifier();
+        let exp = now() + 60;
+        let ok = serde_json::json!({"sub": "a", "exp": exp});
+        assert_eq!(
+            v.verify(&hs(ok.clone(), "another-secret-another-secret-xx", Algorithm::HS256)).unwrap_err(),
+            TokenError::Signature
+        );
+        assert_eq!(v.verify(&hs(ok.clone(), SECRET, Algorithm::HS512)).unwrap_err(), TokenError::Algorithm);
+        let expired = serde_json::json!({"sub": "a", "exp": now() - 10});
+        assert_eq!(v.verify(&hs(expired, SECRET, Algorithm::HS256)).unwrap_err(), TokenError::Expired);
+        let early = serde_json::json!({"sub": "a", "exp": exp, "nbf": now() + 600});
+        assert_eq!(v.verify(&hs(early, SECRET, Algorithm::HS256)).unwrap_err(), TokenError::NotYetValid);
+        let no_exp = serde_json::json!({"sub": "a"});
+        assert_eq!(v.verify(&hs(no_exp, SECRET, Algorithm::HS256)).unwrap_err(), TokenError::MissingClaim("exp"));
+        let bad_pattern = serde_json::json!({"sub": "a", "exp": exp, "channels": ["a b"]});
+        assert!(matches!(v.verify(&hs(bad_pattern, SECRET, Algorithm::HS256)), Err(TokenError::BadClaim(_))));
+        // alg: none, with and without a signature.
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let body = b64(&ok.to_string());
+        for header in [r#"{"alg":"none","typ":"JWT"}"#, r#"{"alg":"None"}"#] {
+            let t = format!("{}.{}.", b64(header), body);
+            assert!(v.verify(&t).is_err(), "{header}");
+        }
+        // A tampered payload keeps the old signature.
+        let good = hs(ok, SECRET, Algorithm::HS256);
+        let parts: Vec<&str> = good.split('.').collect();
+        let forged = b64(&serde_json::json!({"sub": "admin", "exp": exp}).to_string());
+        assert_eq!(v.verify(&format!("{}.{}.{}", parts[0], forged, parts[2])).unwrap_err(), TokenError::Signature);
+        assert_eq!(v.verify("garbage").unwrap_err(), TokenError::Malformed);
+    }
+
+    #[test]
+    fn auth_jwt_short_secrets_are_refused() {
+        assert!(JwtVerifier::new(Some("short"), None, None, None, None, 0).is_err());
+    }
+}

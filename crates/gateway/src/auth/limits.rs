@@ -1,0 +1,315 @@
+//! Abuse limits that need state: WebSocket connections and handshakes per client address,
+//! publishes per connection and per API key. All token buckets, refilled continuously, holding
+//! twice the per-second rate so short bursts pass.
+//!
+//! The per-address table is one `parking_lot::Mutex` around a map: it is touched once per
+//! handshake and once per disconnect, never per message, and held for a map lookup. Entries
+//! with no open connection and a full bucket are forgotten once the table doubles, so a flood
+//! from many addresses cannot grow it without bound.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+/// A token bucket. `rate` tokens per second, at most `2 × rate` kept.
+#[derive(Debug, Clone)]
+pub struct Bucket {
+    tokens: f64,
+    last: Instant,
+}
+
+impl Bucket {
+    pub fn full(rate: f64, now: Instant) -> Bucket {
+        Bucket { tokens: 2.0 * rate, last: now }
+    }
+
+    fn refill(&mut self, rate: f64, now: Instant) {
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens = (self.tokens + dt * rate).min(2.0 * rate);
+        self.last = now;
+    }
+
+    /// Takes one token if there is one.
+    pub fn take(&mut self, rate: f64, now: Instant) -> bool {
+        self.take_up_to(1, rate, now) == 1
+    }
+
+    /// Takes up to `n` tokens; returns how many were available.
+    pub fn take_up_to(&mut self, n: usize, rate: f64, now: Instant) -> usize {
+        self.refill(rate, now);
+        let got = (self.tokens.floor().max(0.0) as usize).min(n);
+        self.tokens -= got as f64;
+        got
+    }
+
+    fn is_full(&mut self, rate: f64, now: Instant) -> bool {
+        self.refill(rate, now);
+        self.tokens >= 2.0 * rate
+    }
+}
+
+struct IpEntry {
+    conns: usize,
+    handshakes: Bucket,
+}
+
+/// What the per-address check decided.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admission {
+    Ok,
+    /// Too many handshakes per second from this address (HTTP 429).
+    RateLimited,
+}
+
+/// Per-address and per-key counters of one node.
+pub struct Limiter {
+    per_ip: Mutex<IpTable>,
+    api_keys: Vec<Mutex<Bucket>>,
+    max_conns_per_ip: usize,
+    handshake_rate: f64,
+    api_key_rate: f64,
+}
+
+struct IpTable {
+    map: HashMap<IpAddr, IpEntry>,
+    sweep_at: usize,
+}
+
+/// Holds one connection slot of an address; frees it on drop.
+pub struct IpGuard {
+    limiter: Arc<Limiter>,
+    ip: IpAddr,
+}
+
+impl Drop for IpGuard {
+    fn drop(&mut self) {
+        let mut t = self.limiter.per_ip.lock();
+        if let Some(e) = t.map.get_mut(&self.ip) {
+            e.conns = e.conns.saturating_sub(1);
+        }
+    }
+}
+
+impl std::fmt::Debug for IpGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "IpGuard({})", self.ip)
+    }
+}
+
+const MIN_SWEEP: usize = 1024;
+
+impl Limiter {
+    pub fn new(max_conns_per_ip: usize, handshakes_per_s: usize, api_keys: usize, api_key_rate: usize) -> Limiter {
+        let now = Instant::now();
+        Limiter {
+            per_ip: Mutex::new(IpTable { map: HashMap::new(), sweep_at: MIN_SWEEP }),
+            api_keys: (0..api_keys).map(|_| Mutex::new(Bucket::full(api_key_rate as f64, now))).collect(),
+            max_conns_per_ip,
+            handshake_rate: handshakes_per_s as f64,
+            api_key_rate: api_key_rate as f64,
+        }
+    }
+
+    /// Counts a handshake from `ip` against its rate.
+    pub fn admit_handshake(&self, ip: IpAddr) -> Admission {
+        self.admit_handshake_at(ip, Instant::now())
+    }
+
+    fn admit_handshake_at(&self, ip: IpAddr, now: Instant) -> Admission {
+        let mut t = self.per_ip.lock();
+        self.sweep(&mut t, now);
+        let rate = self.handshake_rate;
+        let e = t.map.entry(ip).or_insert_with(|| IpEntry { conns: 0, handshakes: Bucket::full(rate, now) });
+        if e.handshakes.take(rate, now) {
+            Admission::Ok
+        } else {
+            Admission::RateLimited
+        }
+    }
+
+    /// Takes a connection slot of `ip`; `None` when the address already has the maximum.
+    pub fn acquire(self: &Arc<Self>, ip: IpAddr) -> Option<IpGuard> {
+        let now = Instant::now();
+        let mut t = self.per_ip.lock();
+        let rate = self.handshake_rate;
+        let e = t.map.entry(ip).or_insert_with(|| IpEntry { conns: 0, handshakes: Bucket::full(rate, now) });
+        if e.conns >= self.max_conns_per_ip {
+            return None;
+        }
+        e.conns += 1;
+        Some(IpGuard { limiter: self.clone(), ip })
+    }
+
+    /// Open connections counted for `ip`.
+    pub fn connections_of(&self, ip: IpAddr) -> usize {
+        self.per_ip.lock().map.get(&ip).map_or(0, |e| e.conns)
+    }
+
+    /// Takes up to `n` publish tokens of API key `index`; returns how many were granted.
+    pub fn take_api_key(&self, index: usize, n: usize) -> usize {
+        match self.api_keys.get(index) {
+            Some(b) => b.lock().take_up_to(n, self.api_key_rate, Instant::now()),
+            None => n,
+        }
+    }
+
+    fn sweep(&self, t: &mut IpTable, now: Instant) {
+        if t.map.len() < t.sweep_at {
+            return;
+        }
+        let rate = self.handshake_rate;
+        t.map.retain(|_, e| e.conns > 0 || !e.handshakes.is_full(rate, now));
+        t.sweep_at = (2 * t.map.len()).max(MIN_SWEEP);
+    }
+}
+
+/// An address or a CIDR block (`10.0.0.0/8`, `::1`), for `trusted_proxies`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Net {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl std::str::FromStr for Net {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Net, String> {
+        let s = s.trim();
+        let (a, p) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: IpAddr = a.parse().map_err(|_| format!("{s:?} is not an IP address or CIDR block"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match p {
+            Some(p) => {
+                p.parse::<u8>().ok().filter(|&p| p <= max).ok_or_else(|| format!("{s:?} has a bad prefix length"))?
+            }
+            None => max,
+        };
+        Ok(Net { addr, prefix })
+    }
+}
+
+impl Net {
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// IPv4-mapped IPv6 addresses (`::ffff:1.2.3.4`, seen on dual-stack sockets) as IPv4.
+pub fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+/// The client's address: the peer, or — when the peer is a trusted proxy — the nearest
+/// untrusted address of `X-Forwarded-For` (then `X-Real-IP`). Headers from untrusted peers are
+/// ignored, so clients cannot pick their own address.
+pub fn client_ip(peer: IpAddr, trusted: &[Net], forwarded_for: Option<&str>, real_ip: Option<&str>) -> IpAddr {
+    let peer = canonical(peer);
+    if !trusted.iter().any(|n| n.contains(peer)) {
+        return peer;
+    }
+    if let Some(xff) = forwarded_for {
+        for hop in xff.rsplit(',') {
+            match hop.trim().parse::<IpAddr>() {
+                Ok(ip) if trusted.iter().any(|n| n.contains(ip)) => continue,
+                Ok(ip) => return canonical(ip),
+                Err(_) => break,
+            }
+        }
+    }
+    real_ip.and_then(|r| r.trim().parse::<IpAddr>().ok()).map(canonical).unwrap_or(peer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn limits_bucket_refills_at_its_rate_and_holds_two_seconds() {
+        let t0 = Instant::now();
+        let mut b = Bucket::full(10.0, t0);
+        assert_eq!(b.take_up_to(100, 10.0, t0), 20);
+        assert!(!b.take(10.0, t0));
+        assert_eq!(b.take_up_to(100, 10.0, t0 + Duration::from_millis(500)), 5);
+        assert_eq!(b.take_up_to(100, 10.0, t0 + Duration::from_secs(60)), 20);
+    }
+
+    #[test]
+    fn limits_connections_per_ip_are_counted_and_freed() {
+        let l = Arc::new(Limiter::new(2, 100, 0, 1));
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let a = l.acquire(ip).unwrap();
+        let _b = l.acquire(ip).unwrap();
+        assert!(l.acquire(ip).is_none());
+        assert!(l.acquire("10.0.0.2".parse().unwrap()).is_some());
+        drop(a);
+        assert_eq!(l.connections_of(ip), 1);
+        assert!(l.acquire(ip).is_some());
+    }
+
+    #[test]
+    fn limits_handshake_rate_per_ip() {
+        let l = Limiter::new(10, 5, 0, 1);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let ok = (0..30).filter(|_| l.admit_handshake(ip) == Admission::Ok).count();
+        assert!((10..=11).contains(&ok), "{ok}");
+        assert_eq!(l.admit_handshake("10.0.0.9".parse().unwrap()), Admission::Ok);
+    }
+
+    #[test]
+    fn limits_table_forgets_idle_addresses() {
+        let l = Limiter::new(10, 1000, 0, 1);
+        let t0 = Instant::now();
+        let ip = |i: u32| IpAddr::V4(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+        for i in 0..5000u32 {
+            let _ = l.admit_handshake_at(ip(i), t0);
+        }
+        // Right after their handshakes the buckets are not full: every address is kept.
+        assert_eq!(l.per_ip.lock().map.len(), 5000);
+        // Once they have refilled, the next sweep (when the table has doubled) forgets them
+        // and keeps the addresses seen since.
+        for i in 0..3500u32 {
+            let _ = l.admit_handshake_at(ip(10_000 + i), t0 + Duration::from_secs(10));
+        }
+        let len = l.per_ip.lock().map.len();
+        assert!(len <= 3500, "{len}");
+    }
+
+    #[test]
+    fn limits_client_ip_trusts_only_configured_proxies() {
+        let trusted: Vec<Net> = vec!["127.0.0.1".parse().unwrap(), "10.0.0.0/8".parse().unwrap()];
+        let lo: IpAddr = "127.0.0.1".parse().unwrap();
+        let far: IpAddr = "203.0.113.9".parse().unwrap();
+        assert_eq!(
+            client_ip(lo, &trusted, Some("198.51.100.1, 10.1.2.3"), None),
+            "198.51.100.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(client_ip(far, &trusted, Some("198.51.100.1"), None), far, "untrusted peers cannot spoof");
+        assert_eq!(client_ip(lo, &trusted, None, Some("198.51.100.2")), "198.51.100.2".parse::<IpAddr>().unwrap());
+        assert_eq!(client_ip(lo, &trusted, None, None), lo);
+        assert!("::1".parse::<Net>().unwrap().contains("::1".parse().unwrap()));
+        assert!("10.0.0.0/8".parse::<Net>().unwrap().contains("::ffff:10.9.9.9".parse().unwrap()));
+        assert!("1.2.3.4/33".parse::<Net>().is_err());
+        assert!("0.0.0.0/0".parse::<Net>().unwrap().contains(far));
+    }
+}

@@ -1,0 +1,547 @@
+//! Authentication, permissions and abuse limits (SPEC §6; docs/security.md).
+//!
+//! Who a client is — its [`Identity`] — is settled once per connection (handshake credentials
+//! or a `connect` command) and once per HTTP request; what it may do is decided per command by
+//! [`Auth::check`] from the channel's namespace permissions and the identity's patterns.
+//!
+//! # Layout
+//! - [`credentials`]: taking credentials and origins out of handshake headers (pure, fuzzed).
+//! - [`pattern`]: channel patterns with `*` and `**` (pure, fuzzed).
+//! - [`jwt`]: token verification (HS256 / RS256 / ES256, PEM and JWK sets).
+//! - [`users`]: the Argon2 users file for Basic authentication, and `switchboard user add`.
+//! - [`apikey`]: hashed API keys for the HTTP API.
+//! - [`limits`]: per-address connection and handshake limits, per-key publish rates, and the
+//!   client address behind trusted proxies.
+//! - [`http`]: the HTTP API middleware (401 / 403, `Origin` checks on writes).
+//!
+//! Secrets never leave this module in a printable form: [`Secret`] and
+//! [`credentials::Credential`] redact themselves in `Debug`, error texts never quote a token,
+//! and nothing here logs above `debug` level or logs credentials at all.
+
+pub mod apikey;
+pub mod credentials;
+pub mod http;
+pub mod jwt;
+pub mod limits;
+pub mod pattern;
+pub mod users;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Deserializer};
+use switchboard_protocol::code;
+
+use self::credentials::Credential;
+use self::jwt::{JwtVerifier, TokenError};
+use self::limits::{Limiter, Net};
+use self::pattern::PatternSet;
+use self::users::Users;
+use crate::config::{ConfigError, Limits, Namespace};
+use crate::node::ApiError;
+
+/// A configuration value that must never be printed (`Debug` shows `<redacted>`).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Secret, D::Error> {
+        String::deserialize(d).map(Secret)
+    }
+}
+
+/// A list of strings that may also be written as one comma-separated string (handy in
+/// `SWITCHBOARD_*` variables).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StringList(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for StringList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<StringList, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            One(String),
+            Many(Vec<String>),
+        }
+        Ok(StringList(match Form::deserialize(d)? {
+            Form::One(s) => s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect(),
+            Form::Many(v) => v,
+        }))
+    }
+}
+
+/// `[auth]` in the configuration file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// HS256 shared secret (at least 32 bytes).
+    pub jwt_secret: Option<Secret>,
+    /// PEM file with an RSA (RS256) or EC P-256 (ES256) public key.
+    pub jwt_public_key: Option<PathBuf>,
+    /// JWK set file (RS256, ES256 and HS256 keys, chosen by `kid`).
+    pub jwks: Option<PathBuf>,
+    /// Required `iss` claim, when set.
+    pub jwt_issuer: Option<String>,
+    /// Required `aud` claim, when set.
+    pub jwt_audience: Option<String>,
+    /// Clock skew tolerated on `exp` and `nbf`, in seconds.
+    pub jwt_leeway_s: u64,
+    /// Users file for Basic authentication (`switchboard user add`).
+    pub users: Option<PathBuf>,
+    /// SHA-256 digests (`sha256:<hex>`) of the HTTP API keys.
+    pub api_keys: StringList,
+    /// Origins allowed to open browser WebSockets and to send writes to the HTTP API; empty
+    /// means same-origin only, `*` any.
+    pub allowed_origins: StringList,
+    /// Proxies whose `X-Forwarded-For` / `X-Real-IP` give the client address (IPs or CIDR).
+    pub trusted_proxies: StringList,
+    /// Patterns per user, for users whose credentials carry none (Basic users, tokens without
+    /// `channels` / `publish` claims).
+    pub grants: HashMap<String, Grant>,
+}
+
+/// `[auth.grants.<user>]`: what a user may subscribe to and publish to.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Grant {
+    pub channels: Option<Vec<String>>,
+    pub publish: Option<Vec<String>>,
+}
+
+/// Who may do something in a namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Access {
+    /// Everybody, with or without credentials.
+    Anonymous,
+    /// Any authenticated user whose patterns (if it has any) match the channel.
+    Authenticated,
+    /// Authenticated users whose patterns match the channel; no patterns, no access.
+    Claims,
+}
+
+/// `[namespaces.<ns>.allow]`: who may subscribe, publish, see presence and read history. An
+/// unset entry means `anonymous` on a node without authentication and `authenticated` on one
+/// with it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Permissions {
+    pub subscribe: Option<Access>,
+    pub publish: Option<Access>,
+    pub presence: Option<Access>,
+    pub history: Option<Access>,
+}
+
+impl Permissions {
+    pub const DEFAULT: Permissions = Permissions { subscribe: None, publish: None, presence: None, history: None };
+}
+
+/// What a command wants to do with a channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Subscribe,
+    Publish,
+    Presence,
+    History,
+}
+
+/// How an identity was established.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// No credentials.
+    Anonymous,
+    /// A verified JWT.
+    Token,
+    /// A users-file password.
+    Password,
+    /// An HTTP API key (index into the configured list); full access to the HTTP API.
+    ApiKey(usize),
+}
+
+/// Who a client is.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub method: Method,
+    /// `sub` or user name; empty for anonymous clients.
+    pub user: String,
+    /// Subscribe patterns (also used for presence and history), when restricted.
+    pub channels: Option<Arc<PatternSet>>,
+    /// Publish patterns, when restricted.
+    pub publish: Option<Arc<PatternSet>>,
+    /// Unix seconds when the token expires.
+    pub expires: Option<u64>,
+}
+
+impl Identity {
+    pub fn anonymous() -> Identity {
+        Identity { method: Method::Anonymous, user: String::new(), channels: None, publish: None, expires: None }
+    }
+
+    pub fn is_anonymous(&self) -> bool {
+        self.method == Method::Anonymous
+    }
+}
+
+/// Why credentials were refused; the text is safe for clients and logs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthFailure {
+    #[error("{0}")]
+    Malformed(#[from] credentials::MalformedCredential),
+    #[error("{0}")]
+    Token(#[from] TokenError),
+    #[error("bad user name or password")]
+    Password,
+    #[error("unknown API key")]
+    ApiKey,
+    #[error("{0} is not configured on this node")]
+    NotConfigured(&'static str),
+}
+
+/// Subscribe and publish patterns of a grant; `None` leaves that side unrestricted.
+type Patterns = (Option<Arc<PatternSet>>, Option<Arc<PatternSet>>);
+
+/// The loaded authentication state of a node: keys, users, API keys, origin and proxy lists,
+/// per-user grants and the abuse limiter. Built once from the configuration.
+pub struct Auth {
+    jwt: Option<JwtVerifier>,
+    users: Option<Arc<Users>>,
+    api_keys: apikey::ApiKeys,
+    allowed_origins: Vec<String>,
+    trusted_proxies: Vec<Net>,
+    grants: HashMap<String, Patterns>,
+    pub limiter: Arc<Limiter>,
+    exempt_loopback: bool,
+    leeway_s: u64,
+}
+
+impl fmt::Debug for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Auth")
+            .field("jwt", &self.jwt.is_some())
+            .field("users", &self.users.as_ref().map(|u| u.len()))
+            .field("api_keys", &self.api_keys.len())
+            .field("allowed_origins", &self.allowed_origins)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Auth {
+    /// No authentication, default limits.
+    fn default() -> Auth {
+        let l = Limits::default();
+        Auth {
+            jwt: None,
+            users: None,
+            api_keys: apikey::ApiKeys::default(),
+            allowed_origins: Vec::new(),
+            trusted_proxies: Vec::new(),
+            grants: HashMap::new(),
+            limiter: Arc::new(Limiter::new(l.max_connections_per_ip, l.handshakes_per_ip_per_s, 0, 1)),
+            exempt_loopback: l.exempt_loopback,
+            leeway_s: 0,
+        }
+    }
+}
+
+impl Auth {
+    /// Loads every file the configuration names and checks every value; errors name the key.
+    pub fn build(c: &AuthConfig, limits: &Limits) -> Result<Auth, ConfigError> {
+        let err = |key: &str, msg: String| ConfigError(format!("auth.{key}: {msg}"));
+        let jwt = JwtVerifier::new(
+            c.jwt_secret.as_ref().map(|s| s.0.as_str()),
+            c.jwt_public_key.as_deref(),
+            c.jwks.as_deref(),
+            c.jwt_issuer.clone(),
+            c.jwt_audience.clone(),
+            c.jwt_leeway_s,
+        )
+        .map_err(|(key, msg)| err(key, msg))?;
+        let jwt = (!jwt.is_empty()).then_some(jwt);
+        let users = c.users.as_deref().map(Users::load).transpose().map_err(|e| err("users", e))?.map(Arc::new);
+        let api_keys = apikey::ApiKeys::parse(&c.api_keys.0).map_err(|i| {
+            err(
+                &format!("api_keys[{i}]"),
+                "not a `sha256:<64 hex digits>` digest (`switchboard api-key` prints one)".into(),
+            )
+        })?;
+        let trusted_proxies = c
+            .trusted_proxies
+            .0
+            .iter()
+            .enumerate()
+            .map(|(i, s)| s.parse::<Net>().map_err(|e| err(&format!("trusted_proxies[{i}]"), e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (i, o) in c.allowed_origins.0.iter().enumerate() {
+            if o != "*" && !(o.starts_with("http://") || o.starts_with("https://")) {
+                return Err(err(
+                    &format!("allowed_origins[{i}]"),
+                    format!("{o:?} is not `*` nor an http(s):// origin"),
+                ));
+            }
+        }
+        let mut grants = HashMap::new();
+        for (user, g) in &c.grants {
+            let parse = |what: &str, list: &Option<Vec<String>>| {
+                list.as_ref()
+                    .map(|l| {
+                        PatternSet::parse(l)
+                            .map(Arc::new)
+                            .map_err(|(i, e)| err(&format!("grants.{user}.{what}[{i}]"), e.to_string()))
+                    })
+                    .transpose()
+            };
+            grants.insert(user.clone(), (parse("channels", &g.channels)?, parse("publish", &g.publish)?));
+        }
+        let limiter = Limiter::new(
+            limits.max_connections_per_ip,
+            limits.handshakes_per_ip_per_s,
+            api_keys.len(),
+            limits.publishes_per_api_key_per_s,
+        );
+        Ok(Auth {
+            jwt,
+            users,
+            api_keys,
+            allowed_origins: c.allowed_origins.0.clone(),
+            trusted_proxies,
+            grants,
+            limiter: Arc::new(limiter),
+            exempt_loopback: limits.exempt_loopback,
+            leeway_s: c.jwt_leeway_s,
+        })
+    }
+
+    /// Whether clients must authenticate: a JWT key or a users file is configured.
+    pub fn enabled(&self) -> bool {
+        self.jwt.is_some() || self.users.is_some()
+    }
+
+    /// Whether the HTTP API asks for credentials: client authentication or API keys are
+    /// configured.
+    pub fn http_enabled(&self) -> bool {
+        self.enabled() || !self.api_keys.is_empty()
+    }
+
+    pub fn has_jwt(&self) -> bool {
+        self.jwt.is_some()
+    }
+
+    /// Clock skew tolerated on token times; a connection closes this long after `exp`.
+    pub fn leeway_s(&self) -> u64 {
+        self.leeway_s
+    }
+
+    /// The client address of a request (see [`limits::client_ip`]).
+    pub fn client_ip(&self, peer: IpAddr, forwarded_for: Option<&str>, real_ip: Option<&str>) -> IpAddr {
+        limits::client_ip(peer, &self.trusted_proxies, forwarded_for, real_ip)
+    }
+
+    /// Whether `ip` skips the per-address and per-connection rate limits (`exempt_loopback`).
+    pub fn is_exempt(&self, ip: IpAddr) -> bool {
+        self.exempt_loopback && ip.is_loopback()
+    }
+
+    pub fn origin_allowed(&self, origin: Option<&str>, host: Option<&str>) -> bool {
+        credentials::origin_allowed(origin, host, &self.allowed_origins)
+    }
+
+    /// Verifies a token (handshake, `connect`, `refresh`, HTTP).
+    pub fn verify_token(&self, token: &str) -> Result<Identity, AuthFailure> {
+        let jwt = self.jwt.as_ref().ok_or(AuthFailure::NotConfigured("JWT authentication"))?;
+        let t = jwt.verify(token)?;
+        let (grant_channels, grant_publish) = self.grant(&t.sub);
+        Ok(Identity {
+            method: Method::Token,
+            channels: t.channels.map(Arc::new).or(grant_channels),
+            publish: t.publish.map(Arc::new).or(grant_publish),
+            user: t.sub,
+            expires: Some(t.exp),
+        })
+    }
+
+    fn grant(&self, user: &str) -> Patterns {
+        self.grants.get(user).cloned().unwrap_or((None, None))
+    }
+
+    /// Verifies a user name and password on a blocking thread (Argon2 is slow on purpose).
+    pub async fn verify_password(&self, user: String, password: String) -> Result<Identity, AuthFailure> {
+        let users = self.users.clone().ok_or(AuthFailure::NotConfigured("Basic authentication"))?;
+        let name = user.clone();
+        let ok = tokio::task::spawn_blocking(move || users.verify(&name, &password)).await.unwrap_or(false);
+        if !ok {
+            return Err(AuthFailure::Password);
+        }
+        let (channels, publish) = self.grant(&user);
+        Ok(Identity { method: Method::Password, user, channels, publish, expires: None })
+    }
+
+    /// Authenticates what a WebSocket client presented at the handshake.
+    pub async fn authenticate(&self, c: Credential) -> Result<Identity, AuthFailure> {
+        match c {
+            Credential::Bearer(token) => self.verify_token(&token),
+            Credential::Basic { user, password } => self.verify_password(user, password).await,
+        }
+    }
+
+    /// Authenticates an HTTP API request: an API key, a token or a password.
+    pub async fn authenticate_http(&self, c: Credential) -> Result<Identity, AuthFailure> {
+        match c {
+            Credential::Bearer(token) => {
+                if let Some(i) = self.api_keys.find(&token) {
+                    return Ok(Identity {
+                        method: Method::ApiKey(i),
+                        user: format!("api-key-{i}"),
+                        channels: None,
+                        publish: None,
+                        expires: None,
+                    });
+                }
+                if self.jwt.is_none() {
+                    return Err(AuthFailure::ApiKey);
+                }
+                self.verify_token(&token)
+            }
+            basic => self.authenticate(basic).await,
+        }
+    }
+
+    /// Whether `who` may do `action` on `channel` of namespace `ns`. `Err` is 401 for
+    /// anonymous clients that need credentials, 403 otherwise.
+    pub fn check(&self, who: &Identity, ns: &Namespace, action: Action, channel: &str) -> Result<(), ApiError> {
+        if let Method::ApiKey(_) = who.method {
+            return Ok(());
+        }
+        let set = match action {
+            Action::Subscribe => ns.allow.subscribe,
+            Action::Publish => ns.allow.publish,
+            Action::Presence => ns.allow.presence,
+            Action::History => ns.allow.history,
+        };
+        let level = set.unwrap_or(if self.enabled() { Access::Authenticated } else { Access::Anonymous });
+        if level == Access::Anonymous {
+            return Ok(());
+        }
+        if who.is_anonymous() {
+            return Err(ApiError::new(code::UNAUTHORIZED, "authentication required"));
+        }
+        let patterns = match action {
+            Action::Publish => &who.publish,
+            _ => &who.channels,
+        };
+        let allowed = match (level, patterns) {
+            (_, Some(p)) => p.matches(channel),
+            (Access::Authenticated, None) => true,
+            _ => false,
+        };
+        if allowed {
+            Ok(())
+        } else {
+            let what = match action {
+                Action::Subscribe => "subscribe to",
+                Action::Publish => "publish to",
+                Action::Presence => "see presence of",
+                Action::History => "read history of",
+            };
+            Err(ApiError::new(code::FORBIDDEN, format!("not allowed to {what} this channel")))
+        }
+    }
+}
+
+/// The node's loaded security material: authentication state and the TLS server
+/// configuration. Built by [`crate::config::Config::load`] so that a bad key file is a
+/// configuration error (exit 2) naming its key.
+#[derive(Clone, Default)]
+pub struct Security {
+    pub auth: Arc<Auth>,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+impl fmt::Debug for Security {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Security").field("auth", &self.auth).field("tls", &self.tls.is_some()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ns(allow: Permissions) -> Namespace {
+        Namespace { allow, ..Namespace::default() }
+    }
+
+    fn user(channels: Option<&[&str]>) -> Identity {
+        Identity {
+            method: Method::Token,
+            user: "u".into(),
+            channels: channels.map(|c| Arc::new(PatternSet::parse(c).unwrap())),
+            publish: None,
+            expires: None,
+        }
+    }
+
+    fn enabled() -> Auth {
+        let c = AuthConfig { jwt_secret: Some(Secret("x".repeat(32))), ..AuthConfig::default() };
+        Auth::build(&c, &Limits::default()).unwrap()
+    }
+
+    #[test]
+    fn auth_without_authentication_everything_is_anonymous() {
+        let a = Auth::default();
+        assert!(!a.enabled());
+        assert!(a.check(&Identity::anonymous(), &ns(Permissions::DEFAULT), Action::Subscribe, "x").is_ok());
+        let strict = Permissions { subscribe: Some(Access::Authenticated), ..Permissions::DEFAULT };
+        assert_eq!(a.check(&Identity::anonymous(), &ns(strict), Action::Subscribe, "x").unwrap_err().code, 401);
+    }
+
+    #[test]
+    fn auth_levels_and_patterns() {
+        let a = enabled();
+        let d = ns(Permissions::DEFAULT);
+        assert_eq!(a.check(&Identity::anonymous(), &d, Action::Subscribe, "x").unwrap_err().code, 401);
+        assert!(a.check(&user(None), &d, Action::Subscribe, "x").is_ok());
+        assert!(a.check(&user(Some(&["room:*"])), &d, Action::Subscribe, "room:1").is_ok());
+        assert_eq!(a.check(&user(Some(&["room:*"])), &d, Action::Subscribe, "pt:1").unwrap_err().code, 403);
+        assert_eq!(a.check(&user(Some(&["room:*"])), &d, Action::History, "pt:1").unwrap_err().code, 403);
+        let claims = ns(Permissions { subscribe: Some(Access::Claims), ..Permissions::DEFAULT });
+        assert_eq!(a.check(&user(None), &claims, Action::Subscribe, "x").unwrap_err().code, 403);
+        assert!(a.check(&user(Some(&["**"])), &claims, Action::Subscribe, "x").is_ok());
+        let public = ns(Permissions { subscribe: Some(Access::Anonymous), ..Permissions::DEFAULT });
+        assert!(a.check(&Identity::anonymous(), &public, Action::Subscribe, "x").is_ok());
+        assert_eq!(a.check(&Identity::anonymous(), &public, Action::Publish, "x").unwrap_err().code, 401);
+        let key = Identity { method: Method::ApiKey(0), ..Identity::anonymous() };
+        assert!(a.check(&key, &claims, Action::Publish, "x").is_ok());
+    }
+
+    #[test]
+    fn auth_debug_output_holds_no_secrets() {
+        let c = AuthConfig {
+            jwt_secret: Some(Secret("s3cr3t-s3cr3t-s3cr3t-s3cr3t-s3cr3t".into())),
+            ..AuthConfig::default()
+        };
+        assert!(!format!("{c:?}").contains("s3cr3t"));
+        let a = Auth::build(&c, &Limits::default()).unwrap();
+        assert!(!format!("{a:?}").contains("s3cr3t"));
+    }
+
+    #[test]
+    fn auth_string_lists_accept_commas() {
+        #[derive(Deserialize)]
+        struct T {
+            l: StringList,
+        }
+        let t: T = toml::from_str("l = \"a, b,,c\"").unwrap();
+        assert_eq!(t.l.0, vec!["a", "b", "c"]);
+        let t: T = toml::from_str("l = [\"a,b\"]").unwrap();
+        assert_eq!(t.l.0, vec!["a,b"]);
+    }
+}
