@@ -1,0 +1,335 @@
+//! Black-box cluster tests: several real `switchboard` nodes on one real `redis-server` (started
+//! by each test on a spare loopback port, no persistence, killed by PID at the end), driven by
+//! our Rust client. No sticky sessions: clients move between nodes and recover by offset.
+#![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use switchboard_client::{ChannelResult, Client, Event, Format, HttpApi, SubscribeOptions};
+
+/// A `redis-server` child; killed on drop.
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Redis::start_on(port)
+    }
+
+    fn start_on(port: u16) -> Redis {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server not found: run `make redis-deps` (apt-get install redis-server)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not listen on port {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Redis { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A `switchboard serve` node; killed (SIGKILL) on drop.
+struct Node {
+    child: Child,
+    port: u16,
+}
+
+impl Node {
+    fn start(redis: &Redis, id: &str) -> Node {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--broker", &redis.url(), "--node-id", id])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start switchboard");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
+        Node { child, port }
+    }
+
+    fn ws(&self) -> String {
+        format!("ws://127.0.0.1:{}/ws", self.port)
+    }
+
+    fn api(&self) -> HttpApi {
+        HttpApi::new(&format!("http://127.0.0.1:{}", self.port)).unwrap()
+    }
+
+    /// kill -9: no goodbye to clients, no cleanup in Redis.
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    async fn ready(&self) -> bool {
+        matches!(self.api().request("GET", "/readyz", None).await, Ok(r) if r.status == 200)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+async fn until(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn all_ready(nodes: &[&Node]) {
+    for n in nodes {
+        until("/readyz", Duration::from_secs(15), async || n.ready().await).await;
+    }
+}
+
+fn subscribed(r: &ChannelResult) -> &switchboard_client::Subscribed {
+    match r {
+        ChannelResult::Subscribed(s) => s,
+        ChannelResult::Error { error } => panic!("subscribe failed: {error:?}"),
+    }
+}
+
+async fn next_pub(c: &mut Client) -> switchboard_client::Publication {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), c.next_event()).await.expect("event within 10 s") {
+            Some(Event::Publication(p)) => return p,
+            Some(_) => continue,
+            None => panic!("connection ended"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn cluster_publications_and_presence_reach_every_node() {
+    let redis = Redis::start();
+    let nodes = [Node::start(&redis, "n1"), Node::start(&redis, "n2"), Node::start(&redis, "n3")];
+    all_ready(&nodes.iter().collect::<Vec<_>>()).await;
+    let mut clients = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        for format in [Format::Json, Format::Msgpack] {
+            let c = Client::connect(&node.ws(), format).await.unwrap();
+            let r = c.subscribe(SubscribeOptions::new(["news", "room:all"])).await.unwrap();
+            assert_eq!(subscribed(&r.channels["news"]).offset, 0);
+            clients.push((i, c));
+        }
+    }
+    // A publication made on any node reaches the subscribers on every node, once, in order.
+    for (k, node) in nodes.iter().enumerate() {
+        let p = node.api().publish("news", &json!({"from": k})).await.unwrap();
+        assert_eq!(p.offset, k as u64 + 1);
+    }
+    clients[1].1.publish("room:all", json!({"text": "hi from n1"})).await.unwrap();
+    for (_, c) in &mut clients {
+        for k in 0..3u64 {
+            let p = next_pub(c).await;
+            assert_eq!((p.ch.as_str(), p.off, p.data), ("news", k + 1, json!({"from": k})));
+        }
+        let p = next_pub(c).await;
+        assert_eq!((p.ch.as_str(), p.data), ("room:all", json!({"text": "hi from n1"})));
+    }
+    // Presence is cluster-wide: each node lists the six members wherever they are connected.
+    for node in &nodes {
+        let who = node.api().get("/api/presence/room:all").await.unwrap();
+        assert_eq!(who["clients"].as_array().unwrap().len(), 6, "{who}");
+    }
+    // The cluster figures: three nodes, six subscribers of `news` (two per node).
+    until("cluster figures", Duration::from_secs(15), async || {
+        let info = nodes[0].api().get("/api/info").await.unwrap();
+        let ch = nodes[2].api().get("/api/channels/news").await.unwrap();
+        info["broker"] == "redis"
+            && info["cluster"]["node_ids"] == json!(["n1", "n2", "n3"])
+            && ch["cluster_subscribers"] == 6
+            && ch["subscribers"] == 2
+            && ch["offset"] == 3
+    })
+    .await;
+    let list = nodes[1].api().get("/api/channels").await.unwrap();
+    let names: Vec<&str> = list.as_array().unwrap().iter().map(|c| c["channel"].as_str().unwrap()).collect();
+    assert_eq!(names, vec!["news", "room:all"]);
+}
+
+/// One client that follows a channel across node failures: on any disconnect it reconnects to
+/// the next live node and recovers from the last offset it processed.
+async fn follow(urls: Arc<Vec<String>>, dead: Arc<AtomicUsize>, start: usize, total: u64) -> (Vec<u64>, usize) {
+    let mut got: Vec<u64> = Vec::new();
+    let mut position: Option<(String, u64)> = None;
+    let mut at = start;
+    let mut reconnects = 0;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    'connect: while got.last().copied() != Some(total) {
+        assert!(Instant::now() < deadline, "client stuck at {:?} after {reconnects} reconnects", got.last());
+        if at == dead.load(Ordering::SeqCst) {
+            at = (at + 1) % urls.len();
+        }
+        let Ok(mut c) = Client::connect(&urls[at], Format::Json).await else {
+            at = (at + 1) % urls.len();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let mut opts = SubscribeOptions::new(["stream"]);
+        if let Some((epoch, off)) = &position {
+            opts = opts.recover("stream", epoch.clone(), *off);
+        }
+        let Ok(reply) = c.subscribe(opts).await else {
+            reconnects += 1;
+            continue;
+        };
+        let s = subscribed(&reply.channels["stream"]);
+        match &position {
+            Some((epoch, _)) => {
+                assert!(s.complete, "recovery incomplete after a node failure");
+                assert_eq!(&s.epoch, epoch, "the epoch survives a node failure");
+            }
+            None => position = Some((s.epoch.clone(), s.offset)),
+        }
+        for p in &s.recovered {
+            got.push(p.off);
+            assert_eq!(p.data, json!(p.off), "data of offset {}", p.off);
+        }
+        if let (Some((_, off)), Some(last)) = (&mut position, got.last()) {
+            *off = *last;
+        }
+        while got.last().copied() != Some(total) {
+            match tokio::time::timeout(Duration::from_secs(20), c.next_event()).await {
+                Ok(Some(Event::Publication(p))) => {
+                    got.push(p.off);
+                    assert_eq!(p.data, json!(p.off), "data of offset {}", p.off);
+                    if let Some((_, off)) = &mut position {
+                        *off = p.off;
+                    }
+                }
+                Ok(Some(Event::Disconnect { .. } | Event::Closed { .. }) | None) | Err(_) => {
+                    reconnects += 1;
+                    continue 'connect;
+                }
+                Ok(Some(_)) => {}
+            }
+        }
+    }
+    (got, reconnects)
+}
+
+#[tokio::test]
+async fn cluster_clients_of_a_killed_node_recover_every_offset_on_the_others() {
+    const TOTAL: u64 = 1200;
+    let redis = Redis::start();
+    let mut a = Node::start(&redis, "a");
+    let (b, c) = (Node::start(&redis, "b"), Node::start(&redis, "c"));
+    all_ready(&[&a, &b, &c]).await;
+    let urls = Arc::new(vec![a.ws(), b.ws(), c.ws()]);
+    let dead = Arc::new(AtomicUsize::new(usize::MAX));
+    // Twelve clients: six on node a (index 0), three each on b and c.
+    let starts = [0, 0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2];
+    let mut followers = Vec::new();
+    for &start in &starts {
+        followers.push(tokio::spawn(follow(urls.clone(), dead.clone(), start, TOTAL)));
+    }
+    until("12 subscribers", Duration::from_secs(15), async || {
+        let ch = b.api().get("/api/channels/stream").await.unwrap();
+        ch["cluster_subscribers"] == 12
+    })
+    .await;
+    // The publisher streams through b and c while a is killed a third of the way in.
+    let (bapi, capi) = (b.api(), c.api());
+    for i in 1..=TOTAL {
+        let api = if i % 2 == 0 { &bapi } else { &capi };
+        let p = api.publish("stream", &json!(i)).await.unwrap();
+        assert_eq!(p.offset, i);
+        if i == TOTAL / 3 {
+            dead.store(0, Ordering::SeqCst);
+            a.kill9();
+        }
+    }
+    let mut moved = 0;
+    for (f, &start) in followers.into_iter().zip(&starts) {
+        let (got, reconnects) = f.await.unwrap();
+        assert_eq!(got.len() as u64, TOTAL, "every offset exactly once (first mismatch shows below)");
+        assert_eq!(got, (1..=TOTAL).collect::<Vec<_>>(), "in order, no duplicates");
+        if start == 0 {
+            assert!(reconnects >= 1, "a client of the killed node must have moved");
+            moved += 1;
+        }
+    }
+    assert_eq!(moved, 6);
+}
+
+#[tokio::test]
+async fn cluster_redis_restart_changes_the_epoch_and_service_resumes() {
+    let mut redis = Redis::start();
+    let port = redis.port;
+    let node = Node::start(&redis, "solo");
+    all_ready(&[&node]).await;
+    let mut c = Client::connect(&node.ws(), Format::Json).await.unwrap();
+    let r = c.subscribe(SubscribeOptions::new(["orders"])).await.unwrap();
+    let epoch = subscribed(&r.channels["orders"]).epoch.clone();
+    for i in 1..=3 {
+        node.api().publish("orders", &json!(i)).await.unwrap();
+    }
+    let mut last = 0;
+    for _ in 0..3 {
+        last = next_pub(&mut c).await.off;
+    }
+
+    redis.kill();
+    until("/readyz to fail while Redis is down", Duration::from_secs(15), async || !node.ready().await).await;
+    let _redis = Redis::start_on(port);
+    all_ready(&[&node]).await;
+
+    // History is gone: the node tells its subscribers to recover (4008, reconnect: true) ...
+    let code = loop {
+        match tokio::time::timeout(Duration::from_secs(15), c.next_event()).await.expect("a disconnect") {
+            Some(Event::Disconnect { code, reconnect, .. }) => {
+                assert!(reconnect);
+                break code;
+            }
+            Some(Event::Closed { code }) => break code,
+            Some(_) => continue,
+            None => panic!("ended without a disconnect"),
+        }
+    };
+    assert_eq!(code, 4008);
+    // ... and recovery says what cannot be recovered.
+    let mut c = Client::connect(&node.ws(), Format::Json).await.unwrap();
+    let r = c.subscribe(SubscribeOptions::new(["orders"]).recover("orders", epoch.clone(), last)).await.unwrap();
+    let s = subscribed(&r.channels["orders"]);
+    assert!(!s.complete, "a new epoch after Redis lost its data");
+    assert_ne!(s.epoch, epoch);
+    assert!(s.recovered.is_empty());
+    // Service resumes in the new epoch.
+    let p = node.api().publish("orders", &json!("after")).await.unwrap();
+    assert_eq!((p.epoch.as_str(), p.offset), (s.epoch.as_str(), s.offset + 1));
+    let got = next_pub(&mut c).await;
+    assert_eq!((got.off, got.data), (p.offset, json!("after")));
+}
