@@ -7,7 +7,7 @@ BIN := target/release/switchboard
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo build test fmt-check lint rust-test black-box py-deps node-deps python-test node-test bench clean
+.PHONY: demo build test fmt-check lint rust-test black-box py-deps node-deps python-test node-test bench clean redis-deps
 
 build:
 	$(CARGO) build --release --locked -p switchboard
@@ -24,7 +24,12 @@ fmt-check:
 lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-rust-test: build
+# The Redis broker tests and the cluster tests start a real redis-server on a spare loopback
+# port; install it when it is missing.
+redis-deps:
+	@command -v redis-server >/dev/null || apt-get install -y redis-server
+
+rust-test: build redis-deps
 	$(CARGO) test --workspace --locked
 
 black-box: build python-test node-test
