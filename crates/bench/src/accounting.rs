@@ -6,6 +6,8 @@
 //! derives loss from what it knows was published: `lost = expected - received`, where
 //! `received` counts each (subscriber, offset) pair once.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// Largest offset distance from the base that a subscriber tracks (bits; 2 MiB of bitmap).
@@ -101,6 +103,9 @@ pub struct Tally {
     /// The first few distinct error messages.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
+    /// Failed connections counted by reason (scenarios that classify their failures).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failure_reasons: BTreeMap<String, u64>,
 }
 
 /// How many distinct error messages a tally keeps.
@@ -125,6 +130,9 @@ impl Tally {
         }
         for e in &o.errors {
             self.note_error(e);
+        }
+        for (reason, n) in &o.failure_reasons {
+            *self.failure_reasons.entry(reason.clone()).or_default() += n;
         }
     }
 

@@ -1,5 +1,9 @@
-//! A hand-written SVG chart of a latency distribution, in the classic HdrHistogram form:
-//! latency (y) against percentile (x, logarithmic in 1/(1−p) so the tail gets room).
+//! Hand-written SVG charts.
+//!
+//! - [`latency_svg`]: a latency distribution in the classic HdrHistogram form: latency (y)
+//!   against percentile (x, logarithmic in 1/(1−p) so the tail gets room).
+//! - [`LineChart`]: one figure per step of a sweep (`broadcast --search`, `sessions`), one line
+//!   per series, an optional horizontal reference line (a deadline, a period).
 
 use std::fmt::Write;
 
@@ -91,6 +95,181 @@ pub fn latency_svg(title: &str, latency: &Latency) -> String {
     s
 }
 
+/// One point of a [`Series`]: `y` is `None` when the step produced no figure (drawn as a red
+/// mark on the top edge); `ok` false draws the marker in red.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Point {
+    pub x: f64,
+    pub y: Option<f64>,
+    pub ok: bool,
+}
+
+/// One line of a [`LineChart`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    pub name: String,
+    pub points: Vec<Point>,
+}
+
+/// A line chart of sweep steps: x is a count (subscribers, sessions), y a figure measured at
+/// that count. Only the x values of the data are labelled, so every step can be read off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineChart {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    /// Logarithmic x axis (counts that double or grow tenfold per step).
+    pub log_x: bool,
+    pub series: Vec<Series>,
+    /// A horizontal line at this y, with its label.
+    pub reference: Option<(f64, String)>,
+}
+
+const PALETTE: [&str; 6] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf"];
+
+impl LineChart {
+    /// The chart as an SVG document.
+    pub fn svg(&self) -> String {
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="#fff"/>
+<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>
+"##,
+            W / 2.0,
+            escape(&self.title)
+        );
+        let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
+        let fx = |x: f64| if self.log_x { x.max(1e-9).log10() } else { x };
+        let mut xs: Vec<f64> = self.series.iter().flat_map(|s| s.points.iter().map(|p| p.x)).collect();
+        xs.sort_by(f64::total_cmp);
+        xs.dedup();
+        let (x0, x1) = match (xs.first(), xs.last()) {
+            (Some(a), Some(b)) if fx(*b) > fx(*a) => (fx(*a), fx(*b)),
+            (Some(a), _) => (fx(*a) - 1.0, fx(*a) + 1.0),
+            _ => (0.0, 1.0),
+        };
+        // Keep the end points off the frame.
+        let pad = (x1 - x0) * 0.05;
+        let (x0, x1) = (x0 - pad, x1 + pad);
+        let ys = self.series.iter().flat_map(|s| s.points.iter().filter_map(|p| p.y));
+        let y_max = ys.chain(self.reference.iter().map(|r| r.0)).fold(0.0, f64::max);
+        let y_top = nice_ceiling(y_max.max(1e-3) * 1.05);
+        let x_of = |x: f64| LEFT + pw * (fx(x) - x0) / (x1 - x0);
+        let y_of = |y: f64| TOP + ph * (1.0 - (y / y_top).clamp(0.0, 1.0));
+        let _ = writeln!(s, r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##);
+        for x in &xs {
+            let px = x_of(*x);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{:.1}" stroke="#ddd"/><text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                TOP + ph,
+                TOP + ph + 18.0,
+                fmt_count(*x)
+            );
+        }
+        for i in 0..=5 {
+            let v = y_top * i as f64 / 5.0;
+            let y = y_of(v);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+                LEFT + pw,
+                LEFT - 6.0,
+                y + 4.0,
+                fmt_value(v)
+            );
+        }
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text><text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"##,
+            LEFT + pw / 2.0,
+            H - 18.0,
+            escape(&self.x_label),
+            TOP + ph / 2.0,
+            escape(&self.y_label)
+        );
+        if let Some((v, label)) = &self.reference {
+            let y = y_of(*v);
+            let _ = writeln!(
+                s,
+                r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#d62728" stroke-dasharray="6 4"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="#d62728">{}</text>"##,
+                LEFT + pw,
+                LEFT + pw - 4.0,
+                y - 4.0,
+                escape(label)
+            );
+        }
+        if xs.is_empty() {
+            let _ = writeln!(
+                s,
+                r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#a00">no steps</text>"##,
+                LEFT + pw / 2.0,
+                TOP + ph / 2.0
+            );
+        }
+        for (i, series) in self.series.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            let line: Vec<String> =
+                series.points.iter().filter_map(|p| p.y.map(|y| format!("{:.1},{:.1}", x_of(p.x), y_of(y)))).collect();
+            if line.len() > 1 {
+                let _ = writeln!(
+                    s,
+                    r##"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"##,
+                    line.join(" ")
+                );
+            }
+            for p in &series.points {
+                let fill = if p.ok { color } else { "#d62728" };
+                match p.y {
+                    Some(y) => {
+                        let _ =
+                            writeln!(s, r##"<circle cx="{:.1}" cy="{:.1}" r="4" fill="{fill}"/>"##, x_of(p.x), y_of(y));
+                    }
+                    None => {
+                        let _ = writeln!(
+                            s,
+                            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#d62728">× no value</text>"##,
+                            x_of(p.x),
+                            TOP + 14.0
+                        );
+                    }
+                }
+            }
+            let _ = writeln!(
+                s,
+                r##"<rect x="{:.1}" y="{:.1}" width="12" height="12" fill="{color}"/><text x="{:.1}" y="{:.1}">{}</text>"##,
+                LEFT + 10.0,
+                TOP + 8.0 + 18.0 * i as f64,
+                LEFT + 28.0,
+                TOP + 18.0 + 18.0 * i as f64,
+                escape(&series.name)
+            );
+        }
+        s.push_str("</svg>\n");
+        s
+    }
+}
+
+fn fmt_count(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{}", x as i64)
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+fn fmt_value(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.1}M", v / 1e6)
+    } else if v >= 1e4 {
+        format!("{:.0}k", v / 1e3)
+    } else {
+        fmt_ms(v)
+    }
+}
+
 /// "Number of nines" of a quantile: 0.9 → 1, 0.99 → 2, capped at [`MAX_NINES`].
 fn nines(q: f64) -> f64 {
     if q >= 1.0 {
@@ -137,5 +316,45 @@ mod tests {
         assert_eq!(nines(1.0), MAX_NINES);
         let svg = latency_svg("t <x>", &Latency::new());
         assert!(svg.contains("no samples") && svg.contains("t &lt;x&gt;"));
+    }
+
+    fn chart(points: Vec<Point>) -> LineChart {
+        LineChart {
+            title: "steps & <more>".into(),
+            x_label: "subscribers".into(),
+            y_label: "ms".into(),
+            log_x: true,
+            series: vec![Series { name: "slowest burst".into(), points }],
+            reference: Some((1000.0, "period 1 s".into())),
+        }
+    }
+
+    #[test]
+    fn chart_line_places_steps_on_a_log_axis() {
+        let p = |x: f64, y: Option<f64>, ok: bool| Point { x, y, ok };
+        let svg = chart(vec![p(1000.0, Some(80.0), true), p(2000.0, Some(400.0), true), p(4000.0, None, false)]).svg();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert!(svg.contains("steps &amp; &lt;more&gt;"), "titles are escaped");
+        // Every step's x is labelled; the missing figure is marked, not drawn as zero.
+        for label in [">1000<", ">2000<", ">4000<", "× no value", "period 1 s"] {
+            assert!(svg.contains(label), "{label}");
+        }
+        assert_eq!(svg.matches("<circle").count(), 2);
+        // Log x: 1000 → 2000 and 2000 → 4000 are the same distance apart.
+        let cx: Vec<f64> = svg
+            .match_indices("<circle cx=\"")
+            .map(|(i, m)| svg[i + m.len()..].split('"').next().unwrap().parse().unwrap())
+            .collect();
+        let label_x = |l: &str| -> f64 {
+            let i = svg.find(&format!(">{l}</text>")).unwrap();
+            let tag = &svg[svg[..i].rfind("<text x=\"").unwrap() + 9..];
+            tag.split('"').next().unwrap().parse().unwrap()
+        };
+        assert_eq!(cx[0], label_x("1000"));
+        assert!(((label_x("2000") - label_x("1000")) - (label_x("4000") - label_x("2000"))).abs() < 0.2);
+        // The y axis reaches the reference line even when every point is below it.
+        assert!(svg.contains(">1000<") && svg.contains("stroke-dasharray"));
+        let empty = LineChart { series: vec![], ..chart(vec![]) }.svg();
+        assert!(empty.contains("no steps"));
     }
 }

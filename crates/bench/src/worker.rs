@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use crate::accounting::Tally;
 use crate::histogram::Latency;
 use crate::progress::Progress;
-use crate::scenario::{broadcast, connect, dashboard, echo, limit, rooms, streams};
+use crate::scenario::{broadcast, connect, dashboard, echo, limit, rooms, sessions, streams};
 
 /// The environment variable carrying the auth token from the coordinator to its workers.
 pub const TOKEN_ENV: &str = "SWITCHBOARD_BENCH_TOKEN";
@@ -50,6 +50,7 @@ pub enum WorkerConfig {
     Streams(streams::StreamsWorker),
     Dashboard(dashboard::DashboardWorker),
     Connect(connect::ConnectWorker),
+    Sessions(sessions::SessionsWorker),
 }
 
 /// A running worker's counters, as reported in progress lines.
@@ -246,6 +247,7 @@ pub fn worker_main(config: &str) -> anyhow::Result<i32> {
             WorkerConfig::Streams(c) => c.conns,
             WorkerConfig::Dashboard(c) => c.conns,
             WorkerConfig::Connect(c) => c.conns,
+            WorkerConfig::Sessions(c) => c.conns,
         } as u64;
         let ctx = WorkerCtx::new(target);
         if target == 0 {
@@ -261,6 +263,7 @@ pub fn worker_main(config: &str) -> anyhow::Result<i32> {
             WorkerConfig::Streams(c) => streams::run_worker(c, ctx.clone()).await,
             WorkerConfig::Dashboard(c) => dashboard::run_worker(c, ctx.clone()).await,
             WorkerConfig::Connect(c) => connect::run_worker(c, ctx.clone()).await,
+            WorkerConfig::Sessions(c) => sessions::run_worker(c, ctx.clone()).await,
         }
         ctx.stop();
         ctx.emit(&WorkerMsg::Final(Box::new(ctx.final_report())));

@@ -6,6 +6,8 @@
 //! /api/publish`, one every P seconds. Every subscriber records each delivery's latency
 //! (arrival − `t`) and which offsets it saw. A burst is complete when all M subscribers have
 //! it; its completion time is the last arrival − `t`, and it passes if that is within P.
+//! Every attempted publication is expected at every subscriber, so a publish that fails (a
+//! dead server) shows as lost deliveries as well as a failed criterion.
 //! `--search` doubles M until a burst misses its period (or `--search-max`).
 
 use std::rc::Rc;
@@ -23,6 +25,7 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::accounting::{BurstTally, Delivery, MessageCounts, OffsetSet};
+use crate::chart::{LineChart, Point, Series};
 use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, WireFormat};
 use crate::histogram::Latency;
 use crate::probe::{Memory, ProcessProbe};
@@ -214,7 +217,11 @@ async fn subscriber(
 }
 
 /// Waits for the reply to the subscribe command (id 1) and returns the channel's offset.
-async fn subscribe_reply(ws: &mut switchboard_client::WsStream, format: Format, channel: &str) -> Result<u64, String> {
+pub(crate) async fn subscribe_reply(
+    ws: &mut switchboard_client::WsStream,
+    format: Format,
+    channel: &str,
+) -> Result<u64, String> {
     while let Some(msg) = ws.next().await {
         let payload: &[u8] = match &msg {
             Ok(Message::Text(t)) => t.as_bytes(),
@@ -283,6 +290,7 @@ async fn coordinate(args: BroadcastArgs) -> anyhow::Result<i32> {
         return conclude(o.result, &o.latency, &out, &mut progress);
     }
     let mut steps = Vec::new();
+    let mut points = Vec::new();
     let mut best: Option<Outcome> = None;
     let mut first_fail: Option<Outcome> = None;
     let mut m = args.subs;
@@ -300,6 +308,7 @@ async fn coordinate(args: BroadcastArgs) -> anyhow::Result<i32> {
             worst.map(|w| format!("{w:.1} ms")).unwrap_or_else(|| "incomplete".into())
         ));
         steps.push(json!({"subs": m, "pass": o.result.pass, "slowest_burst_ms": worst}));
+        points.push(Point { x: m as f64, y: worst, ok: o.result.pass });
         write_bursts(&out.join(format!("step-{m}")), &o.bursts)?;
         let passed = o.result.pass;
         if passed {
@@ -317,7 +326,21 @@ async fn coordinate(args: BroadcastArgs) -> anyhow::Result<i32> {
     chosen.result.extra.insert("search".into(), json!({"steps": steps, "largest_passing_subs": found}));
     chosen.result.params["search"] = json!(true);
     write_bursts(&out, &chosen.bursts)?;
+    std::fs::write(out.join("search.svg"), search_chart(points, args.period).svg())?;
     conclude(chosen.result, &chosen.latency, &out, &mut progress)
+}
+
+/// `--search` steps: the slowest burst's completion time per subscriber count, against the
+/// period every burst must finish within. A step whose bursts never all completed has no value.
+fn search_chart(points: Vec<Point>, period_s: f64) -> LineChart {
+    LineChart {
+        title: "broadcast --search: slowest burst per step".into(),
+        x_label: "subscribers".into(),
+        y_label: "slowest burst completion (ms)".into(),
+        log_x: true,
+        series: vec![Series { name: "slowest burst (red: step failed)".into(), points }],
+        reference: Some((period_s * 1000.0, format!("period {period_s} s"))),
+    }
 }
 
 fn write_bursts(dir: &std::path::Path, bursts: &[Burst]) -> std::io::Result<()> {
@@ -427,7 +450,10 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
         });
     }
     let published = plan.iter().filter(|b| b.offset.is_some()).count() as u64;
-    let expected = published * ready.established;
+    // Every attempted publication is expected at every subscriber: one that failed (say the
+    // server died) is a loss to them, and one whose reply was lost may still have been
+    // delivered, which must not make up for deliveries missing elsewhere.
+    let expected = plan.len() as u64 * ready.established;
     let grace = period.max(Duration::from_secs(5)) * 2;
     pool.run_until(
         Instant::now() + grace,
@@ -436,7 +462,8 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
             let t = p.totals();
             format!("draining: {}/{expected} deliveries", t.received)
         },
-        |p| p.totals().received >= expected,
+        // Done when everything arrived, or when no subscriber is left to receive more.
+        |p| p.totals().received >= expected || p.totals().dropped >= ready.established,
     )
     .await;
     let cpu1 = probe.and_then(|p| p.cpu_sample().ok());
@@ -487,6 +514,16 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
     let completions: Vec<f64> = plan.iter().filter_map(|b| b.completion_ms).collect();
     let mut extra = Map::new();
     extra.insert("procs".into(), json!(configs.len()));
+    extra.insert("dropped".into(), json!(t.dropped));
+    let mut publish_errors: Vec<&str> = Vec::new();
+    for e in plan.iter().filter_map(|b| b.error.as_deref()) {
+        if publish_errors.len() < 3 && !publish_errors.contains(&e) {
+            publish_errors.push(e);
+        }
+    }
+    if !publish_errors.is_empty() {
+        extra.insert("publish_errors".into(), json!(publish_errors));
+    }
     extra.insert("bursts_late_or_incomplete".into(), json!(late));
     extra.insert(
         "burst_completion_ms_max".into(),
@@ -544,6 +581,18 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
 mod tests {
     use super::*;
     use crate::testutil;
+
+    #[test]
+    fn broadcast_search_chart_has_every_step_and_the_period() {
+        let p = |x: f64, y: Option<f64>, ok: bool| Point { x, y, ok };
+        let c =
+            search_chart(vec![p(500.0, Some(40.0), true), p(1000.0, Some(90.0), true), p(2000.0, None, false)], 0.5);
+        assert_eq!(c.reference, Some((500.0, "period 0.5 s".into())));
+        let svg = c.svg();
+        for label in [">500<", ">1000<", ">2000<", "period 0.5 s", "× no value"] {
+            assert!(svg.contains(label), "{label}");
+        }
+    }
 
     #[test]
     fn broadcast_worker_counts_latency_duplicates_and_bursts() {
