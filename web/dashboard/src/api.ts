@@ -1,0 +1,70 @@
+// The server's HTTP API as the dashboard uses it.
+
+import type { DashboardSpec } from './model.js';
+
+export interface ChannelInfo {
+  channel: string;
+  subscribers: number;
+  offset: number;
+  epoch: string;
+}
+
+export interface DashboardSummary {
+  id: string;
+  title: string;
+  widget_count: number;
+  updated: number;
+}
+
+async function json<T>(r: Response): Promise<T> {
+  if (!r.ok) {
+    let message = `${r.status} ${r.statusText}`;
+    try {
+      const body = (await r.json()) as { error?: { message?: string } };
+      if (body.error?.message) message = body.error.message;
+    } catch {
+      /* not JSON */
+    }
+    throw new Error(message);
+  }
+  return (await r.json()) as T;
+}
+
+export class Api {
+  constructor(private readonly base = '') {}
+
+  async channels(): Promise<ChannelInfo[]> {
+    return json(await fetch(`${this.base}/api/channels`));
+  }
+
+  /** The channel's latest publication's data, or undefined. */
+  async lastValue(channel: string): Promise<unknown> {
+    const r = await json<{ last?: { data: unknown } | null }>(
+      await fetch(`${this.base}/api/channels/${encodeURIComponent(channel)}`),
+    );
+    return r.last?.data;
+  }
+
+  async dashboards(): Promise<DashboardSummary[]> {
+    return json(await fetch(`${this.base}/api/dashboards`));
+  }
+
+  async load(id: string): Promise<DashboardSpec> {
+    return json(await fetch(`${this.base}/api/dashboards/${encodeURIComponent(id)}`));
+  }
+
+  async save(id: string, d: DashboardSpec): Promise<DashboardSummary> {
+    return json(
+      await fetch(`${this.base}/api/dashboards/${encodeURIComponent(id)}`, {
+        method: 'PUT',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ title: d.title, widgets: d.widgets }),
+      }),
+    );
+  }
+
+  async remove(id: string): Promise<void> {
+    const r = await fetch(`${this.base}/api/dashboards/${encodeURIComponent(id)}`, { method: 'DELETE' });
+    if (!r.ok && r.status !== 404) await json(r);
+  }
+}

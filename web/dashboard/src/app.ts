@@ -1,0 +1,350 @@
+// The dashboard application: loads and saves dashboards, keeps the SDK subscribed to exactly
+// the channels on the board, and switches between run mode (the board alone) and edit mode
+// (the board with widget boxes, plus the side panel).
+
+import { Client, type Subscription } from 'switchboard-sdk';
+import { Api, type DashboardSummary } from './api.js';
+import { Board } from './board.js';
+import { ChannelBrowser } from './channels.js';
+import { h } from './dom.js';
+import { WidgetForm } from './editor.js';
+import { DEFAULT_SIZE, ID_PATTERN, parseDashboard, WIDGET_TYPES, type DashboardSpec, type WidgetType } from './model.js';
+import type { Widget } from './widgets/index.js';
+
+/** One entry of the event log the page keeps for tests and troubleshooting. */
+export type LogEntry =
+  | { type: 'pub'; channel: string; offset: number }
+  | { type: 'gap'; channel: string; from: { epoch: string; offset: number }; to: { epoch: string; offset: number }; epochChanged: boolean }
+  | { type: 'connected'; client: string; reconnects: number }
+  | { type: 'disconnected'; code: number; reason: string }
+  | { type: 'subscribeError'; channel: string; code: number; message: string };
+
+const LOG_SIZE = 5000;
+
+export class App {
+  readonly client: Client;
+  readonly board: Board;
+  private readonly api = new Api();
+  private readonly subs = new Map<string, Subscription>();
+  private readonly log: LogEntry[] = [];
+  private dashboard: DashboardSpec = { title: 'Untitled', widgets: [] };
+  private id = '';
+  private editing = false;
+  private deleteArmed = false;
+
+  private readonly bar: HTMLElement;
+  private readonly side: HTMLElement;
+  private readonly titleView: HTMLElement;
+  private readonly conn: HTMLElement;
+  private readonly status: HTMLElement;
+  private readonly picker: HTMLSelectElement;
+  private readonly editButton: HTMLButtonElement;
+  private readonly idInput: HTMLInputElement;
+  private readonly titleInput: HTMLInputElement;
+  private readonly form: WidgetForm;
+  private readonly browser: ChannelBrowser;
+  private readonly datalist: HTMLDataListElement;
+
+  constructor(root: HTMLElement) {
+    this.titleView = h('h1', { id: 'title-view' });
+    this.conn = h('span', { className: 'conn', id: 'conn', textContent: 'connecting…' });
+    this.picker = h('select', { id: 'dashboard-picker', title: 'open a saved dashboard' });
+    this.editButton = h('button', { type: 'button', id: 'edit-toggle', textContent: 'Edit' });
+    this.status = h('span', { className: 'status', id: 'status' });
+    this.bar = h('header', { className: 'bar' }, [
+      h('span', { className: 'brand', textContent: 'Switchboard' }),
+      this.picker,
+      this.titleView,
+      this.status,
+      this.conn,
+      this.editButton,
+    ]);
+
+    this.datalist = h('datalist', { id: 'channel-names' });
+    this.idInput = h('input', { id: 'dashboard-id', placeholder: 'id (A-Z a-z 0-9 _ -)', autocomplete: 'off' });
+    this.titleInput = h('input', { id: 'dashboard-title', placeholder: 'title', autocomplete: 'off' });
+    const button = (id: string, text: string, f: () => void) => {
+      const b = h('button', { type: 'button', id, textContent: text });
+      b.addEventListener('click', f);
+      return b;
+    };
+    const importInput = h('input', { type: 'file', accept: '.json,application/json', id: 'import-file', className: 'hidden' });
+    importInput.addEventListener('change', () => void this.importFile(importInput));
+    const dashSection = h('section', { className: 'panel-section' }, [
+      h('h2', { textContent: 'Dashboard' }),
+      h('label', {}, [h('span', { textContent: 'Id' }), this.idInput]),
+      h('label', {}, [h('span', { textContent: 'Title' }), this.titleInput]),
+      h('div', { className: 'row wrap' }, [
+        button('save', 'Save', () => void this.save()),
+        button('new', 'New', () => this.newDashboard()),
+        button('export', 'Export', () => this.exportJson()),
+        button('import', 'Import', () => importInput.click()),
+        button('delete', 'Delete', () => void this.remove()),
+        importInput,
+      ]),
+    ]);
+    const addSection = h('section', { className: 'panel-section' }, [
+      h('h2', { textContent: 'Add widget' }),
+      h(
+        'div',
+        { className: 'row wrap' },
+        WIDGET_TYPES.map((t) => button(`add-${t}`, t, () => this.addWidget(t))),
+      ),
+    ]);
+    this.form = new WidgetForm(this.datalist);
+    this.browser = new ChannelBrowser(this.api);
+    this.side = h('aside', { className: 'side', id: 'side' }, [dashSection, addSection, this.form.el, this.browser.el, this.datalist]);
+
+    const main = h('main', { className: 'main' }, [this.side]);
+    root.append(this.bar, main);
+    this.board = new Board(main);
+    // The board's frame drives the SDK's delivery: one pass per animation frame for both.
+    this.client = new Client({ url: location.origin, name: 'switchboard-dashboard', schedule: this.board.scheduler });
+
+    this.titleInput.addEventListener('input', () => {
+      this.dashboard.title = this.titleInput.value;
+      this.titleView.textContent = this.dashboard.title;
+    });
+    this.editButton.addEventListener('click', () => this.setEditing(!this.editing));
+    this.picker.addEventListener('change', () => {
+      if (this.picker.value) void this.open(this.picker.value, this.editing);
+    });
+    this.board.onChannels = (chs) => this.syncSubscriptions(chs);
+    this.board.onSelect = (w) => this.form.show(w);
+    this.board.onEdit = () => this.form.refresh();
+    this.form.onChange = (w) => {
+      const now = this.board.changed(w);
+      this.form.retarget(now);
+    };
+    this.form.onRemove = (w) => this.board.remove(w);
+    this.browser.onPick = (ch) => void this.pick(ch);
+    window.addEventListener('keydown', (e) => {
+      const t = e.target as HTMLElement;
+      if (this.editing && e.key === 'Delete' && this.board.selection && !['INPUT', 'SELECT', 'TEXTAREA'].includes(t.tagName)) {
+        this.board.remove(this.board.selection);
+      }
+    });
+
+    this.wireClient();
+  }
+
+  private wireClient(): void {
+    const c = this.client;
+    c.on('frame', (batch) => {
+      this.board.applyBatch(batch);
+      for (const p of batch.publications) if (!p.channel.startsWith('pt:')) this.record({ type: 'pub', channel: p.channel, offset: p.offset });
+    });
+    c.on('state', ({ state }) => {
+      this.conn.textContent = state;
+      this.conn.dataset.state = state;
+    });
+    c.on('connected', (e) => this.record({ type: 'connected', client: e.client, reconnects: e.reconnects }));
+    c.on('disconnected', (e) => this.record({ type: 'disconnected', code: e.code, reason: e.reason }));
+    c.on('gap', (g) => this.record({ type: 'gap', channel: g.channel, from: g.from, to: g.to, epochChanged: g.epochChanged }));
+    c.on('subscribeError', (e) =>
+      this.record({ type: 'subscribeError', channel: e.channel, code: e.error.code, message: e.error.message }),
+    );
+  }
+
+  private record(e: LogEntry): void {
+    this.log.push(e);
+    if (this.log.length > LOG_SIZE) this.log.splice(0, this.log.length - LOG_SIZE);
+  }
+
+  /** The event log (a copy). */
+  events(): LogEntry[] {
+    return this.log.slice();
+  }
+
+  /** Starts the page: the dashboard named in the URL in run mode, else a new one in edit mode. */
+  async start(): Promise<void> {
+    void this.client.connect();
+    const params = new URLSearchParams(location.search);
+    const id = params.get('dashboard');
+    void this.refreshPicker();
+    if (id) await this.open(id, params.get('edit') === '1');
+    else {
+      this.newDashboard();
+      this.setEditing(true);
+    }
+  }
+
+  async open(id: string, edit: boolean): Promise<void> {
+    try {
+      const d = await this.api.load(id);
+      this.load(id, parseDashboard(d));
+      this.say('');
+    } catch (e) {
+      this.say(`cannot open ${id}: ${(e as Error).message}`, true);
+      this.load(id, { title: id, widgets: [] });
+    }
+    this.setEditing(edit);
+    this.syncUrl();
+  }
+
+  private load(id: string, d: DashboardSpec): void {
+    this.id = id;
+    this.dashboard = { title: d.title, widgets: d.widgets };
+    this.idInput.value = id;
+    this.titleInput.value = d.title;
+    this.titleView.textContent = d.title;
+    document.title = `${d.title} · Switchboard`;
+    this.board.setWidgets(this.dashboard.widgets);
+    this.picker.value = id;
+  }
+
+  private newDashboard(): void {
+    const id = `dashboard-${Math.random().toString(36).slice(2, 7)}`;
+    this.load(id, { title: 'Untitled', widgets: [] });
+    this.picker.value = '';
+    if (this.editing) this.idInput.focus();
+  }
+
+  setEditing(on: boolean): void {
+    this.editing = on;
+    document.body.classList.toggle('editing', on);
+    this.editButton.textContent = on ? 'Run' : 'Edit';
+    this.board.setEditing(on);
+    if (on) void this.browser.load().then(() => this.fillDatalist());
+    this.syncUrl();
+  }
+
+  private syncUrl(): void {
+    if (!this.id) return;
+    const q = new URLSearchParams({ dashboard: this.id });
+    if (this.editing) q.set('edit', '1');
+    history.replaceState(null, '', `?${q}`);
+  }
+
+  private fillDatalist(): void {
+    this.datalist.replaceChildren(...this.browser.names().slice(0, 5000).map((n) => h('option', { value: n })));
+  }
+
+  private async refreshPicker(): Promise<void> {
+    let list: DashboardSummary[] = [];
+    try {
+      list = await this.api.dashboards();
+    } catch {
+      /* the list is a convenience */
+    }
+    this.picker.replaceChildren(
+      h('option', { value: '', textContent: 'Open dashboard…' }),
+      ...list.map((d) => h('option', { value: d.id, textContent: `${d.title || d.id} (${d.widget_count})` })),
+    );
+    this.picker.value = list.some((d) => d.id === this.id) ? this.id : '';
+  }
+
+  /** Subscribes to channels new on the board and drops the ones no widget shows anymore. */
+  private syncSubscriptions(channels: string[]): void {
+    const want = new Set(channels);
+    const drop: string[] = [];
+    for (const ch of this.subs.keys()) if (!want.has(ch)) drop.push(ch);
+    for (const ch of drop) {
+      this.subs.get(ch)!.unsubscribe();
+      this.subs.delete(ch);
+    }
+    const add = channels.filter((ch) => !this.subs.has(ch));
+    if (add.length === 0) return;
+    const subs = this.client.subscribeMany(add);
+    add.forEach((ch, i) => this.subs.set(ch, subs[i]));
+  }
+
+  private addWidget(type: WidgetType, channel = ''): Widget {
+    const size = DEFAULT_SIZE[type];
+    const at = this.board.freeSpot(size.w, size.h);
+    return this.board.add({ type, channel, x: at.x, y: at.y, w: size.w, h: size.h, options: {} });
+  }
+
+  /** A channel picked in the browser: bind the selected widget, or add a fitting one. */
+  private async pick(channel: string): Promise<void> {
+    const sel = this.board.selection;
+    if (sel) {
+      sel.spec.channel = channel;
+      this.form.retarget(this.board.changed(sel));
+      this.form.show(this.board.selection);
+      return;
+    }
+    let type: WidgetType = 'value';
+    try {
+      const v = await this.api.lastValue(channel);
+      const x = v && typeof v === 'object' && !Array.isArray(v) && 'v' in v ? (v as { v: unknown }).v : v;
+      if (Array.isArray(x)) type = 'spectrum';
+      else if (typeof x === 'boolean') type = 'led';
+    } catch {
+      /* a value widget then */
+    }
+    this.addWidget(type, channel);
+  }
+
+  private async save(): Promise<void> {
+    const id = this.idInput.value.trim();
+    if (!ID_PATTERN.test(id)) {
+      this.say('the id must be 1-64 characters of A-Z a-z 0-9 _ -', true);
+      return;
+    }
+    this.dashboard.title = this.titleInput.value;
+    this.dashboard.widgets = this.board.widgets.map((w) => w.spec);
+    try {
+      await this.api.save(id, this.dashboard);
+      this.id = id;
+      this.say(`saved ${id}`);
+      this.syncUrl();
+      await this.refreshPicker();
+    } catch (e) {
+      this.say(`not saved: ${(e as Error).message}`, true);
+    }
+  }
+
+  private async remove(): Promise<void> {
+    if (!this.deleteArmed) {
+      this.deleteArmed = true;
+      this.say(`press Delete again to delete ${this.id}`);
+      setTimeout(() => (this.deleteArmed = false), 4000);
+      return;
+    }
+    this.deleteArmed = false;
+    try {
+      await this.api.remove(this.id);
+      this.say(`deleted ${this.id}`);
+      this.newDashboard();
+      await this.refreshPicker();
+    } catch (e) {
+      this.say(`not deleted: ${(e as Error).message}`, true);
+    }
+  }
+
+  private exportJson(): void {
+    const d = { id: this.idInput.value.trim() || this.id, title: this.titleInput.value, widgets: this.board.widgets.map((w) => w.spec) };
+    const blob = new Blob([JSON.stringify(d, null, 2)], { type: 'application/json' });
+    const a = h('a', { href: URL.createObjectURL(blob), download: `${d.id}.json` });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10_000);
+  }
+
+  private async importFile(input: HTMLInputElement): Promise<void> {
+    const file = input.files?.[0];
+    input.value = '';
+    if (!file) return;
+    try {
+      const d = parseDashboard(JSON.parse(await file.text()));
+      const id = d.id && ID_PATTERN.test(d.id) ? d.id : this.id;
+      this.load(id, d);
+      this.say(`imported ${file.name}: save to keep it`);
+    } catch (e) {
+      this.say(`cannot import ${file.name}: ${(e as Error).message}`, true);
+    }
+  }
+
+  private say(text: string, error = false): void {
+    this.status.textContent = text;
+    this.status.classList.toggle('error', error);
+  }
+
+  /** The latest publication each widget applied (tests). */
+  widgetState(i: number): { type: string; channel: string; hasValue: boolean; offset: number; text: string } | null {
+    const w = this.board.widgets[i];
+    return w ? { type: w.spec.type, channel: w.spec.channel, hasValue: w.hasValue, offset: w.offset, text: w.describe() } : null;
+  }
+}

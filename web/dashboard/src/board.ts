@@ -1,0 +1,440 @@
+// The board: widgets on one canvas, rendered in ONE pass per animation frame.
+//
+// Each frame runs, in order: the SDK's delivery of the publications received since the last
+// frame (it schedules itself through `board.scheduler`), which only stores values and marks
+// widgets dirty; then one render pass that redraws the bodies of dirty widgets in view (or
+// everything after a scroll, resize or edit); then uPlot redraws of trends, as many as fit a
+// time budget, round-robin, so a hundred live plots cannot push the frame past its deadline.
+// Layout is never read during a frame: sizes and scroll offsets are read in their own events.
+
+import type { FrameBatch, Publication, Scheduler } from 'switchboard-sdk';
+import { CELL, type WidgetSpec } from './model.js';
+import { createWidget, THEME, type Widget } from './widgets/index.js';
+
+export interface BoardStats {
+  widgets: number;
+  widgetsWithValue: number;
+  updatesApplied: number;
+  framesRendered: number;
+  widgetsVisible: number;
+}
+
+/** Time per frame given to trend (uPlot) redraws and chart creation, ms. */
+const TREND_BUDGET_MS = 6;
+
+export class Board {
+  readonly el: HTMLElement;
+  readonly widgets: Widget[] = [];
+  private readonly canvas: HTMLCanvasElement;
+  private readonly ctx: CanvasRenderingContext2D;
+  private readonly scroller: HTMLElement;
+  private readonly content: HTMLElement;
+  private readonly plots: HTMLElement;
+  private readonly boxes: HTMLElement;
+  private byChannel = new Map<string, Widget[]>();
+  /** The channels each widget was indexed under, to notice a rebinding. */
+  private indexed = new Map<Widget, string>();
+  /** Each channel's latest publication, so a widget bound to a channel another widget already
+   * shows gets its value at once. */
+  private latest = new Map<string, Publication>();
+  private withValue = 0;
+  private updatesApplied = 0;
+  private framesRendered = 0;
+  private frameRequested = false;
+  private beforeFrame: Array<() => void> = [];
+  private fullRepaint = true;
+  private viewChanged = true;
+  private view = { x: 0, y: 0, w: 0, h: 0 };
+  private dpr = 1;
+  private visible: Widget[] = [];
+  private trendCursor = 0;
+  private editing = false;
+  private selected: Widget | null = null;
+  private boxOf = new Map<Widget, HTMLElement>();
+
+  /** Called when the set of channels the widgets need changed. */
+  onChannels: (channels: string[]) => void = () => {};
+  /** Called when the selection changed (edit mode). */
+  onSelect: (w: Widget | null) => void = () => {};
+  /** Called after a widget was moved or resized by hand. */
+  onEdit: (w: Widget) => void = () => {};
+
+  constructor(parent: HTMLElement) {
+    this.el = document.createElement('div');
+    this.el.className = 'board-wrap';
+    this.canvas = document.createElement('canvas');
+    this.canvas.className = 'board-canvas';
+    this.scroller = document.createElement('div');
+    this.scroller.className = 'board';
+    this.content = document.createElement('div');
+    this.content.className = 'board-content';
+    this.plots = document.createElement('div');
+    this.plots.className = 'board-plots';
+    this.boxes = document.createElement('div');
+    this.boxes.className = 'board-boxes';
+    this.content.append(this.plots, this.boxes);
+    this.scroller.append(this.content);
+    this.el.append(this.canvas, this.scroller);
+    parent.append(this.el);
+    const ctx = this.canvas.getContext('2d', { alpha: false });
+    if (!ctx) throw new Error('no 2D canvas');
+    this.ctx = ctx;
+    new ResizeObserver(() => this.measure()).observe(this.scroller);
+    this.scroller.addEventListener(
+      'scroll',
+      () => {
+        this.view.x = this.scroller.scrollLeft;
+        this.view.y = this.scroller.scrollTop;
+        this.viewChanged = true;
+        this.request();
+      },
+      { passive: true },
+    );
+    this.boxes.addEventListener('pointerdown', (e) => this.pointerDown(e));
+    this.scroller.addEventListener('pointerdown', (e) => {
+      if (this.editing && e.target === this.scroller) this.select(null);
+    });
+  }
+
+  /** The SDK's frame scheduler: its delivery runs at the start of the board's next frame. */
+  readonly scheduler: Scheduler = (flush) => {
+    this.beforeFrame.push(flush);
+    this.request();
+  };
+
+  stats(): BoardStats {
+    return {
+      widgets: this.widgets.length,
+      widgetsWithValue: this.withValue,
+      updatesApplied: this.updatesApplied,
+      framesRendered: this.framesRendered,
+      widgetsVisible: this.visible.length,
+    };
+  }
+
+  // -------------------------------------------------------------------------------------
+  // Widgets
+
+  setWidgets(specs: WidgetSpec[]): void {
+    for (const w of this.widgets) w.detach();
+    this.widgets.length = 0;
+    this.boxes.replaceChildren();
+    this.boxOf.clear();
+    this.selected = null;
+    for (const s of specs) this.widgets.push(createWidget(s));
+    this.reindex();
+    if (this.editing) for (const w of this.widgets) this.addBox(w);
+    this.onSelect(null);
+  }
+
+  add(spec: WidgetSpec): Widget {
+    const w = createWidget(spec);
+    this.widgets.push(w);
+    this.reindex();
+    if (this.editing) this.addBox(w);
+    this.select(w);
+    return w;
+  }
+
+  remove(w: Widget): void {
+    const i = this.widgets.indexOf(w);
+    if (i < 0) return;
+    this.widgets.splice(i, 1);
+    w.detach();
+    this.boxOf.get(w)?.remove();
+    this.boxOf.delete(w);
+    if (this.selected === w) this.select(null);
+    this.reindex();
+  }
+
+  /** After a widget's spec changed by hand: geometry, options, channel or type. Returns the
+   * widget now in its place: a new type or channel makes a fresh widget (no stale values). */
+  changed(w: Widget): Widget {
+    const i = this.widgets.indexOf(w);
+    if (i < 0) return w;
+    let now = w;
+    const rebind = this.channelsOf(w).join('\n') !== this.indexed.get(w);
+    if (w.spec.type !== w.kind || rebind) {
+      w.detach();
+      now = createWidget(w.spec);
+      this.widgets[i] = now;
+      const box = this.boxOf.get(w);
+      this.boxOf.delete(w);
+      if (box) this.boxOf.set(now, box);
+      if (this.selected === w) this.selected = now;
+      this.reindex();
+    } else {
+      w.layout();
+      this.resize();
+    }
+    this.placeBox(now);
+    this.fullRepaint = true;
+    this.viewChanged = true;
+    this.request();
+    return now;
+  }
+
+  private channelsOf(w: Widget): string[] {
+    return w.spec.channel ? [w.spec.channel, ...w.extraChannels()] : w.extraChannels();
+  }
+
+  private reindex(): void {
+    this.byChannel = new Map();
+    this.indexed = new Map();
+    this.withValue = 0;
+    for (const w of this.widgets) {
+      const chans = this.channelsOf(w);
+      this.indexed.set(w, chans.join('\n'));
+      for (const ch of chans) {
+        let list = this.byChannel.get(ch);
+        if (!list) this.byChannel.set(ch, (list = []));
+        list.push(w);
+        const p = this.latest.get(ch);
+        if (p && !w.hasValue) w.apply(p, ch);
+      }
+      if (w.hasValue) this.withValue++;
+    }
+    for (const ch of this.latest.keys()) if (!this.byChannel.has(ch)) this.latest.delete(ch);
+    this.resize();
+    this.fullRepaint = true;
+    this.viewChanged = true;
+    this.request();
+    this.onChannels([...this.byChannel.keys()]);
+  }
+
+  /** Sizes the scrollable content to the widgets' extent. */
+  private resize(): void {
+    let w = 0;
+    let h = 0;
+    for (const x of this.widgets) {
+      w = Math.max(w, (x.spec.x + x.spec.w) * CELL);
+      h = Math.max(h, (x.spec.y + x.spec.h) * CELL);
+    }
+    const extra = this.editing ? CELL * 20 : CELL;
+    this.content.style.width = `${w + extra}px`;
+    this.content.style.height = `${h + extra}px`;
+  }
+
+  /** Applies one frame's publications: values only; drawing follows in the same frame. */
+  applyBatch(batch: FrameBatch): void {
+    let applied = 0;
+    for (const p of batch.publications) {
+      const list = this.byChannel.get(p.channel);
+      if (!list) continue;
+      this.latest.set(p.channel, p);
+      for (const w of list) {
+        const had = w.hasValue;
+        if (w.apply(p, p.channel)) {
+          applied++;
+          if (!had) this.withValue++;
+        }
+      }
+    }
+    this.updatesApplied += applied;
+    if (applied > 0) this.request();
+  }
+
+  // -------------------------------------------------------------------------------------
+  // Frames
+
+  request(): void {
+    if (this.frameRequested) return;
+    this.frameRequested = true;
+    requestAnimationFrame(this.frame);
+  }
+
+  private readonly frame = (): void => {
+    this.frameRequested = false;
+    const run = this.beforeFrame;
+    this.beforeFrame = [];
+    for (const f of run) f();
+    if (this.viewChanged) this.updateVisible();
+    this.render();
+    const more = this.renderTrends();
+    this.framesRendered++;
+    if (more) this.request();
+  };
+
+  private measure(): void {
+    const w = this.scroller.clientWidth;
+    const h = this.scroller.clientHeight;
+    const dpr = window.devicePixelRatio || 1;
+    if (w === this.view.w && h === this.view.h && dpr === this.dpr) return;
+    this.view.w = w;
+    this.view.h = h;
+    this.dpr = dpr;
+    this.canvas.width = Math.max(1, Math.round(w * dpr));
+    this.canvas.height = Math.max(1, Math.round(h * dpr));
+    this.canvas.style.width = `${w}px`;
+    this.canvas.style.height = `${h}px`;
+    this.viewChanged = true;
+    this.request();
+  }
+
+  private updateVisible(): void {
+    this.viewChanged = false;
+    this.fullRepaint = true;
+    const { x, y, w, h } = this.view;
+    const vis: Widget[] = [];
+    for (const wd of this.widgets) {
+      const r = wd.rect;
+      wd.visible = r.x < x + w && r.x + r.w > x && r.y < y + h && r.y + r.h > y;
+      if (wd.visible) vis.push(wd);
+    }
+    this.visible = vis;
+  }
+
+  private render(): void {
+    const ctx = this.ctx;
+    const { x: ox, y: oy } = this.view;
+    ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
+    if (this.fullRepaint) {
+      this.fullRepaint = false;
+      ctx.fillStyle = THEME.bg;
+      ctx.fillRect(0, 0, this.view.w, this.view.h);
+      for (const w of this.visible) {
+        w.drawFrame(ctx, ox, oy);
+        w.drawBody(ctx, ox, oy);
+      }
+      return;
+    }
+    for (const w of this.visible) if (w.dirty) w.drawBody(ctx, ox, oy);
+  }
+
+  /** uPlot work under the frame budget; returns whether some is left for the next frame. */
+  private renderTrends(): boolean {
+    const vis = this.visible;
+    const n = vis.length;
+    if (n === 0) return false;
+    const deadline = performance.now() + TREND_BUDGET_MS;
+    let left = false;
+    let i = 0;
+    for (; i < n; i++) {
+      const w = vis[(this.trendCursor + i) % n];
+      if (w.spec.type !== 'trend') continue;
+      if (performance.now() > deadline) {
+        left = true;
+        break;
+      }
+      w.attach(this.plots);
+      if (w.domDirty()) w.renderDom();
+    }
+    this.trendCursor = (this.trendCursor + i) % n;
+    return left;
+  }
+
+  // -------------------------------------------------------------------------------------
+  // Edit mode: a DOM box per widget to select, move and resize it.
+
+  setEditing(on: boolean): void {
+    if (on === this.editing) return;
+    this.editing = on;
+    this.el.classList.toggle('editing', on);
+    this.boxes.replaceChildren();
+    this.boxOf.clear();
+    if (on) for (const w of this.widgets) this.addBox(w);
+    else this.select(null);
+    this.resize();
+  }
+
+  get selection(): Widget | null {
+    return this.selected;
+  }
+
+  select(w: Widget | null): void {
+    if (this.selected) this.boxOf.get(this.selected)?.classList.remove('selected');
+    this.selected = w;
+    if (w) this.boxOf.get(w)?.classList.add('selected');
+    this.onSelect(w);
+  }
+
+  private addBox(w: Widget): void {
+    const box = document.createElement('div');
+    box.className = 'wbox';
+    const tag = document.createElement('span');
+    tag.className = 'wbox-tag';
+    const handle = document.createElement('div');
+    handle.className = 'wbox-resize';
+    handle.title = 'drag to resize';
+    box.append(tag, handle);
+    this.boxes.append(box);
+    this.boxOf.set(w, box);
+    this.placeBox(w);
+  }
+
+  private placeBox(w: Widget): void {
+    const box = this.boxOf.get(w);
+    if (!box) return;
+    const s = w.spec;
+    box.style.left = `${s.x * CELL}px`;
+    box.style.top = `${s.y * CELL}px`;
+    box.style.width = `${s.w * CELL}px`;
+    box.style.height = `${s.h * CELL}px`;
+    box.dataset.index = String(this.widgets.indexOf(w));
+    box.dataset.type = s.type;
+    box.dataset.channel = s.channel;
+    (box.firstChild as HTMLElement).textContent = `${s.type}${s.channel ? ' · ' + s.channel : ''}`;
+  }
+
+  private pointerDown(e: PointerEvent): void {
+    const target = e.target as HTMLElement;
+    const box = target.closest('.wbox') as HTMLElement | null;
+    if (!box) return;
+    const w = [...this.boxOf].find(([, b]) => b === box)?.[0];
+    if (!w) return;
+    e.preventDefault();
+    this.select(w);
+    const resizing = target.classList.contains('wbox-resize');
+    const start = { x: e.clientX, y: e.clientY, sx: w.spec.x, sy: w.spec.y, sw: w.spec.w, sh: w.spec.h };
+    box.setPointerCapture(e.pointerId);
+    let moved = false;
+    const move = (ev: PointerEvent) => {
+      const dx = Math.round((ev.clientX - start.x) / CELL);
+      const dy = Math.round((ev.clientY - start.y) / CELL);
+      const s = w.spec;
+      const before = `${s.x},${s.y},${s.w},${s.h}`;
+      if (resizing) {
+        s.w = Math.max(1, start.sw + dx);
+        s.h = Math.max(1, start.sh + dy);
+      } else {
+        s.x = Math.max(0, start.sx + dx);
+        s.y = Math.max(0, start.sy + dy);
+      }
+      if (before !== `${s.x},${s.y},${s.w},${s.h}`) {
+        moved = true;
+        this.changed(w);
+      }
+    };
+    const up = () => {
+      box.removeEventListener('pointermove', move);
+      box.removeEventListener('pointerup', up);
+      box.removeEventListener('pointercancel', up);
+      if (moved) this.onEdit(w);
+    };
+    box.addEventListener('pointermove', move);
+    box.addEventListener('pointerup', up);
+    box.addEventListener('pointercancel', up);
+  }
+
+  /** The first free spot for a widget of this size (left to right, top to bottom). */
+  freeSpot(w: number, h: number, cols = 48): { x: number; y: number } {
+    const taken = (x: number, y: number) =>
+      this.widgets.some((o) => x < o.spec.x + o.spec.w && x + w > o.spec.x && y < o.spec.y + o.spec.h && y + h > o.spec.y);
+    for (let y = 0; y < 10_000; y++) for (let x = 0; x + w <= cols; x++) if (!taken(x, y)) return { x, y };
+    return { x: 0, y: 0 };
+  }
+
+  /** Widget index → its panel in page coordinates (tests, screenshots). */
+  widgetRect(i: number): { x: number; y: number; w: number; h: number } | null {
+    const w = this.widgets[i];
+    if (!w) return null;
+    const b = this.scroller.getBoundingClientRect();
+    return { x: b.left + w.rect.x - this.view.x, y: b.top + w.rect.y - this.view.y, w: w.rect.w, h: w.rect.h };
+  }
+
+  /** Scrolls a widget into view. */
+  reveal(i: number): void {
+    const w = this.widgets[i];
+    if (w) this.scroller.scrollTo({ left: Math.max(0, w.rect.x - CELL), top: Math.max(0, w.rect.y - CELL) });
+  }
+}

@@ -1,0 +1,200 @@
+// What every widget shares: its place on the board, the value it shows, and the split of its
+// drawing into a static frame (panel and label, drawn on full repaints) and a dynamic body
+// (redrawn only when a new value arrived). Widgets draw on the board's one canvas; only trends
+// own DOM (a uPlot chart).
+
+import type { Publication } from 'switchboard-sdk';
+import { CELL, type WidgetSpec, type WidgetType } from '../model.js';
+
+export interface Rect {
+  x: number;
+  y: number;
+  w: number;
+  h: number;
+}
+
+export const THEME = {
+  bg: '#0d1117',
+  panel: '#161b22',
+  border: '#2a313c',
+  text: '#e6edf3',
+  dim: '#8b949e',
+  accent: '#4fc3f7',
+  good: '#3fb950',
+  bad: '#f85149',
+  warn: '#d29922',
+  off: '#30363d',
+  font: 'system-ui, -apple-system, "Segoe UI", sans-serif',
+};
+
+const GAP = 2;
+const HEADER = 16;
+
+export abstract class Widget {
+  /** The type this object draws; a spec whose type changed needs a new widget. */
+  readonly kind: WidgetType;
+  spec: WidgetSpec;
+  /** Board pixels of the panel. */
+  rect: Rect = { x: 0, y: 0, w: 0, h: 0 };
+  /** Board pixels of the part that changes with the value. */
+  body: Rect = { x: 0, y: 0, w: 0, h: 0 };
+  hasValue = false;
+  /** The body must be redrawn. */
+  dirty = true;
+  visible = false;
+  /** Offset of the latest publication applied. */
+  offset = 0;
+  /** Where the value's quality says it is not good. */
+  quality: string | null = null;
+  protected label = '';
+  protected labelFont = '';
+
+  constructor(spec: WidgetSpec) {
+    this.kind = spec.type;
+    this.spec = spec;
+    // No layout() here: subclass fields are not initialized yet. createWidget() calls it.
+  }
+
+  /** Recomputes pixel geometry after the spec changed. */
+  layout(): void {
+    const s = this.spec;
+    this.rect = { x: s.x * CELL + GAP, y: s.y * CELL + GAP, w: s.w * CELL - 2 * GAP, h: s.h * CELL - 2 * GAP };
+    const header = this.rect.h >= 36 ? HEADER : 0;
+    this.body = { x: this.rect.x + 4, y: this.rect.y + header + 2, w: this.rect.w - 8, h: this.rect.h - header - 4 };
+    this.label = String(s.options.label ?? s.channel ?? '');
+    this.labelFont = `11px ${THEME.font}`;
+    this.dirty = true;
+  }
+
+  /** Channels this widget listens to besides its own (scatter's x channel). */
+  extraChannels(): string[] {
+    return [];
+  }
+
+  /** The number/boolean/array/string a publication carries for this widget. */
+  protected extract(data: unknown): unknown {
+    const field = this.spec.options.field;
+    if (typeof field === 'string' && field !== '') {
+      let v: unknown = data;
+      for (const k of field.split('.')) v = v && typeof v === 'object' ? (v as Record<string, unknown>)[k] : undefined;
+      return v;
+    }
+    if (data && typeof data === 'object' && !Array.isArray(data) && 'v' in data) return (data as { v: unknown }).v;
+    return data;
+  }
+
+  /** Applies a publication of `channel`; returns whether the widget took it. */
+  apply(p: Publication, channel: string): boolean {
+    if (channel !== this.spec.channel) return false;
+    const d = p.data as { q?: unknown } | null;
+    this.quality = d && typeof d === 'object' && typeof d.q === 'string' && d.q !== 'good' ? d.q : null;
+    this.offset = p.offset;
+    this.take(this.extract(p.data), p);
+    this.hasValue = true;
+    this.dirty = true;
+    return true;
+  }
+
+  protected abstract take(value: unknown, p: Publication): void;
+
+  /** Panel and label. `ox, oy`: board scroll offset. */
+  drawFrame(ctx: CanvasRenderingContext2D, ox: number, oy: number): void {
+    const r = this.rect;
+    ctx.fillStyle = THEME.panel;
+    ctx.fillRect(r.x - ox, r.y - oy, r.w, r.h);
+    ctx.strokeStyle = THEME.border;
+    ctx.lineWidth = 1;
+    ctx.strokeRect(r.x - ox + 0.5, r.y - oy + 0.5, r.w - 1, r.h - 1);
+    if (this.body.y > r.y + 4 && this.label) {
+      ctx.fillStyle = THEME.dim;
+      ctx.font = this.labelFont;
+      ctx.textAlign = 'left';
+      ctx.textBaseline = 'top';
+      ctx.fillText(clip(this.label, r.w - 8, 6), r.x - ox + 5, r.y - oy + 3);
+    }
+  }
+
+  /** Clears and redraws the body. */
+  drawBody(ctx: CanvasRenderingContext2D, ox: number, oy: number): void {
+    const b = this.body;
+    ctx.fillStyle = THEME.panel;
+    ctx.fillRect(b.x - ox, b.y - oy, b.w, b.h);
+    if (!this.spec.channel) {
+      this.drawNote(ctx, ox, oy, 'unbound');
+    } else if (!this.hasValue) {
+      this.drawNote(ctx, ox, oy, '…');
+    } else {
+      // Nothing may spill out of the body: only the body is cleared on the next update.
+      ctx.save();
+      ctx.beginPath();
+      ctx.rect(b.x - ox, b.y - oy, b.w, b.h);
+      ctx.clip();
+      this.paint(ctx, b.x - ox, b.y - oy, b.w, b.h);
+      ctx.restore();
+    }
+    this.dirty = false;
+  }
+
+  protected drawNote(ctx: CanvasRenderingContext2D, ox: number, oy: number, text: string): void {
+    const b = this.body;
+    ctx.fillStyle = THEME.dim;
+    ctx.font = `11px ${THEME.font}`;
+    ctx.textAlign = 'center';
+    ctx.textBaseline = 'middle';
+    ctx.fillText(text, b.x - ox + b.w / 2, b.y - oy + b.h / 2);
+  }
+
+  /** Draws the value into the body at (x, y) of size (w, h), canvas coordinates. */
+  protected abstract paint(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h: number): void;
+
+  /** Widgets with DOM (trends) are created lazily when first visible and updated here. */
+  attach(_layer: HTMLElement): void {}
+  detach(): void {}
+  /** Whether `renderDom` has work; trends redraw under the frame's time budget. */
+  domDirty(): boolean {
+    return false;
+  }
+  renderDom(): void {}
+
+  /** A screen-reader and test-friendly text of the current value. */
+  describe(): string {
+    return '';
+  }
+}
+
+/** Cuts `text` to roughly fit `width` pixels at `charW` pixels per character (no measuring:
+ * measureText per frame is what makes text-heavy canvases slow). */
+export function clip(text: string, width: number, charW: number): string {
+  const max = Math.max(1, Math.floor(width / charW));
+  return text.length <= max ? text : text.slice(0, Math.max(1, max - 1)) + '…';
+}
+
+export function num(v: unknown, fallback: number): number {
+  if (typeof v === 'number' && Number.isFinite(v)) return v;
+  if (typeof v === 'string' && v.trim() !== '' && Number.isFinite(Number(v))) return Number(v);
+  return fallback;
+}
+
+export function optNum(v: unknown): number | null {
+  const n = num(v, NaN);
+  return Number.isNaN(n) ? null : n;
+}
+
+/** Formats a value for display. */
+export function format(v: unknown, decimals: number | null): string {
+  if (typeof v === 'number') {
+    if (decimals !== null) return v.toFixed(Math.max(0, Math.min(10, decimals)));
+    const a = Math.abs(v);
+    return a >= 1000 || Number.isInteger(v) ? String(Math.round(v * 100) / 100) : v.toFixed(a >= 10 ? 2 : 3);
+  }
+  if (typeof v === 'string') return v;
+  if (typeof v === 'boolean') return v ? 'true' : 'false';
+  if (v === null || v === undefined) return '—';
+  return JSON.stringify(v);
+}
+
+export function qualityColor(q: string | null, fallback: string): string {
+  if (q === 'bad') return THEME.bad;
+  if (q === 'uncertain') return THEME.warn;
+  return fallback;
+}

@@ -1,0 +1,30 @@
+import type { WidgetSpec } from '../model.js';
+import type { Widget } from './base.js';
+import { GaugeWidget, LedWidget, ValueWidget } from './simple.js';
+import { ScatterWidget, SpectrumWidget, TrendWidget } from './plots.js';
+
+export { Widget, THEME } from './base.js';
+export type { Rect } from './base.js';
+
+export function createWidget(spec: WidgetSpec): Widget {
+  const w = construct(spec);
+  w.layout();
+  return w;
+}
+
+function construct(spec: WidgetSpec): Widget {
+  switch (spec.type) {
+    case 'value':
+      return new ValueWidget(spec);
+    case 'led':
+      return new LedWidget(spec);
+    case 'gauge':
+      return new GaugeWidget(spec);
+    case 'trend':
+      return new TrendWidget(spec);
+    case 'spectrum':
+      return new SpectrumWidget(spec);
+    case 'scatter':
+      return new ScatterWidget(spec);
+  }
+}

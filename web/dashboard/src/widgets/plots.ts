@@ -1,0 +1,265 @@
+// Spectrum (array values), scatter and trend (uPlot). Spectrum and scatter draw on the board
+// canvas as one path each; a trend owns a uPlot chart whose redraws the board spreads over
+// frames under a time budget.
+
+import type { Publication } from 'switchboard-sdk';
+import uPlot from 'uplot';
+import { num, optNum, qualityColor, THEME, Widget } from './base.js';
+
+export class SpectrumWidget extends Widget {
+  private bins: number[] = [];
+  /** Running maximum for automatic scaling; decays slowly so a spike does not flatten forever. */
+  private peak = 0;
+
+  protected take(value: unknown): void {
+    this.bins = Array.isArray(value) ? value.map((v) => num(v, 0)) : [num(value, 0)];
+    let m = 0;
+    for (const b of this.bins) if (b > m) m = b;
+    this.peak = Math.max(m, this.peak * 0.98);
+  }
+
+  protected paint(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h: number): void {
+    const n = this.bins.length;
+    if (n === 0) return;
+    const min = num(this.spec.options.min, 0);
+    const max = optNum(this.spec.options.max) ?? (this.peak || 1);
+    const span = max - min || 1;
+    const bw = w / n;
+    const gap = bw > 3 ? 1 : 0;
+    ctx.fillStyle = qualityColor(this.quality, THEME.accent);
+    ctx.beginPath();
+    for (let i = 0; i < n; i++) {
+      const f = Math.max(0, Math.min(1, (this.bins[i] - min) / span));
+      const bh = f * h;
+      ctx.rect(x + i * bw, y + h - bh, Math.max(1, bw - gap), bh);
+    }
+    ctx.fill();
+  }
+
+  override describe(): string {
+    return `${this.bins.length} bins`;
+  }
+}
+
+export class ScatterWidget extends Widget {
+  private xs = new Float64Array(0);
+  private ys = new Float64Array(0);
+  private count = 0;
+  private next = 0;
+  private lastX: number | null = null;
+  private prevY: number | null = null;
+
+  override layout(): void {
+    super.layout();
+    const cap = Math.max(2, Math.min(5000, Math.floor(num(this.spec.options.points, 200))));
+    if (cap !== this.xs.length) {
+      this.xs = new Float64Array(cap);
+      this.ys = new Float64Array(cap);
+      this.count = this.next = 0;
+    }
+  }
+
+  override extraChannels(): string[] {
+    const xc = this.spec.options.x_channel;
+    return typeof xc === 'string' && xc !== '' && xc !== this.spec.channel ? [xc] : [];
+  }
+
+  private xChannel(): string | null {
+    const xc = this.spec.options.x_channel;
+    return typeof xc === 'string' && xc !== '' ? xc : null;
+  }
+
+  override apply(p: Publication, channel: string): boolean {
+    const xc = this.xChannel();
+    if (xc !== null && channel === xc && channel !== this.spec.channel) {
+      const v = num(this.extract(p.data), NaN);
+      if (!Number.isNaN(v)) this.lastX = v;
+      return false;
+    }
+    return super.apply(p, channel);
+  }
+
+  protected take(value: unknown): void {
+    const y = num(value, NaN);
+    if (Number.isNaN(y)) return;
+    const x = this.xChannel() !== null ? this.lastX : this.prevY;
+    this.prevY = y;
+    if (x === null) return;
+    this.xs[this.next] = x;
+    this.ys[this.next] = y;
+    this.next = (this.next + 1) % this.xs.length;
+    this.count = Math.min(this.count + 1, this.xs.length);
+  }
+
+  protected paint(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h: number): void {
+    const n = this.count;
+    if (n === 0) return;
+    let x0 = Infinity;
+    let x1 = -Infinity;
+    let y0 = Infinity;
+    let y1 = -Infinity;
+    for (let i = 0; i < n; i++) {
+      const a = this.xs[i];
+      const b = this.ys[i];
+      if (a < x0) x0 = a;
+      if (a > x1) x1 = a;
+      if (b < y0) y0 = b;
+      if (b > y1) y1 = b;
+    }
+    const sx = (w - 6) / (x1 - x0 || 1);
+    const sy = (h - 6) / (y1 - y0 || 1);
+    ctx.strokeStyle = THEME.off;
+    ctx.lineWidth = 1;
+    ctx.strokeRect(x + 0.5, y + 0.5, w - 1, h - 1);
+    ctx.fillStyle = qualityColor(this.quality, THEME.accent);
+    ctx.beginPath();
+    for (let i = 0; i < n; i++) ctx.rect(x + 3 + (this.xs[i] - x0) * sx - 1.5, y + h - 3 - (this.ys[i] - y0) * sy - 1.5, 3, 3);
+    ctx.fill();
+    // The newest point stands out.
+    const last = (this.next + this.xs.length - 1) % this.xs.length;
+    ctx.fillStyle = THEME.text;
+    ctx.fillRect(x + 3 + (this.xs[last] - x0) * sx - 2.5, y + h - 3 - (this.ys[last] - y0) * sy - 2.5, 5, 5);
+  }
+
+  override describe(): string {
+    return `${this.count} points`;
+  }
+}
+
+/** Time axis labels as a wall clock, one line. */
+function clockLabels(_u: uPlot, splits: number[]): string[] {
+  return splits.map((s) => {
+    const d = new Date(s * 1000);
+    const p = (n: number) => String(n).padStart(2, '0');
+    return `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+  });
+}
+
+/** Most points a trend keeps (older ones also fall out of its time window). */
+const TREND_POINTS = 2000;
+
+export class TrendWidget extends Widget {
+  // Values live in one linear buffer twice the kept size; when the end is reached the live half
+  // moves to the front. uPlot gets subarray views, so a redraw allocates nothing.
+  private xs = new Float64Array(TREND_POINTS * 2);
+  private ys = new Float64Array(TREND_POINTS * 2);
+  private start = 0;
+  private end = 0;
+  private plot: uPlot | null = null;
+  private el: HTMLElement | null = null;
+  private plotDirty = false;
+  private last = NaN;
+  private size = { w: 0, h: 0 };
+
+  protected take(value: unknown, p: Publication): void {
+    const v = num(value, NaN);
+    if (Number.isNaN(v)) return;
+    const d = p.data as { t?: unknown } | null;
+    const t = (d && typeof d === 'object' && typeof d.t === 'number' ? d.t : Date.now()) / 1000;
+    if (this.end === this.xs.length) {
+      const live = this.end - this.start;
+      this.xs.copyWithin(0, this.start, this.end);
+      this.ys.copyWithin(0, this.start, this.end);
+      this.start = 0;
+      this.end = live;
+    }
+    this.xs[this.end] = t;
+    this.ys[this.end] = v;
+    this.end++;
+    const window = num(this.spec.options.window_s, 60);
+    while (this.start < this.end - 1 && (this.xs[this.start] < t - window || this.end - this.start > TREND_POINTS)) this.start++;
+    this.last = v;
+    this.plotDirty = true;
+  }
+
+  protected paint(): void {
+    // The chart is uPlot's; the canvas only keeps the panel behind it.
+  }
+
+  override layout(): void {
+    super.layout();
+    if (this.el) {
+      this.placeElement();
+      this.resizePlot();
+    }
+  }
+
+  private placeElement(): void {
+    const el = this.el!;
+    const b = this.body;
+    el.style.left = `${b.x}px`;
+    el.style.top = `${b.y}px`;
+    el.style.width = `${b.w}px`;
+    el.style.height = `${b.h}px`;
+  }
+
+  private plotOptions(): uPlot.Options {
+    const b = this.body;
+    const axes = b.h >= 90 && b.w >= 160;
+    const min = optNum(this.spec.options.min);
+    const max = optNum(this.spec.options.max);
+    const font = `10px ${THEME.font}`;
+    const axis: uPlot.Axis = { stroke: THEME.dim, font, size: 28, gap: 2, grid: { stroke: '#222a33', width: 1 }, ticks: { show: false } };
+    return {
+      width: Math.max(10, b.w),
+      height: Math.max(10, b.h),
+      legend: { show: false },
+      cursor: { show: false },
+      select: { show: false, left: 0, top: 0, width: 0, height: 0 },
+      scales: {
+        x: { time: true },
+        y: min !== null && max !== null ? { range: [min, max] } : { auto: true },
+      },
+      axes: axes ? [{ ...axis, size: 20, values: clockLabels }, { ...axis, size: 36 }] : [{ show: false }, { show: false }],
+      series: [{}, { stroke: qualityColor(this.quality, THEME.accent), width: 1.25, points: { show: false } }],
+    };
+  }
+
+  override attach(layer: HTMLElement): void {
+    if (this.el) return;
+    const el = document.createElement('div');
+    el.className = 'trend';
+    this.el = el;
+    this.placeElement();
+    layer.appendChild(el);
+    this.plot = new uPlot(this.plotOptions(), this.data(), el);
+    this.size = { w: this.body.w, h: this.body.h };
+    this.plotDirty = false;
+  }
+
+  override detach(): void {
+    this.plot?.destroy();
+    this.plot = null;
+    this.el?.remove();
+    this.el = null;
+  }
+
+  private resizePlot(): void {
+    if (!this.plot) return;
+    if (this.size.w !== this.body.w || this.size.h !== this.body.h) {
+      // Axes depend on the size: rebuild rather than resize.
+      const parent = this.el!.parentElement!;
+      this.detach();
+      this.attach(parent);
+    }
+  }
+
+  private data(): uPlot.AlignedData {
+    return [this.xs.subarray(this.start, this.end), this.ys.subarray(this.start, this.end)];
+  }
+
+  override domDirty(): boolean {
+    return this.plotDirty && this.plot !== null;
+  }
+
+  override renderDom(): void {
+    const plot = this.plot;
+    if (!plot) return;
+    this.plotDirty = false;
+    plot.batch(() => plot.setData(this.data()));
+  }
+
+  override describe(): string {
+    return Number.isNaN(this.last) ? '' : String(this.last);
+  }
+}
