@@ -18,7 +18,9 @@
 //! - [`histogram`]: [`histogram::Latency`], HDR histograms that serialize between processes.
 //! - [`accounting`]: expected / received / lost / duplicated bookkeeping.
 //! - [`probe`]: CPU time and memory from `/proc` (`--server-pid`, the `limit` writer thread).
-//! - [`report`]: the `result.json` schema, CSV and the summary table; [`chart`]: the SVG.
+//! - [`report`]: the `result.json` schema, CSV and the summary table; [`chart`]: the SVG
+//!   charts (latency distribution, sweep steps).
+//! - [`compare`]: `bench report DIR...`, one HTML page comparing result folders.
 //! - [`progress`]: the once-a-second progress line.
 //! - [`common`]: flags shared by all scenarios and helpers built on them.
 

@@ -294,6 +294,13 @@ fn parse_listening(line: &str) -> Option<&str> {
     (!addr.is_empty()).then_some(addr)
 }
 
+/// The last few lines of a server log, for an error message.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(3)..].join(" | ")
+}
+
 impl ServerProc {
     async fn start(bin: &Path, workers: usize, extra: &[String], log: &Path) -> anyhow::Result<ServerProc> {
         let stderr = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
@@ -317,7 +324,8 @@ impl ServerProc {
             bail!("the server exited before listening (its log: {})", log.display())
         };
         let addr = match tokio::time::timeout(Duration::from_secs(15), wait).await {
-            Ok(r) => r?,
+            Ok(Ok(addr)) => addr,
+            Ok(Err(e)) => bail!("{e}: {}", log_tail(log)),
             Err(_) => bail!("the server did not print its address within 15 s (its log: {})", log.display()),
         };
         Ok(ServerProc { child, pid, addr, _stdout: lines })
@@ -803,6 +811,20 @@ mod tests {
         let m = matrix(&cells, &[1, 10], &[1, 2]);
         assert!(m.contains("1500/s") && m.contains("(errors)"), "{m}");
         assert_eq!(m.lines().count(), 4);
+    }
+
+    #[test]
+    fn sessions_server_that_cannot_start_is_an_error_with_its_log() {
+        let dir = std::env::temp_dir().join(format!("sb-bench-sessions-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("server.log");
+        // A script stands in for a server that refuses its configuration.
+        let bin = dir.join("fake-server");
+        std::fs::write(&bin, "#!/bin/sh\necho 'switchboard: bad key' >&2\nexit 2\n").unwrap();
+        std::process::Command::new("chmod").arg("+x").arg(&bin).status().unwrap();
+        let err = testutil::local(ServerProc::start(&bin, 1, &[], &log)).err().unwrap();
+        assert!(format!("{err:#}").contains("bad key"), "{err:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
