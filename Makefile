@@ -7,7 +7,7 @@ BIN := target/release/switchboard
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo build test fmt-check lint rust-test black-box py-deps node-deps python-test node-test bench clean redis-deps
+.PHONY: demo build test fmt-check lint rust-test black-box py-deps node-deps python-test node-test bench clean redis-deps fuzz-build
 
 build:
 	$(CARGO) build --release --locked -p switchboard
@@ -15,7 +15,7 @@ build:
 demo: build
 	$(BIN) demo
 
-test: fmt-check lint rust-test black-box
+test: fmt-check lint rust-test black-box fuzz-build
 	@echo "make test: all suites passed"
 
 fmt-check:
@@ -33,6 +33,16 @@ rust-test: build redis-deps
 	$(CARGO) test --workspace --locked
 
 black-box: build python-test node-test
+
+# The fuzz targets (fuzz/, docs/security.md) build with nightly and cargo-fuzz; running them
+# is a separate, long step: cargo +nightly fuzz run <target> --fuzz-dir fuzz.
+fuzz-build:
+	@if ! $(CARGO) +nightly --version >/dev/null 2>&1; then \
+		echo "fuzz-build: SKIPPED — no nightly toolchain (rustup toolchain install nightly)"; \
+	else \
+		$(CARGO) +nightly fuzz --version >/dev/null 2>&1 || $(CARGO) install --locked cargo-fuzz; \
+		cd fuzz && $(CARGO) +nightly fuzz build; \
+	fi
 
 # Clients nobody here wrote: Python websockets and Node ws, against the release binary.
 $(VENV)/.installed: tests/python/requirements.txt
