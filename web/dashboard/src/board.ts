@@ -11,6 +11,13 @@ import type { FrameBatch, Publication, Scheduler } from 'switchboard-sdk';
 import { CELL, type WidgetSpec } from './model.js';
 import { createWidget, THEME, type Widget } from './widgets/index.js';
 
+export interface PageRect {
+  x: number;
+  y: number;
+  width: number;
+  height: number;
+}
+
 export interface BoardStats {
   widgets: number;
   widgetsWithValue: number;
@@ -424,12 +431,18 @@ export class Board {
     return { x: 0, y: 0 };
   }
 
-  /** Widget index → its panel in page coordinates (tests, screenshots). */
-  widgetRect(i: number): { x: number; y: number; w: number; h: number } | null {
+  /** Widget index → its panel and body in page coordinates (tests, screenshots). */
+  widgetRect(i: number): { panel: PageRect; body: PageRect } | null {
     const w = this.widgets[i];
     if (!w) return null;
     const b = this.scroller.getBoundingClientRect();
-    return { x: b.left + w.rect.x - this.view.x, y: b.top + w.rect.y - this.view.y, w: w.rect.w, h: w.rect.h };
+    const page = (r: { x: number; y: number; w: number; h: number }): PageRect => ({
+      x: b.left + r.x - this.view.x,
+      y: b.top + r.y - this.view.y,
+      width: r.w,
+      height: r.h,
+    });
+    return { panel: page(w.rect), body: page(w.body) };
   }
 
   /** Scrolls a widget into view. */

@@ -23,6 +23,6 @@ window.switchboardStats = () => ({ ...app.board.stats(), sdk: { ...app.client.st
 window.switchboardLog = () => app.events();
 window.switchboardWidget = (i: number) => {
   const s = app.widgetState(i);
-  return s ? { ...s, rect: app.board.widgetRect(i) } : null;
+  return s ? { ...s, ...app.board.widgetRect(i) } : null;
 };
 void app.start();

@@ -1,0 +1,211 @@
+// The dashboard in Debian's Chromium against the real `switchboard demo`: the demo dashboard
+// goes live, a dashboard built with clicks survives a reload, the page recovers across a server
+// restart without losing publications, every widget type paints, export and import.
+
+import assert from 'node:assert/strict';
+import { mkdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { allValues, inkOf, launch, newPage, OUT, Server, sleep, stats } from './harness.mjs';
+
+let browser;
+let server;
+
+before(async () => {
+  mkdirSync(OUT, { recursive: true });
+  browser = await launch();
+  server = await new Server({ command: 'demo' }).start();
+});
+
+after(async () => {
+  await browser?.close();
+  await server?.stop();
+});
+
+describe('dashboard', () => {
+  it('opens the demo dashboard in run mode with every widget live', async () => {
+    const page = await newPage(browser);
+    await page.goto(`${server.url}/?dashboard=demo`);
+    await allValues(page, 15);
+    assert.equal(await page.isVisible('#side'), false, 'run mode shows no edit panel');
+    assert.equal(await page.textContent('#title-view'), 'Demo plant');
+    const a = await stats(page);
+    await page.waitForFunction((n) => window.switchboardStats().updatesApplied > n, a.updatesApplied);
+    const b = await stats(page);
+    assert.ok(b.framesRendered > a.framesRendered, 'new values were rendered');
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  });
+
+  it('builds a dashboard with clicks in edit mode, saves it, and shows it live after a reload', async () => {
+    const page = await newPage(browser);
+    await page.goto(`${server.url}/`);
+    assert.equal(await page.isVisible('#side'), true, 'a new dashboard opens in edit mode');
+    await page.fill('#dashboard-id', 'built');
+    await page.fill('#dashboard-title', 'Built by clicks');
+
+    // A value widget bound by typing the channel.
+    await page.click('#add-value');
+    await page.fill('#widget-form input[name=channel]', 'pt:sim.0');
+    await page.press('#widget-form input[name=channel]', 'Tab');
+
+    // An LED bound from the channel browser.
+    await page.click('#add-led');
+    await page.fill('#channel-search', 'pt:sim.2');
+    await page.click('#channel-list li[data-channel="pt:sim.2"]');
+
+    // A trend with a label, moved and resized by dragging its box.
+    await page.click('#add-trend');
+    await page.fill('#widget-form input[name=channel]', 'pt:sim.1');
+    await page.press('#widget-form input[name=channel]', 'Tab');
+    await page.fill('#widget-form input[name=opt-label]', 'Vibration');
+    await page.press('#widget-form input[name=opt-label]', 'Tab');
+    const geometry = async () =>
+      Object.fromEntries(
+        await Promise.all(
+          ['x', 'y', 'w', 'h'].map(async (k) => [k, Number(await page.inputValue(`#widget-form input[name=${k}]`))]),
+        ),
+      );
+    const placed = await geometry();
+    const box = await page.locator('.wbox[data-index="2"]').boundingBox();
+    await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2);
+    await page.mouse.down();
+    await page.mouse.move(box.x + box.width / 2 + 50, box.y + box.height / 2 + 30, { steps: 5 });
+    await page.mouse.move(box.x + box.width / 2 + 100, box.y + box.height / 2 + 60, { steps: 5 });
+    await page.mouse.up();
+    const handle = await page.locator('.wbox[data-index="2"] .wbox-resize').boundingBox();
+    await page.mouse.move(handle.x + 6, handle.y + 6);
+    await page.mouse.down();
+    await page.mouse.move(handle.x + 46, handle.y + 46, { steps: 5 });
+    await page.mouse.up();
+    const moved = await geometry();
+    assert.deepEqual(moved, { x: placed.x + 5, y: placed.y + 3, w: placed.w + 2, h: placed.h + 2 });
+
+    await page.click('#save');
+    await page.waitForFunction(() => document.querySelector('#status').textContent === 'saved built');
+    const saved = await (await fetch(`${server.url}/api/dashboards/built`)).json();
+    assert.equal(saved.title, 'Built by clicks');
+    assert.deepEqual(
+      saved.widgets.map((w) => [w.type, w.channel]),
+      [
+        ['value', 'pt:sim.0'],
+        ['led', 'pt:sim.2'],
+        ['trend', 'pt:sim.1'],
+      ],
+    );
+    assert.deepEqual({ x: saved.widgets[2].x, y: saved.widgets[2].y, w: saved.widgets[2].w, h: saved.widgets[2].h }, moved);
+    assert.equal(saved.widgets[2].options.label, 'Vibration');
+
+    await page.goto(`${server.url}/?dashboard=built`);
+    await allValues(page, 3);
+    assert.equal(await page.isVisible('#side'), false);
+    assert.equal(await page.textContent('#title-view'), 'Built by clicks');
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  });
+
+  it('paints every widget type (screenshot pixels), and nothing where there is no widget', async () => {
+    const page = await newPage(browser);
+    await page.goto(`${server.url}/?dashboard=demo`);
+    await allValues(page, 15);
+    // The simulator ticks at 1 Hz; trends and scatters need a few points to draw lines.
+    await page.waitForFunction(() => window.switchboardStats().updatesApplied >= 60, null, { timeout: 15_000 });
+    await sleep(300);
+    await page.screenshot({ path: join(OUT, 'demo.png') });
+    // The colours each kind paints its value in (web/dashboard/src/widgets/base.ts THEME),
+    // looked for inside the widget's body, below its label.
+    const accent = '#4fc3f7';
+    const expect = {
+      value: [['#e6edf3'], 30],
+      led: [['#3fb950', '#30363d'], 200],
+      gauge: [[accent, '#30363d'], 200],
+      trend: [[accent], 20],
+      spectrum: [[accent], 100],
+      scatter: [[accent, '#e6edf3'], 9],
+    };
+    const seen = new Set();
+    for (let i = 0; i < 15; i++) {
+      const w = await page.evaluate((n) => window.switchboardWidget(n), i);
+      if (seen.has(w.type)) continue;
+      seen.add(w.type);
+      const [colors, least] = expect[w.type];
+      const ink = await inkOf(page, w.body, colors);
+      const found = Object.values(ink.near).reduce((a, b) => a + b, 0);
+      assert.ok(found >= least, `${w.type} (${w.channel}) paints its value: ${JSON.stringify(ink)}`);
+    }
+    assert.deepEqual([...seen].sort(), ['gauge', 'led', 'scatter', 'spectrum', 'trend', 'value']);
+    // The demo's widgets end at x = 32 cells (640 px); to their right the board is empty.
+    const empty = await inkOf(page, { x: 900, y: 100, width: 300, height: 300 });
+    assert.equal(empty.inked, 0, `empty board: ${JSON.stringify(empty)}`);
+    await page.close();
+  });
+
+  it('exports a dashboard as JSON and imports it again', async () => {
+    const page = await newPage(browser);
+    await page.goto(`${server.url}/?dashboard=demo&edit=1`);
+    await allValues(page, 15);
+    const [download] = await Promise.all([page.waitForEvent('download'), page.click('#export')]);
+    const file = join(OUT, 'exported.json');
+    await download.saveAs(file);
+    const exported = JSON.parse(readFileSync(file, 'utf8'));
+    assert.equal(exported.title, 'Demo plant');
+    assert.equal(exported.widgets.length, 15);
+
+    await page.click('#new');
+    await page.waitForFunction(() => window.switchboardStats().widgets === 0);
+    await page.setInputFiles('#import-file', file);
+    await page.waitForFunction(() => window.switchboardStats().widgets === 15);
+    await page.fill('#dashboard-id', 'copy');
+    await page.fill('#dashboard-title', 'Copy of the demo');
+    await page.click('#save');
+    await page.waitForFunction(() => document.querySelector('#status').textContent === 'saved copy');
+    const copy = await (await fetch(`${server.url}/api/dashboards/copy`)).json();
+    assert.equal(copy.title, 'Copy of the demo');
+    assert.deepEqual(copy.widgets, exported.widgets);
+    await page.close();
+  });
+
+  it('recovers across a server restart without losing publications', async () => {
+    const ch = 'events:line3';
+    await server.putDashboard('restart', {
+      title: 'Restart',
+      widgets: [
+        { type: 'value', channel: ch, x: 0, y: 0, w: 10, h: 4, options: { field: 'n' } },
+        { type: 'value', channel: 'pt:sim.0', x: 10, y: 0, w: 8, h: 4 },
+      ],
+    });
+    for (let n = 1; n <= 5; n++) await server.publish(ch, { n });
+    const page = await newPage(browser);
+    await page.goto(`${server.url}/?dashboard=restart`);
+    await allValues(page, 2);
+    const offsets = () =>
+      page.evaluate((c) => window.switchboardLog().filter((e) => e.type === 'pub' && e.channel === c).map((e) => e.offset), ch);
+    assert.deepEqual(await offsets(), [5], 'the initial value');
+    for (let n = 6; n <= 8; n++) await server.publish(ch, { n });
+    await page.waitForFunction((c) => window.switchboardLog().filter((e) => e.channel === c).length === 4, ch);
+
+    await server.kill(); // SIGKILL: no goodbye
+    await page.waitForSelector('#conn:not([data-state="connected"])');
+    await server.start(); // same port and data directory
+    // Published as soon as the server is back, racing the page's reconnect.
+    for (let n = 1; n <= 10; n++) await server.publish(ch, { n: 100 + n });
+
+    await page.waitForFunction((c) => window.switchboardLog().filter((e) => e.type === 'pub' && e.channel === c).length === 14, ch, {
+      timeout: 20_000,
+    });
+    const log = await page.evaluate(() => window.switchboardLog());
+    assert.deepEqual(await offsets(), [5, 6, 7, 8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 'every publication once, in order');
+    const gap = log.find((e) => e.type === 'gap' && e.channel === ch);
+    assert.ok(gap && gap.epochChanged && gap.from.offset === 8, `the epoch change is reported: ${JSON.stringify(gap)}`);
+    assert.ok(log.some((e) => e.type === 'connected' && e.reconnects === 1));
+    const w = await page.evaluate(() => window.switchboardWidget(0));
+    assert.equal(w.text, '110');
+    await page.waitForSelector('#conn[data-state="connected"]');
+
+    // The saved dashboards survived the restart too.
+    await page.reload();
+    await allValues(page, 2);
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  });
+});

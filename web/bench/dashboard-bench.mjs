@@ -1,0 +1,237 @@
+#!/usr/bin/env node
+// Browser benchmark of the dashboard: a saved dashboard of N widgets (mixed types) in headless
+// Chromium, fed by the server's simulator. Measures the time from navigation until every widget
+// shows a value, then the sustained rate of applied widget updates and rendered frames.
+//
+//   node web/bench/dashboard-bench.mjs --widgets 100,1000,10000 [--rate 24000] [--duration 30]
+//        [--viewport 1920x1080] [--bin target/release/switchboard] [--out web/bench/out]
+//        [--screenshot docs/img/dashboard-1000.png]
+//
+// Widget i is bound to the simulator's channel pt:sim.<i>, whose kind follows i % 4 (random
+// walk, sine, boolean, 64-bin spectrum): value and gauge on walks, trend and scatter on sines
+// (one in eight widgets is a trend), LEDs on booleans, spectra on arrays. The simulator runs
+// N channels at rate/N Hz each, so the page is offered `rate` publications per second whatever N.
+
+import { spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const repo = resolve(here, '../..');
+
+function parseArgs(argv) {
+  const a = {
+    widgets: [1000],
+    rate: 24000,
+    duration: 30,
+    viewport: '1920x1080',
+    cell: 0,
+    bin: process.env.SWITCHBOARD_BIN ?? join(repo, 'target/release/switchboard'),
+    out: join(here, 'out'),
+    screenshot: '',
+    chromium: '/usr/bin/chromium',
+  };
+  for (let i = 2; i < argv.length; i++) {
+    const k = argv[i].replace(/^--/, '');
+    const v = argv[++i];
+    if (v === undefined) throw new Error(`--${k} needs a value`);
+    if (k === 'widgets') a.widgets = v.split(',').map(Number);
+    else if (k in a) a[k] = typeof a[k] === 'number' ? Number(v) : v;
+    else throw new Error(`unknown option --${k}`);
+  }
+  return a;
+}
+
+/** The widget for channel index i (see the header). */
+function widgetType(i) {
+  switch (i % 8) {
+    case 0:
+      return 'value';
+    case 4:
+      return 'gauge';
+    case 1:
+      return 'trend';
+    case 5:
+      return 'scatter';
+    case 2:
+    case 6:
+      return 'led';
+    default:
+      return 'spectrum';
+  }
+}
+
+/** N widgets of 6×3 grid cells, row by row across the viewport's width. */
+function benchDashboard(n, viewportW) {
+  const w = 6;
+  const h = 3;
+  const cols = Math.max(1, Math.floor(viewportW / (w * 20)));
+  const widgets = [];
+  for (let i = 0; i < n; i++) {
+    const type = widgetType(i);
+    const options = { label: `sim.${i}` };
+    if (type === 'gauge') Object.assign(options, { min: 0, max: 80 });
+    if (type === 'spectrum') Object.assign(options, { min: 0, max: 50 });
+    if (type === 'trend') Object.assign(options, { window_s: 10 });
+    widgets.push({ type, channel: `pt:sim.${i}`, x: (i % cols) * w, y: Math.floor(i / cols) * h, w, h, options });
+  }
+  return { title: `Benchmark: ${n} widgets`, widgets };
+}
+
+async function startServer(bin, args) {
+  const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('SWITCHBOARD_')));
+  const proc = spawn(bin, args, { stdio: ['ignore', 'pipe', 'inherit'], env });
+  const lines = createInterface({ input: proc.stdout });
+  const url = await new Promise((ok, fail) => {
+    const timer = setTimeout(() => fail(new Error('server did not start within 10 s')), 10_000);
+    proc.once('exit', (code) => fail(new Error(`server exited with ${code}`)));
+    lines.on('line', (l) => {
+      const m = /listening on (http:\/\/\S+)/.exec(l);
+      if (m) {
+        clearTimeout(timer);
+        ok(m[1]);
+      }
+    });
+  });
+  return { proc, url };
+}
+
+async function stopServer(proc) {
+  if (proc.exitCode !== null) return;
+  await new Promise((ok) => {
+    proc.once('exit', ok);
+    proc.kill('SIGTERM');
+  });
+}
+
+/** CPU seconds of a process from /proc (Linux), or null. */
+async function cpuSeconds(pid) {
+  try {
+    const { readFileSync } = await import('node:fs');
+    const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+    return (Number(f[11]) + Number(f[12])) / 100;
+  } catch {
+    return null;
+  }
+}
+
+async function runOne(browser, opts, n) {
+  const [vw, vh] = opts.viewport.split('x').map(Number);
+  const hz = Math.min(1000, opts.rate / n);
+  const data = mkdtempSync(join(tmpdir(), 'sb-dash-bench-'));
+  const { proc, url } = await startServer(opts.bin, [
+    'serve',
+    '--listen',
+    '127.0.0.1:0',
+    '--simulate',
+    `${n}@${hz}`,
+    '--data-dir',
+    data,
+    '--web-dir',
+    join(repo, 'web/dashboard/dist'),
+  ]);
+  const page = await browser.newPage({ viewport: { width: vw, height: vh } });
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  try {
+    const id = `bench-${n}`;
+    const put = await fetch(`${url}/api/dashboards/${id}`, { method: 'PUT', body: JSON.stringify(benchDashboard(n, vw)) });
+    if (!put.ok) throw new Error(`saving the dashboard: ${put.status} ${await put.text()}`);
+    const t0 = Date.now();
+    await page.goto(`${url}/?dashboard=${id}`);
+    // performance.now() counts from the navigation's start.
+    const allValuesMs = await page.waitForFunction(
+      (count) => {
+        const s = window.switchboardStats?.();
+        return s && s.widgets === count && s.widgetsWithValue === count ? performance.now() : false;
+      },
+      n,
+      { polling: 'raf', timeout: 60_000 },
+    );
+    const firstAll = await allValuesMs.jsonValue();
+    const wallToAll = Date.now() - t0;
+    // Settle a moment (chart creation), then measure.
+    await page.waitForTimeout(2000);
+    const sample = () => page.evaluate(() => ({ t: performance.now(), ...window.switchboardStats() }));
+    const cpu0 = await cpuSeconds(proc.pid);
+    const s0 = await sample();
+    const perSecond = [];
+    let prev = s0;
+    for (let i = 0; i < opts.duration; i++) {
+      await page.waitForTimeout(1000);
+      const s = await sample();
+      const dt = (s.t - prev.t) / 1000;
+      perSecond.push({ updates: (s.updatesApplied - prev.updatesApplied) / dt, fps: (s.framesRendered - prev.framesRendered) / dt });
+      prev = s;
+    }
+    const s1 = prev;
+    const cpu1 = await cpuSeconds(proc.pid);
+    const dt = (s1.t - s0.t) / 1000;
+    let shot = '';
+    if (opts.screenshot) {
+      shot = opts.screenshot.replace('{n}', String(n));
+      mkdirSync(dirname(resolve(shot)), { recursive: true });
+      await page.screenshot({ path: shot });
+    }
+    const r = {
+      widgets: n,
+      visible: s1.widgetsVisible,
+      offeredPerS: Math.round(hz * n),
+      simHz: hz,
+      viewport: opts.viewport,
+      allValuesMs: Math.round(firstAll),
+      allValuesWallMs: wallToAll,
+      updatesPerS: Math.round((s1.updatesApplied - s0.updatesApplied) / dt),
+      fps: Math.round(((s1.framesRendered - s0.framesRendered) / dt) * 10) / 10,
+      minFps: Math.round(Math.min(...perSecond.map((p) => p.fps)) * 10) / 10,
+      minUpdatesPerS: Math.round(Math.min(...perSecond.map((p) => p.updates))),
+      sdkReceivedPerS: Math.round((s1.sdk.received - s0.sdk.received) / dt),
+      serverCpuPct: cpu0 !== null && cpu1 !== null ? Math.round(((cpu1 - cpu0) / dt) * 100) : null,
+      durationS: Math.round(dt * 10) / 10,
+      pageErrors: errors,
+      screenshot: shot,
+    };
+    return r;
+  } finally {
+    await page.close();
+    await stopServer(proc);
+    rmSync(data, { recursive: true, force: true });
+  }
+}
+
+async function main() {
+  const opts = parseArgs(process.argv);
+  const browser = await chromium.launch({
+    executablePath: opts.chromium,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--no-first-run'],
+  });
+  const results = [];
+  try {
+    for (const n of opts.widgets) {
+      process.stderr.write(`dashboard bench: ${n} widgets, ${opts.rate} updates/s offered, ${opts.duration} s …\n`);
+      const r = await runOne(browser, opts, n);
+      results.push(r);
+      process.stderr.write(`${JSON.stringify(r)}\n`);
+    }
+  } finally {
+    await browser.close();
+  }
+  mkdirSync(opts.out, { recursive: true });
+  writeFileSync(join(opts.out, 'dashboard-bench.json'), JSON.stringify({ started: new Date().toISOString(), opts, results }, null, 2));
+  console.log('| widgets | visible | offered/s | all values (ms) | applied updates/s | fps (mean / min) | server CPU |');
+  console.log('|---:|---:|---:|---:|---:|---:|---:|');
+  for (const r of results) {
+    console.log(
+      `| ${r.widgets} | ${r.visible} | ${r.offeredPerS} | ${r.allValuesMs} | ${r.updatesPerS} | ${r.fps} / ${r.minFps} | ${r.serverCpuPct ?? '?'}% |`,
+    );
+  }
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
