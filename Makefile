@@ -7,15 +7,15 @@ BIN := target/release/switchboard
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo build test fmt-check lint rust-test black-box py-deps node-deps python-test node-test bench clean redis-deps fuzz-build
+.PHONY: demo build test fmt-check lint rust-test black-box py-deps node-deps python-test node-test bench clean redis-deps fuzz-build web-deps web-build web-test browser-deps browser-test bench-dashboard
 
-build:
+build: web-build
 	$(CARGO) build --release --locked -p switchboard
 
 demo: build
 	$(BIN) demo
 
-test: fmt-check lint rust-test black-box fuzz-build
+test: fmt-check lint rust-test black-box web-test browser-test fuzz-build
 	@echo "make test: all suites passed"
 
 fmt-check:
@@ -63,9 +63,40 @@ python-test: py-deps
 node-test: node-deps
 	cd tests/node && SWITCHBOARD_BIN=$(CURDIR)/$(BIN) node --test
 
+# The TypeScript SDK and the dashboard app (web/, served by the gateway from
+# web/dashboard/dist). npm ci runs when node_modules is missing or older than the lock file.
+web/node_modules/.package-lock.json: web/package-lock.json
+	cd web && npm ci --no-audit --no-fund --loglevel=error
+
+web-deps: web/node_modules/.package-lock.json
+
+web-build: web-deps
+	cd web && npm run --silent build
+
+# SDK tests (vitest) against the real server.
+web-test: web-build build
+	cd web && SWITCHBOARD_BIN=$(CURDIR)/$(BIN) npm test --silent
+
+# Browser tests drive Debian's Chromium through playwright-core; never a downloaded browser.
+browser-deps:
+	@test -x /usr/bin/chromium || apt-get install -y chromium
+
+tests/browser/node_modules/.package-lock.json: tests/browser/package-lock.json
+	cd tests/browser && npm ci --no-audit --no-fund --loglevel=error
+
+browser-test: browser-deps web-build build tests/browser/node_modules/.package-lock.json
+	cd tests/browser && SWITCHBOARD_BIN=$(CURDIR)/$(BIN) node --test --test-concurrency=1
+
+# Headless-Chromium dashboard benchmark (docs/dashboard.md); WIDGETS=1000 DURATION=30 to narrow.
+WIDGETS ?= 100,1000,10000
+DURATION ?= 30
+bench-dashboard: browser-deps build
+	SWITCHBOARD_BIN=$(CURDIR)/$(BIN) node web/bench/dashboard-bench.mjs --widgets $(WIDGETS) \
+		--duration $(DURATION) --screenshot docs/img/dashboard-{n}.png
+
 bench: build
 	@echo "see docs/benchmarks.md for the commands behind each figure"
 
 clean:
 	$(CARGO) clean
-	rm -rf $(VENV) tests/node/node_modules
+	rm -rf $(VENV) tests/node/node_modules web/node_modules web/sdk/dist web/dashboard/dist tests/browser/node_modules
