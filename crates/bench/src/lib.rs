@@ -12,7 +12,10 @@
 //!
 //! # Layout
 //! - [`scenario`]: one file per scenario ([`scenario::limit`], [`scenario::broadcast`],
-//!   [`scenario::echo`]), each with a coordinator half and a worker half.
+//!   [`scenario::echo`], [`scenario::rooms`], [`scenario::streams`] (with the subscriber and
+//!   batched publisher it shares with [`scenario::dashboard`]), [`scenario::connect`],
+//!   [`scenario::sessions`]), each with a coordinator half and, where load is spread over
+//!   processes, a worker half.
 //! - [`worker`]: worker processes — spawning, the JSON-lines protocol on their standard
 //!   streams, and merging their results ([`worker::Pool`]).
 //! - [`histogram`]: [`histogram::Latency`], HDR histograms that serialize between processes.
