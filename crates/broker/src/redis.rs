@@ -504,6 +504,7 @@ async fn heartbeat(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            _ = inner.link.connected.notified() => {}
             _ = stop.changed() => return,
         }
         if !inner.link.up.load(Relaxed) {

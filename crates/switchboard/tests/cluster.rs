@@ -333,3 +333,51 @@ async fn cluster_redis_restart_changes_the_epoch_and_service_resumes() {
     let got = next_pub(&mut c).await;
     assert_eq!((got.off, got.data), (p.offset, json!("after")));
 }
+
+/// Subscribers arriving together on both nodes while publications stream each continue exactly
+/// after the offset of their reply: the node replies only once its Redis subscription is
+/// confirmed and everything up to the position it read has been delivered.
+#[tokio::test]
+async fn cluster_concurrent_subscribers_continue_exactly_after_their_reply() {
+    const TOTAL: u64 = 400;
+    const PER_NODE: usize = 12;
+    let redis = Redis::start();
+    let (n1, n2) = (Node::start(&redis, "n1"), Node::start(&redis, "n2"));
+    all_ready(&[&n1, &n2]).await;
+    // Connected first, so that their subscribes land together while publications stream.
+    let mut clients = Vec::new();
+    for url in [n1.ws(), n2.ws()] {
+        for _ in 0..PER_NODE {
+            clients.push(Client::connect(&url, Format::Json).await.unwrap());
+        }
+    }
+    let api = n2.api();
+    for i in 1..=50 {
+        api.publish("ticks", &json!(i)).await.unwrap();
+    }
+    let publisher = tokio::spawn(async move {
+        for i in 51..=TOTAL {
+            api.publish("ticks", &json!(i)).await.unwrap();
+        }
+    });
+    let start = Arc::new(tokio::sync::Barrier::new(clients.len()));
+    let mut tasks = Vec::new();
+    for mut c in clients {
+        let start = start.clone();
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            let r = c.subscribe(SubscribeOptions::new(["ticks"])).await.unwrap();
+            let from = subscribed(&r.channels["ticks"]).offset;
+            let mut got = Vec::new();
+            while from < TOTAL && got.last() != Some(&TOTAL) {
+                got.push(next_pub(&mut c).await.off);
+            }
+            (from, got)
+        }));
+    }
+    publisher.await.unwrap();
+    for t in tasks {
+        let (from, got) = t.await.unwrap();
+        assert_eq!(got, (from + 1..=TOTAL).collect::<Vec<_>>(), "live stream right after offset {from}");
+    }
+}

@@ -85,6 +85,8 @@ pub(super) struct Link {
     down: AtomicBool,
     /// Bumped on every new pub/sub connection (the heartbeat re-adds presence after one).
     pub generation: AtomicU64,
+    /// Signalled on every new pub/sub connection, so the heartbeat registers the node at once.
+    pub connected: Notify,
     /// Subscription counts changed since the heartbeat last published them.
     pub counts_changed: AtomicBool,
 }
@@ -225,6 +227,7 @@ impl Link {
         self.generation.fetch_add(1, Relaxed);
         self.up.store(true, Relaxed);
         self.down.store(false, Relaxed);
+        self.connected.notify_one();
     }
 
     /// A connection attempt failed.
