@@ -63,8 +63,12 @@ struct Node {
 
 impl Node {
     fn start(redis: &Redis, id: &str) -> Node {
+        Node::start_with(&redis.url(), id)
+    }
+
+    fn start_with(broker: &str, id: &str) -> Node {
         let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--broker", &redis.url(), "--node-id", id])
+            .args(["serve", "--listen", "127.0.0.1:0", "--broker", broker, "--node-id", id])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -380,4 +384,36 @@ async fn cluster_concurrent_subscribers_continue_exactly_after_their_reply() {
         let (from, got) = t.await.unwrap();
         assert_eq!(got, (from + 1..=TOTAL).collect::<Vec<_>>(), "live stream right after offset {from}");
     }
+}
+
+#[tokio::test]
+async fn cluster_presence_of_a_killed_node_expires_with_leave_events() {
+    let redis = Redis::start();
+    let url = format!("{}?presence_ttl_s=1", redis.url());
+    let (mut a, b) = (Node::start_with(&url, "a"), Node::start_with(&url, "b"));
+    all_ready(&[&a, &b]).await;
+    let on_a = Client::connect(&a.ws(), Format::Json).await.unwrap();
+    let mut on_b = Client::connect(&b.ws(), Format::Json).await.unwrap();
+    on_a.subscribe(SubscribeOptions::new(["room:lobby"])).await.unwrap();
+    on_b.subscribe(SubscribeOptions::new(["room:lobby"])).await.unwrap();
+    let gone = on_a.connect_cmd(None, None).await.unwrap().client;
+    assert!(gone.starts_with("a-"), "client ids carry the node id: {gone}");
+    // Heartbeats keep a's client present well past the TTL ...
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let who = b.api().get("/api/presence/room:lobby").await.unwrap();
+    assert_eq!(who["clients"].as_array().unwrap().len(), 2, "{who}");
+    // ... until a dies without a word: its client leaves, as seen from b.
+    a.kill9();
+    let left = loop {
+        match tokio::time::timeout(Duration::from_secs(10), on_b.next_event()).await.expect("a leave within 10 s") {
+            Some(Event::Leave(p)) => break p,
+            Some(_) => continue,
+            None => panic!("connection ended"),
+        }
+    };
+    assert_eq!((left.ch.as_str(), left.client.as_str()), ("room:lobby", gone.as_str()));
+    let who = b.api().get("/api/presence/room:lobby").await.unwrap();
+    let clients: Vec<&str> = who["clients"].as_array().unwrap().iter().map(|c| c["client"].as_str().unwrap()).collect();
+    assert_eq!(clients.len(), 1);
+    assert!(clients[0].starts_with("b-"), "{who}");
 }
