@@ -446,4 +446,17 @@ mod tests {
         let e = Config::load(None, vec![], &[("simulate", toml::Value::String("ten".into()))]).unwrap_err();
         assert!(e.0.contains("simulate"), "{e}");
     }
+
+    #[test]
+    fn config_broker_accepts_memory_and_redis_and_refuses_the_rest() {
+        let broker = |url: &str| Config::load(None, env(&[("SWITCHBOARD_BROKER", url)]), &[]).map(|c| c.broker);
+        assert_eq!(broker("memory").unwrap(), "memory");
+        assert_eq!(broker("redis://127.0.0.1:6379/0?prefix=a").unwrap(), "redis://127.0.0.1:6379/0?prefix=a");
+        let e = broker("redis+cluster://10.0.0.1:7000").unwrap_err();
+        assert!(e.0.starts_with("broker:") && e.0.contains("Redis Cluster"), "{e}");
+        let e = broker("rediss://user:hunter2@10.0.0.1").unwrap_err();
+        assert!(e.0.starts_with("broker:") && !e.0.contains("hunter2"), "{e}");
+        let e = broker("kafka://x").unwrap_err();
+        assert!(e.0.contains("memory") && e.0.contains("redis://"), "{e}");
+    }
 }
