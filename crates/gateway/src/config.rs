@@ -186,6 +186,10 @@ const LIMIT_KEYS: [&str; 14] = [
     "exempt_loopback",
 ];
 
+/// `SWITCHBOARD_*` variables that are not configuration keys: `SWITCHBOARD_LOG` is the log
+/// filter (read by the binary before the configuration).
+const NOT_CONFIG_VARS: [&str; 1] = ["LOG"];
+
 /// Flat `SWITCHBOARD_*` names of the security settings (the flags' names) and their keys.
 const SECURITY_KEYS: [(&str, &str, &str); 12] = [
     ("jwt_secret", "auth", "jwt_secret"),
@@ -220,6 +224,9 @@ impl Config {
         };
         for (key, value) in env {
             let Some(rest) = key.strip_prefix("SWITCHBOARD_") else { continue };
+            if NOT_CONFIG_VARS.contains(&rest) {
+                continue;
+            }
             let mut path: Vec<String> = rest.split("__").map(|s| s.to_ascii_lowercase()).collect();
             if path.len() == 1 && LIMIT_KEYS.contains(&path[0].as_str()) {
                 path.insert(0, "limits".to_string());

@@ -245,7 +245,9 @@ impl ServeArgs {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SWITCHBOARD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    // Colors only on a terminal: logs redirected to files stay plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
 }
 
 fn load(config: Option<&std::path::Path>, overrides: &[(&str, toml::Value)]) -> Result<Config, ConfigError> {

@@ -50,7 +50,7 @@ pub struct VerifiedToken {
 pub enum TokenError {
     #[error("token is not a JWT")]
     Malformed,
-    #[error("token algorithm is not accepted here")]
+    #[error("token algorithm or key id is not accepted here")]
     Algorithm,
     #[error("token signature does not verify")]
     Signature,

@@ -405,7 +405,9 @@ impl Auth {
                         expires: None,
                     });
                 }
-                if self.jwt.is_none() {
+                // Only something shaped like a JWT (three dot-separated parts) is tried as
+                // one, so a mistyped API key is reported as such.
+                if self.jwt.is_none() || token.split('.').count() != 3 {
                     return Err(AuthFailure::ApiKey);
                 }
                 self.verify_token(&token)
