@@ -267,3 +267,37 @@ async fn broker_redis_presence_of_a_dead_node_expires_with_a_leave() {
     assert_eq!(b.presence("room:z").await.unwrap()[0].client, "b-1");
     hb.wait_for("a leave for a-1", |h| h.presence.lock().contains(&("room:z".into(), "a-1".into(), false))).await;
 }
+
+#[tokio::test]
+async fn broker_redis_subscription_churn_never_loses_what_follows_a_read() {
+    let r = Redis::start();
+    let (a, b) = (broker(&r, "sb"), broker(&r, "sb"));
+    let h = Arc::new(RecordingHandler::default());
+    a.set_handler(h.clone());
+    ready(&a).await;
+    ready(&b).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publisher = {
+        let (b, stop) = (b.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                b.publish("churn", data("0"), KEEP).await.unwrap();
+            }
+        })
+    };
+    for _ in 0..40 {
+        a.subscribe("churn").await.unwrap();
+        let (p, _) = a.last("churn").await.unwrap();
+        let q = a.publish("churn", data("1"), KEEP).await.unwrap();
+        // Everything after the read reaches the handler, whoever published it.
+        h.wait_for("the offsets after the read", |h| {
+            let got = h.offsets("churn");
+            (p.offset + 1..=q.offset).all(|o| got.contains(&o))
+        })
+        .await;
+        a.unsubscribe("churn").await.unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    publisher.await.unwrap();
+    assert!(h.missed.lock().is_empty(), "no false alarms: {:?}", h.missed.lock());
+}

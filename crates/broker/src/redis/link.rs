@@ -329,11 +329,16 @@ async fn manage(inner: &Inner, sink: &mut PubSubSink) -> Result<(), redis::Redis
             let mut entries = link.entries.lock();
             for ch in batch {
                 let Some(e) = entries.get(&ch).cloned() else { continue };
-                let t = e.track.lock();
+                let mut t = e.track.lock();
                 match (t.count > 0, t.redis_subscribed) {
                     (true, false) => subscribe.push(ch),
                     (true, true) if !t.active => sync.push(ch),
-                    (false, true) => unsubscribe.push(ch),
+                    (false, true) => {
+                        // A subscriber arriving while the UNSUBSCRIBE is in flight must wait
+                        // for the subscription that follows it, not trust this one.
+                        t.active = false;
+                        unsubscribe.push(ch);
+                    }
                     (false, false) => {
                         drop(t);
                         entries.remove(&ch);
