@@ -1,24 +1,37 @@
 //! JSON command frames (`switchboard.v1.json`): the decoder must never panic, and whatever
-//! it accepts must be usable downstream — publication and ping data are raw JSON that the
-//! gateway re-parses for MessagePack subscribers and for `\n`-safe framing.
+//! it accepts must be deliverable downstream:
+//! - ping data is echoed inside a `\n`-separated frame, so `single_line` must leave no raw line
+//!   break (an earlier version kept them for numbers beyond `f64` — found here);
+//! - publication data is refused by `check_data` exactly when `serde_json::Value` cannot hold
+//!   it, and what passes encodes to MessagePack for binary subscribers.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use switchboard_protocol::message::{check_data, encode_publication, single_line, Format};
 use switchboard_protocol::{decode_json_frame, CommandBody};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(commands) = decode_json_frame(data) else { return };
     assert!(!commands.is_empty(), "an accepted frame holds at least one command");
     for c in commands {
-        let raw = match &c.body {
-            CommandBody::Publish(p) => Some(p.data.get()),
-            CommandBody::Ping(p) => p.data.as_ref().map(|d| d.get()),
-            _ => None,
-        };
-        if let Some(raw) = raw {
-            let v: serde_json::Value =
-                serde_json::from_str(raw).expect("accepted data must parse as a JSON value again");
-            rmp_serde::to_vec_named(&v).expect("accepted data must encode as MessagePack");
+        match c.body {
+            CommandBody::Ping(p) => {
+                if let Some(d) = p.data {
+                    let one = single_line(d);
+                    assert!(!one.get().contains(['\n', '\r']), "a line break would split the frame");
+                }
+            }
+            CommandBody::Publish(p) => {
+                let raw = p.data.get();
+                let representable = serde_json::from_str::<serde_json::Value>(raw).is_ok();
+                assert_eq!(check_data(raw).is_ok(), representable, "check_data must match the Value parser");
+                if representable {
+                    let frame = encode_publication(Format::Msgpack, "ch", 1, &p.data);
+                    let back: serde_json::Value = rmp_serde::from_slice(&frame).expect("MessagePack push decodes");
+                    assert_eq!(back["pub"]["off"], 1);
+                }
+            }
+            _ => {}
         }
     }
 });

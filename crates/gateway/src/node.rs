@@ -117,6 +117,8 @@ impl Node {
                 format!("publication data larger than {} bytes", self.config.limits.max_publication_bytes),
             ));
         }
+        // Data every subscriber can take, whatever its format (no silent empty deliveries).
+        switchboard_protocol::message::check_data(data.get()).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
         let ns = self.config.namespace(switchboard_protocol::namespace_of(channel));
         self.broker.publish(channel, data, ns.history()).await.map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))
     }

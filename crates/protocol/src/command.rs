@@ -130,6 +130,12 @@ pub fn decode_json_frame(frame: &[u8]) -> Result<Vec<Command>, DecodeError> {
     Ok(out)
 }
 
+/// Deepest nesting decoded from MessagePack: the command map and its body, then data as deep
+/// as JSON data may be ([`crate::message::MAX_DATA_DEPTH`]). rmp-serde's default (1024) lets a
+/// 64 KiB frame of one-byte nested arrays overflow a worker thread's stack while building the
+/// value.
+pub const MSGPACK_MAX_DEPTH: usize = 2 + crate::message::MAX_DATA_DEPTH;
+
 /// Decodes every command of a MessagePack frame: one map, or several concatenated. All or
 /// nothing, like [`decode_json_frame`]; trailing bytes that are not a whole map are an error.
 pub fn decode_msgpack_frame(frame: &[u8]) -> Result<Vec<Command>, DecodeError> {
@@ -139,6 +145,7 @@ pub fn decode_msgpack_frame(frame: &[u8]) -> Result<Vec<Command>, DecodeError> {
         let mut cursor = std::io::Cursor::new(rest);
         let value: serde_json::Value = {
             let mut de = rmp_serde::Deserializer::new(&mut cursor);
+            de.set_max_depth(MSGPACK_MAX_DEPTH);
             serde::Deserialize::deserialize(&mut de).map_err(|e| DecodeError::NotMsgpack(e.to_string()))?
         };
         let used = cursor.position() as usize;
@@ -160,8 +167,10 @@ impl Command {
 
     /// Decodes one MessagePack command (a map with the same structure as the JSON form).
     pub fn from_msgpack(frame: &[u8]) -> Result<Command, DecodeError> {
+        let mut de = rmp_serde::Deserializer::from_read_ref(frame);
+        de.set_max_depth(MSGPACK_MAX_DEPTH);
         let value: serde_json::Value =
-            rmp_serde::from_slice(frame).map_err(|e| DecodeError::NotMsgpack(e.to_string()))?;
+            serde::Deserialize::deserialize(&mut de).map_err(|e| DecodeError::NotMsgpack(e.to_string()))?;
         Command::from_value(value)
     }
 
@@ -324,6 +333,18 @@ mod tests {
         let cmds = decode_msgpack_frame(&both).unwrap();
         assert_eq!(cmds.iter().map(|c| c.id).collect::<Vec<_>>(), vec![Some(1), Some(2)]);
         assert!(decode_msgpack_frame(&[one, vec![0xc1]].concat()).is_err());
+    }
+
+    #[test]
+    fn command_msgpack_nesting_is_bounded_not_a_stack_overflow() {
+        // Regression: 60,000 nested one-byte arrays overflowed a worker's stack (found by the
+        // hostile-input suite); now they are a decode error.
+        let mut frame = b"\x82\xa2id\x01\xa4ping\x81\xa4data".to_vec();
+        frame.extend(std::iter::repeat_n(0x91u8, 60_000));
+        frame.push(0x90);
+        assert!(decode_msgpack_frame(&frame).is_err());
+        assert!(Command::from_msgpack(&frame).is_err());
+        assert!(decode_msgpack_frame(&[0x91; 60_000]).is_err());
     }
 
     #[test]

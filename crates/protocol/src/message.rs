@@ -61,17 +61,82 @@ impl Serialize for Data<'_> {
     }
 }
 
+/// Deepest nesting of arrays and objects accepted in publication data: the deepest serde_json
+/// parses (its recursion limit), which the MessagePack encoding of [`Data`] goes through.
+pub const MAX_DATA_DEPTH: usize = 127;
+
+/// Checks that raw JSON data can be delivered in every format: [`Data`] re-parses it for
+/// MessagePack subscribers, and that parse is stricter than the raw syntax check that
+/// accepted it (nesting past [`MAX_DATA_DEPTH`], numbers beyond `f64`). Data that fails here
+/// would silently reach MessagePack subscribers as nothing. Allocates nothing but the scratch
+/// space of escaped strings.
+pub fn check_data(raw: &str) -> Result<(), String> {
+    use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+    struct Checked;
+    impl<'de> Deserialize<'de> for Checked {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Checked, D::Error> {
+            d.deserialize_any(CheckedVisitor)
+        }
+    }
+    struct CheckedVisitor;
+    impl<'de> Visitor<'de> for CheckedVisitor {
+        type Value = Checked;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_unit<E>(self) -> Result<Checked, E> {
+            Ok(Checked)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+            while seq.next_element::<Checked>()?.is_some() {}
+            Ok(Checked)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+            while map.next_entry::<serde::de::IgnoredAny, Checked>()?.is_some() {}
+            Ok(Checked)
+        }
+    }
+    serde_json::from_str::<Checked>(raw).map(|_| ()).map_err(|e| {
+        if e.to_string().contains("recursion limit") {
+            format!("data nested deeper than {MAX_DATA_DEPTH} levels")
+        } else {
+            format!("data cannot be delivered: {e}")
+        }
+    })
+}
+
 /// Makes raw JSON safe to embed in a `\n`-separated frame: text with a raw line break (only
 /// possible as whitespace between tokens) is re-serialized compactly; anything else is kept
-/// byte for byte.
+/// byte for byte. Values `serde_json::Value` cannot hold (numbers beyond `f64`, nesting past
+/// 127) lose their line-break bytes instead — still the same value, since strings cannot hold
+/// raw control characters. (They used to keep the line breaks and split the frame; found by
+/// the `json_frame` fuzz target.)
 pub fn single_line(raw: Box<RawValue>) -> Box<RawValue> {
     if !raw.get().bytes().any(|b| b == b'\n' || b == b'\r') {
         return raw;
     }
-    serde_json::from_str::<serde_json::Value>(raw.get())
-        .ok()
-        .and_then(|v| serde_json::value::to_raw_value(&v).ok())
-        .unwrap_or(raw)
+    if let Some(compact) =
+        serde_json::from_str::<serde_json::Value>(raw.get()).ok().and_then(|v| serde_json::value::to_raw_value(&v).ok())
+    {
+        return compact;
+    }
+    let text: String = raw.get().chars().filter(|c| *c != '\n' && *c != '\r').collect();
+    RawValue::from_string(text).unwrap_or(raw)
 }
 
 /// A publication as it appears on the WebSocket: in pushes, `last`, `recovered` and `history`.
@@ -186,6 +251,26 @@ pub fn encode_disconnect(format: Format, code: u16, reason: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn message_single_line_keeps_values_the_value_parser_refuses() {
+        let raw = RawValue::from_string("{\"ping\":\n0.8e1300600, \"s\": \"a\\nb\"\r\n}".to_string()).unwrap();
+        let one = single_line(raw);
+        assert_eq!(one.get(), "{\"ping\":0.8e1300600, \"s\": \"a\\nb\"}");
+    }
+
+    #[test]
+    fn message_check_data_refuses_what_msgpack_cannot_carry() {
+        assert!(check_data(r#"{"v": [1, 2.5, "x\n", null, true, {"a": {}}]}"#).is_ok());
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(check_data(&deep(MAX_DATA_DEPTH)).is_ok());
+        assert!(check_data(&deep(MAX_DATA_DEPTH + 1)).unwrap_err().contains("nested"));
+        assert!(check_data(&deep(30_000)).is_err());
+        assert!(check_data("1e999999").is_err());
+        // What passes is exactly what the MessagePack path can encode.
+        let raw = serde_json::value::RawValue::from_string(deep(MAX_DATA_DEPTH)).unwrap();
+        assert!(!Format::Msgpack.encode(&Data(&raw)).is_empty());
+    }
 
     fn raw(s: &str) -> Box<RawValue> {
         RawValue::from_string(s.to_string()).unwrap()
