@@ -261,7 +261,9 @@ fn fmt_count(x: f64) -> String {
 }
 
 fn fmt_value(v: f64) -> String {
-    if v >= 1e6 {
+    if v == 0.0 {
+        "0".into()
+    } else if v >= 1e6 {
         format!("{:.1}M", v / 1e6)
     } else if v >= 1e4 {
         format!("{:.0}k", v / 1e3)
