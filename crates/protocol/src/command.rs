@@ -130,11 +130,11 @@ pub fn decode_json_frame(frame: &[u8]) -> Result<Vec<Command>, DecodeError> {
     Ok(out)
 }
 
-/// Deepest nesting decoded from MessagePack: the command map and its body, then data as deep
-/// as JSON data may be ([`crate::message::MAX_DATA_DEPTH`]). rmp-serde's default (1024) lets a
-/// 64 KiB frame of one-byte nested arrays overflow a worker thread's stack while building the
-/// value.
-pub const MSGPACK_MAX_DEPTH: usize = 2 + crate::message::MAX_DATA_DEPTH;
+/// rmp-serde's depth setting for command frames: the command map and its body, then data as
+/// deep as JSON data may be ([`crate::message::MAX_DATA_DEPTH`]); rmp-serde refuses the level
+/// that reaches the setting, hence one more. Its default (1024) let a 64 KiB frame of one-byte
+/// nested arrays overflow a worker thread's stack while building the value.
+pub const MSGPACK_MAX_DEPTH: usize = 3 + crate::message::MAX_DATA_DEPTH;
 
 /// Decodes every command of a MessagePack frame: one map, or several concatenated. All or
 /// nothing, like [`decode_json_frame`]; trailing bytes that are not a whole map are an error.
