@@ -1,4 +1,4 @@
-//! The HTTP API (SPEC §4) and the route table, including `/ws`.
+//! The HTTP API (SPEC §4) and the route table, including `/ws`, `/sse` and `/poll`.
 
 use std::sync::Arc;
 
@@ -34,6 +34,8 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(crate::dashboards::router(&node.config))
+        // `/sse`, `/poll`, `/poll/{session}`: the HTTP transports (SPEC §3).
+        .merge(crate::transport::poll::router(node.clone()))
         .layer(axum::middleware::from_fn_with_state(node.clone(), crate::auth::http::guard))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(node)

@@ -47,6 +47,9 @@ pub struct Config {
     pub auth: crate::auth::AuthConfig,
     /// TLS certificate and key (serve `https://` and `wss://` directly).
     pub tls: crate::transport::tls::TlsConfig,
+    /// SSE and long-polling: how long a poll is held, when idle poll sessions expire, SSE
+    /// heartbeats.
+    pub transports: Transports,
     /// What `auth` and `tls` name, loaded and checked by [`Config::load`].
     #[serde(skip)]
     pub security: crate::auth::Security,
@@ -127,6 +130,7 @@ impl Default for Config {
             security: crate::auth::Security::default(),
         }
     }
+            transports: Transports::default(),
 }
 
 impl Default for Limits {
@@ -167,9 +171,27 @@ impl Namespace {
     pub fn history(&self) -> HistoryPolicy {
         HistoryPolicy { size: self.history_size, ttl: Duration::from_secs(self.history_ttl_s) }
     }
+/// `[transports]`: the HTTP transports (SSE, long-polling; docs/protocol.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Transports {
+    /// Seconds a `GET /poll/{session}` is held when nothing is pending.
+    pub poll_timeout_s: u64,
+    /// Seconds without a request after which a poll session expires.
+    pub poll_session_ttl_s: u64,
+    /// Seconds between `: ping` comments on an SSE stream.
+    pub sse_heartbeat_s: u64,
 }
 
-const LIMIT_KEYS: [&str; 14] = [
+impl Default for Transports {
+    fn default() -> Transports {
+        Transports { poll_timeout_s: 25, poll_session_ttl_s: 60, sse_heartbeat_s: 15 }
+    }
+}
+
+}
+
+const LIMIT_KEYS: [&str; 15] = [
     "max_connections",
     "max_subscriptions",
     "max_frame_bytes",
@@ -191,6 +213,9 @@ const LIMIT_KEYS: [&str; 14] = [
 const NOT_CONFIG_VARS: [&str; 1] = ["LOG"];
 
 /// Flat `SWITCHBOARD_*` names of the security settings (the flags' names) and their keys.
+/// Keys of `[transports]`, also reachable as flat `SWITCHBOARD_POLL_TIMEOUT_S` etc.
+const TRANSPORT_KEYS: [&str; 3] = ["poll_timeout_s", "poll_session_ttl_s", "sse_heartbeat_s"];
+
 const SECURITY_KEYS: [(&str, &str, &str); 12] = [
     ("jwt_secret", "auth", "jwt_secret"),
     ("jwt_public_key", "auth", "jwt_public_key"),
@@ -235,6 +260,9 @@ impl Config {
                 if let Some((_, section, name)) = SECURITY_KEYS.iter().find(|(flat, _, _)| *flat == path[0]) {
                     path = vec![section.to_string(), name.to_string()];
                 }
+            }
+            if path.len() == 1 && TRANSPORT_KEYS.contains(&path[0].as_str()) {
+                path.insert(0, "transports".to_string());
             }
             let dotted = path.join(".");
             let value = if dotted == "auth.api_keys" {
@@ -298,6 +326,9 @@ impl Config {
             }
         }
         if l.max_frame_bytes < 125 {
+            ("transports.poll_timeout_s", self.transports.poll_timeout_s as usize),
+            ("transports.poll_session_ttl_s", self.transports.poll_session_ttl_s as usize),
+            ("transports.sse_heartbeat_s", self.transports.sse_heartbeat_s as usize),
             return Err(ConfigError("limits.max_frame_bytes: must be at least 125".into()));
         }
         if !self.allow_anonymous && !self.listen_addr()?.ip().is_loopback() && !self.auth_configured() {

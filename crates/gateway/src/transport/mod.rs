@@ -1,8 +1,16 @@
-//! Transports: how clients reach a [`Session`](crate::session::Session). WebSocket today;
-//! SSE and long-polling share the session and outbox machinery. `conn` serves an accepted TCP
-//! connection (TLS, HTTP/1.1, the peer address); `tls` holds the TLS configuration and the
-//! TLS wire a WebSocket connection writes through.
+//! Transports: how clients reach a [`Session`](crate::session::Session). `conn` serves an
+//! accepted TCP connection (TLS, HTTP/1.1, the peer address); `tls` holds the TLS configuration
+//! and the TLS wire a WebSocket connection writes through; `ws` is the WebSocket transport.
+//! The HTTP transports share the session and outbox machinery through `messages` (the wire
+//! that turns outbox frames back into messages) and `http` (admission, CORS): `sse` streams
+//! Server-Sent Events, `poll` runs long-poll sessions, whose state `poll_store` keeps where
+//! any node can continue them.
 
 pub mod conn;
+pub mod http;
+pub mod messages;
+pub mod poll;
+pub mod poll_store;
+pub mod sse;
 pub mod tls;
 pub mod ws;

@@ -1,0 +1,571 @@
+//! Where long-poll sessions keep the state that lets any node continue them:
+//! [`PollStore`], with [`MemoryPollStore`] (one node; the embedded broker) and
+//! [`RedisPollStore`] (a cluster sharing the Redis of the Redis broker).
+//!
+//! A session's [`Record`] holds what cannot be re-read from the broker: its subscriptions with
+//! the position the client will be at once it has everything it was sent or is about to be
+//! sent, the replies it has not been sent yet, the number of the last batch it was sent, and
+//! who the client is. Publications are not stored — a node that takes a session over recovers
+//! them from history, starting at the stored positions. Records are written with a version
+//! check (compare-and-set), so a node that lost a session to another learns it on its next
+//! write instead of overwriting the newer state.
+//!
+//! Besides records the store carries what nodes tell each other about sessions (a session
+//! moved away, commands arrived for a session another node holds) and a per-session lock that
+//! keeps a move from interleaving with the execution of commands.
+//!
+//! Redis layout (prefix from the broker URL, `sb` by default; `{id}` is a hash tag so a
+//! session's keys share a slot): `<p>:poll:{<id>}` hash (`v` version, `rec` JSON record),
+//! `<p>:poll:{<id>}:c` list of queued command bodies, `<p>:poll:{<id>}:l` lock,
+//! `<p>:poll:node:<node id>` the pub/sub channel of a node's notices.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// A failed store operation (Redis unreachable, a corrupt record).
+#[derive(Debug, thiserror::Error)]
+#[error("poll session store: {0}")]
+pub struct StoreError(pub String);
+
+fn redis_err(e: redis::RedisError) -> StoreError {
+    StoreError(format!("redis: {e}"))
+}
+
+/// A channel's position in a stored session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredSub {
+    pub ch: String,
+    pub epoch: String,
+    pub off: u64,
+}
+
+/// Who the client is, without secrets: enough to rebuild its identity on another node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredIdentity {
+    /// `anonymous`, `token` or `password`.
+    pub method: String,
+    pub user: String,
+    pub expires: Option<u64>,
+    pub channels: Option<Vec<String>>,
+    pub publish: Option<Vec<String>>,
+}
+
+/// A session's stored state. See the module docs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// Bumped by every write; the compare-and-set token.
+    pub version: u64,
+    /// The node holding the session's live copy; empty when none does.
+    pub owner: String,
+    pub identity: StoredIdentity,
+    /// Number of the last batch sent to the client.
+    pub seq: u64,
+    /// Subscriptions, in subscription order.
+    pub subs: Vec<StoredSub>,
+    /// Replies (JSON messages) not yet in a batch.
+    pub queued: Vec<String>,
+}
+
+/// What one node tells another about a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// The session moved to another node: drop the live copy.
+    Moved(String),
+    /// Commands were queued for the session: run them.
+    Commands(String),
+}
+
+impl Notice {
+    fn encode(&self) -> String {
+        match self {
+            Notice::Moved(id) => format!("moved {id}"),
+            Notice::Commands(id) => format!("cmds {id}"),
+        }
+    }
+
+    fn decode(s: &str) -> Option<Notice> {
+        let (kind, id) = s.split_once(' ')?;
+        match kind {
+            "moved" => Some(Notice::Moved(id.to_string())),
+            "cmds" => Some(Notice::Commands(id.to_string())),
+            _ => None,
+        }
+    }
+}
+
+/// Proof of holding a session's lock.
+#[derive(Debug)]
+pub struct LockToken(String);
+
+/// Session state storage. All methods are safe to call concurrently.
+#[async_trait::async_trait]
+pub trait PollStore: Send + Sync + 'static {
+    /// `memory` or `redis`.
+    fn kind(&self) -> &'static str;
+
+    /// Whether other nodes share this store (sessions may move between nodes).
+    fn shared(&self) -> bool;
+
+    async fn load(&self, id: &str) -> Result<Option<Record>, StoreError>;
+
+    /// Writes `record` (its `version` must be `expected + 1`) if the stored version is still
+    /// `expected` (0: no record yet), and sets the session's expiry to `ttl`. `Ok(false)`: the
+    /// record changed in between (another node took the session) and nothing was written.
+    async fn save(&self, id: &str, expected: u64, record: &Record, ttl: Duration) -> Result<bool, StoreError>;
+
+    /// Pushes the session's expiry to `ttl` from now.
+    async fn touch(&self, id: &str, ttl: Duration) -> Result<(), StoreError>;
+
+    /// Deletes the session's record and queued commands.
+    async fn remove(&self, id: &str) -> Result<(), StoreError>;
+
+    /// Queues a command body for whichever node runs the session.
+    async fn push_commands(&self, id: &str, body: &[u8], ttl: Duration) -> Result<(), StoreError>;
+
+    /// Takes every queued command body, oldest first.
+    async fn take_commands(&self, id: &str) -> Result<Vec<Vec<u8>>, StoreError>;
+
+    /// Sends `notice` to node `to`.
+    async fn notify(&self, to: &str, notice: Notice) -> Result<(), StoreError>;
+
+    /// Starts delivering the notices sent to `node`; called once per node.
+    fn listen(&self, node: &str) -> mpsc::UnboundedReceiver<Notice>;
+
+    /// Takes the session's lock, waiting up to `wait`; `Ok(None)` when it stayed taken.
+    async fn lock(&self, id: &str, wait: Duration) -> Result<Option<LockToken>, StoreError>;
+
+    async fn unlock(&self, id: &str, token: LockToken) -> Result<(), StoreError>;
+}
+
+/// The store of a node with the embedded broker: a map in memory. Sessions never move (there
+/// is no other node), so notices only loop back and the lock is a formality — the live
+/// session's own mutex orders its commands.
+#[derive(Default)]
+pub struct MemoryPollStore {
+    state: Mutex<MemoryState>,
+}
+
+#[derive(Default)]
+struct MemoryState {
+    records: HashMap<String, (Record, Instant)>,
+    commands: HashMap<String, Vec<Vec<u8>>>,
+    listeners: HashMap<String, mpsc::UnboundedSender<Notice>>,
+}
+
+impl MemoryPollStore {
+    pub fn new() -> MemoryPollStore {
+        MemoryPollStore::default()
+    }
+
+    fn expire(st: &mut MemoryState) {
+        let now = Instant::now();
+        let dead: Vec<String> = st.records.iter().filter(|(_, (_, t))| *t <= now).map(|(k, _)| k.clone()).collect();
+        for k in dead {
+            st.records.remove(&k);
+            st.commands.remove(&k);
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl PollStore for MemoryPollStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn shared(&self) -> bool {
+        false
+    }
+
+    async fn load(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        let mut st = self.state.lock();
+        MemoryPollStore::expire(&mut st);
+        Ok(st.records.get(id).map(|(r, _)| r.clone()))
+    }
+
+    async fn save(&self, id: &str, expected: u64, record: &Record, ttl: Duration) -> Result<bool, StoreError> {
+        let mut st = self.state.lock();
+        MemoryPollStore::expire(&mut st);
+        let current = st.records.get(id).map_or(0, |(r, _)| r.version);
+        if current != expected {
+            return Ok(false);
+        }
+        st.records.insert(id.to_string(), (record.clone(), Instant::now() + ttl));
+        Ok(true)
+    }
+
+    async fn touch(&self, id: &str, ttl: Duration) -> Result<(), StoreError> {
+        if let Some((_, t)) = self.state.lock().records.get_mut(id) {
+            *t = Instant::now() + ttl;
+        }
+        Ok(())
+    }
+
+    async fn remove(&self, id: &str) -> Result<(), StoreError> {
+        let mut st = self.state.lock();
+        st.records.remove(id);
+        st.commands.remove(id);
+        Ok(())
+    }
+
+    async fn push_commands(&self, id: &str, body: &[u8], _ttl: Duration) -> Result<(), StoreError> {
+        self.state.lock().commands.entry(id.to_string()).or_default().push(body.to_vec());
+        Ok(())
+    }
+
+    async fn take_commands(&self, id: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+        Ok(self.state.lock().commands.remove(id).unwrap_or_default())
+    }
+
+    async fn notify(&self, to: &str, notice: Notice) -> Result<(), StoreError> {
+        if let Some(tx) = self.state.lock().listeners.get(to) {
+            let _ = tx.send(notice);
+        }
+        Ok(())
+    }
+
+    fn listen(&self, node: &str) -> mpsc::UnboundedReceiver<Notice> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.state.lock().listeners.insert(node.to_string(), tx);
+        rx
+    }
+
+    async fn lock(&self, _id: &str, _wait: Duration) -> Result<Option<LockToken>, StoreError> {
+        Ok(Some(LockToken(String::new())))
+    }
+
+    async fn unlock(&self, _id: &str, _token: LockToken) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// How long a session lock lives if its holder dies holding it.
+const LOCK_TTL: Duration = Duration::from_secs(10);
+/// Pause between attempts to take a held lock.
+const LOCK_RETRY: Duration = Duration::from_millis(5);
+
+const SAVE: &str = r"
+local v = redis.call('HGET', KEYS[1], 'v')
+if (v or '0') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[2], 'rec', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return 1
+";
+
+const TAKE: &str = r"
+local r = redis.call('LRANGE', KEYS[1], 0, -1)
+redis.call('DEL', KEYS[1])
+return r
+";
+
+const UNLOCK: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+/// The store of a cluster: the broker's Redis. Built from the same `redis://` URL as the
+/// broker ([`switchboard_broker::redis::parse_url`]: same database, same key prefix), with its
+/// own connections: one multiplexed, reconnecting command connection and one pub/sub
+/// connection for the node's notices.
+pub struct RedisPollStore {
+    client: redis::Client,
+    conn: ConnectionManager,
+    prefix: String,
+    save: redis::Script,
+    take: redis::Script,
+    unlock: redis::Script,
+}
+
+impl RedisPollStore {
+    /// Connects lazily to the broker URL's Redis. Call inside a Tokio runtime.
+    pub fn new(broker_url: &str) -> Result<RedisPollStore, StoreError> {
+        let (url, options) = switchboard_broker::redis::parse_url(broker_url).map_err(StoreError)?;
+        let client = redis::Client::open(url.as_str()).map_err(redis_err)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(3)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(2));
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(redis_err)?;
+        Ok(RedisPollStore {
+            client,
+            conn,
+            prefix: options.prefix,
+            save: redis::Script::new(SAVE),
+            take: redis::Script::new(TAKE),
+            unlock: redis::Script::new(UNLOCK),
+        })
+    }
+
+    fn key(&self, id: &str) -> String {
+        format!("{}:poll:{{{id}}}", self.prefix)
+    }
+
+    fn commands_key(&self, id: &str) -> String {
+        format!("{}:poll:{{{id}}}:c", self.prefix)
+    }
+
+    fn lock_key(&self, id: &str) -> String {
+        format!("{}:poll:{{{id}}}:l", self.prefix)
+    }
+
+    fn node_channel(&self, node: &str) -> String {
+        format!("{}:poll:node:{node}", self.prefix)
+    }
+}
+
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[async_trait::async_trait]
+impl PollStore for RedisPollStore {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn load(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        let text: Option<String> = redis::cmd("HGET")
+            .arg(self.key(id))
+            .arg("rec")
+            .query_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_err)?;
+        text.map(|t| serde_json::from_str(&t).map_err(|e| StoreError(format!("corrupt session record: {e}"))))
+            .transpose()
+    }
+
+    async fn save(&self, id: &str, expected: u64, record: &Record, ttl: Duration) -> Result<bool, StoreError> {
+        let text = serde_json::to_string(record).map_err(|e| StoreError(e.to_string()))?;
+        let done: i64 = self
+            .save
+            .key(self.key(id))
+            .key(self.commands_key(id))
+            .arg(expected)
+            .arg(record.version)
+            .arg(text)
+            .arg(ttl_ms(ttl))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(redis_err)?;
+        Ok(done == 1)
+    }
+
+    async fn touch(&self, id: &str, ttl: Duration) -> Result<(), StoreError> {
+        let ms = ttl_ms(ttl);
+        redis::pipe()
+            .cmd("PEXPIRE")
+            .arg(self.key(id))
+            .arg(ms)
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(self.commands_key(id))
+            .arg(ms)
+            .ignore()
+            .query_async::<()>(&mut self.conn.clone())
+            .await
+            .map_err(redis_err)
+    }
+
+    async fn remove(&self, id: &str) -> Result<(), StoreError> {
+        redis::cmd("DEL")
+            .arg(self.key(id))
+            .arg(self.commands_key(id))
+            .query_async::<()>(&mut self.conn.clone())
+            .await
+            .map_err(redis_err)
+    }
+
+    async fn push_commands(&self, id: &str, body: &[u8], ttl: Duration) -> Result<(), StoreError> {
+        let key = self.commands_key(id);
+        redis::pipe()
+            .cmd("RPUSH")
+            .arg(&key)
+            .arg(body)
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(ttl_ms(ttl))
+            .ignore()
+            .query_async::<()>(&mut self.conn.clone())
+            .await
+            .map_err(redis_err)
+    }
+
+    async fn take_commands(&self, id: &str) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.take.key(self.commands_key(id)).invoke_async(&mut self.conn.clone()).await.map_err(redis_err)
+    }
+
+    async fn notify(&self, to: &str, notice: Notice) -> Result<(), StoreError> {
+        redis::cmd("PUBLISH")
+            .arg(self.node_channel(to))
+            .arg(notice.encode())
+            .query_async::<()>(&mut self.conn.clone())
+            .await
+            .map_err(redis_err)
+    }
+
+    fn listen(&self, node: &str) -> mpsc::UnboundedReceiver<Notice> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(listen_task(self.client.clone(), self.node_channel(node), tx));
+        rx
+    }
+
+    async fn lock(&self, id: &str, wait: Duration) -> Result<Option<LockToken>, StoreError> {
+        let token = crate::transport::poll::random_id();
+        let key = self.lock_key(id);
+        let until = Instant::now() + wait;
+        loop {
+            let got: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms(LOCK_TTL))
+                .query_async(&mut self.conn.clone())
+                .await
+                .map_err(redis_err)?;
+            if got.is_some() {
+                return Ok(Some(LockToken(token)));
+            }
+            if Instant::now() >= until {
+                return Ok(None);
+            }
+            tokio::time::sleep(LOCK_RETRY).await;
+        }
+    }
+
+    async fn unlock(&self, id: &str, token: LockToken) -> Result<(), StoreError> {
+        self.unlock
+            .key(self.lock_key(id))
+            .arg(token.0)
+            .invoke_async::<i64>(&mut self.conn.clone())
+            .await
+            .map(|_| ())
+            .map_err(redis_err)
+    }
+}
+
+/// Keeps a pub/sub subscription to the node's notice channel, reconnecting with backoff, and
+/// forwards what arrives. Ends when the receiver is gone.
+async fn listen_task(client: redis::Client, channel: String, tx: mpsc::UnboundedSender<Notice>) {
+    use futures_util::StreamExt;
+    let mut backoff = Duration::from_millis(100);
+    while !tx.is_closed() {
+        let connected = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        match tokio::time::timeout(Duration::from_secs(3), connected).await {
+            Ok(Ok(pubsub)) => {
+                backoff = Duration::from_millis(100);
+                let mut messages = pubsub.into_on_message();
+                loop {
+                    tokio::select! {
+                        m = messages.next() => {
+                            let Some(m) = m else { break };
+                            let Ok(text) = m.get_payload::<String>() else { continue };
+                            if let Some(n) = Notice::decode(&text) {
+                                if tx.send(n).is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                        _ = tx.closed() => return,
+                    }
+                }
+                tracing::warn!("poll session notices: redis pub/sub connection lost; reconnecting");
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "poll session notices: redis unreachable"),
+            Err(_) => tracing::warn!("poll session notices: redis connect timed out"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// The store for a broker URL: memory for `memory`, Redis otherwise.
+pub fn for_broker(broker: &str) -> Result<Arc<dyn PollStore>, StoreError> {
+    if broker == "memory" {
+        Ok(Arc::new(MemoryPollStore::new()))
+    } else {
+        Ok(Arc::new(RedisPollStore::new(broker)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(version: u64) -> Record {
+        Record {
+            version,
+            owner: "n1".into(),
+            seq: 3,
+            subs: vec![StoredSub { ch: "a".into(), epoch: "e".into(), off: 4 }],
+            queued: vec!["{\"id\":1,\"ok\":{}}".into()],
+            ..Record::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn poll_store_memory_compare_and_set() {
+        let s = MemoryPollStore::new();
+        let ttl = Duration::from_secs(60);
+        assert!(s.load("x").await.unwrap().is_none());
+        assert!(s.save("x", 0, &record(1), ttl).await.unwrap());
+        assert!(!s.save("x", 0, &record(1), ttl).await.unwrap(), "a second creation loses");
+        assert!(s.save("x", 1, &record(2), ttl).await.unwrap());
+        assert!(!s.save("x", 1, &record(2), ttl).await.unwrap(), "a stale writer loses");
+        assert_eq!(s.load("x").await.unwrap().unwrap(), record(2));
+        s.push_commands("x", b"a", ttl).await.unwrap();
+        s.push_commands("x", b"b", ttl).await.unwrap();
+        assert_eq!(s.take_commands("x").await.unwrap(), vec![b"a".to_vec(), b"b".to_vec()]);
+        assert!(s.take_commands("x").await.unwrap().is_empty());
+        s.remove("x").await.unwrap();
+        assert!(s.load("x").await.unwrap().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn poll_store_memory_records_expire() {
+        let s = MemoryPollStore::new();
+        assert!(s.save("x", 0, &record(1), Duration::from_secs(5)).await.unwrap());
+        tokio::time::advance(Duration::from_secs(3)).await;
+        s.touch("x", Duration::from_secs(5)).await.unwrap();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert!(s.load("x").await.unwrap().is_some(), "touched");
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert!(s.load("x").await.unwrap().is_none(), "expired");
+    }
+
+    #[tokio::test]
+    async fn poll_store_memory_notices_reach_the_listener() {
+        let s = MemoryPollStore::new();
+        let mut rx = s.listen("n1");
+        s.notify("n1", Notice::Moved("abc".into())).await.unwrap();
+        s.notify("n2", Notice::Commands("zzz".into())).await.unwrap();
+        assert_eq!(rx.recv().await, Some(Notice::Moved("abc".into())));
+        assert!(rx.try_recv().is_err());
+    }
+
+    #[test]
+    fn poll_store_notices_round_trip() {
+        for n in [Notice::Moved("a1".into()), Notice::Commands("b2".into())] {
+            assert_eq!(Notice::decode(&n.encode()), Some(n));
+        }
+        assert_eq!(Notice::decode("nonsense"), None);
+    }
+}
