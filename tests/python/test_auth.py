@@ -58,9 +58,18 @@ class AuthWS(WS):
     """`sb.WS` with handshake extras: headers, offered subprotocols, origin, TLS."""
 
     def __init__(self, url: str, *, headers: dict | None = None, offer: list | None = None,
-                 origin: str | None = None, ssl_context=None, open_timeout: float = 5.0):
+                 origin: str | None = None, ssl_context=None, open_timeout: float = 5.0,
+                 source_ip: str | None = None):
+        sock = None
+        if source_ip is not None:  # connect from a chosen 127.0.0.x address
+            host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.settimeout(open_timeout)
+            sock.bind((source_ip, 0))
+            sock.connect((host, int(port)))
         self.conn = ws_connect(
             url,
+            sock=sock,
             additional_headers=headers,
             subprotocols=offer,
             origin=origin,
@@ -349,6 +358,25 @@ def test_auth_basic_users_with_grants(auth_server):
     for user, pw in [("grace", "wrong"), ("mallory", PASSWORD), ("grace", "")]:
         with AuthWS(auth_server.ws_url, headers=basic(user, pw)) as ws:
             assert_closed_4001(ws, "password")
+
+
+def test_auth_password_checks_are_limited_per_address_and_cached(start_server, users_file):
+    srv = start_server("--users", str(users_file), "--api-key", API_KEY, env={
+        "SWITCHBOARD_EXEMPT_LOOPBACK": "false", "SWITCHBOARD_PASSWORD_CHECKS_PER_IP_PER_S": "1"})
+    ip = "127.0.0.7"
+    with AuthWS(srv.ws_url, headers=basic("grace", PASSWORD), source_ip=ip) as ws:
+        assert ws.ping(1) == {"data": 1}  # one check spent, the password is now remembered
+    codes = []
+    for i in range(20):
+        with AuthWS(srv.ws_url, headers=basic("grace", f"guess-{i}"), source_ip=ip) as ws:
+            codes.append(ws.wait_closed().code)
+    # A burst of two checks, then about one per second: most guesses are refused unchecked.
+    assert set(codes) == {4001, 4029} and codes.count(4029) >= 10, codes
+    # The remembered password still gets in without a check; another address is unaffected.
+    with AuthWS(srv.ws_url, headers=basic("grace", PASSWORD), source_ip=ip) as ws:
+        assert ws.ping(2) == {"data": 2}
+    with AuthWS(srv.ws_url, headers=basic("grace", "wrong"), source_ip="127.0.0.8") as ws:
+        assert ws.wait_closed().code == 4001
 
 
 def test_auth_http_api_keys_tokens_and_basic(auth_server):

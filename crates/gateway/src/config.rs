@@ -79,6 +79,9 @@ pub struct Limits {
     pub publishes_per_connection_per_s: usize,
     /// Publications per second with one API key over the HTTP API; more get 429.
     pub publishes_per_api_key_per_s: usize,
+    /// Password checks (Argon2, tens of milliseconds each) per second for one client address;
+    /// more are refused (WebSocket 4029, HTTP 429). Recently verified passwords skip the check.
+    pub password_checks_per_ip_per_s: usize,
     /// Seconds a client has for its TLS handshake and each request head (slowloris).
     pub handshake_timeout_s: u64,
     /// Seconds an unauthenticated client has for its first message when authentication is
@@ -127,10 +130,10 @@ impl Default for Config {
             namespaces,
             auth: crate::auth::AuthConfig::default(),
             tls: crate::transport::tls::TlsConfig::default(),
+            transports: Transports::default(),
             security: crate::auth::Security::default(),
         }
     }
-            transports: Transports::default(),
 }
 
 impl Default for Limits {
@@ -147,6 +150,7 @@ impl Default for Limits {
             handshakes_per_ip_per_s: 50,
             publishes_per_connection_per_s: 100,
             publishes_per_api_key_per_s: 10_000,
+            password_checks_per_ip_per_s: 5,
             handshake_timeout_s: 10,
             first_message_timeout_s: 5,
             exempt_loopback: true,
@@ -167,10 +171,6 @@ impl Default for Namespace {
     }
 }
 
-impl Namespace {
-    pub fn history(&self) -> HistoryPolicy {
-        HistoryPolicy { size: self.history_size, ttl: Duration::from_secs(self.history_ttl_s) }
-    }
 /// `[transports]`: the HTTP transports (SSE, long-polling; docs/protocol.md).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -189,6 +189,10 @@ impl Default for Transports {
     }
 }
 
+impl Namespace {
+    pub fn history(&self) -> HistoryPolicy {
+        HistoryPolicy { size: self.history_size, ttl: Duration::from_secs(self.history_ttl_s) }
+    }
 }
 
 const LIMIT_KEYS: [&str; 15] = [
@@ -203,19 +207,20 @@ const LIMIT_KEYS: [&str; 15] = [
     "handshakes_per_ip_per_s",
     "publishes_per_connection_per_s",
     "publishes_per_api_key_per_s",
+    "password_checks_per_ip_per_s",
     "handshake_timeout_s",
     "first_message_timeout_s",
     "exempt_loopback",
 ];
+
+/// Keys of `[transports]`, also reachable as flat `SWITCHBOARD_POLL_TIMEOUT_S` etc.
+const TRANSPORT_KEYS: [&str; 3] = ["poll_timeout_s", "poll_session_ttl_s", "sse_heartbeat_s"];
 
 /// `SWITCHBOARD_*` variables that are not configuration keys: `SWITCHBOARD_LOG` is the log
 /// filter (read by the binary before the configuration).
 const NOT_CONFIG_VARS: [&str; 1] = ["LOG"];
 
 /// Flat `SWITCHBOARD_*` names of the security settings (the flags' names) and their keys.
-/// Keys of `[transports]`, also reachable as flat `SWITCHBOARD_POLL_TIMEOUT_S` etc.
-const TRANSPORT_KEYS: [&str; 3] = ["poll_timeout_s", "poll_session_ttl_s", "sse_heartbeat_s"];
-
 const SECURITY_KEYS: [(&str, &str, &str); 12] = [
     ("jwt_secret", "auth", "jwt_secret"),
     ("jwt_public_key", "auth", "jwt_public_key"),
@@ -256,13 +261,13 @@ impl Config {
             if path.len() == 1 && LIMIT_KEYS.contains(&path[0].as_str()) {
                 path.insert(0, "limits".to_string());
             }
+            if path.len() == 1 && TRANSPORT_KEYS.contains(&path[0].as_str()) {
+                path.insert(0, "transports".to_string());
+            }
             if path.len() == 1 {
                 if let Some((_, section, name)) = SECURITY_KEYS.iter().find(|(flat, _, _)| *flat == path[0]) {
                     path = vec![section.to_string(), name.to_string()];
                 }
-            }
-            if path.len() == 1 && TRANSPORT_KEYS.contains(&path[0].as_str()) {
-                path.insert(0, "transports".to_string());
             }
             let dotted = path.join(".");
             let value = if dotted == "auth.api_keys" {
@@ -318,17 +323,18 @@ impl Config {
             ("limits.handshakes_per_ip_per_s", l.handshakes_per_ip_per_s),
             ("limits.publishes_per_connection_per_s", l.publishes_per_connection_per_s),
             ("limits.publishes_per_api_key_per_s", l.publishes_per_api_key_per_s),
+            ("limits.password_checks_per_ip_per_s", l.password_checks_per_ip_per_s),
             ("limits.handshake_timeout_s", l.handshake_timeout_s as usize),
             ("limits.first_message_timeout_s", l.first_message_timeout_s as usize),
+            ("transports.poll_timeout_s", self.transports.poll_timeout_s as usize),
+            ("transports.poll_session_ttl_s", self.transports.poll_session_ttl_s as usize),
+            ("transports.sse_heartbeat_s", self.transports.sse_heartbeat_s as usize),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{key}: must be greater than 0")));
             }
         }
         if l.max_frame_bytes < 125 {
-            ("transports.poll_timeout_s", self.transports.poll_timeout_s as usize),
-            ("transports.poll_session_ttl_s", self.transports.poll_session_ttl_s as usize),
-            ("transports.sse_heartbeat_s", self.transports.sse_heartbeat_s as usize),
             return Err(ConfigError("limits.max_frame_bytes: must be at least 125".into()));
         }
         if !self.allow_anonymous && !self.listen_addr()?.ip().is_loopback() && !self.auth_configured() {

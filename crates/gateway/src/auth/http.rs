@@ -61,10 +61,22 @@ pub async fn guard(State(node): State<Arc<Node>>, mut req: Request, next: Next) 
                     )
                 }
                 Some(Err(e)) => Err(e.into()),
-                Some(Ok(c)) => auth.authenticate_http(c).await,
+                Some(Ok(c)) => {
+                    let ip = req.extensions().get::<crate::transport::conn::Peer>().map(|p| {
+                        let h = req.headers();
+                        let header = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
+                        auth.client_ip(p.0.ip(), header("x-forwarded-for"), header("x-real-ip"))
+                    });
+                    auth.authenticate_http(c, ip.filter(|ip| !auth.is_exempt(*ip))).await
+                }
             };
             match verdict {
                 Ok(identity) => identity,
+                Err(super::AuthFailure::RateLimited) => {
+                    let mut r = error(StatusCode::TOO_MANY_REQUESTS, &super::AuthFailure::RateLimited.to_string());
+                    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    return r;
+                }
                 Err(e) => {
                     tracing::debug!(reason = %e, "HTTP API credentials refused");
                     return error(StatusCode::UNAUTHORIZED, &e.to_string());

@@ -54,6 +54,7 @@ impl Bucket {
 struct IpEntry {
     conns: usize,
     handshakes: Bucket,
+    passwords: Bucket,
 }
 
 /// What the per-address check decided.
@@ -70,6 +71,7 @@ pub struct Limiter {
     api_keys: Vec<Mutex<Bucket>>,
     max_conns_per_ip: usize,
     handshake_rate: f64,
+    password_rate: f64,
     api_key_rate: f64,
 }
 
@@ -109,8 +111,32 @@ impl Limiter {
             api_keys: (0..api_keys).map(|_| Mutex::new(Bucket::full(api_key_rate as f64, now))).collect(),
             max_conns_per_ip,
             handshake_rate: handshakes_per_s as f64,
+            password_rate: 5.0,
             api_key_rate: api_key_rate as f64,
         }
+    }
+
+    /// Sets the password checks per second per address (default 5).
+    pub fn with_password_rate(mut self, per_s: usize) -> Limiter {
+        self.password_rate = per_s as f64;
+        self
+    }
+
+    fn entry<'t>(&self, t: &'t mut IpTable, ip: IpAddr, now: Instant) -> &'t mut IpEntry {
+        let (h, p) = (self.handshake_rate, self.password_rate);
+        t.map.entry(ip).or_insert_with(|| IpEntry {
+            conns: 0,
+            handshakes: Bucket::full(h, now),
+            passwords: Bucket::full(p, now),
+        })
+    }
+
+    /// Counts a password check (an Argon2 verification) from `ip` against its rate.
+    pub fn admit_password_check(&self, ip: IpAddr) -> bool {
+        let now = Instant::now();
+        let mut t = self.per_ip.lock();
+        let rate = self.password_rate;
+        self.entry(&mut t, ip, now).passwords.take(rate, now)
     }
 
     /// Counts a handshake from `ip` against its rate.
@@ -122,7 +148,7 @@ impl Limiter {
         let mut t = self.per_ip.lock();
         self.sweep(&mut t, now);
         let rate = self.handshake_rate;
-        let e = t.map.entry(ip).or_insert_with(|| IpEntry { conns: 0, handshakes: Bucket::full(rate, now) });
+        let e = self.entry(&mut t, ip, now);
         if e.handshakes.take(rate, now) {
             Admission::Ok
         } else {
@@ -134,8 +160,7 @@ impl Limiter {
     pub fn acquire(self: &Arc<Self>, ip: IpAddr) -> Option<IpGuard> {
         let now = Instant::now();
         let mut t = self.per_ip.lock();
-        let rate = self.handshake_rate;
-        let e = t.map.entry(ip).or_insert_with(|| IpEntry { conns: 0, handshakes: Bucket::full(rate, now) });
+        let e = self.entry(&mut t, ip, now);
         if e.conns >= self.max_conns_per_ip {
             return None;
         }
@@ -160,8 +185,8 @@ impl Limiter {
         if t.map.len() < t.sweep_at {
             return;
         }
-        let rate = self.handshake_rate;
-        t.map.retain(|_, e| e.conns > 0 || !e.handshakes.is_full(rate, now));
+        let (h, p) = (self.handshake_rate, self.password_rate);
+        t.map.retain(|_, e| e.conns > 0 || !e.handshakes.is_full(h, now) || !e.passwords.is_full(p, now));
         t.sweep_at = (2 * t.map.len()).max(MIN_SWEEP);
     }
 }
@@ -293,6 +318,15 @@ mod tests {
         }
         let len = l.per_ip.lock().map.len();
         assert!(len <= 3500, "{len}");
+    }
+
+    #[test]
+    fn limits_password_checks_per_ip() {
+        let l = Limiter::new(10, 100, 0, 1).with_password_rate(2);
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let ok = (0..20).filter(|_| l.admit_password_check(ip)).count();
+        assert!((4..=5).contains(&ok), "{ok}");
+        assert!(l.admit_password_check("10.0.0.2".parse().unwrap()));
     }
 
     #[test]

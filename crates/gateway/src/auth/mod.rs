@@ -204,6 +204,9 @@ pub enum AuthFailure {
     ApiKey,
     #[error("{0} is not configured on this node")]
     NotConfigured(&'static str),
+    /// Too many password checks from this address (WebSocket 4029, HTTP 429).
+    #[error("too many password attempts from this address; retry later")]
+    RateLimited,
 }
 
 /// Subscribe and publish patterns of a grant; `None` leaves that side unrestricted.
@@ -221,6 +224,55 @@ pub struct Auth {
     pub limiter: Arc<Limiter>,
     exempt_loopback: bool,
     leeway_s: u64,
+    verified: PasswordCache,
+}
+
+/// Passwords verified in the last minute, so a client presenting Basic credentials on every
+/// request (or reconnecting) costs one Argon2 run per minute, not one per request. Keyed by a
+/// SHA-256 over a per-process random salt, the user and the password: the cache holds no
+/// password and no digest that outlives the process or helps outside it.
+struct PasswordCache {
+    salt: [u8; 32],
+    map: parking_lot::Mutex<HashMap<[u8; 32], std::time::Instant>>,
+}
+
+/// How long a verified password is remembered, and how many are.
+const PASSWORD_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+const PASSWORD_CACHE_MAX: usize = 4096;
+
+impl PasswordCache {
+    fn new() -> PasswordCache {
+        use argon2::password_hash::rand_core::{OsRng, RngCore};
+        let mut salt = [0u8; 32];
+        OsRng.fill_bytes(&mut salt);
+        PasswordCache { salt, map: parking_lot::Mutex::new(HashMap::new()) }
+    }
+
+    fn key(&self, user: &str, password: &str) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(self.salt);
+        h.update((user.len() as u64).to_le_bytes());
+        h.update(user.as_bytes());
+        h.update(password.as_bytes());
+        h.finalize().into()
+    }
+
+    fn hit(&self, key: &[u8; 32]) -> bool {
+        let map = self.map.lock();
+        map.get(key).is_some_and(|t| t.elapsed() < PASSWORD_CACHE_TTL)
+    }
+
+    fn insert(&self, key: [u8; 32]) {
+        let mut map = self.map.lock();
+        if map.len() >= PASSWORD_CACHE_MAX {
+            map.retain(|_, t| t.elapsed() < PASSWORD_CACHE_TTL);
+            if map.len() >= PASSWORD_CACHE_MAX {
+                map.clear();
+            }
+        }
+        map.insert(key, std::time::Instant::now());
+    }
 }
 
 impl fmt::Debug for Auth {
@@ -248,6 +300,7 @@ impl Default for Auth {
             limiter: Arc::new(Limiter::new(l.max_connections_per_ip, l.handshakes_per_ip_per_s, 0, 1)),
             exempt_loopback: l.exempt_loopback,
             leeway_s: 0,
+            verified: PasswordCache::new(),
         }
     }
 }
@@ -306,7 +359,8 @@ impl Auth {
             limits.handshakes_per_ip_per_s,
             api_keys.len(),
             limits.publishes_per_api_key_per_s,
-        );
+        )
+        .with_password_rate(limits.password_checks_per_ip_per_s);
         Ok(Auth {
             jwt,
             users,
@@ -317,6 +371,7 @@ impl Auth {
             limiter: Arc::new(limiter),
             exempt_loopback: limits.exempt_loopback,
             leeway_s: c.jwt_leeway_s,
+            verified: PasswordCache::new(),
         })
     }
 
@@ -372,28 +427,50 @@ impl Auth {
         self.grants.get(user).cloned().unwrap_or((None, None))
     }
 
-    /// Verifies a user name and password on a blocking thread (Argon2 is slow on purpose).
-    pub async fn verify_password(&self, user: String, password: String) -> Result<Identity, AuthFailure> {
+    /// Verifies a user name and password: from the cache of recent successes, or on a blocking
+    /// thread (Argon2 is slow on purpose), at most `limits.password_checks_per_ip_per_s` times
+    /// per second for `ip` (`None`: the address is exempt or unknown).
+    pub async fn verify_password(
+        &self,
+        user: String,
+        password: String,
+        ip: Option<IpAddr>,
+    ) -> Result<Identity, AuthFailure> {
         let users = self.users.clone().ok_or(AuthFailure::NotConfigured("Basic authentication"))?;
-        let name = user.clone();
-        let ok = tokio::task::spawn_blocking(move || users.verify(&name, &password)).await.unwrap_or(false);
-        if !ok {
-            return Err(AuthFailure::Password);
+        let key = self.verified.key(&user, &password);
+        if !self.verified.hit(&key) {
+            if let Some(ip) = ip {
+                if !self.limiter.admit_password_check(ip) {
+                    return Err(AuthFailure::RateLimited);
+                }
+            }
+            let name = user.clone();
+            let ok = tokio::task::spawn_blocking(move || users.verify(&name, &password)).await.unwrap_or(false);
+            if !ok {
+                return Err(AuthFailure::Password);
+            }
+            self.verified.insert(key);
         }
         let (channels, publish) = self.grant(&user);
         Ok(Identity { method: Method::Password, user, channels, publish, expires: None })
     }
 
-    /// Authenticates what a WebSocket client presented at the handshake.
+    /// Authenticates what a client presented, with no per-address limit on password checks.
     pub async fn authenticate(&self, c: Credential) -> Result<Identity, AuthFailure> {
+        self.authenticate_from(c, None).await
+    }
+
+    /// Authenticates what a WebSocket client presented at the handshake; `ip` (unless exempt)
+    /// is charged for password checks.
+    pub async fn authenticate_from(&self, c: Credential, ip: Option<IpAddr>) -> Result<Identity, AuthFailure> {
         match c {
             Credential::Bearer(token) => self.verify_token(&token),
-            Credential::Basic { user, password } => self.verify_password(user, password).await,
+            Credential::Basic { user, password } => self.verify_password(user, password, ip).await,
         }
     }
 
     /// Authenticates an HTTP API request: an API key, a token or a password.
-    pub async fn authenticate_http(&self, c: Credential) -> Result<Identity, AuthFailure> {
+    pub async fn authenticate_http(&self, c: Credential, ip: Option<IpAddr>) -> Result<Identity, AuthFailure> {
         match c {
             Credential::Bearer(token) => {
                 if let Some(i) = self.api_keys.find(&token) {
@@ -412,7 +489,7 @@ impl Auth {
                 }
                 self.verify_token(&token)
             }
-            basic => self.authenticate(basic).await,
+            basic => self.authenticate_from(basic, ip).await,
         }
     }
 

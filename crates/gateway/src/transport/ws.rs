@@ -116,7 +116,7 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
         _ if !auth.enabled() => Ok(None),
         None => Ok(None),
         Some(Err(e)) => Err(AuthFailure::from(e)),
-        Some(Ok(c)) => auth.authenticate(c).await.map(Some),
+        Some(Ok(c)) => auth.authenticate_from(c, limited).await.map(Some),
     };
     if let Err(e) = &identity {
         tracing::debug!(ip = ?ip, reason = %e, "handshake credentials refused");
@@ -364,6 +364,10 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
         (Some(None), _) => {
             node.metrics.rejected_connections.fetch_add(1, Relaxed);
             Some(CloseReason::new(close::TOO_MANY, "too many connections from this address"))
+        }
+        (_, Err(AuthFailure::RateLimited)) => {
+            node.metrics.rejected_connections.fetch_add(1, Relaxed);
+            Some(CloseReason::new(close::TOO_MANY, AuthFailure::RateLimited.to_string()))
         }
         (_, Err(e)) => Some(CloseReason::new(close::INVALID_TOKEN, e.to_string())),
         _ => None,
