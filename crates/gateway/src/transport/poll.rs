@@ -486,18 +486,22 @@ impl Polls {
     /// Runs a command body in the live copy (the caller holds `live`, and the store lock
     /// when the store is shared) and records the replies and positions it produced.
     async fn run(&self, s: &Arc<PollSession>, live: &mut Live, body: &[u8]) -> Result<(), crate::node::ApiError> {
-        let (body, unsubscribed) = rewrite_commands(body)?;
-        match live.session.handle_payload(&body).await {
-            Ok(()) => {}
-            Err(reason) if reason.code == close::PROTOCOL_ERROR => {
-                return Err(crate::node::ApiError::new(code::BAD_REQUEST, reason.reason));
-            }
-            Err(reason) => {
-                tracing::debug!(session = %s.id, code = reason.code, "closing poll session");
-                s.outbox.close(reason.code, &reason.reason, true);
+        // All or nothing, as a WebSocket frame: nothing runs if any part is not a command.
+        switchboard_protocol::decode_json_frame(body)
+            .map_err(|e| crate::node::ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+        let (commands, unsubscribed) = rewrite_commands(body)?;
+        // One command at a time, each flushed, so replies keep the order of the commands.
+        for cmd in commands {
+            match live.session.handle_payload(&cmd).await {
+                Ok(()) => live.session.flush(),
+                Err(reason) => {
+                    live.session.flush();
+                    tracing::debug!(session = %s.id, code = reason.code, "closing poll session");
+                    s.outbox.close(reason.code, &reason.reason, true);
+                    break;
+                }
             }
         }
-        live.session.flush();
         for ch in unsubscribed {
             live.head.shift_remove(&ch);
         }
@@ -739,17 +743,12 @@ impl Polls {
 /// Gives every subscribe without `id` the silent id (so positions are learned from its
 /// reply) and collects the channels of unsubscribes. Publication data is never re-encoded:
 /// only subscribe commands are rewritten.
-fn rewrite_commands(body: &[u8]) -> Result<(Vec<u8>, Vec<String>), crate::node::ApiError> {
+fn rewrite_commands(body: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<String>), crate::node::ApiError> {
     let bad = |e: String| crate::node::ApiError::new(code::BAD_REQUEST, e);
-    let mut out = Vec::with_capacity(body.len() + 16);
+    let mut out = Vec::new();
     let mut unsubscribed = Vec::new();
-    let mut any = false;
     for raw in serde_json::Deserializer::from_slice(body).into_iter::<&RawValue>() {
         let raw = raw.map_err(|e| bad(format!("commands are not JSON: {e}")))?;
-        if any {
-            out.push(b'\n');
-        }
-        any = true;
         let text = raw.get();
         let peek: Option<serde_json::Map<String, serde_json::Value>> =
             if text.contains("\"subscribe\"") || text.contains("\"unsubscribe\"") {
@@ -760,18 +759,18 @@ fn rewrite_commands(body: &[u8]) -> Result<(Vec<u8>, Vec<String>), crate::node::
         match peek {
             Some(mut cmd) if cmd.contains_key("subscribe") && !cmd.contains_key("id") => {
                 cmd.insert("id".into(), serde_json::Value::from(SILENT_ID));
-                out.extend_from_slice(serde_json::Value::Object(cmd).to_string().as_bytes());
+                out.push(serde_json::Value::Object(cmd).to_string().into_bytes());
             }
             Some(cmd) => {
                 if let Some(list) = cmd.get("unsubscribe").and_then(|u| u.get("channels")).and_then(|c| c.as_array()) {
                     unsubscribed.extend(list.iter().filter_map(|c| c.as_str()).map(str::to_string));
                 }
-                out.extend_from_slice(text.as_bytes());
+                out.push(text.as_bytes().to_vec());
             }
-            None => out.extend_from_slice(text.as_bytes()),
+            None => out.push(text.as_bytes().to_vec()),
         }
     }
-    if !any {
+    if out.is_empty() {
         return Err(bad("no command in the body".into()));
     }
     Ok((out, unsubscribed))
@@ -1126,9 +1125,9 @@ mod tests {
 {"id":2,"publish":{"channel":"room:1","data":{"x":1.50,"big":123456789012345678901234567890}}}
 {"id":3,"unsubscribe":{"channels":["b","c"]}}"#;
         let (out, unsub) = rewrite_commands(body).unwrap();
-        let text = String::from_utf8(out).unwrap();
-        let lines: Vec<&str> = text.split('\n').collect();
-        let first: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        let lines: Vec<String> = out.into_iter().map(|c| String::from_utf8(c).unwrap()).collect();
+        assert_eq!(lines.len(), 3);
+        let first: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
         assert_eq!(first["id"], SILENT_ID);
         assert!(lines[1].contains("1.50") && lines[1].contains("123456789012345678901234567890"));
         assert_eq!(unsub, vec!["b", "c"]);
