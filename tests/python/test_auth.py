@@ -450,6 +450,31 @@ def test_auth_api_key_publish_rate_is_limited_429(start_server):
 # ------------------------------------------------------------------------------ startup rules and TLS
 
 
+def test_auth_settings_from_the_environment(start_server, users_file):
+    """The flags' settings also come as SWITCHBOARD_* variables (lists comma-separated)."""
+    srv = start_server(env={
+        "SWITCHBOARD_JWT_SECRET": SECRET,
+        "SWITCHBOARD_API_KEY": f"{API_KEY},another-key-0123456789",
+        "SWITCHBOARD_USERS": str(users_file),
+        "SWITCHBOARD_ALLOWED_ORIGIN": "https://a.example.com, https://b.example.com",
+        "SWITCHBOARD_JWKS": str(FIXTURES / "jwks.json"),
+    })
+    with AuthWS(srv.ws_url, headers=bearer(token()), origin="https://b.example.com") as ws:
+        assert ws.ping(1) == {"data": 1}
+    es = token(key=(FIXTURES / "ec.key.pem").read_bytes(), alg="ES256", headers={"kid": "ec-1"})
+    with AuthWS(srv.ws_url, headers=bearer(es)) as ws:
+        assert ws.ping(2) == {"data": 2}
+    with AuthWS(srv.ws_url, headers=basic("grace", PASSWORD)) as ws:
+        assert ws.ping(3) == {"data": 3}
+    with pytest.raises(InvalidStatus):
+        AuthWS(srv.ws_url, headers=bearer(token()), origin="https://c.example.com")
+    for key in [API_KEY, "another-key-0123456789"]:
+        r = http("POST", srv.http_url + "/api/publish", {"channel": "env", "data": 1}, headers=bearer(key))
+        assert r.status == 200, key
+    with AuthWS(srv.ws_url) as ws:
+        assert ws.subscribe(["env"])["channels"]["env"]["error"]["code"] == 401
+
+
 def test_auth_beyond_loopback_needs_auth_or_allow_anonymous(switchboard_bin):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
     r = subprocess.run([switchboard_bin, "serve", "--listen", "0.0.0.0:0"], capture_output=True, text=True,
