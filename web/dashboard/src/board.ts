@@ -28,6 +28,14 @@ export interface BoardStats {
 
 /** Time per frame given to trend (uPlot) redraws and chart creation, ms. */
 const TREND_BUDGET_MS = 6;
+/** Bounds of the adaptive number of widget redraws per frame. */
+const MIN_DRAWS = 60;
+const MAX_DRAWS = 20_000;
+/** Frame intervals (ms) above which a backlogged board draws less per frame, and below which
+ * it draws more: the canvas is rasterized after the script returns, so only the frame interval
+ * shows its real cost. */
+const SLOW_FRAME_MS = 26;
+const FAST_FRAME_MS = 20;
 
 export class Board {
   readonly el: HTMLElement;
@@ -55,6 +63,12 @@ export class Board {
   private dpr = 1;
   private visible: Widget[] = [];
   private trendCursor = 0;
+  /** Widget redraws allowed in one frame, adapted to the measured frame interval. */
+  private drawBudget = 400;
+  private drawCursor = 0;
+  private lastFrameAt = 0;
+  /** The last frame left dirty widgets for the next one. */
+  private backlogged = false;
   private editing = false;
   private selected: Widget | null = null;
   private boxOf = new Map<Widget, HTMLElement>();
@@ -250,16 +264,25 @@ export class Board {
     requestAnimationFrame(this.frame);
   }
 
-  private readonly frame = (): void => {
+  private readonly frame = (now: number): void => {
     this.frameRequested = false;
+    // Under load, draw fewer widgets per frame (the rest follow in the next frames, round-robin)
+    // rather than let frames stretch; when frames are quick, allow more.
+    if (this.lastFrameAt > 0) {
+      const dt = now - this.lastFrameAt;
+      if (this.backlogged && dt > SLOW_FRAME_MS) this.drawBudget = Math.max(MIN_DRAWS, Math.floor(this.drawBudget * 0.85));
+      else if (dt < FAST_FRAME_MS) this.drawBudget = Math.min(MAX_DRAWS, Math.ceil(this.drawBudget * 1.1) + 8);
+    }
+    this.lastFrameAt = now;
     const run = this.beforeFrame;
     this.beforeFrame = [];
     for (const f of run) f();
     if (this.viewChanged) this.updateVisible();
-    this.render();
-    const more = this.renderTrends();
+    const canvasLeft = this.render();
+    const trendsLeft = this.renderTrends();
+    this.backlogged = canvasLeft || trendsLeft;
     this.framesRendered++;
-    if (more) this.request();
+    if (this.backlogged) this.request();
   };
 
   private measure(): void {
@@ -291,7 +314,8 @@ export class Board {
     this.visible = vis;
   }
 
-  private render(): void {
+  /** Draws on the canvas; returns whether dirty widgets were left for the next frame. */
+  private render(): boolean {
     const ctx = this.ctx;
     const { x: ox, y: oy } = this.view;
     ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
@@ -303,9 +327,21 @@ export class Board {
         w.drawFrame(ctx, ox, oy);
         w.drawBody(ctx, ox, oy);
       }
-      return;
+      return false;
     }
-    for (const w of this.visible) if (w.dirty) w.drawBody(ctx, ox, oy);
+    const vis = this.visible;
+    const n = vis.length;
+    let drawn = 0;
+    let i = 0;
+    for (; i < n; i++) {
+      const w = vis[(this.drawCursor + i) % n];
+      if (!w.dirty) continue;
+      if (drawn >= this.drawBudget) break;
+      w.drawBody(ctx, ox, oy);
+      drawn++;
+    }
+    if (n > 0) this.drawCursor = (this.drawCursor + i) % n;
+    return i < n;
   }
 
   /** uPlot work under the frame budget; returns whether some is left for the next frame. */
@@ -314,17 +350,22 @@ export class Board {
     const n = vis.length;
     if (n === 0) return false;
     const deadline = performance.now() + TREND_BUDGET_MS;
+    // A chart redraw costs several widget bodies.
+    const most = Math.max(2, Math.floor(this.drawBudget / 6));
+    let done = 0;
     let left = false;
     let i = 0;
     for (; i < n; i++) {
       const w = vis[(this.trendCursor + i) % n];
       if (w.spec.type !== 'trend') continue;
-      if (performance.now() > deadline) {
+      if (!w.domDirty() && w.attached()) continue;
+      if (done >= most || performance.now() > deadline) {
         left = true;
         break;
       }
       w.attach(this.plots);
       if (w.domDirty()) w.renderDom();
+      done++;
     }
     this.trendCursor = (this.trendCursor + i) % n;
     return left;

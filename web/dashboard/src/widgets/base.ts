@@ -46,6 +46,8 @@ export abstract class Widget {
   offset = 0;
   /** Where the value's quality says it is not good. */
   quality: string | null = null;
+  /** Whether paint() may draw outside the body (text); such widgets are clipped. */
+  protected mayOverflow = true;
   protected label = '';
   protected labelFont = '';
 
@@ -123,7 +125,7 @@ export abstract class Widget {
       this.drawNote(ctx, ox, oy, 'unbound');
     } else if (!this.hasValue) {
       this.drawNote(ctx, ox, oy, '…');
-    } else {
+    } else if (this.mayOverflow) {
       // Nothing may spill out of the body: only the body is cleared on the next update.
       ctx.save();
       ctx.beginPath();
@@ -131,6 +133,8 @@ export abstract class Widget {
       ctx.clip();
       this.paint(ctx, b.x - ox, b.y - oy, b.w, b.h);
       ctx.restore();
+    } else {
+      this.paint(ctx, b.x - ox, b.y - oy, b.w, b.h);
     }
     this.dirty = false;
   }
@@ -149,6 +153,9 @@ export abstract class Widget {
 
   /** Widgets with DOM (trends) are created lazily when first visible and updated here. */
   attach(_layer: HTMLElement): void {}
+  attached(): boolean {
+    return true;
+  }
   detach(): void {}
   /** Whether `renderDom` has work; trends redraw under the frame's time budget. */
   domDirty(): boolean {
@@ -197,4 +204,27 @@ export function qualityColor(q: string | null, fallback: string): string {
   if (q === 'bad') return THEME.bad;
   if (q === 'uncertain') return THEME.warn;
   return fallback;
+}
+
+/**
+ * Pre-rendered bitmaps of shapes that repeat (LED discs, gauge tracks). Blitting one is a copy;
+ * drawing an anti-aliased arc again is real raster work, many hundred times per frame.
+ */
+const sprites = new Map<string, HTMLCanvasElement>();
+
+export function sprite(key: string, w: number, h: number, draw: (ctx: CanvasRenderingContext2D) => void): HTMLCanvasElement {
+  const dpr = window.devicePixelRatio || 1;
+  const k = `${key}|${w}x${h}@${dpr}`;
+  let c = sprites.get(k);
+  if (!c) {
+    if (sprites.size > 2000) sprites.clear();
+    c = document.createElement('canvas');
+    c.width = Math.max(1, Math.ceil(w * dpr));
+    c.height = Math.max(1, Math.ceil(h * dpr));
+    const ctx = c.getContext('2d')!;
+    ctx.scale(dpr, dpr);
+    draw(ctx);
+    sprites.set(k, c);
+  }
+  return c;
 }

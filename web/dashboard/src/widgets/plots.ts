@@ -7,6 +7,7 @@ import uPlot from 'uplot';
 import { num, optNum, qualityColor, THEME, Widget } from './base.js';
 
 export class SpectrumWidget extends Widget {
+  protected override mayOverflow = false;
   private bins: number[] = [];
   /** Running maximum for automatic scaling; decays slowly so a spike does not flatten forever. */
   private peak = 0;
@@ -42,6 +43,7 @@ export class SpectrumWidget extends Widget {
 }
 
 export class ScatterWidget extends Widget {
+  protected override mayOverflow = false;
   private xs = new Float64Array(0);
   private ys = new Float64Array(0);
   private count = 0;
@@ -139,10 +141,11 @@ function clockLabels(_u: uPlot, splits: number[]): string[] {
 const TREND_POINTS = 2000;
 
 export class TrendWidget extends Widget {
-  // Values live in one linear buffer twice the kept size; when the end is reached the live half
-  // moves to the front. uPlot gets subarray views, so a redraw allocates nothing.
-  private xs = new Float64Array(TREND_POINTS * 2);
-  private ys = new Float64Array(TREND_POINTS * 2);
+  // Values live in one linear buffer (grown on demand up to twice the kept size); when its end
+  // is reached the live part moves to the front. uPlot gets subarray views, so a redraw
+  // allocates nothing.
+  private xs = new Float64Array(64);
+  private ys = new Float64Array(64);
   private start = 0;
   private end = 0;
   private plot: uPlot | null = null;
@@ -158,8 +161,17 @@ export class TrendWidget extends Widget {
     const t = (d && typeof d === 'object' && typeof d.t === 'number' ? d.t : Date.now()) / 1000;
     if (this.end === this.xs.length) {
       const live = this.end - this.start;
-      this.xs.copyWithin(0, this.start, this.end);
-      this.ys.copyWithin(0, this.start, this.end);
+      if (live * 2 > this.xs.length && this.xs.length < TREND_POINTS * 2) {
+        const xs = new Float64Array(this.xs.length * 2);
+        const ys = new Float64Array(this.xs.length * 2);
+        xs.set(this.xs.subarray(this.start, this.end));
+        ys.set(this.ys.subarray(this.start, this.end));
+        this.xs = xs;
+        this.ys = ys;
+      } else {
+        this.xs.copyWithin(0, this.start, this.end);
+        this.ys.copyWithin(0, this.start, this.end);
+      }
       this.start = 0;
       this.end = live;
     }
@@ -225,6 +237,10 @@ export class TrendWidget extends Widget {
     this.plot = new uPlot(this.plotOptions(), this.data(), el);
     this.size = { w: this.body.w, h: this.body.h };
     this.plotDirty = false;
+  }
+
+  override attached(): boolean {
+    return this.plot !== null;
   }
 
   override detach(): void {

@@ -1,6 +1,6 @@
 // Value display, LED and gauge: one value each, drawn on the board canvas.
 
-import { clip, format, num, optNum, qualityColor, THEME, Widget } from './base.js';
+import { clip, format, num, optNum, qualityColor, sprite, THEME, Widget } from './base.js';
 
 export class ValueWidget extends Widget {
   private text = '';
@@ -34,6 +34,7 @@ export class ValueWidget extends Widget {
 
 export class LedWidget extends Widget {
   private on = false;
+  protected override mayOverflow = false;
 
   protected take(value: unknown): void {
     const threshold = optNum(this.spec.options.threshold);
@@ -43,16 +44,21 @@ export class LedWidget extends Widget {
   }
 
   protected paint(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h: number): void {
-    const r = Math.max(3, Math.min(w, h) / 2 - 3);
+    const r = Math.max(3, Math.floor(Math.min(w, h) / 2 - 3));
     const o = this.spec.options;
-    const color = this.on ? (typeof o.on_color === 'string' ? o.on_color : THEME.good) : typeof o.off_color === 'string' ? o.off_color : THEME.off;
-    ctx.beginPath();
-    ctx.arc(x + w / 2, y + h / 2, r, 0, Math.PI * 2);
-    ctx.fillStyle = qualityColor(this.quality === 'bad' ? 'bad' : null, color);
-    ctx.fill();
-    ctx.lineWidth = 1;
-    ctx.strokeStyle = THEME.border;
-    ctx.stroke();
+    let color = this.on ? (typeof o.on_color === 'string' ? o.on_color : THEME.good) : typeof o.off_color === 'string' ? o.off_color : THEME.off;
+    if (this.quality === 'bad') color = THEME.bad;
+    const d = 2 * r + 2;
+    const disc = sprite(`led|${color}|${r}`, d, d, (c) => {
+      c.beginPath();
+      c.arc(d / 2, d / 2, r, 0, Math.PI * 2);
+      c.fillStyle = color;
+      c.fill();
+      c.lineWidth = 1;
+      c.strokeStyle = THEME.border;
+      c.stroke();
+    });
+    ctx.drawImage(disc, Math.round(x + w / 2 - d / 2), Math.round(y + h / 2 - d / 2), d, d);
   }
 
   override describe(): string {
@@ -81,12 +87,18 @@ export class GaugeWidget extends Widget {
     const cx = x + w / 2;
     const cy = y + r + 4;
     const thick = Math.max(3, r * 0.18);
+    const side = Math.ceil(2 * r + thick + 2);
+    const track = sprite(`gauge-track|${r}`, side, side, (c) => {
+      c.lineCap = 'butt';
+      c.lineWidth = thick;
+      c.strokeStyle = THEME.off;
+      c.beginPath();
+      c.arc(side / 2, side / 2, r, START, START + SWEEP);
+      c.stroke();
+    });
+    ctx.drawImage(track, cx - side / 2, cy - side / 2, side, side);
     ctx.lineCap = 'butt';
     ctx.lineWidth = thick;
-    ctx.strokeStyle = THEME.off;
-    ctx.beginPath();
-    ctx.arc(cx, cy, r, START, START + SWEEP);
-    ctx.stroke();
     const frac = Number.isNaN(this.value) ? 0 : Math.max(0, Math.min(1, (this.value - min) / (max - min || 1)));
     ctx.strokeStyle = qualityColor(this.quality, THEME.accent);
     ctx.beginPath();
