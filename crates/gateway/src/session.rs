@@ -464,21 +464,24 @@ impl Session {
         self.node.metrics.subscriptions.fetch_add(1, Relaxed);
         let broker_err = |e: switchboard_broker::BrokerError| ApiError::new(code::INTERNAL, e.to_string());
         let (mut position, mut recovered, mut complete) = (None, Vec::new(), true);
+        let mut last = None;
+        // The last value is read before the history: the reply's position must be the later
+        // read's, and only the history read returns everything up to its position. (Read
+        // the other way round, publications landing between the two reads were covered by
+        // the reply's offset but in neither `recovered` nor `last`: lost.)
+        if req.initial || !req.recover.contains_key(name) {
+            let (pos, l) = self.node.broker.last(name).await.map_err(broker_err)?;
+            position = Some(pos);
+            if req.initial {
+                last = l;
+            }
+        }
         if let Some(from) = req.recover.get(name) {
             let since = Position { epoch: from.epoch.as_str().into(), offset: from.offset };
             let r = self.node.broker.history(name, Some(&since), usize::MAX).await.map_err(broker_err)?;
             position = Some(r.position);
             recovered = r.publications;
             complete = r.complete;
-        }
-        let mut last = None;
-        if req.initial || position.is_none() {
-            let (pos, l) = self.node.broker.last(name).await.map_err(broker_err)?;
-            // The later read wins: it covers everything the earlier one saw.
-            position = Some(pos);
-            if req.initial {
-                last = l;
-            }
         }
         let position = position.ok_or_else(|| ApiError::new(code::INTERNAL, "no position"))?;
         Ok((ch, Outcome::Ok { position, last, recovered, complete }))

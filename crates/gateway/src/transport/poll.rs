@@ -373,7 +373,19 @@ impl Polls {
         peer: Option<&Peer>,
     ) -> Result<Found, Response> {
         if let Some(s) = self.local(id) {
-            return Ok(Found::Session(s));
+            // A client ahead of this copy was served by another node since: the copy is stale
+            // (its notice may still be on the way).
+            let stale = {
+                let mut live = s.live.lock().await;
+                let stale = self.store.shared() && ack.is_some_and(|a| a > live.seq);
+                if stale {
+                    self.drop_local(&s, MOVED, &mut live).await;
+                }
+                stale
+            };
+            if !stale {
+                return Ok(Found::Session(s));
+            }
         }
         let admitted = transport_http::admit(&self.node, headers, peer, None, false).await?;
         self.take_over(id, ack, admitted.exempt(), admitted.limited_ip).await
@@ -464,7 +476,9 @@ impl Polls {
             let channels: Vec<&str> = chunk.iter().map(|x| x.ch.as_str()).collect();
             let cmd = serde_json::json!({
                 "id": RESUBSCRIBE_ID,
-                "subscribe": { "channels": channels, "recover": recover }
+                // `last` comes with the reply only when asked for; a point channel whose
+                // history does not reach back gets it.
+                "subscribe": { "channels": channels, "recover": recover, "initial": true }
             });
             let _ = live.session.handle_payload(cmd.to_string().as_bytes()).await;
             live.session.flush();

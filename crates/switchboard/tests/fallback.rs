@@ -1,0 +1,341 @@
+//! Black-box tests of the HTTP transports across a cluster: real `switchboard` nodes on one real
+//! `redis-server` (started by each test on a spare loopback port, killed by PID at the end).
+//! A long-poll session is not tied to a node: polled on alternating nodes, or continued after
+//! its node was killed or shut down, it delivers every publication exactly once, in order. An
+//! SSE stream resumed on another node with `Last-Event-ID` continues exactly.
+#![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use switchboard_client::HttpApi;
+
+/// A `redis-server` child; killed on drop.
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server not found: run `make redis-deps` (apt-get install redis-server)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not listen on port {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Redis { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `switchboard serve` node; killed on drop.
+struct Node {
+    child: Child,
+    port: u16,
+}
+
+impl Node {
+    fn start(redis: &Redis, id: &str) -> Node {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--broker", &redis.url(), "--node-id", id])
+            .env("SWITCHBOARD_POLL_TIMEOUT_S", "2")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start switchboard");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
+        Node { child, port }
+    }
+
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn api(&self) -> HttpApi {
+        HttpApi::new(&self.base()).unwrap().with_timeout(Duration::from_secs(15))
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM: the graceful shutdown.
+    fn terminate(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "node did not stop after SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    async fn ready(&self) -> bool {
+        matches!(self.api().request("GET", "/readyz", None).await, Ok(r) if r.status == 200)
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+async fn all_ready(nodes: &[&Node]) {
+    for n in nodes {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !n.ready().await {
+            assert!(Instant::now() < deadline, "node not ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A long-poll client that may talk to any node: it keeps only the session id and the number
+/// of the last batch it received.
+struct Poller {
+    id: String,
+    seq: u64,
+}
+
+impl Poller {
+    async fn open(api: &HttpApi, commands: &[Value]) -> Poller {
+        let body: Vec<String> = commands.iter().map(Value::to_string).collect();
+        let r = api.request("POST", "/poll", Some(body.join("\n").as_bytes())).await.unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let v: Value = serde_json::from_slice(&r.body).unwrap();
+        Poller { id: v["session"].as_str().unwrap().to_string(), seq: 0 }
+    }
+
+    /// One poll on `api`'s node; the messages of the batch.
+    async fn poll(&mut self, api: &HttpApi) -> Vec<Value> {
+        let path = format!("/poll/{}?ack={}&timeout=1", self.id, self.seq);
+        let r = api.request("GET", &path, None).await.unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let v: Value = serde_json::from_slice(&r.body).unwrap();
+        self.seq = v["seq"].as_u64().unwrap();
+        v["messages"].as_array().unwrap().clone()
+    }
+
+    async fn send(&self, api: &HttpApi, command: Value) {
+        let r = api.request("POST", &format!("/poll/{}", self.id), Some(command.to_string().as_bytes())).await.unwrap();
+        assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+    }
+}
+
+/// Offsets of `channel`'s publications in `msgs`.
+fn offsets(msgs: &[Value], channel: &str) -> Vec<u64> {
+    msgs.iter().filter(|m| m["pub"]["ch"] == channel).map(|m| m["pub"]["off"].as_u64().unwrap()).collect()
+}
+
+fn assert_no_disconnect(msgs: &[Value]) {
+    for m in msgs {
+        assert!(m.get("disconnect").is_none(), "unexpected disconnect: {m}");
+    }
+}
+
+/// Publishes `total` publications on `channel` through `api`, spread over about a second.
+fn publisher(api: HttpApi, channel: &'static str, total: u64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        for i in 1..=total {
+            api.publish(channel, &json!(i)).await.unwrap();
+            if i % 20 == 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    })
+}
+
+#[tokio::test]
+async fn fallback_poll_session_polled_on_alternating_nodes_loses_nothing() {
+    const TOTAL: u64 = 300;
+    let redis = Redis::start();
+    let (n1, n2) = (Node::start(&redis, "n1"), Node::start(&redis, "n2"));
+    all_ready(&[&n1, &n2]).await;
+    let apis = [n1.api(), n2.api()];
+    let mut p = Poller::open(&apis[0], &[json!({"id": 1, "subscribe": {"channels": ["ticks"]}})]).await;
+    let first = p.poll(&apis[0]).await;
+    assert_eq!(first[0]["id"], 1);
+    let publishing = publisher(n2.api(), "ticks", TOTAL);
+    let mut got = Vec::new();
+    let mut pings = Vec::new();
+    let mut turn = 1usize;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.last() != Some(&TOTAL) {
+        assert!(Instant::now() < deadline, "stuck after {:?}", got.last());
+        // Every poll goes to the other node; now and then a command goes to a third party.
+        let api = &apis[turn % 2];
+        if turn % 5 == 0 {
+            p.send(&apis[turn % 2], json!({"id": 1000 + turn, "ping": {"data": turn}})).await;
+        }
+        let msgs = p.poll(api).await;
+        assert_no_disconnect(&msgs);
+        got.extend(offsets(&msgs, "ticks"));
+        pings.extend(msgs.iter().filter_map(|m| m["ok"]["data"].as_u64()));
+        turn += 1;
+    }
+    publishing.await.unwrap();
+    assert_eq!(got, (1..=TOTAL).collect::<Vec<_>>(), "every publication exactly once, in order");
+    // Every command's reply arrived, whichever node took it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let sent: Vec<u64> = (1..turn).filter(|t| t % 5 == 0).map(|t| t as u64).collect();
+    while pings.len() < sent.len() {
+        assert!(Instant::now() < deadline, "ping replies {pings:?} of {sent:?}");
+        let msgs = p.poll(&apis[turn % 2]).await;
+        pings.extend(msgs.iter().filter_map(|m| m["ok"]["data"].as_u64()));
+        turn += 1;
+    }
+    assert_eq!(pings, sent, "replies in command order");
+}
+
+#[tokio::test]
+async fn fallback_poll_session_survives_kill9_of_its_node() {
+    const TOTAL: u64 = 200;
+    let redis = Redis::start();
+    let (mut n1, n2) = (Node::start(&redis, "n1"), Node::start(&redis, "n2"));
+    all_ready(&[&n1, &n2]).await;
+    let (a1, a2) = (n1.api(), n2.api());
+    let mut p = Poller::open(&a1, &[json!({"id": 1, "subscribe": {"channels": ["feed", "pt:gauge"]}})]).await;
+    p.poll(&a1).await;
+    let publishing = publisher(n2.api(), "feed", TOTAL);
+    let mut got = Vec::new();
+    while got.len() < 50 {
+        got.extend(offsets(&p.poll(&a1).await, "feed"));
+    }
+    n1.kill9();
+    // A pub on the point channel while nobody held the session.
+    let last_pt = a2.publish("pt:gauge", &json!({"v": 7})).await.unwrap();
+    let mut pt = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got.last() != Some(&TOTAL) || pt.last() != Some(&last_pt.offset) {
+        assert!(Instant::now() < deadline, "stuck after {:?}", got.last());
+        let msgs = p.poll(&a2).await;
+        assert_no_disconnect(&msgs);
+        got.extend(offsets(&msgs, "feed"));
+        pt.extend(offsets(&msgs, "pt:gauge"));
+    }
+    publishing.await.unwrap();
+    assert_eq!(got, (1..=TOTAL).collect::<Vec<_>>(), "every publication exactly once, in order");
+    assert_eq!(pt, vec![last_pt.offset]);
+}
+
+#[tokio::test]
+async fn fallback_poll_session_survives_a_graceful_shutdown() {
+    let redis = Redis::start();
+    let (mut n1, n2) = (Node::start(&redis, "n1"), Node::start(&redis, "n2"));
+    all_ready(&[&n1, &n2]).await;
+    let (a1, a2) = (n1.api(), n2.api());
+    let mut p = Poller::open(&a1, &[json!({"id": 1, "subscribe": {"channels": ["events"]}})]).await;
+    p.poll(&a1).await;
+    for i in 1..=10 {
+        a2.publish("events", &json!(i)).await.unwrap();
+    }
+    let mut got = Vec::new();
+    while got.len() < 10 {
+        got.extend(offsets(&p.poll(&a1).await, "events"));
+    }
+    n1.terminate();
+    for i in 11..=20 {
+        a2.publish("events", &json!(i)).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < 20 {
+        assert!(Instant::now() < deadline, "stuck at {got:?}");
+        let msgs = p.poll(&a2).await;
+        assert_no_disconnect(&msgs);
+        got.extend(offsets(&msgs, "events"));
+    }
+    assert_eq!(got, (1..=20).collect::<Vec<_>>());
+}
+
+/// Reads SSE events from a raw socket until `count` publications arrived.
+fn sse_read(port: u16, path: &str, last_id: Option<&str>, count: usize) -> Vec<(String, Value)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n");
+    if let Some(id) = last_id {
+        head.push_str(&format!("Last-Event-ID: {id}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    let mut text = String::new();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    while out.len() < count {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "stream ended early");
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+        // Chunk-size lines are not `field:` lines; the parse below skips them.
+        while let Some(end) = text.find("\n\n") {
+            let block: String = text.drain(..end + 2).collect();
+            let (mut id, mut data, mut event) = (String::new(), String::new(), String::from("message"));
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    id = v.to_string();
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data.push_str(v);
+                } else if let Some(v) = line.strip_prefix("event: ") {
+                    event = v.to_string();
+                }
+            }
+            if event == "message" && !data.is_empty() {
+                out.push((id, serde_json::from_str(&data).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn fallback_sse_resumes_on_another_node_with_last_event_id() {
+    let redis = Redis::start();
+    let (n1, n2) = (Node::start(&redis, "n1"), Node::start(&redis, "n2"));
+    all_ready(&[&n1, &n2]).await;
+    let api = n2.api();
+    for i in 1..=5 {
+        api.publish("sse:a", &json!(i)).await.unwrap();
+        api.publish("sse:b", &json!(i * 10)).await.unwrap();
+    }
+    let port1 = n1.port;
+    let first = tokio::task::spawn_blocking(move || sse_read(port1, "/sse?channels=sse:a,sse:b&initial=true", None, 2))
+        .await
+        .unwrap();
+    let last_id = first.last().unwrap().0.clone();
+    assert!(last_id.contains("sse:a@") && last_id.contains(";sse:b@"), "{last_id}");
+    for i in 6..=8 {
+        api.publish("sse:a", &json!(i)).await.unwrap();
+        api.publish("sse:b", &json!(i * 10)).await.unwrap();
+    }
+    let port2 = n2.port;
+    let resumed = tokio::task::spawn_blocking(move || {
+        sse_read(port2, "/sse?channels=sse:a,sse:b&initial=true", Some(&last_id), 6)
+    })
+    .await
+    .unwrap();
+    let of = |ch: &str| -> Vec<u64> {
+        resumed.iter().filter(|(_, v)| v["pub"]["ch"] == ch).map(|(_, v)| v["pub"]["off"].as_u64().unwrap()).collect()
+    };
+    assert_eq!(of("sse:a"), vec![6, 7, 8]);
+    assert_eq!(of("sse:b"), vec![6, 7, 8]);
+}
