@@ -160,7 +160,7 @@ fn publisher(api: HttpApi, channel: &'static str, total: u64) -> tokio::task::Jo
     tokio::spawn(async move {
         for i in 1..=total {
             api.publish(channel, &json!(i)).await.unwrap();
-            if i % 20 == 0 {
+            if i.is_multiple_of(20) {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
@@ -186,7 +186,7 @@ async fn fallback_poll_session_polled_on_alternating_nodes_loses_nothing() {
         assert!(Instant::now() < deadline, "stuck after {:?}", got.last());
         // Every poll goes to the other node; now and then a command goes to a third party.
         let api = &apis[turn % 2];
-        if turn % 5 == 0 {
+        if turn.is_multiple_of(5) {
             p.send(&apis[turn % 2], json!({"id": 1000 + turn, "ping": {"data": turn}})).await;
         }
         let msgs = p.poll(api).await;
@@ -199,7 +199,7 @@ async fn fallback_poll_session_polled_on_alternating_nodes_loses_nothing() {
     assert_eq!(got, (1..=TOTAL).collect::<Vec<_>>(), "every publication exactly once, in order");
     // Every command's reply arrived, whichever node took it.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let sent: Vec<u64> = (1..turn).filter(|t| t % 5 == 0).map(|t| t as u64).collect();
+    let sent: Vec<u64> = (1..turn).filter(|t| t.is_multiple_of(5)).map(|t| t as u64).collect();
     while pings.len() < sent.len() {
         assert!(Instant::now() < deadline, "ping replies {pings:?} of {sent:?}");
         let msgs = p.poll(&apis[turn % 2]).await;
