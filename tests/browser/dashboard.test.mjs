@@ -3,6 +3,7 @@
 // restart without losing publications, every widget type paints, export and import.
 
 import assert from 'node:assert/strict';
+import { createHmac } from 'node:crypto';
 import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -207,5 +208,28 @@ describe('dashboard', () => {
     await allValues(page, 2);
     assert.deepEqual(page.errors, []);
     await page.close();
+  });
+
+  it('works against a node with authentication, with the token given as #token=', async () => {
+    const secret = 'dashboard-test-secret-of-32-bytes-or-more';
+    const b64 = (o) => Buffer.from(JSON.stringify(o)).toString('base64url');
+    const head = b64({ alg: 'HS256', typ: 'JWT' });
+    const claims = b64({ sub: 'ana', exp: Math.floor(Date.now() / 1000) + 600 });
+    const jwt = `${head}.${claims}.${createHmac('sha256', secret).update(`${head}.${claims}`).digest('base64url')}`;
+    const own = await new Server({ args: ['--simulate', '10@2'], env: { SWITCHBOARD_JWT_SECRET: secret } }).start();
+    try {
+      const body = JSON.stringify({ title: 'Auth', widgets: [{ type: 'value', channel: 'pt:sim.0', x: 0, y: 0, w: 8, h: 4 }] });
+      assert.equal((await fetch(`${own.url}/api/dashboards/auth`, { method: 'PUT', body })).status, 401);
+      const put = await fetch(`${own.url}/api/dashboards/auth`, { method: 'PUT', body, headers: { authorization: `Bearer ${jwt}` } });
+      assert.equal(put.status, 201);
+      const page = await newPage(browser);
+      await page.goto(`${own.url}/?dashboard=auth#token=${jwt}`);
+      await allValues(page, 1);
+      assert.ok(!page.url().includes('token='), 'the token leaves the address bar');
+      assert.deepEqual(page.errors, []);
+      await page.close();
+    } finally {
+      await own.stop();
+    }
   });
 });

@@ -31,31 +31,42 @@ async function json<T>(r: Response): Promise<T> {
 }
 
 export class Api {
-  constructor(private readonly base = '') {}
+  /** `token`: sent as `Authorization: Bearer` when the server requires credentials. */
+  constructor(
+    private readonly base = '',
+    private readonly token: () => string | null = () => null,
+  ) {}
+
+  private fetch(path: string, init: RequestInit = {}): Promise<Response> {
+    const t = this.token();
+    const headers = new Headers(init.headers);
+    if (t) headers.set('authorization', `Bearer ${t}`);
+    return fetch(`${this.base}${path}`, { ...init, headers });
+  }
 
   async channels(): Promise<ChannelInfo[]> {
-    return json(await fetch(`${this.base}/api/channels`));
+    return json(await this.fetch(`/api/channels`));
   }
 
   /** The channel's latest publication's data, or undefined. */
   async lastValue(channel: string): Promise<unknown> {
     const r = await json<{ last?: { data: unknown } | null }>(
-      await fetch(`${this.base}/api/channels/${encodeURIComponent(channel)}`),
+      await this.fetch(`/api/channels/${encodeURIComponent(channel)}`),
     );
     return r.last?.data;
   }
 
   async dashboards(): Promise<DashboardSummary[]> {
-    return json(await fetch(`${this.base}/api/dashboards`));
+    return json(await this.fetch(`/api/dashboards`));
   }
 
   async load(id: string): Promise<DashboardSpec> {
-    return json(await fetch(`${this.base}/api/dashboards/${encodeURIComponent(id)}`));
+    return json(await this.fetch(`/api/dashboards/${encodeURIComponent(id)}`));
   }
 
   async save(id: string, d: DashboardSpec): Promise<DashboardSummary> {
     return json(
-      await fetch(`${this.base}/api/dashboards/${encodeURIComponent(id)}`, {
+      await this.fetch(`/api/dashboards/${encodeURIComponent(id)}`, {
         method: 'PUT',
         headers: { 'content-type': 'application/json' },
         body: JSON.stringify({ title: d.title, widgets: d.widgets }),
@@ -64,7 +75,7 @@ export class Api {
   }
 
   async remove(id: string): Promise<void> {
-    const r = await fetch(`${this.base}/api/dashboards/${encodeURIComponent(id)}`, { method: 'DELETE' });
+    const r = await this.fetch(`/api/dashboards/${encodeURIComponent(id)}`, { method: 'DELETE' });
     if (!r.ok && r.status !== 404) await json(r);
   }
 }

@@ -20,11 +20,25 @@ export type LogEntry =
   | { type: 'subscribeError'; channel: string; code: number; message: string };
 
 const LOG_SIZE = 5000;
+const TOKEN_KEY = 'switchboard.token';
+
+/**
+ * The token for servers with authentication: `#token=<jwt>` in the page URL (a fragment never
+ * reaches the server or its logs) is moved to session storage and removed from the address bar.
+ */
+function accessToken(): string | null {
+  const m = /(?:^|[#&])token=([^&]+)/.exec(location.hash);
+  if (m) {
+    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+    history.replaceState(null, '', location.pathname + location.search);
+  }
+  return sessionStorage.getItem(TOKEN_KEY);
+}
 
 export class App {
   readonly client: Client;
   readonly board: Board;
-  private readonly api = new Api();
+  private readonly api = new Api('', accessToken);
   private readonly subs = new Map<string, Subscription>();
   private readonly log: LogEntry[] = [];
   private dashboard: DashboardSpec = { title: 'Untitled', widgets: [] };
@@ -99,7 +113,14 @@ export class App {
     root.append(this.bar, main);
     this.board = new Board(main);
     // The board's frame drives the SDK's delivery: one pass per animation frame for both.
-    this.client = new Client({ url: location.origin, name: 'switchboard-dashboard', schedule: this.board.scheduler });
+    const token = accessToken();
+    this.client = new Client({
+      url: location.origin,
+      name: 'switchboard-dashboard',
+      schedule: this.board.scheduler,
+      // Asked again before each reconnect, so a token replaced in storage is picked up.
+      getToken: token ? () => accessToken() ?? '' : undefined,
+    });
 
     this.titleInput.addEventListener('input', () => {
       this.dashboard.title = this.titleInput.value;
