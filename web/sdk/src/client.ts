@@ -279,7 +279,8 @@ export class Client implements SubscriptionOwner {
           latest: null,
         };
         this.entries.set(channel, e);
-        this.toUnsubscribe.delete(channel);
+        // A pending unsubscribe of this channel stays: flush() sends unsubscribes before
+        // subscribes, so the server drops the old subscription before taking the new one.
         this.queueFlush();
       } else {
         e.initial ||= initial;

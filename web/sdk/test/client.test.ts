@@ -144,6 +144,21 @@ describe('subscriptions', () => {
     expect(a).toEqual([1]);
   });
 
+  it('takes a channel back at once after unsubscribing it', async () => {
+    const ch = unique('ev:again.');
+    const { c, offsets, gaps } = client();
+    await c.connect();
+    const first = c.subscribe(ch);
+    await first.ready;
+    first.unsubscribe();
+    const again = c.subscribe(ch);
+    await expect(again.ready).resolves.toMatchObject({ channel: ch });
+    await server.publish(ch, 'x');
+    await until(() => offsets(ch).length === 1, 'a publication on the new subscription');
+    expect(again.state).toBe('subscribed');
+    expect(gaps).toEqual([]);
+  });
+
   it('reports a refused channel on its handle without failing the others', async () => {
     const { c } = client();
     await c.connect();
