@@ -322,12 +322,12 @@ fn main() -> ExitCode {
             match load(None, &overrides) {
                 Ok(config) => {
                     use switchboard_gateway::dashboards::{install_demo, DEMO_ID};
+                    // The demo still serves without its dashboard (e.g. a read-only directory).
                     if let Err(e) = install_demo(&config.data_dir) {
                         eprintln!(
-                            "switchboard: cannot write the demo dashboard into {}: {e}",
+                            "switchboard demo: cannot write the demo dashboard into {} ({e}); serving without it",
                             config.data_dir.display()
                         );
-                        return ExitCode::from(1);
                     }
                     eprintln!(
                         "switchboard demo: open http://{}/?dashboard={DEMO_ID} in a browser (Ctrl-C stops)",
