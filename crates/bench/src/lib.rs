@@ -26,6 +26,8 @@
 //! - [`compare`]: `bench report DIR...`, one HTML page comparing result folders.
 //! - [`progress`]: the once-a-second progress line.
 //! - [`common`]: flags shared by all scenarios and helpers built on them.
+//! - [`transport`]: `--transport ws|sse|poll` of the fan-out scenarios, one connection type
+//!   for all three.
 
 // Tests may unwrap: a panic is the failure report there.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -39,6 +41,7 @@ pub mod probe;
 pub mod progress;
 pub mod report;
 pub mod scenario;
+pub mod transport;
 pub mod worker;
 
 #[cfg(test)]

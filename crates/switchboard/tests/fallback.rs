@@ -339,3 +339,80 @@ async fn fallback_sse_resumes_on_another_node_with_last_event_id() {
     assert_eq!(of("sse:a"), vec![6, 7, 8]);
     assert_eq!(of("sse:b"), vec![6, 7, 8]);
 }
+
+/// A node with the memory broker; killed on drop.
+struct MemoryNode {
+    child: Child,
+    port: u16,
+}
+
+impl MemoryNode {
+    fn start() -> MemoryNode {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start switchboard");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
+        MemoryNode { child, port }
+    }
+}
+
+impl Drop for MemoryNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `switchboard bench <args> --transport <t>` against `node`; its `result.json`.
+fn bench_over(node: &MemoryNode, transport: &str, args: &[&str]) -> Value {
+    let out = std::env::temp_dir().join(format!("sb-fallback-bench-{}-{}-{transport}", std::process::id(), args[0]));
+    let _ = std::fs::remove_dir_all(&out);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .arg("bench")
+        .args(args)
+        .args(["--transport", transport, "--quiet", "--target"])
+        .arg(format!("ws://127.0.0.1:{}/ws", node.port))
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("bench {args:?} over {transport} did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let text = std::fs::read_to_string(out.join("result.json")).unwrap();
+    let _ = std::fs::remove_dir_all(&out);
+    serde_json::from_str(&text).unwrap()
+}
+
+#[test]
+fn fallback_bench_scenarios_run_over_sse_and_poll() {
+    let node = MemoryNode::start();
+    for transport in ["sse", "poll"] {
+        for args in [
+            &["broadcast", "--subs", "40", "--bursts", "3", "--period", "0.5"][..],
+            &["rooms", "--rooms", "4", "--members", "3", "--iterations", "3", "--pause", "0.1"][..],
+            &["streams", "--users", "2", "--points", "30", "--hz", "2", "--duration", "2"][..],
+        ] {
+            let r = bench_over(&node, transport, args);
+            let what = format!("{} over {transport}: {r}", args[0]);
+            assert_eq!(r["params"]["transport"], transport, "{what}");
+            assert_eq!(r["connections"]["failed"], 0, "{what}");
+            assert_eq!(r["messages"]["lost"], 0, "{what}");
+            assert_eq!(r["messages"]["duplicated"], 0, "{what}");
+            assert!(r["messages"]["received"].as_u64().unwrap() > 0, "{what}");
+            assert_eq!(r["pass"], true, "{what}");
+        }
+    }
+}

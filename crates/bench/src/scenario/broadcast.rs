@@ -14,10 +14,10 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use anyhow::bail;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use switchboard_client::connect::{handshake, ConnectOptions};
+use switchboard_client::connect::ConnectOptions;
 use switchboard_client::frame::{decode_frame, for_each_message, ServerMessage};
 use switchboard_client::HttpApi;
 use switchboard_protocol::Format;
@@ -34,6 +34,7 @@ use crate::report::{
     rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
 };
 use crate::scenario::{conclude, coordinator_runtime, ms};
+use crate::transport::{Conn, Transport};
 use crate::worker::{Pool, WorkerConfig, WorkerCtx};
 
 /// `switchboard bench broadcast`
@@ -54,6 +55,10 @@ pub struct BroadcastArgs {
     /// Wire format of the subscribers.
     #[arg(long, value_enum, default_value = "json")]
     pub format: WireFormat,
+    /// How the subscribers connect: WebSocket, SSE or long-polling (the HTTP transports
+    /// subscribe through a poll session; JSON only).
+    #[arg(long, value_enum, default_value = "ws")]
+    pub transport: Transport,
     /// Double --subs until a burst misses its period; report the largest that passed.
     #[arg(long)]
     pub search: bool,
@@ -90,6 +95,8 @@ pub struct BroadcastWorker {
     pub bursts: u64,
     pub format: WireFormat,
     pub concurrency: usize,
+    #[serde(default)]
+    pub transport: Transport,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -151,7 +158,7 @@ async fn subscriber(
     opts.bind = source_addr(cfg.first_index + i, cfg.spread);
     opts.token = token;
     opts.timeout = Duration::from_secs(30);
-    let mut ws = match handshake(&cfg.target, &opts).await {
+    let mut ws = match Conn::connect(cfg.transport, &cfg.target, &opts).await {
         Ok(ws) => ws,
         Err(e) => return ctx.failed(&format!("connect: {e}")),
     };
@@ -217,11 +224,11 @@ async fn subscriber(
 }
 
 /// Waits for the reply to the subscribe command (id 1) and returns the channel's offset.
-pub(crate) async fn subscribe_reply(
-    ws: &mut switchboard_client::WsStream,
-    format: Format,
-    channel: &str,
-) -> Result<u64, String> {
+pub(crate) async fn subscribe_reply<S, E>(ws: &mut S, format: Format, channel: &str) -> Result<u64, String>
+where
+    S: futures_util::Stream<Item = Result<Message, E>> + Unpin,
+    E: std::fmt::Display,
+{
     while let Some(msg) = ws.next().await {
         let payload: &[u8] = match &msg {
             Ok(Message::Text(t)) => t.as_bytes(),
@@ -278,6 +285,7 @@ pub fn run(args: BroadcastArgs) -> anyhow::Result<i32> {
     if args.subs == 0 || args.period <= 0.0 || args.bursts() == 0 {
         bail!("--subs, --period and --bursts must be positive");
     }
+    args.transport.check_format(args.format.format())?;
     coordinator_runtime()?.block_on(coordinate(args))
 }
 
@@ -385,6 +393,7 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
                 bursts,
                 format: args.format,
                 concurrency: args.concurrency,
+                transport: args.transport,
             })
         })
         .collect();
@@ -562,6 +571,7 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
         params: json!({
             "subs": subs, "period_s": args.period, "bursts": bursts, "channel": args.channel,
             "format": args.format, "procs": configs.len(), "target": args.common.target,
+            "transport": args.transport,
         }),
         started: rfc3339(started),
         duration_s: span_us as f64 / 1e6,
@@ -622,6 +632,7 @@ mod tests {
                 bursts: 3,
                 format: WireFormat::Json,
                 concurrency: 1,
+                transport: Transport::Ws,
             };
             let watcher = ctx.clone();
             tokio::task::spawn_local(async move {

@@ -171,6 +171,7 @@ async fn coordinate(args: DashboardArgs) -> anyhow::Result<i32> {
         seqs: ticks + 1,
         updates_per_channel: ticks,
         format: args.format,
+        transport: crate::transport::Transport::Ws,
     };
     let configs = vec![WorkerConfig::Dashboard(DashboardWorker { feed, conns: 1 })];
     progress.note(&format!(

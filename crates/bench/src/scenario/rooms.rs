@@ -24,12 +24,12 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use anyhow::bail;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map};
-use switchboard_client::connect::{handshake, ConnectOptions};
+use switchboard_client::connect::ConnectOptions;
 use switchboard_client::frame::for_each_message;
-use switchboard_client::{HttpApi, WsStream};
+use switchboard_client::HttpApi;
 use switchboard_protocol::Format;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -43,6 +43,7 @@ use crate::report::{
 };
 use crate::scenario::streams::feed::{encode, parse_subscribe_ok, payload, Incoming, Points, Subscribed};
 use crate::scenario::{conclude, coordinator_runtime};
+use crate::transport::{Conn, ConnStream, Transport};
 use crate::worker::{Pool, WorkerConfig, WorkerCtx};
 
 /// Iterations when neither `--iterations` nor `--duration` is given: the original script ran
@@ -77,6 +78,11 @@ pub struct RoomsArgs {
     /// Wire format of the members.
     #[arg(long, value_enum, default_value = "json")]
     pub format: WireFormat,
+    /// How the members connect: WebSocket, SSE or long-polling. Over SSE and long-polling a
+    /// member is a poll session, and the publisher publishes with `POST /poll/{session}`
+    /// (the same command as on a WebSocket, under the same permissions and rates). JSON only.
+    #[arg(long, value_enum, default_value = "ws")]
+    pub transport: Transport,
     /// Handshakes in flight per worker process.
     #[arg(long, default_value_t = 200)]
     pub concurrency: usize,
@@ -114,6 +120,8 @@ pub struct RoomsWorker {
     pub spread: bool,
     pub format: WireFormat,
     pub concurrency: usize,
+    #[serde(default)]
+    pub transport: Transport,
 }
 
 /// Deliveries a run owes: every iteration of every room reaches its N − 1 other members.
@@ -209,14 +217,14 @@ pub async fn run_worker(cfg: RoomsWorker, ctx: Rc<WorkerCtx>) {
     }
 }
 
-/// Connects and subscribes to `channels`; returns the socket and each channel's offset.
-async fn join(s: &Shared, g: usize, channels: &[String]) -> Result<(WsStream, Vec<u64>), String> {
+/// Connects and subscribes to `channels`; returns the connection and each channel's offset.
+async fn join(s: &Shared, g: usize, channels: &[String]) -> Result<(Conn, Vec<u64>), String> {
     let format = s.cfg.format.format();
     let mut opts = ConnectOptions::new(format);
     opts.bind = source_addr(g, s.cfg.spread);
     opts.token = s.token.clone();
     opts.timeout = Duration::from_secs(30);
-    let mut ws = handshake(&s.cfg.target, &opts).await.map_err(|e| format!("connect: {e}"))?;
+    let mut ws = Conn::connect(s.cfg.transport, &s.cfg.target, &opts).await.map_err(|e| format!("connect: {e}"))?;
     let cmd = json!({"id": 1, "subscribe": {"channels": channels}});
     ws.send(encode(format, &cmd)).await.map_err(|e| format!("subscribe: {e}"))?;
     let reply = async {
@@ -379,12 +387,7 @@ async fn publisher(s: Rc<Shared>, room: Rc<Room>, r: usize, g: usize) {
 
 /// The publisher's incoming side: the start signal, publish replies, and its own echoes (not
 /// counted: the publisher is not one of the N − 1 receivers).
-async fn publisher_reader(
-    mut stream: futures_util::stream::SplitStream<WsStream>,
-    room: Rc<Room>,
-    ctx: Rc<WorkerCtx>,
-    start_channel: String,
-) {
+async fn publisher_reader(mut stream: ConnStream, room: Rc<Room>, ctx: Rc<WorkerCtx>, start_channel: String) {
     while let Some(msg) = stream.next().await {
         let msg = match msg {
             Ok(m) => m,
@@ -423,6 +426,7 @@ pub fn run(args: RoomsArgs) -> anyhow::Result<i32> {
     if args.rooms == 0 || args.members < 2 {
         bail!("--rooms must be positive and --members at least 2 (one publisher, one receiver)");
     }
+    args.transport.check_format(args.format.format())?;
     let finite_pause = args.pause >= 0.0 && args.pause.is_finite();
     if !finite_pause || args.timeout <= 0.0 || !args.timeout.is_finite() {
         bail!("--pause must be zero or more and --timeout positive");
@@ -465,6 +469,7 @@ async fn coordinate(args: RoomsArgs) -> anyhow::Result<i32> {
                 spread,
                 format: args.format,
                 concurrency: args.concurrency,
+                transport: args.transport,
             })
         })
         .collect();
@@ -578,7 +583,7 @@ async fn coordinate(args: RoomsArgs) -> anyhow::Result<i32> {
         params: json!({
             "rooms": rooms, "members": members, "pause_s": args.pause, "iterations": iterations,
             "timeout_s": args.timeout, "prefix": args.prefix, "format": args.format,
-            "procs": configs.len(), "target": args.common.target,
+            "procs": configs.len(), "target": args.common.target, "transport": args.transport,
         }),
         started: rfc3339(started),
         duration_s: span_us as f64 / 1e6,

@@ -102,6 +102,10 @@ pub struct StreamsArgs {
     /// Wire format of the subscribers.
     #[arg(long, value_enum, default_value = "json")]
     pub format: WireFormat,
+    /// How the subscribers connect: WebSocket, SSE or long-polling (the HTTP transports
+    /// subscribe through a poll session; JSON only).
+    #[arg(long, value_enum, default_value = "ws")]
+    pub transport: crate::transport::Transport,
     /// Handshakes in flight per worker process.
     #[arg(long, default_value_t = 200)]
     pub concurrency: usize,
@@ -181,6 +185,7 @@ pub fn run(args: StreamsArgs) -> anyhow::Result<i32> {
     if args.users == 0 || args.points == 0 || args.hz <= 0.0 || !args.hz.is_finite() {
         bail!("--users, --points and --hz must be positive");
     }
+    args.transport.check_format(args.format.format())?;
     if args.common.duration.is_some_and(|d| d <= 0.0) {
         bail!("--duration must be positive");
     }
@@ -220,6 +225,7 @@ async fn coordinate(args: StreamsArgs) -> anyhow::Result<i32> {
         seqs: ticks,
         updates_per_channel: ticks,
         format: args.format,
+        transport: args.transport,
     };
     let configs: Vec<WorkerConfig> = split(conns, procs)
         .into_iter()
@@ -345,6 +351,7 @@ async fn coordinate(args: StreamsArgs) -> anyhow::Result<i32> {
             "users": users, "points": k, "hz": args.hz, "mode": args.mode, "duration_s": window_s,
             "prefix": args.prefix, "subscribe_chunk": args.subscribe_chunk, "batch": args.batch,
             "format": args.format, "procs": configs.len(), "target": args.common.target,
+            "transport": args.transport,
         }),
         started: rfc3339(started),
         duration_s: span_s,

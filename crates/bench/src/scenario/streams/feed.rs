@@ -17,10 +17,10 @@ use std::ops::Range;
 use std::rc::Rc;
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use switchboard_client::connect::{handshake, ConnectOptions};
+use switchboard_client::connect::ConnectOptions;
 use switchboard_client::frame::for_each_message;
 use switchboard_client::HttpApi;
 use switchboard_protocol::message::ErrorBody;
@@ -204,6 +204,9 @@ pub struct FeedConn {
     /// Publications each subscribed channel will carry, for the worker's expected total.
     pub updates_per_channel: u64,
     pub format: WireFormat,
+    /// WebSocket, SSE or long-polling (`streams --transport`; the dashboard uses WebSocket).
+    #[serde(default)]
+    pub transport: crate::transport::Transport,
 }
 
 /// The subscriptions of one connection: the points `first..first + sets.len()`.
@@ -312,7 +315,7 @@ pub(crate) async fn subscriber(w: Rc<FeedWorker>, range: Range<usize>, bind: Opt
     opts.bind = bind;
     opts.token = w.token.clone();
     opts.timeout = Duration::from_secs(30);
-    let mut ws = match handshake(&cfg.target, &opts).await {
+    let mut ws = match crate::transport::Conn::connect(cfg.transport, &cfg.target, &opts).await {
         Ok(ws) => ws,
         Err(e) => return ctx.failed(&format!("connect: {e}")),
     };
@@ -699,6 +702,7 @@ mod tests {
                 seqs: 2,
                 updates_per_channel: 1,
                 format: WireFormat::Json,
+                transport: crate::transport::Transport::Ws,
             };
             let w = FeedWorker::new(cfg, ctx.clone(), 1);
             let watcher = ctx.clone();
