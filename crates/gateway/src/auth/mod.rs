@@ -613,6 +613,22 @@ mod tests {
     }
 
     #[test]
+    fn auth_configured_counts_for_listening_beyond_loopback() {
+        use crate::config::Config;
+        let wide = ("listen", toml::Value::String("0.0.0.0:8700".into()));
+        let err = Config::load(None, vec![], std::slice::from_ref(&wide)).unwrap_err();
+        assert!(err.0.contains("--allow-anonymous"), "{err}");
+        // API keys alone protect only the HTTP API.
+        let key = ("auth.api_keys", toml::Value::String(apikey::hash_key("k".repeat(20).as_str())));
+        assert!(Config::load(None, vec![], &[wide.clone(), key]).is_err());
+        let secret = ("SWITCHBOARD_JWT_SECRET".to_string(), "s".repeat(32));
+        let c = Config::load(None, vec![secret], std::slice::from_ref(&wide)).unwrap();
+        assert!(c.security.auth.enabled());
+        let anon = ("allow_anonymous", toml::Value::Boolean(true));
+        assert!(Config::load(None, vec![], &[wide, anon]).is_ok());
+    }
+
+    #[test]
     fn auth_string_lists_accept_commas() {
         #[derive(Deserialize)]
         struct T {
