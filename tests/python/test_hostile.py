@@ -294,6 +294,39 @@ def test_hostile_slowloris_handshakes_are_cut_and_others_unaffected(slow_server)
         bystander.close()
 
 
+@pytest.mark.parametrize("kind", ["trickled-frame", "unfinished-fragments"])
+def test_hostile_trickled_websocket_messages_are_closed_4010(slow_server, kind):
+    bystander = sb.Bystander(slow_server)
+    try:
+        with RawWS("127.0.0.1", slow_server.port) as raw:
+            if kind == "trickled-frame":
+                payload = b'{"id":1,"ping":{"data":"' + b"x" * 200 + b'"}}'
+                key = b"\x01\x02\x03\x04"
+                masked = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+                raw.sock.sendall(struct.pack("!BB", 0x81, 0x80 | 126) + struct.pack("!H", len(payload)) + key)
+                for i in range(40):  # one byte every 0.25 s keeps the socket busy, not the message
+                    try:
+                        raw.sock.sendall(masked[i:i + 1])
+                    except OSError:
+                        break
+                    time.sleep(0.25)
+                    raw.sock.settimeout(0.01)
+                    try:
+                        peek = raw.sock.recv(4096, socket.MSG_PEEK)
+                    except (socket.timeout, BlockingIOError):
+                        continue
+                    if peek:
+                        break
+                raw.sock.settimeout(5)
+            else:
+                raw.send_frame(OP_TEXT, b'{"id":1,', fin=False)
+            seen = closes_with(raw, 4010)
+            assert any("not completed" in m["disconnect"]["reason"] for m in seen if "disconnect" in m), seen
+        bystander.check()
+    finally:
+        bystander.close()
+
+
 def test_hostile_slow_tls_handshakes_are_cut(switchboard_bin):
     fixtures = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "auth"
     # A TLS node announces https://, which sb.start_server does not expect: start it here.

@@ -82,7 +82,8 @@ pub struct Limits {
     /// Password checks (Argon2, tens of milliseconds each) per second for one client address;
     /// more are refused (WebSocket 4029, HTTP 429). Recently verified passwords skip the check.
     pub password_checks_per_ip_per_s: usize,
-    /// Seconds a client has for its TLS handshake and each request head (slowloris).
+    /// Seconds a client has for its TLS handshake, each request head, and each WebSocket
+    /// message once started (slowloris).
     pub handshake_timeout_s: u64,
     /// Seconds an unauthenticated client has for its first message when authentication is
     /// configured (4001 after).

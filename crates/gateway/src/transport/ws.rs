@@ -239,6 +239,10 @@ struct FrameReader {
     partial: Vec<u8>,
     /// A fragmented message being reassembled.
     fragments: Option<(Opcode, Vec<u8>)>,
+    /// When the message now in progress (partial frame or fragments) started. A client that
+    /// trickles a message byte by byte is closed once it has taken `limits.handshake_timeout_s`
+    /// (slowloris on an open WebSocket).
+    started: Option<SystemTime>,
 }
 
 enum ReadError {
@@ -274,6 +278,12 @@ impl FrameReader {
                 buf = Vec::new();
             }
             self.partial = buf;
+        }
+        let in_progress = !self.partial.is_empty() || self.fragments.is_some();
+        match (in_progress, self.started) {
+            (true, None) => self.started = Some(SystemTime::now()),
+            (false, Some(_)) => self.started = None,
+            _ => {}
         }
         Ok(())
     }
@@ -383,7 +393,8 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
     let mut session = Session::new(node.clone(), outbox.clone());
     session.set_identity(admitted.identity.ok().flatten());
     session.set_rate_exempt(admitted.exempt);
-    let mut reader = FrameReader { max: max_frame, partial: Vec::new(), fragments: None };
+    let mut reader = FrameReader { max: max_frame, partial: Vec::new(), fragments: None, started: None };
+    let message_timeout = Duration::from_secs(node.config.limits.handshake_timeout_s);
     let mut events = Vec::new();
     let mut stop = node.stopping();
     if !leftover.is_empty() {
@@ -405,7 +416,10 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
         if outbox.is_closing() {
             break;
         }
-        let next = session.deadline();
+        let next = match (session.deadline(), reader.started.map(|t| t + message_timeout)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         if next != deadline {
             deadline = next;
             timer = next.map(|d| Box::pin(tokio::time::sleep_until(instant_of(d))));
@@ -431,7 +445,10 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
             Wake::Deadline => {
                 timer = None;
                 deadline = None;
-                if let Some(reason) = session.check_deadline() {
+                if reader.started.is_some_and(|t| t + message_timeout <= SystemTime::now()) {
+                    let why = format!("message not completed within {} s", message_timeout.as_secs());
+                    close_with(&node, &session, CloseReason::new(close::PROTOCOL_ERROR, why));
+                } else if let Some(reason) = session.check_deadline() {
                     tracing::debug!(code = reason.code, reason = %reason.reason, "closing connection at its deadline");
                     session.outbox().close(reason.code, &reason.reason, true);
                 }
