@@ -563,3 +563,88 @@ impl Serialize for SubscribeReply<'_> {
         m.end()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::config::Config;
+    use crate::outbox::tests::TestWire;
+    use jsonwebtoken::{encode, EncodingKey, Header};
+
+    const SECRET: &str = "session-test-secret-0123456789abcdef";
+
+    fn node() -> Arc<Node> {
+        let env = vec![("SWITCHBOARD_JWT_SECRET".to_string(), SECRET.to_string())];
+        let config = Config::load(None, env, &[]).unwrap();
+        Node::new(config, Arc::new(switchboard_broker::MemoryBroker::new()))
+    }
+
+    fn token(sub: &str, exp: u64) -> String {
+        let claims = serde_json::json!({"sub": sub, "exp": exp, "channels": ["room:*"]});
+        encode(&Header::default(), &claims, &EncodingKey::from_secret(SECRET.as_bytes())).unwrap()
+    }
+
+    fn session(node: &Arc<Node>) -> (Session, Arc<TestWire>) {
+        let wire = TestWire::open(1 << 20);
+        let Ok(outbox) = node.register(Format::Json, wire.clone()) else { panic!("registered") };
+        (Session::new(node.clone(), outbox), wire)
+    }
+
+    async fn command(s: &mut Session, wire: &TestWire, frame: serde_json::Value) -> serde_json::Value {
+        s.handle_payload(frame.to_string().as_bytes()).await.unwrap();
+        s.flush();
+        // The reply, not the presence events that may follow it.
+        wire.messages().into_iter().rev().find(|m| m["id"] == frame["id"]).unwrap()
+    }
+
+    #[tokio::test]
+    async fn session_auth_anonymous_then_connect_then_refresh() {
+        let node = node();
+        let (mut s, wire) = session(&node);
+        let first = s.deadline().expect("an unauthenticated client has a first-message deadline");
+        assert!(first > SystemTime::now());
+        let r = command(&mut s, &wire, serde_json::json!({"id": 1, "subscribe": {"channels": ["room:a"]}})).await;
+        assert_eq!(r["ok"]["channels"]["room:a"]["error"]["code"], 401);
+        assert_eq!(s.deadline(), None, "the first message arrived");
+
+        let exp = crate::unix_s() + 600;
+        let r = command(&mut s, &wire, serde_json::json!({"id": 2, "connect": {"token": token("ann", exp)}})).await;
+        assert_eq!((r["ok"]["user"].as_str(), r["ok"]["expires"].as_u64()), (Some("ann"), Some(exp)));
+        assert_eq!(s.deadline(), Some(UNIX_EPOCH + Duration::from_secs(exp)));
+        let r =
+            command(&mut s, &wire, serde_json::json!({"id": 3, "subscribe": {"channels": ["room:a", "pt:x"]}})).await;
+        assert_eq!(r["ok"]["channels"]["room:a"]["offset"], 0);
+        assert_eq!(r["ok"]["channels"]["pt:x"]["error"]["code"], 403, "outside the token's patterns");
+
+        let r = command(&mut s, &wire, serde_json::json!({"id": 4, "refresh": {"token": token("bob", exp)}})).await;
+        assert_eq!(r["error"]["code"], 403);
+        let r = command(&mut s, &wire, serde_json::json!({"id": 5, "refresh": {"token": "x.y.z"}})).await;
+        assert_eq!(r["error"]["code"], 401);
+        let r =
+            command(&mut s, &wire, serde_json::json!({"id": 6, "refresh": {"token": token("ann", exp + 60)}})).await;
+        assert_eq!(r["ok"]["expires"], exp + 60);
+        assert_eq!(s.deadline(), Some(UNIX_EPOCH + Duration::from_secs(exp + 60)));
+        assert_eq!(s.check_deadline(), None);
+    }
+
+    #[tokio::test]
+    async fn session_auth_deadlines_close_with_4001() {
+        let node = node();
+        let (mut s, _wire) = session(&node);
+        s.first_message_by = Some(SystemTime::now() - Duration::from_secs(1));
+        assert_eq!(s.check_deadline().map(|r| r.code), Some(close::INVALID_TOKEN));
+
+        let (mut s, _wire) = session(&node);
+        let mut id = node.config.security.auth.verify_token(&token("ann", crate::unix_s() + 60)).unwrap();
+        id.expires = Some(crate::unix_s() - 1);
+        s.set_identity(Some(id));
+        assert_eq!(s.check_deadline(), Some(CloseReason::new(close::INVALID_TOKEN, "token expired")));
+
+        let (mut s, _wire) = session(&node);
+        let bad = serde_json::json!({"id": 1, "connect": {"token": token("ann", crate::unix_s() - 30)}});
+        let err = s.handle_payload(bad.to_string().as_bytes()).await.unwrap_err();
+        assert_eq!((err.code, err.reason.as_str()), (close::INVALID_TOKEN, "token expired"));
+    }
+}

@@ -408,8 +408,9 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
             Err(e) => read_failed(&node, &session, e),
         }
     }
-    // The session's next deadline (first message, token expiry) and its timer; boxed and only
-    // present while there is one, so connections without authentication carry no timer.
+    // The next deadline — the session's (first message, token expiry) or the message in
+    // progress's — and its timer: boxed and only present while there is one, so an idle
+    // connection without authentication carries no timer.
     let mut deadline: Option<SystemTime> = None;
     let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
     loop {
