@@ -30,7 +30,10 @@ import {
   type WireChannelResult,
   type WirePub,
 } from './types.js';
-import { websocketTransport, type WebSocketConstructor } from './websocket.js';
+import type { WebSocketConstructor } from './websocket.js';
+import { fallbackTransport, type TransportName } from './fallback.js';
+import type { EventSourceConstructor } from './sse.js';
+import type { FetchLike } from './poll.js';
 
 export interface ClientOptions {
   /** The server: `http://host:port`, `ws://host:port/ws` or `host:port`. */
@@ -43,10 +46,15 @@ export interface ClientOptions {
   getToken?: () => string | Promise<string>;
   /** Application name sent with `connect`. */
   name?: string;
-  /** The transport (default: WebSocket). */
+  /** The transport (default: WebSocket, falling back to SSE, then long-polling). */
   transport?: TransportFactory;
+  /** Transports the default transport tries, in order (default websocket, sse, poll). */
+  transports?: TransportName[];
   /** WebSocket implementation for the default transport (Node: the `ws` package). */
   WebSocket?: WebSocketConstructor;
+  /** EventSource and fetch implementations for the SSE and long-polling transports. */
+  EventSource?: EventSourceConstructor;
+  fetch?: FetchLike;
   /** Reconnect backoff; `false` disables reconnecting. */
   reconnect?: BackoffOptions | false;
   /** Random source for the backoff jitter (tests). */
@@ -123,6 +131,9 @@ interface Entry {
   filling: boolean;
   fillToken: number;
   buffer: WirePub[];
+  /** Publications that arrived before their subscribe reply was applied: a reply resolves in a
+   * microtask, and the publications after it in the same frame (or poll batch) come first. */
+  early: WirePub[];
   /** The latest publication delivered, for handles added later with `initial`. */
   latest: Publication | null;
 }
@@ -167,7 +178,14 @@ export class Client implements SubscriptionOwner {
     this.opts = opts;
     this.baseUrl = baseUrlOf(opts.url);
     this.codec = codecFor(opts.format ?? 'json');
-    this.transportFactory = opts.transport ?? websocketTransport({ WebSocket: opts.WebSocket });
+    this.transportFactory =
+      opts.transport ??
+      fallbackTransport({
+        transports: opts.transports,
+        WebSocket: opts.WebSocket,
+        EventSource: opts.EventSource,
+        fetch: opts.fetch,
+      });
     this.events = new Emitter<ClientEvents>((e) => this.events.emit('error', asError(e)));
     this.batcher = new FrameBatcher((b) => this.deliver(b), opts.schedule ?? defaultScheduler);
     this.backoff = new Backoff(opts.reconnect === false ? {} : opts.reconnect, opts.random);
@@ -181,6 +199,11 @@ export class Client implements SubscriptionOwner {
 
   get state(): ClientState {
     return this._state;
+  }
+
+  /** The transport in use (`websocket`, `sse`, `poll`), or null while not connected. */
+  get transportName(): string | null {
+    return this._state === 'connected' ? (this.transport?.name ?? null) : null;
   }
 
   /** The connection's client id and node, once connected. */
@@ -276,6 +299,7 @@ export class Client implements SubscriptionOwner {
           filling: false,
           fillToken: 0,
           buffer: [],
+          early: [],
           latest: null,
         };
         this.entries.set(channel, e);
@@ -752,6 +776,7 @@ export class Client implements SubscriptionOwner {
 
   private refuse(e: Entry, err: SwitchboardError): void {
     e.status = 'error';
+    e.early = [];
     this.events.emit('subscribeError', { channel: e.channel, error: err });
     for (const h of e.handles) h.emit('error', err);
   }
@@ -791,6 +816,9 @@ export class Client implements SubscriptionOwner {
     const ev: SubscribedEvent = { channel: e.channel, position: { ...now }, resubscribed, recovered };
     this.events.emit('subscribed', ev);
     for (const h of e.handles) h.emit('subscribed', ev);
+    const early = e.early;
+    e.early = [];
+    for (const p of early) this.routePub(p);
   }
 
   private gap(e: Entry, from: Position, to: Position, epochChanged: boolean): void {
@@ -824,7 +852,15 @@ export class Client implements SubscriptionOwner {
 
   private onPub(p: WirePub): void {
     this._stats.received++;
+    this.routePub(p);
+  }
+
+  private routePub(p: WirePub): void {
     const e = this.entries.get(p.ch);
+    if (e?.status === 'sending') {
+      e.early.push(p);
+      return;
+    }
     if (!e || e.status !== 'subscribed') return;
     if (e.filling) {
       e.buffer.push(p);
@@ -846,6 +882,7 @@ export class Client implements SubscriptionOwner {
     e.inflight = 0;
     e.filling = false;
     e.buffer = [];
+    e.early = [];
     e.fillToken++;
   }
 

@@ -1,7 +1,7 @@
 // The transport interface: how commands reach the server and messages come back. The client
 // owns everything above it (replies, subscriptions, recovery, reconnects), so a transport only
-// moves protocol messages. WebSocket is the one implementation today; SSE and long-polling
-// (SPEC §3) plug in here with the same client on top.
+// moves protocol messages. Implementations: WebSocket (websocket.ts), SSE (sse.ts) and
+// long-polling (poll.ts, SPEC §3); fallback.ts tries them in order.
 
 import type { Codec, Format } from './codec.js';
 import type { Command, ServerMessage } from './types.js';
