@@ -19,6 +19,7 @@
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, Stream, StreamExt};
@@ -111,6 +112,7 @@ impl Conn {
             let opened: Opened =
                 serde_json::from_slice(&body).map_err(|e| format!("POST /poll: unexpected reply ({e})"))?;
             link.session = opened.session;
+            OPEN.with(|o| o.borrow_mut().insert(link.session.clone(), server.clone()));
             let (tx, rx) = mpsc::unbounded_channel();
             let reader = match transport {
                 Transport::Sse => {
@@ -362,6 +364,38 @@ async fn exchange(
         conn.read_exact(&mut out).await.map_err(|e| format!("read: {e}"))?;
     }
     Ok((status, out))
+}
+
+thread_local! {
+    /// The poll sessions this worker process holds open: the worker's runtime is one thread.
+    static OPEN: std::cell::RefCell<std::collections::HashMap<String, Server>> = Default::default();
+}
+
+impl Drop for CommandLink {
+    fn drop(&mut self) {
+        if !self.session.is_empty() {
+            OPEN.with(|o| o.borrow_mut().remove(&self.session));
+            // The connection's last act: end the session, as a polite client does.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(delete(self.server.clone(), std::mem::take(&mut self.session)));
+            }
+        }
+    }
+}
+
+async fn delete(server: Server, session: String) {
+    let Ok(mut conn) = server.open().await else { return };
+    let path = format!("{}/poll/{session}", server.base_path);
+    let _ = tokio::time::timeout(Duration::from_secs(5), exchange(&mut conn, &server, "DELETE", &path, None)).await;
+}
+
+/// Ends every poll session this worker process still holds (`DELETE /poll/{session}`), so that
+/// the sessions of a finished run — or of one step of a search — do not linger on the server
+/// until they expire, receiving publications. Scenarios call it before their worker returns.
+pub async fn end_sessions() {
+    let open: Vec<(String, Server)> = OPEN.with(|o| o.borrow_mut().drain().collect());
+    let ends = open.into_iter().map(|(session, server)| delete(server, session));
+    let _ = tokio::time::timeout(Duration::from_secs(10), futures_util::future::join_all(ends)).await;
 }
 
 /// Holds one poll after the other and forwards each non-empty batch as one frame.

@@ -141,6 +141,7 @@ pub async fn run_worker(cfg: BroadcastWorker, ctx: Rc<WorkerCtx>) {
         tokio::task::spawn_local(task);
     }
     ctx.wait_stop().await;
+    crate::transport::end_sessions().await;
 }
 
 async fn subscriber(

@@ -215,6 +215,7 @@ pub async fn run_worker(cfg: RoomsWorker, ctx: Rc<WorkerCtx>) {
         _ = futures_util::future::join_all(drivers) => {}
         _ = ctx.wait_stop() => {}
     }
+    crate::transport::end_sessions().await;
 }
 
 /// Connects and subscribes to `channels`; returns the connection and each channel's offset.

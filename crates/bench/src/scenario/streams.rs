@@ -176,6 +176,7 @@ pub async fn run_worker(cfg: StreamsWorker, ctx: Rc<WorkerCtx>) {
         tokio::task::spawn_local(feed::subscriber(w.clone(), range, source_addr(g, cfg.spread)));
     }
     ctx.wait_stop().await;
+    crate::transport::end_sessions().await;
 }
 
 // ---------------------------------------------------------------------------------------------
