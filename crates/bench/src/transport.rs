@@ -371,18 +371,6 @@ thread_local! {
     static OPEN: std::cell::RefCell<std::collections::HashMap<String, Server>> = Default::default();
 }
 
-impl Drop for CommandLink {
-    fn drop(&mut self) {
-        if !self.session.is_empty() {
-            OPEN.with(|o| o.borrow_mut().remove(&self.session));
-            // The connection's last act: end the session, as a polite client does.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(delete(self.server.clone(), std::mem::take(&mut self.session)));
-            }
-        }
-    }
-}
-
 async fn delete(server: Server, session: String) {
     let Ok(mut conn) = server.open().await else { return };
     let path = format!("{}/poll/{session}", server.base_path);

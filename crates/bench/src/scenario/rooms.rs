@@ -215,6 +215,9 @@ pub async fn run_worker(cfg: RoomsWorker, ctx: Rc<WorkerCtx>) {
         _ = futures_util::future::join_all(drivers) => {}
         _ = ctx.wait_stop() => {}
     }
+    // The measurement is over (the worker stops on return anyway): ending the sessions now
+    // is not a dropped connection.
+    ctx.stop();
     crate::transport::end_sessions().await;
 }
 
