@@ -3,13 +3,14 @@
 //! and the TLS wire a WebSocket connection writes through; `ws` is the WebSocket transport.
 //! The HTTP transports share the session and outbox machinery through `messages` (the wire
 //! that turns outbox frames back into messages) and `http` (admission, CORS): `sse` streams
-//! Server-Sent Events, `poll` runs long-poll sessions, whose state `poll_store` keeps where
-//! any node can continue them.
+//! Server-Sent Events, `poll` serves long-poll sessions over HTTP, `poll_session` holds their
+//! live copies, and `poll_store` keeps their state where any node can continue them.
 
 pub mod conn;
 pub mod http;
 pub mod messages;
 pub mod poll;
+pub mod poll_session;
 pub mod poll_store;
 pub mod sse;
 pub mod tls;

@@ -424,7 +424,7 @@ impl PollStore for RedisPollStore {
     }
 
     async fn lock(&self, id: &str, wait: Duration) -> Result<Option<LockToken>, StoreError> {
-        let token = crate::transport::poll::random_id();
+        let token = crate::transport::poll_session::random_id();
         let key = self.lock_key(id);
         let until = Instant::now() + wait;
         loop {

@@ -1,0 +1,786 @@
+//! The live side of long-poll sessions: [`Polls`], a node's sessions, and [`PollSession`],
+//! one session's live copy — its [`Session`], outbox and [`MessageWire`] — with what makes it
+//! movable: writing its [`Record`] after every batch and command, taking a session over from
+//! the store, running commands as its holder, and turning pending messages into batches.
+//! `transport::poll` has the HTTP side (routes, requests, the sweeper); the protocol and the
+//! rules for moving between nodes are in its module docs.
+//!
+//! Locks: a session's `live` (Tokio) mutex, then the store's session lock, then the wire's
+//! queue (inside the outbox). The registry map is never held across an await.
+
+// Refusals are the response itself (status, body, headers), returned on the cold path of a
+// request that answers with it anyway; boxing them would buy nothing.
+#![allow(clippy::result_large_err)]
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use indexmap::IndexMap;
+use parking_lot::Mutex;
+use serde_json::value::RawValue;
+use switchboard_protocol::code::{self, close};
+use switchboard_protocol::message::{encode_disconnect, encode_error, encode_publication};
+use switchboard_protocol::{namespace_of, Format};
+
+use crate::auth::limits::IpGuard;
+use crate::auth::pattern::PatternSet;
+use crate::auth::{Identity, Method};
+use crate::node::Node;
+use crate::outbox::Outbox;
+use crate::session::Session;
+use crate::transport::conn::Peer;
+use crate::transport::http::{self as transport_http, error};
+use crate::transport::messages::{Kind, Message, MessageWire};
+use crate::transport::poll::{notice_task, sweep_task};
+use crate::transport::poll_store::{self, Notice, PollStore, Record, StoredIdentity, StoredSub};
+use crate::transport::sse::{self, ChannelPos, ReplyIn};
+
+/// Id of the subscribe a node sends when it takes a session over; its reply becomes the
+/// recovered publications. Clients must not use this id.
+pub const RESUBSCRIBE_ID: u32 = u32::MAX;
+/// Id given to a client's subscribe that has none, so the session learns the positions; its
+/// reply is not delivered (only errors, as `id` 0, like on a WebSocket).
+pub const SILENT_ID: u32 = u32::MAX - 1;
+
+/// How long a request waits for a session's lock held by another node.
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(5);
+/// Sweeps for expired and closed sessions this often.
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// A session streamed over SSE writes its record at most this often.
+pub(crate) const STREAM_SAVE_EVERY: Duration = Duration::from_secs(1);
+
+/// 128 random bits in hex: session ids and lock tokens.
+pub fn random_id() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::getrandom(&mut b).is_err() {
+        // No OS randomness (never seen on the supported platforms): fall back to the
+        // process's generator rather than refusing service.
+        for x in b.iter_mut() {
+            *x = fastrand::u8(..);
+        }
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Why a session left this node.
+pub(crate) const LIVE: u8 = 0;
+pub(crate) const MOVED: u8 = 1;
+pub(crate) const ENDED: u8 = 2;
+
+/// The live copy of a session on this node.
+pub struct PollSession {
+    pub(crate) id: String,
+    pub(crate) wire: Arc<MessageWire>,
+    pub(crate) outbox: Arc<Outbox>,
+    pub(crate) live: tokio::sync::Mutex<Live>,
+    /// Unix seconds of the last request.
+    pub(crate) active: AtomicU64,
+    /// Requests in progress (a held poll or a stream counts until it returns).
+    pub(crate) busy: AtomicUsize,
+    /// Bumped by each poll or stream that starts waiting; an older one sees it and yields.
+    pub(crate) waiter: AtomicU64,
+    /// `LIVE`, `MOVED` (another node holds it now) or `ENDED`.
+    pub(crate) state: AtomicU8,
+    /// Subscriptions and the outbox were released.
+    pub(crate) cleaned: AtomicBool,
+}
+
+pub(crate) struct Live {
+    pub(crate) session: Session,
+    /// Version of the stored record this copy wrote or read last.
+    pub(crate) version: u64,
+    pub(crate) seq: u64,
+    /// Position of every subscribed channel once the client has everything sent or queued.
+    pub(crate) head: IndexMap<String, ChannelPos>,
+    /// The last batch, kept to send again if it got lost.
+    pub(crate) last_batch: Option<(u64, Bytes)>,
+    /// Replies not yet in a batch.
+    pub(crate) queued: Vec<String>,
+    /// Holds the client address's connection slot while the session lives here.
+    pub(crate) _slot: Option<IpGuard>,
+}
+
+/// The node's poll sessions.
+pub struct Polls {
+    pub(crate) node: Arc<Node>,
+    pub(crate) store: Arc<dyn PollStore>,
+    pub(crate) sessions: Mutex<HashMap<String, Arc<PollSession>>>,
+    pub(crate) ttl: Duration,
+}
+
+pub(crate) fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
+    let mut r = Response::new(body.into());
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+pub(crate) fn batch_body(seq: u64, messages: &[Bytes]) -> Bytes {
+    let len: usize = messages.iter().map(|m| m.len() + 1).sum();
+    let mut out = Vec::with_capacity(len + 40);
+    out.extend_from_slice(format!("{{\"seq\":{seq},\"messages\":[").as_bytes());
+    for (i, m) in messages.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(m);
+    }
+    out.extend_from_slice(b"]}");
+    Bytes::from(out)
+}
+
+/// Decrements `busy` when a request ends.
+pub(crate) struct Busy(Arc<PollSession>);
+
+impl Busy {
+    pub(crate) fn new(s: &Arc<PollSession>) -> Busy {
+        s.busy.fetch_add(1, Relaxed);
+        s.active.store(crate::unix_s(), Relaxed);
+        Busy(s.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.active.store(crate::unix_s(), Relaxed);
+        self.0.busy.fetch_sub(1, Relaxed);
+    }
+}
+
+pub(crate) fn stored_identity(i: &Identity) -> StoredIdentity {
+    let list = |p: &Option<Arc<PatternSet>>| p.as_ref().map(|p| p.0.iter().map(|x| x.to_string()).collect());
+    StoredIdentity {
+        method: match i.method {
+            Method::Anonymous => "anonymous",
+            Method::Token => "token",
+            Method::Password => "password",
+            Method::ApiKey(_) => "api_key",
+        }
+        .to_string(),
+        user: i.user.clone(),
+        expires: i.expires,
+        channels: list(&i.channels),
+        publish: list(&i.publish),
+    }
+}
+
+pub(crate) fn identity_of(s: &StoredIdentity) -> Identity {
+    // Patterns that no longer parse grant nothing.
+    let set = |l: &Option<Vec<String>>| l.as_ref().map(|l| Arc::new(PatternSet::parse(l).unwrap_or_default()));
+    let method = match s.method.as_str() {
+        "token" => Method::Token,
+        "password" => Method::Password,
+        _ => return Identity::anonymous(),
+    };
+    Identity { method, user: s.user.clone(), channels: set(&s.channels), publish: set(&s.publish), expires: s.expires }
+}
+
+/// What a takeover found.
+pub(crate) enum Found {
+    Session(Arc<PollSession>),
+    /// The client is behind what the store can give back: the final batch to answer.
+    Lost(Bytes),
+}
+
+impl Polls {
+    pub(crate) fn start(node: Arc<Node>, store: Arc<dyn PollStore>) -> Arc<Polls> {
+        let ttl = Duration::from_secs(node.config.transports.poll_session_ttl_s);
+        let polls = Arc::new(Polls { node, store, sessions: Mutex::new(HashMap::new()), ttl });
+        let notices = polls.store.listen(&polls.node.id);
+        tokio::spawn(notice_task(Arc::downgrade(&polls), notices));
+        tokio::spawn(sweep_task(Arc::downgrade(&polls)));
+        polls
+    }
+
+    pub(crate) fn local(&self, id: &str) -> Option<Arc<PollSession>> {
+        self.sessions.lock().get(id).filter(|s| s.state.load(Relaxed) == LIVE).cloned()
+    }
+
+    /// A new live copy: wire, outbox (a connection of the node), session.
+    pub(crate) fn create(
+        &self,
+        id: &str,
+        identity: Option<Identity>,
+        exempt: bool,
+        slot: Option<IpGuard>,
+    ) -> Result<Arc<PollSession>, Response> {
+        let node = &self.node;
+        let wire = Arc::new(sse::new_wire(node).record_replies().survive_shutdown(self.store.shared()));
+        let outbox = match node.register(Format::Json, wire.clone()) {
+            Ok(ob) => ob,
+            Err(_) => {
+                return Err(match wire.closed() {
+                    Some(close::SHUTDOWN) => error(503, "server shutting down"),
+                    _ => error(code::LIMIT, "too many connections"),
+                })
+            }
+        };
+        let mut session = Session::new(node.clone(), outbox.clone());
+        session.set_identity(identity);
+        session.set_rate_exempt(exempt);
+        Ok(Arc::new(PollSession {
+            id: id.to_string(),
+            wire,
+            outbox,
+            live: tokio::sync::Mutex::new(Live {
+                session,
+                version: 0,
+                seq: 0,
+                head: IndexMap::new(),
+                last_batch: None,
+                queued: Vec::new(),
+                _slot: slot,
+            }),
+            active: AtomicU64::new(crate::unix_s()),
+            busy: AtomicUsize::new(0),
+            waiter: AtomicU64::new(0),
+            state: AtomicU8::new(LIVE),
+            cleaned: AtomicBool::new(false),
+        }))
+    }
+
+    pub(crate) fn record_of(&self, live: &Live) -> Record {
+        Record {
+            version: live.version + 1,
+            owner: self.node.id.clone(),
+            identity: stored_identity(live.session.identity()),
+            seq: live.seq,
+            subs: live
+                .head
+                .iter()
+                .map(|(ch, p)| StoredSub { ch: ch.clone(), epoch: p.epoch.clone(), off: p.offset })
+                .collect(),
+            queued: live.queued.clone(),
+        }
+    }
+
+    /// Writes the live copy's record. `false`: another node took the session; this copy is
+    /// dropped.
+    pub(crate) async fn save(&self, s: &Arc<PollSession>, live: &mut Live) -> bool {
+        let rec = self.record_of(live);
+        match self.store.save(&s.id, live.version, &rec, self.ttl).await {
+            Ok(true) => {
+                live.version = rec.version;
+                true
+            }
+            Ok(false) => {
+                tracing::debug!(session = %s.id, "poll session taken over by another node");
+                self.drop_local(s, MOVED, live).await;
+                false
+            }
+            Err(e) => {
+                // The live copy goes on; a move in the meantime would start from the last
+                // record written.
+                tracing::warn!(error = %e, "poll session record not written");
+                true
+            }
+        }
+    }
+
+    /// Drops the live copy: leaves the hub and the broker, frees the connection.
+    pub(crate) async fn drop_local(&self, s: &Arc<PollSession>, why: u8, live: &mut Live) {
+        s.state.store(why, Relaxed);
+        {
+            let mut map = self.sessions.lock();
+            if map.get(&s.id).is_some_and(|x| Arc::ptr_eq(x, s)) {
+                map.remove(&s.id);
+            }
+        }
+        s.wire.wake();
+        self.release(s, live).await;
+    }
+
+    pub(crate) async fn release(&self, s: &Arc<PollSession>, live: &mut Live) {
+        if s.cleaned.swap(true, Relaxed) {
+            return;
+        }
+        s.outbox.close(close::NORMAL, "session ended", true);
+        live.session.cleanup().await;
+        live._slot = None;
+        self.node.unregister(s.outbox.id);
+    }
+
+    /// The session's live copy, here or taken over from the store.
+    pub(crate) async fn find(
+        &self,
+        id: &str,
+        ack: Option<u64>,
+        headers: &HeaderMap,
+        peer: Option<&Peer>,
+    ) -> Result<Found, Response> {
+        if let Some(s) = self.local(id) {
+            // A client ahead of this copy was served by another node since: the copy is stale
+            // (its notice may still be on the way).
+            let stale = {
+                let mut live = s.live.lock().await;
+                let stale = self.store.shared() && ack.is_some_and(|a| a > live.seq);
+                if stale {
+                    self.drop_local(&s, MOVED, &mut live).await;
+                }
+                stale
+            };
+            if !stale {
+                return Ok(Found::Session(s));
+            }
+        }
+        let admitted = transport_http::admit(&self.node, headers, peer, None, false).await?;
+        self.take_over(id, ack, admitted.exempt(), admitted.limited_ip).await
+    }
+
+    /// Takes the session over from the store (see the module docs).
+    pub(crate) async fn take_over(
+        &self,
+        id: &str,
+        ack: Option<u64>,
+        exempt: bool,
+        ip: Option<std::net::IpAddr>,
+    ) -> Result<Found, Response> {
+        let store_err = |e: poll_store::StoreError| error(code::INTERNAL, e.to_string());
+        let token = match self.store.lock(id, LOCK_WAIT).await.map_err(store_err)? {
+            Some(t) => t,
+            None => return Err(error(503, "session busy; retry")),
+        };
+        let r = self.take_over_locked(id, ack, exempt, ip).await;
+        let _ = self.store.unlock(id, token).await;
+        r
+    }
+
+    pub(crate) async fn take_over_locked(
+        &self,
+        id: &str,
+        ack: Option<u64>,
+        exempt: bool,
+        ip: Option<std::net::IpAddr>,
+    ) -> Result<Found, Response> {
+        let store_err = |e: poll_store::StoreError| error(code::INTERNAL, e.to_string());
+        // Someone may have created the live copy here while this request waited for the lock.
+        if let Some(s) = self.local(id) {
+            return Ok(Found::Session(s));
+        }
+        let mut rec = None;
+        for _ in 0..5 {
+            let Some(r) = self.store.load(id).await.map_err(store_err)? else {
+                return Err(error(code::NOT_FOUND, "unknown or expired session"));
+            };
+            if let Some(a) = ack.filter(|a| *a != r.seq) {
+                tracing::debug!(session = %id, ack = a, seq = r.seq, "poll session moved with a batch lost");
+                let _ = self.store.remove(id).await;
+                if !r.owner.is_empty() && r.owner != self.node.id {
+                    let _ = self.store.notify(&r.owner, Notice::Moved(id.to_string())).await;
+                }
+                let bye = Bytes::from(encode_disconnect(
+                    Format::Json,
+                    close::SLOW_CONSUMER,
+                    "the last batch was lost while the session moved; reconnect and recover",
+                ));
+                return Ok(Found::Lost(batch_body(r.seq + 1, &[bye])));
+            }
+            // Claim it first, so the old node's next write fails instead of racing this one.
+            let claim = Record { version: r.version + 1, owner: self.node.id.clone(), ..r.clone() };
+            if self.store.save(id, r.version, &claim, self.ttl).await.map_err(store_err)? {
+                if !r.owner.is_empty() && r.owner != self.node.id {
+                    let _ = self.store.notify(&r.owner, Notice::Moved(id.to_string())).await;
+                }
+                rec = Some(claim);
+                break;
+            }
+        }
+        let Some(rec) = rec else { return Err(error(503, "session busy; retry")) };
+        let slot = match ip {
+            Some(ip) => match self.node.config.security.auth.limiter.acquire(ip) {
+                Some(g) => Some(g),
+                None => return Err(error(code::LIMIT, "too many connections from this address")),
+            },
+            None => None,
+        };
+        let identity = identity_of(&rec.identity);
+        let s = self.create(id, Some(identity), exempt, slot)?;
+        let mut live = s.live.lock().await;
+        live.version = rec.version;
+        live.seq = rec.seq;
+        live.head =
+            rec.subs.iter().map(|x| (x.ch.clone(), ChannelPos { epoch: x.epoch.clone(), offset: x.off })).collect();
+        live.queued = rec.queued.clone();
+        s.wire.push_raw(rec.queued.iter().map(|q| Bytes::from(q.clone())));
+        let most = self.node.config.limits.max_channels_per_subscribe.max(1);
+        let subs: Vec<&StoredSub> = rec.subs.iter().collect();
+        for chunk in subs.chunks(most) {
+            let recover: serde_json::Map<String, serde_json::Value> = chunk
+                .iter()
+                .map(|x| (x.ch.clone(), serde_json::json!({ "epoch": x.epoch, "offset": x.off })))
+                .collect();
+            let channels: Vec<&str> = chunk.iter().map(|x| x.ch.as_str()).collect();
+            let cmd = serde_json::json!({
+                "id": RESUBSCRIBE_ID,
+                // `last` comes with the reply only when asked for; a point channel whose
+                // history does not reach back gets it.
+                "subscribe": { "channels": channels, "recover": recover, "initial": true }
+            });
+            let _ = live.session.handle_payload(cmd.to_string().as_bytes()).await;
+            live.session.flush();
+        }
+        let _ = s.wire.take_replies();
+        self.sessions.lock().insert(id.to_string(), s.clone());
+        tracing::debug!(session = %id, from = %rec.owner, channels = rec.subs.len(), "poll session taken over");
+        let pending = self.store.take_commands(id).await.unwrap_or_default();
+        for body in pending {
+            if let Err(e) = self.run(&s, &mut live, &body).await {
+                tracing::debug!(session = %id, error = %e.message, "queued poll commands refused");
+            }
+        }
+        self.save(&s, &mut live).await;
+        drop(live);
+        Ok(Found::Session(s))
+    }
+
+    /// Runs a command body in the live copy (the caller holds `live`, and the store lock
+    /// when the store is shared) and records the replies and positions it produced.
+    pub(crate) async fn run(
+        &self,
+        s: &Arc<PollSession>,
+        live: &mut Live,
+        body: &[u8],
+    ) -> Result<(), crate::node::ApiError> {
+        // All or nothing, as a WebSocket frame: nothing runs if any part is not a command.
+        switchboard_protocol::decode_json_frame(body)
+            .map_err(|e| crate::node::ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+        let (commands, unsubscribed) = rewrite_commands(body)?;
+        // One command at a time, each flushed, so replies keep the order of the commands.
+        for cmd in commands {
+            match live.session.handle_payload(&cmd).await {
+                Ok(()) => live.session.flush(),
+                Err(reason) => {
+                    live.session.flush();
+                    tracing::debug!(session = %s.id, code = reason.code, "closing poll session");
+                    s.outbox.close(reason.code, &reason.reason, true);
+                    break;
+                }
+            }
+        }
+        for ch in unsubscribed {
+            live.head.shift_remove(&ch);
+        }
+        for reply in s.wire.take_replies() {
+            let reply_id = match crate::transport::messages::classify(&reply) {
+                Kind::Reply { id } => id,
+                _ => continue,
+            };
+            if reply_id == RESUBSCRIBE_ID {
+                continue;
+            }
+            if let Ok(ReplyIn { ok: Some(ok), .. }) = serde_json::from_slice::<ReplyIn<'_>>(&reply) {
+                for (ch, r) in &ok.channels {
+                    if let (None, Some(epoch), Some(offset)) = (&r.error, &r.epoch, r.offset) {
+                        live.head.insert(ch.clone(), ChannelPos { epoch: epoch.clone(), offset });
+                    }
+                }
+            }
+            live.queued.push(String::from_utf8_lossy(&reply).into_owned());
+        }
+        Ok(())
+    }
+
+    /// Runs a command body as the session's holder: under the store lock, after checking
+    /// that no other node took the session meanwhile. `Ok(false)`: it moved.
+    pub(crate) async fn run_as_owner(&self, s: &Arc<PollSession>, body: &[u8]) -> Result<bool, Response> {
+        let mut live = s.live.lock().await;
+        if s.state.load(Relaxed) != LIVE {
+            return Ok(false);
+        }
+        let token = if self.store.shared() {
+            let store_err = |e: poll_store::StoreError| error(code::INTERNAL, e.to_string());
+            let Some(t) = self.store.lock(&s.id, LOCK_WAIT).await.map_err(store_err)? else {
+                return Err(error(503, "session busy; retry"));
+            };
+            let current = self.store.load(&s.id).await;
+            let ours = matches!(&current, Ok(Some(r)) if r.owner == self.node.id && r.version == live.version);
+            if !ours {
+                let _ = self.store.unlock(&s.id, t).await;
+                self.drop_local(s, MOVED, &mut live).await;
+                return Ok(false);
+            }
+            Some(t)
+        } else {
+            None
+        };
+        let mut result = Ok(true);
+        if !body.is_empty() {
+            if let Err(e) = self.run(s, &mut live, body).await {
+                result = Err(error(e.code, e.message));
+            }
+        }
+        // Commands queued by other nodes run here too, after this body.
+        if self.store.shared() {
+            for queued in self.store.take_commands(&s.id).await.unwrap_or_default() {
+                let _ = self.run(s, &mut live, &queued).await;
+            }
+        }
+        self.save(s, &mut live).await;
+        if let Some(t) = token {
+            let _ = self.store.unlock(&s.id, t).await;
+        }
+        result
+    }
+
+    /// Takes what is pending and turns it into the messages of a batch: publications as
+    /// they are, the takeover's resubscribe reply into recovered publications, silent
+    /// subscribe replies into nothing (or their error). Advances the positions.
+    pub(crate) fn take_messages(&self, s: &Arc<PollSession>, live: &mut Live) -> (Vec<Bytes>, Option<u16>) {
+        let (msgs, mut closed) = s.wire.take_all();
+        let mut out = Vec::with_capacity(msgs.len());
+        let mut lost = false;
+        for m in msgs {
+            lost |= self.transform(live, m, &mut out);
+        }
+        if lost && closed.is_none() {
+            s.outbox.close(
+                close::SLOW_CONSUMER,
+                "publications were missed while the session moved; reconnect and recover",
+                true,
+            );
+            let (more, c) = s.wire.take_all();
+            for m in more {
+                self.transform(live, m, &mut out);
+            }
+            closed = c;
+        }
+        (out, closed)
+    }
+
+    /// One message into the batch; true when a channel's history could not be recovered.
+    pub(crate) fn transform(&self, live: &mut Live, m: Message, out: &mut Vec<Bytes>) -> bool {
+        match &m.kind {
+            Kind::Pub { ch, off } => {
+                if let Some(p) = live.head.get_mut(&**ch) {
+                    p.offset = p.offset.max(*off);
+                }
+                out.push(m.text);
+                false
+            }
+            Kind::Reply { id: RESUBSCRIBE_ID } => self.resubscribed(live, &m.text, out),
+            Kind::Reply { id: SILENT_ID } => {
+                if let Ok(r) = serde_json::from_slice::<ReplyIn<'_>>(&m.text) {
+                    let failed =
+                        r.error.or_else(|| r.ok.and_then(|ok| ok.channels.into_values().find_map(|c| c.error)));
+                    if let Some(e) = failed {
+                        out.push(Bytes::from(encode_error(
+                            Format::Json,
+                            0,
+                            e.code,
+                            "some channels could not be subscribed",
+                        )));
+                    }
+                }
+                false
+            }
+            _ => {
+                out.push(m.text);
+                false
+            }
+        }
+    }
+
+    pub(crate) fn resubscribed(&self, live: &mut Live, text: &[u8], out: &mut Vec<Bytes>) -> bool {
+        let Ok(ReplyIn { ok: Some(ok), .. }) = serde_json::from_slice::<ReplyIn<'_>>(text) else { return false };
+        let mut lost = false;
+        let channels: Vec<String> = live.head.keys().filter(|ch| ok.channels.contains_key(*ch)).cloned().collect();
+        for ch in channels {
+            let Some(r) = ok.channels.get(&ch) else { continue };
+            if let Some(e) = &r.error {
+                out.push(Bytes::from(encode_error(Format::Json, 0, e.code, &format!("{ch}: {}", e.message))));
+                live.head.shift_remove(&ch);
+                continue;
+            }
+            let (Some(epoch), Some(offset)) = (&r.epoch, r.offset) else { continue };
+            let from = live.head.get(&ch).filter(|p| &p.epoch == epoch).map(|p| p.offset);
+            let mut at = from.unwrap_or(0);
+            let start = at;
+            for p in r.recovered.iter().filter(|p| p.off > start) {
+                out.push(Bytes::from(encode_publication(Format::Json, &p.ch, p.off, p.data)));
+                at = p.off;
+            }
+            if r.complete == Some(false) {
+                if self.node.config.namespace(namespace_of(&ch)).conflate {
+                    if let Some(l) = r.last.as_ref().filter(|l| from.is_none() || l.off > at) {
+                        out.push(Bytes::from(encode_publication(Format::Json, &l.ch, l.off, l.data)));
+                    }
+                } else {
+                    lost = true;
+                }
+            }
+            live.head.insert(ch, ChannelPos { epoch: epoch.clone(), offset });
+        }
+        lost
+    }
+
+    /// The session closed (`code`): the record goes, or — on a node shutdown with a shared
+    /// store — stays for another node to continue.
+    pub(crate) async fn finish(&self, s: &Arc<PollSession>, live: &mut Live, code: u16) {
+        if code == close::SHUTDOWN && self.store.shared() {
+            let mut rec = self.record_of(live);
+            rec.owner = String::new();
+            let _ = self.store.save(&s.id, live.version, &rec, self.ttl).await;
+        } else {
+            let _ = self.store.remove(&s.id).await;
+        }
+        self.drop_local(s, ENDED, live).await;
+    }
+
+    /// One poll: waits for messages (up to `timeout`), then answers the batch.
+    pub(crate) async fn poll_once(&self, s: &Arc<PollSession>, ack: Option<u64>, timeout: Duration) -> Response {
+        let _busy = Busy::new(s);
+        let me = s.waiter.fetch_add(1, Relaxed) + 1;
+        // An older poll of the same session gives way.
+        s.wire.wake();
+        {
+            let live = s.live.lock().await;
+            match ack {
+                Some(a) if a > live.seq => {
+                    return error(code::BAD_REQUEST, format!("ack {a} is ahead of the session's batch {}", live.seq))
+                }
+                Some(a) if a + 1 == live.seq && live.last_batch.as_ref().is_some_and(|(seq, _)| *seq == live.seq) => {
+                    if let Some((seq, body)) = live.last_batch.clone() {
+                        tracing::debug!(session = %s.id, seq, "poll batch sent again");
+                        return json_response(StatusCode::OK, body);
+                    }
+                }
+                Some(a) if a < live.seq => {
+                    s.outbox.close(close::SLOW_CONSUMER, "batches were lost; reconnect and recover", true);
+                }
+                _ => {}
+            }
+            drop(live);
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match s.state.load(Relaxed) {
+                MOVED => return json_response(StatusCode::OK, batch_body(s.live.lock().await.seq, &[])),
+                ENDED => return error(code::NOT_FOUND, "unknown or expired session"),
+                _ => {}
+            }
+            if s.waiter.load(Relaxed) != me {
+                return error(code::CONFLICT, "superseded by a newer poll of this session");
+            }
+            if s.wire.has_pending() || s.wire.closed().is_some() {
+                break;
+            }
+            tokio::select! {
+                _ = s.wire.notified() => {}
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        let mut live = s.live.lock().await;
+        if s.state.load(Relaxed) != LIVE {
+            return json_response(StatusCode::OK, batch_body(live.seq, &[]));
+        }
+        let (messages, closed) = self.take_messages(s, &mut live);
+        if messages.is_empty() && closed.is_none() {
+            let _ = self.store.touch(&s.id, self.ttl).await;
+            return json_response(StatusCode::OK, batch_body(live.seq, &[]));
+        }
+        let seq = live.seq;
+        if !messages.is_empty() {
+            live.seq += 1;
+            live.queued.clear();
+        }
+        let body = batch_body(live.seq, &messages);
+        live.last_batch = Some((live.seq, body.clone()));
+        if let Some(code) = closed {
+            self.finish(s, &mut live, code).await;
+        } else if !self.save(s, &mut live).await {
+            // Another node holds the session now and recovers these from history.
+            return json_response(StatusCode::OK, batch_body(seq, &[]));
+        }
+        json_response(StatusCode::OK, body)
+    }
+}
+
+/// Gives every subscribe without `id` the silent id (so positions are learned from its
+/// reply) and collects the channels of unsubscribes. Publication data is never re-encoded:
+/// only subscribe commands are rewritten.
+pub(crate) fn rewrite_commands(body: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<String>), crate::node::ApiError> {
+    let bad = |e: String| crate::node::ApiError::new(code::BAD_REQUEST, e);
+    let mut out = Vec::new();
+    let mut unsubscribed = Vec::new();
+    for raw in serde_json::Deserializer::from_slice(body).into_iter::<&RawValue>() {
+        let raw = raw.map_err(|e| bad(format!("commands are not JSON: {e}")))?;
+        let text = raw.get();
+        let peek: Option<serde_json::Map<String, serde_json::Value>> =
+            if text.contains("\"subscribe\"") || text.contains("\"unsubscribe\"") {
+                serde_json::from_str(text).ok()
+            } else {
+                None
+            };
+        match peek {
+            Some(mut cmd) if cmd.contains_key("subscribe") && !cmd.contains_key("id") => {
+                cmd.insert("id".into(), serde_json::Value::from(SILENT_ID));
+                out.push(serde_json::Value::Object(cmd).to_string().into_bytes());
+            }
+            Some(cmd) => {
+                if let Some(list) = cmd.get("unsubscribe").and_then(|u| u.get("channels")).and_then(|c| c.as_array()) {
+                    unsubscribed.extend(list.iter().filter_map(|c| c.as_str()).map(str::to_string));
+                }
+                out.push(text.as_bytes().to_vec());
+            }
+            None => out.push(text.as_bytes().to_vec()),
+        }
+    }
+    if out.is_empty() {
+        return Err(bad("no command in the body".into()));
+    }
+    Ok((out, unsubscribed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(crate) fn poll_rewrite_gives_silent_subscribes_an_id_and_keeps_data_bytes() {
+        let body = br#"{"subscribe":{"channels":["a"]}}
+{"id":2,"publish":{"channel":"room:1","data":{"x":1.50,"big":123456789012345678901234567890}}}
+{"id":3,"unsubscribe":{"channels":["b","c"]}}"#;
+        let (out, unsub) = rewrite_commands(body).unwrap();
+        let lines: Vec<String> = out.into_iter().map(|c| String::from_utf8(c).unwrap()).collect();
+        assert_eq!(lines.len(), 3);
+        let first: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        assert_eq!(first["id"], SILENT_ID);
+        assert!(lines[1].contains("1.50") && lines[1].contains("123456789012345678901234567890"));
+        assert_eq!(unsub, vec!["b", "c"]);
+        assert!(rewrite_commands(b"{not json").is_err());
+        assert!(rewrite_commands(b"   ").is_err());
+    }
+
+    #[test]
+    pub(crate) fn poll_batches_concatenate_messages() {
+        let b = batch_body(4, &[Bytes::from_static(b"{\"a\":1}"), Bytes::from_static(b"{\"b\":2}")]);
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v, serde_json::json!({"seq": 4, "messages": [{"a": 1}, {"b": 2}]}));
+        assert_eq!(&batch_body(0, &[])[..], b"{\"seq\":0,\"messages\":[]}");
+    }
+
+    #[test]
+    pub(crate) fn poll_identities_survive_the_store() {
+        let i = Identity {
+            method: Method::Token,
+            user: "ann".into(),
+            channels: Some(Arc::new(PatternSet::parse(&["room:*", "pt:**"]).unwrap())),
+            publish: None,
+            expires: Some(99),
+        };
+        let back = identity_of(&stored_identity(&i));
+        assert_eq!(back.method, Method::Token);
+        assert_eq!(back.user, "ann");
+        assert_eq!(back.expires, Some(99));
+        assert!(back.channels.as_ref().unwrap().matches("room:7"));
+        assert!(!back.channels.as_ref().unwrap().matches("other"));
+        assert!(back.publish.is_none());
+        assert!(random_id().len() == 32 && random_id() != random_id());
+    }
+}
