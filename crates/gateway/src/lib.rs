@@ -9,7 +9,10 @@
 //! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes.
 //! - [`session`]: one client's commands and subscriptions, transport-free.
 //! - [`transport`]: the accepted connection (`transport::conn`, TLS in `transport::tls`), the
-//!   WebSocket handshake and connection task (`transport::ws`).
+//!   WebSocket handshake and connection task (`transport::ws`), Server-Sent Events
+//!   (`transport::sse`) and long-poll sessions (`transport::poll`, `transport::poll_session`,
+//!   their state in `transport::poll_store`), which reach the session through an outbox wire
+//!   that turns frames back into messages (`transport::messages`).
 //! - [`api`]: the HTTP API and route table.
 //! - [`auth`]: authentication (JWT, Basic, API keys), namespace permissions, `Origin` checks
 //!   and per-address / per-key abuse limits.
