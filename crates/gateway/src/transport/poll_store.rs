@@ -157,6 +157,8 @@ struct MemoryState {
     records: HashMap<String, (Record, Instant)>,
     commands: HashMap<String, Vec<Vec<u8>>>,
     listeners: HashMap<String, mpsc::UnboundedSender<Notice>>,
+    /// When expired records are next swept out (at most once a second: a sweep is a scan).
+    next_sweep: Option<Instant>,
 }
 
 impl MemoryPollStore {
@@ -164,8 +166,13 @@ impl MemoryPollStore {
         MemoryPollStore::default()
     }
 
+    /// Drops expired records, at most once a second; reads check their own record's expiry.
     fn expire(st: &mut MemoryState) {
         let now = Instant::now();
+        if st.next_sweep.is_some_and(|t| now < t) {
+            return;
+        }
+        st.next_sweep = Some(now + Duration::from_secs(1));
         let dead: Vec<String> = st.records.iter().filter(|(_, (_, t))| *t <= now).map(|(k, _)| k.clone()).collect();
         for k in dead {
             st.records.remove(&k);
@@ -187,13 +194,15 @@ impl PollStore for MemoryPollStore {
     async fn load(&self, id: &str) -> Result<Option<Record>, StoreError> {
         let mut st = self.state.lock();
         MemoryPollStore::expire(&mut st);
-        Ok(st.records.get(id).map(|(r, _)| r.clone()))
+        let now = Instant::now();
+        Ok(st.records.get(id).filter(|(_, t)| *t > now).map(|(r, _)| r.clone()))
     }
 
     async fn save(&self, id: &str, expected: u64, record: &Record, ttl: Duration) -> Result<bool, StoreError> {
         let mut st = self.state.lock();
         MemoryPollStore::expire(&mut st);
-        let current = st.records.get(id).map_or(0, |(r, _)| r.version);
+        let now = Instant::now();
+        let current = st.records.get(id).filter(|(_, t)| *t > now).map_or(0, |(r, _)| r.version);
         if current != expected {
             return Ok(false);
         }
