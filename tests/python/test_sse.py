@@ -291,3 +291,29 @@ def test_sse_connection_limits_apply(start_server):
     while sb.api_get(srv, "/api/info").json()["connections"] > 0:
         assert time.monotonic() < deadline, "connections not released after the streams closed"
         time.sleep(0.1)
+
+
+def test_sse_and_poll_basic_credentials_with_the_password_check_limit(start_server, switchboard_bin, tmp_path):
+    import base64
+    import subprocess
+
+    users = tmp_path / "users"
+    r = subprocess.run([switchboard_bin, "user", "add", "ann", "--users", str(users)],
+                       input="correct-horse-battery\n", text=True, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    srv = start_server("--users", str(users), env={
+        "SWITCHBOARD_EXEMPT_LOOPBACK": "false", "SWITCHBOARD_PASSWORD_CHECKS_PER_IP_PER_S": "1"})
+
+    def basic(pw):
+        return {"Authorization": "Basic " + base64.b64encode(f"ann:{pw}".encode()).decode()}
+
+    ch = uniq("basic.")
+    with SSE(sse_url(srv, [ch]), headers=basic("correct-horse-battery")) as s:
+        assert s.status == 200
+        s.next_event("subscribed")
+    r = http("POST", srv.http_url + "/poll", headers=basic("correct-horse-battery"))
+    assert r.status == 200, r.body
+    # Wrong passwords cost an Argon2 check each: past the address's rate they get 429.
+    statuses = [http("GET", sse_url(srv, [ch]), headers=basic(f"wrong-{i}")).status for i in range(6)]
+    assert statuses[0] == 401 and 429 in statuses, statuses
+    assert all(st in (401, 429) for st in statuses)

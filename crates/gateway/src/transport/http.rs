@@ -89,14 +89,18 @@ pub async fn admit(
         _ if !auth.enabled() => None,
         None => None,
         Some(Err(e)) => return Err(refused(AuthFailure::from(e))),
-        Some(Ok(c)) => Some(auth.authenticate(c).await.map_err(refused)?),
+        // Password checks are charged to the client's address, as on a WebSocket handshake.
+        Some(Ok(c)) => Some(auth.authenticate_from(c, limited_ip).await.map_err(refused)?),
     };
     Ok(Admitted { identity, limited_ip })
 }
 
 fn refused(e: AuthFailure) -> Response {
     tracing::debug!(reason = %e, "HTTP transport credentials refused");
-    error(code::UNAUTHORIZED, e.to_string())
+    match e {
+        AuthFailure::RateLimited => error(code::LIMIT, e.to_string()),
+        _ => error(code::UNAUTHORIZED, e.to_string()),
+    }
 }
 
 /// Takes a connection slot of the client's address (429 when it has none left).
