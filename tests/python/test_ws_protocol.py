@@ -451,6 +451,18 @@ def test_ws_several_commands_in_one_frame(server):
         ]
 
 
+def test_ws_replies_keep_the_order_of_their_commands_around_a_subscribe(server):
+    """A subscribe holds the connection's queue while it reads the channel's position; its
+    reply must still come after the replies of the commands before it and before those after."""
+    with WS(server.ws_url) as ws:
+        ws.send_raw('{"id":1,"ping":{"data":"a"}}\n'
+                    '{"id":2,"subscribe":{"channels":["order.a"],"initial":true}}\n'
+                    '{"id":3,"ping":{"data":"c"}}\n'
+                    '{"id":4,"subscribe":{"channels":["order.b"]}}\n'
+                    '{"id":5,"ping":{"data":"e"}}')
+        assert [ws.recv()["id"] for _ in range(5)] == [1, 2, 3, 4, 5]
+
+
 def test_ws_command_frame_tolerates_whitespace_and_crlf(server):
     with WS(server.ws_url) as ws:
         ws.send_raw('  {"id":1,"ping":{"data":1}}\r\n{"id":2,"ping":{"data":2}}\n')

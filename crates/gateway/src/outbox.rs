@@ -103,6 +103,9 @@ struct OutState {
     blocked: bool,
     /// Subscribes in progress: pushes queue but are not written until `release`.
     hold: u32,
+    /// Queue length when each hold began: its reply goes there, after what an earlier command
+    /// queued and before anything queued while the subscribe ran.
+    hold_marks: Vec<usize>,
     /// Nothing more is accepted; the connection task closes once written out.
     closing: bool,
     /// The socket failed; everything is dropped.
@@ -245,6 +248,10 @@ impl Outbox {
             return;
         }
         st.blocked = false;
+        if st.hold > 0 {
+            // `release` writes, once the reply is in place.
+            return;
+        }
         self.write_locked(&mut st);
     }
 
@@ -376,11 +383,16 @@ impl Outbox {
     /// Starts a subscribe: until the matching [`release`](Self::release), publications queue
     /// but are not written, so the reply can go first.
     pub fn hold(&self) {
-        self.state.lock().hold += 1;
+        let mut st = self.state.lock();
+        st.hold += 1;
+        let mark = st.queue.len();
+        st.hold_marks.push(mark);
     }
 
     /// Ends a subscribe: drops queued publications the reply already covers (`covered`:
-    /// channel → offset in the reply), puts the reply in front of the queue and writes.
+    /// channel → offset in the reply), puts the reply where the queue ended when the subscribe
+    /// began (so replies keep the order of their commands and come before any publication
+    /// queued meanwhile) and writes.
     pub fn release(&self, reply: &[u8], covered: &HashMap<Arc<str>, u64>) {
         self.release_inner(Some(Frame::message(self.format, reply)), covered)
     }
@@ -393,21 +405,30 @@ impl Outbox {
     fn release_inner(&self, reply: Option<Frame>, covered: &HashMap<Arc<str>, u64>) {
         let mut st = self.state.lock();
         st.hold = st.hold.saturating_sub(1);
+        let mut mark = st.hold_marks.pop().unwrap_or(0);
         if st.closing || st.dead {
             return;
         }
         if !covered.is_empty() {
-            let mut freed = 0;
-            st.queue.retain(|item| match item {
-                Item::Message { channel: Some(ch), offset, frame, .. } => {
-                    let keep = covered.get(ch).is_none_or(|c| offset > c);
-                    if !keep {
-                        freed += frame.bytes.len();
+            let (mut freed, mut index, mut removed_before_mark) = (0, 0, 0);
+            st.queue.retain(|item| {
+                let keep = match item {
+                    Item::Message { channel: Some(ch), offset, frame, .. } => {
+                        let keep = covered.get(ch).is_none_or(|c| offset > c);
+                        if !keep {
+                            freed += frame.bytes.len();
+                        }
+                        keep
                     }
-                    keep
+                    _ => true,
+                };
+                if !keep && index < mark {
+                    removed_before_mark += 1;
                 }
-                _ => true,
+                index += 1;
+                keep
             });
+            mark -= removed_before_mark;
             st.pending -= freed;
             let stale: Vec<Arc<str>> = st
                 .latest
@@ -421,7 +442,8 @@ impl Outbox {
         }
         if let Some(frame) = reply {
             st.pending += frame.bytes.len();
-            st.queue.push_front(Item::Message { frame, channel: None, offset: 0, born: None });
+            let at = mark.min(st.queue.len());
+            st.queue.insert(at, Item::Message { frame, channel: None, offset: 0, born: None });
         }
         if st.hold == 0 && !st.blocked {
             st.scheduled = false;
@@ -449,6 +471,7 @@ impl Outbox {
         st.queue.push_back(Item::Control(Bytes::from(websocket::encode_close(code, reason))));
         st.closing = true;
         st.hold = 0;
+        st.hold_marks.clear();
         if !st.blocked {
             self.write_locked(&mut st);
         }
@@ -464,6 +487,7 @@ impl Outbox {
         st.queue.push_back(Item::Control(Bytes::from(websocket::encode_frame(Opcode::Close, payload))));
         st.closing = true;
         st.hold = 0;
+        st.hold_marks.clear();
         if !st.blocked {
             self.write_locked(&mut st);
         }
@@ -662,6 +686,34 @@ pub(crate) mod tests {
         ob.flush_blocked();
         let offs: Vec<u64> = wire.messages().iter().map(|m| m["pub"]["off"].as_u64().unwrap()).collect();
         assert_eq!(offs, vec![1, 2]);
+    }
+
+    #[test]
+    fn outbox_reply_follows_earlier_replies_and_precedes_publications_queued_while_held() {
+        let wire = TestWire::open(usize::MAX);
+        let ob = outbox(&wire, 1 << 20);
+        // The socket is full: a ping reply and a publication of another channel wait.
+        *wire.room.lock() = 0;
+        ob.push_message(br#"{"id":1,"ok":{}}"#);
+        ob.flush();
+        let _ = ob.push(delivery("b", 3, "0"), false);
+        ob.hold();
+        let _ = ob.push(delivery("a", 7, "0"), false);
+        // Writable again while the subscribe runs: nothing may go out before its reply.
+        *wire.room.lock() = usize::MAX;
+        ob.flush_blocked();
+        assert!(wire.messages().is_empty(), "nothing is written while a subscribe holds the outbox");
+        let covered: HashMap<Arc<str>, u64> = [(Arc::from("a"), 6)].into_iter().collect();
+        ob.release(br#"{"id":2,"ok":{}}"#, &covered);
+        let order: Vec<String> = wire
+            .messages()
+            .iter()
+            .map(|m| match m.get("id") {
+                Some(id) => format!("reply {id}"),
+                None => format!("{} {}", m["pub"]["ch"].as_str().unwrap(), m["pub"]["off"]),
+            })
+            .collect();
+        assert_eq!(order, vec!["reply 1", "b 3", "reply 2", "a 7"]);
     }
 
     #[test]

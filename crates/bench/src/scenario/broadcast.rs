@@ -59,12 +59,16 @@ pub struct BroadcastArgs {
     /// subscribe through a poll session; JSON only).
     #[arg(long, value_enum, default_value = "ws")]
     pub transport: Transport,
-    /// Double --subs until a burst misses its period; report the largest that passed.
+    /// Double --subs until a burst misses its period, then bisect between the last passing and
+    /// the first failing count; report the largest that passed.
     #[arg(long)]
     pub search: bool,
-    /// Upper bound for --search.
+    /// Upper bound for --search (tried itself when doubling would pass it).
     #[arg(long, default_value_t = 64_000)]
     pub search_max: usize,
+    /// Bisection steps after the first failure (each is a full run of --bursts).
+    #[arg(long, default_value_t = 3)]
+    pub search_refine: usize,
     /// Handshakes in flight per worker process.
     #[arg(long, default_value_t = 200)]
     pub concurrency: usize,
@@ -302,8 +306,8 @@ async fn coordinate(args: BroadcastArgs) -> anyhow::Result<i32> {
     let mut points = Vec::new();
     let mut best: Option<Outcome> = None;
     let mut first_fail: Option<Outcome> = None;
-    let mut m = args.subs;
-    while m <= args.search_max {
+    let mut search = Search::new(args.subs, args.search_max, args.search_refine);
+    while let Some(m) = search.next() {
         let mut o = run_once(&args, m, &mut progress).await?;
         o.result.decide();
         let worst = o
@@ -319,14 +323,12 @@ async fn coordinate(args: BroadcastArgs) -> anyhow::Result<i32> {
         steps.push(json!({"subs": m, "pass": o.result.pass, "slowest_burst_ms": worst}));
         points.push(Point { x: m as f64, y: worst, ok: o.result.pass });
         write_bursts(&out.join(format!("step-{m}")), &o.bursts)?;
-        let passed = o.result.pass;
-        if passed {
+        search.record(m, o.result.pass);
+        if o.result.pass {
             best = Some(o);
-        } else {
+        } else if first_fail.is_none() {
             first_fail = Some(o);
-            break;
         }
-        m = m.saturating_mul(2);
         // Let the server reap the previous step's connections before the next wave.
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
@@ -368,6 +370,44 @@ fn write_bursts(dir: &std::path::Path, bursts: &[Burst]) -> std::io::Result<()> 
         ));
     }
     std::fs::write(dir.join("bursts.csv"), csv)
+}
+
+/// The subscriber counts `--search` tries: doubling from the start until a count fails (or the
+/// ceiling, which is tried itself), then halving the interval between the largest pass and the
+/// smallest failure `refine` times, stopping early once it is within 2 % of the pass.
+#[derive(Debug, Clone)]
+struct Search {
+    max: usize,
+    refine: usize,
+    pass: Option<usize>,
+    fail: Option<usize>,
+    next: Option<usize>,
+}
+
+impl Search {
+    fn new(start: usize, max: usize, refine: usize) -> Search {
+        Search { max, refine, pass: None, fail: None, next: (start <= max).then_some(start) }
+    }
+
+    fn next(&mut self) -> Option<usize> {
+        self.next.take()
+    }
+
+    fn record(&mut self, m: usize, passed: bool) {
+        if passed {
+            self.pass = Some(self.pass.map_or(m, |p| p.max(m)));
+        } else {
+            self.fail = Some(self.fail.map_or(m, |f| f.min(m)));
+        }
+        self.next = match (self.pass, self.fail) {
+            (Some(p), None) if p < self.max => Some(p.saturating_mul(2).min(self.max)),
+            (Some(p), Some(f)) if self.refine > 0 && f - p > (p / 50).max(1) => {
+                self.refine -= 1;
+                Some(p + (f - p) / 2)
+            }
+            _ => None,
+        };
+    }
 }
 
 async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) -> anyhow::Result<Outcome> {
@@ -592,6 +632,28 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
 mod tests {
     use super::*;
     use crate::testutil;
+
+    /// Runs a search against a server whose capacity is `cap` subscribers; returns the counts tried.
+    fn tried(start: usize, max: usize, refine: usize, cap: usize) -> Vec<usize> {
+        let mut s = Search::new(start, max, refine);
+        let mut tried = Vec::new();
+        while let Some(m) = s.next() {
+            tried.push(m);
+            s.record(m, m <= cap);
+        }
+        tried
+    }
+
+    #[test]
+    fn broadcast_search_doubles_then_bisects() {
+        assert_eq!(tried(1000, 64_000, 3, 5000), vec![1000, 2000, 4000, 8000, 6000, 5000, 5500]);
+        assert_eq!(tried(1000, 64_000, 0, 5000), vec![1000, 2000, 4000, 8000], "no refinement asked");
+        assert_eq!(tried(1000, 3000, 3, 100_000), vec![1000, 2000, 3000], "the ceiling itself is tried");
+        assert_eq!(tried(1000, 3000, 3, 500), vec![1000], "nothing passes");
+        assert_eq!(tried(4000, 3000, 3, 500), Vec::<usize>::new(), "start above the ceiling");
+        // Stops once the interval is within 2 % of the largest pass.
+        assert_eq!(tried(1000, 64_000, 10, 1010), vec![1000, 2000, 1500, 1250, 1125, 1062, 1031, 1015]);
+    }
 
     #[test]
     fn broadcast_search_chart_has_every_step_and_the_period() {
