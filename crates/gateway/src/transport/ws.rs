@@ -135,20 +135,22 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
                 return;
             }
         };
-        let upgraded = match upgraded.downcast::<TokioIo<TcpStream>>() {
-            Ok(parts) => {
-                let socket = Socket::Plain(Arc::new(parts.io.into_inner()));
-                return run(node, socket, parts.read_buf, format, max_frame, admitted).await;
-            }
-            Err(u) => u,
+        // The socket is taken out of hyper before anything is awaited, so the task keeps no
+        // slot for the TLS stream type it was not (rustls state is kilobytes): an idle
+        // connection's task stays a few hundred bytes.
+        let taken = match upgraded.downcast::<TokioIo<TcpStream>>() {
+            Ok(parts) => Some((Socket::Plain(Arc::new(parts.io.into_inner())), parts.read_buf)),
+            Err(u) => match u.downcast::<TokioIo<tokio_rustls::server::TlsStream<TcpStream>>>() {
+                Ok(parts) => {
+                    let (tcp, session) = parts.io.into_inner().into_inner();
+                    Some((Socket::Tls(Arc::new(TlsWire::new(tcp, session))), parts.read_buf))
+                }
+                Err(_) => None,
+            },
         };
-        match upgraded.downcast::<TokioIo<tokio_rustls::server::TlsStream<TcpStream>>>() {
-            Ok(parts) => {
-                let (tcp, session) = parts.io.into_inner().into_inner();
-                let socket = Socket::Tls(Arc::new(TlsWire::new(tcp, session)));
-                run(node, socket, parts.read_buf, format, max_frame, admitted).await
-            }
-            Err(_) => tracing::error!("upgraded connection is neither TCP nor TLS over TCP"),
+        match taken {
+            Some((socket, leftover)) => run(node, socket, leftover, format, max_frame, admitted).await,
+            None => tracing::error!("upgraded connection is neither TCP nor TLS over TCP"),
         }
     });
     let mut r = Response::new(Body::empty());
