@@ -417,3 +417,43 @@ async fn cluster_presence_of_a_killed_node_expires_with_leave_events() {
     assert_eq!(clients.len(), 1);
     assert!(clients[0].starts_with("b-"), "{who}");
 }
+
+/// `bench broadcast --also-target`: subscribers spread over three nodes, publications sent to
+/// one; the report counts every delivery on every node.
+#[tokio::test]
+async fn cluster_bench_broadcast_spreads_subscribers_over_nodes() {
+    let redis = Redis::start();
+    let nodes = [Node::start(&redis, "b1"), Node::start(&redis, "b2"), Node::start(&redis, "b3")];
+    all_ready(&nodes.iter().collect::<Vec<_>>()).await;
+    let out = std::env::temp_dir().join(format!("sb-cluster-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let status = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args(["bench", "broadcast", "--subs", "30", "--period", "0.2", "--bursts", "5", "--quiet"])
+        .args(["--target", &nodes[0].ws(), "--also-target", &nodes[1].ws(), "--also-target", &nodes[2].ws()])
+        .arg("--out")
+        .arg(&out)
+        .stdout(Stdio::null())
+        .status();
+    let status = tokio::time::timeout(Duration::from_secs(120), status).await.expect("bench finished").unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&out);
+    assert!(status.success(), "{r}");
+    assert_eq!(r["pass"], true, "{r}");
+    assert_eq!(r["params"]["procs"], 3, "one load process per node");
+    assert_eq!(r["connections"]["established"], 30);
+    assert_eq!(r["messages"]["expected"], 150);
+    assert_eq!(r["messages"]["received"], 150);
+    assert_eq!(r["messages"]["lost"], 0);
+    // Every node carried a share: a third of the subscribers × 5 publications (plus replies).
+    for n in &nodes {
+        let m = n.api().request("GET", "/metrics", None).await.unwrap();
+        let text = String::from_utf8(m.body).unwrap();
+        let out: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("switchboard_messages_out_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no messages_out in {text}"));
+        assert!(out >= 50.0, "node {} sent {out} messages", n.port);
+    }
+}

@@ -75,6 +75,10 @@ pub struct BroadcastArgs {
     /// Token for the handshakes and the HTTP API (`Authorization: Bearer`).
     #[arg(long)]
     pub token: Option<String>,
+    /// More nodes of the same cluster (repeatable): worker process i subscribes through the
+    /// i-th of --target and these, round robin; publications still go to --api.
+    #[arg(long = "also-target", value_name = "URL")]
+    pub also_targets: Vec<String>,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -420,13 +424,15 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
         api = api.with_token(t.clone());
     }
 
-    let procs = args.common.procs_for(subs);
+    let targets: Vec<&String> = std::iter::once(&args.common.target).chain(&args.also_targets).collect();
+    let procs = args.common.procs_for(subs).max(targets.len().min(subs));
     let spread = args.common.spread_sources(subs);
     let configs: Vec<WorkerConfig> = split(subs, procs)
         .into_iter()
-        .map(|(first, n)| {
+        .enumerate()
+        .map(|(i, (first, n))| {
             WorkerConfig::Broadcast(BroadcastWorker {
-                target: args.common.target.clone(),
+                target: targets[i % targets.len()].clone(),
                 channel: args.channel.clone(),
                 conns: n,
                 first_index: first,
@@ -589,7 +595,7 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
     );
     extra.insert(
         "server_cpu_us_per_delivery".into(),
-        json!(cpu_s.filter(|_| t.received > 0).map(|c| c * 1e6 / t.received as f64)),
+        json!(cpu_s.filter(|_| t.received > 0 && args.also_targets.is_empty()).map(|c| c * 1e6 / t.received as f64)),
     );
     extra.insert("rss_before_bytes".into(), json!(mem_before.map(|m| m.rss)));
     extra.insert("rss_connected_bytes".into(), json!(mem_connected.map(|m| m.rss)));
@@ -602,8 +608,11 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
     if !t.errors.is_empty() {
         extra.insert("errors".into(), json!(t.errors));
     }
-    let (rss_per_conn, rss_note) =
-        rss_per_connection(mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss), established);
+    let (rss_per_conn, rss_note) = if args.also_targets.is_empty() {
+        rss_per_connection(mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss), established)
+    } else {
+        (None, Some("--server-pid samples one node of several: no per-delivery or per-connection figure".to_string()))
+    };
     if let Some(note) = rss_note {
         extra.insert("rss_note".into(), json!(note));
     }
@@ -612,6 +621,7 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
         params: json!({
             "subs": subs, "period_s": args.period, "bursts": bursts, "channel": args.channel,
             "format": args.format, "procs": configs.len(), "target": args.common.target,
+            "also_targets": args.also_targets,
             "transport": args.transport,
         }),
         started: rfc3339(started),
