@@ -6,13 +6,13 @@
 #
 #   scripts/bench-seeds.sh [OUT] [EXPERIMENT...]     (default: all experiments)
 #
-# Experiments: limit broadcast search echo rooms streams dashboard connect sessions
+# Experiments: limit broadcast search echo rooms streams dashboard connect sessions transports
 set -u
 cd "$(dirname "$0")/.."
 BIN=${SWITCHBOARD_BIN:-target/release/switchboard}
 OUT=${1:-bench-results/seeds-$(date +%s)}
 shift || true
-WANT=${*:-limit broadcast search echo rooms streams dashboard connect sessions}
+WANT=${*:-limit broadcast search echo rooms streams dashboard connect sessions transports}
 mkdir -p "$OUT"
 SPID=""
 
@@ -78,6 +78,15 @@ want connect && run connect-10000 connect --conns 10000 --rate 2000
 if want sessions; then
     echo "== sessions: switchboard bench sessions --sessions 1,10,100,1000 --workers 1,2 --procs 2"
     "$BIN" bench sessions --sessions 1,10,100,1000 --workers 1,2 --procs 2 --duration 3 --out "$OUT/sessions" --quiet
+fi
+
+if want transports; then
+    # Long-polling broadcast capacity (Silverlight), and SSE beside WebSocket. An HTTP-transport
+    # client here is a poll session with two connections, so 9,000 clients are 18,000 of the
+    # server's 20,000 open files.
+    run poll-search broadcast --transport poll --subs 2250 --period 1 --bursts 20 --search --search-max 9000
+    run sse-9000 broadcast --transport sse --subs 9000 --period 1 --bursts 10
+    run ws-9000 broadcast --transport ws --subs 9000 --period 1 --bursts 10
 fi
 
 "$BIN" bench report "$OUT"/*/ --out "$OUT/report.html" > /dev/null && echo "report: $OUT/report.html"
