@@ -5,9 +5,9 @@
 //! from the test keys in `tests/fixtures/auth`.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
@@ -16,56 +16,11 @@ use switchboard_client::{ChannelResult, Client, ConnectOptions, Event, Format, H
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 
+mod support;
+use support::Server;
+
 const SECRET: &str = "test-secret-0123456789-abcdefghijklmnop";
 const API_KEY: &str = "test-api-key-0123456789";
-
-/// A running server; killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start(args: &[&str]) -> Server {
-        Self::start_env(args, &[])
-    }
-
-    fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_switchboard"));
-        cmd.args(["serve", "--listen", "127.0.0.1:0"]).args(args).stdout(Stdio::piped()).stderr(Stdio::null());
-        for (k, _) in std::env::vars() {
-            if k.starts_with("SWITCHBOARD_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.envs(env.iter().copied());
-        let mut child = cmd.spawn().expect("start switchboard");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("listening line");
-        let port = line
-            .trim()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
-        Server { child, port }
-    }
-
-    fn ws(&self) -> String {
-        format!("ws://127.0.0.1:{}/ws", self.port)
-    }
-
-    fn api(&self) -> HttpApi {
-        HttpApi::new(&format!("http://127.0.0.1:{}", self.port)).expect("api")
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/auth").join(name)

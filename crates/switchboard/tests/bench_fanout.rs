@@ -3,76 +3,22 @@
 //! and worker processes), at small sizes; the verdicts are read back from `result.json`.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
+mod support;
+use support::{Server, TempDir, BIN};
+
 /// Longest any one bench run may take here before it is killed and the test fails.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
-
-/// A running server; killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start() -> Server {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start switchboard");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("listening line");
-        let addr = line.trim().strip_prefix("switchboard listening on http://").unwrap_or_else(|| panic!("{line:?}"));
-        let port =
-            addr.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no port in {line:?}"));
-        Server { child, port }
-    }
-
-    fn ws(&self) -> String {
-        format!("ws://127.0.0.1:{}/ws", self.port)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A fresh output directory, removed on drop.
-struct OutDir(PathBuf);
-
-impl OutDir {
-    fn new(name: &str) -> OutDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("sb-bench-fanout-{}-{n}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        OutDir(p)
-    }
-}
-
-impl Drop for OutDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Runs `switchboard bench <args> --target <server> --out <dir> --quiet --server-pid <pid>`
 /// and returns its exit status and `result.json`, after checking the other output files.
 fn bench(server: &Server, args: &[&str]) -> (ExitStatus, Value) {
-    let out = OutDir::new(args[0]);
-    let pid = server.child.id().to_string();
+    let out = TempDir::new(args[0]);
+    let pid = server.pid();
     let mut child = Command::new(BIN)
         .arg("bench")
         .args(args)
@@ -138,7 +84,7 @@ fn assert_complete(r: &Value, conns: u64, expected: u64) {
 
 #[test]
 fn bench_rooms_reach_every_other_member_of_every_room() {
-    let server = Server::start();
+    let server = Server::start(&[]);
     let (status, r) =
         bench(&server, &["rooms", "--rooms", "5", "--members", "3", "--iterations", "5", "--pause", "0.2"]);
     assert_eq!(r["scenario"], "rooms");
@@ -160,7 +106,7 @@ fn bench_rooms_reach_every_other_member_of_every_room() {
 fn bench_rooms_fail_when_the_namespace_refuses_client_publish() {
     // The default namespace does not let clients publish: every publication is refused, so
     // nothing arrives and the run must say so.
-    let server = Server::start();
+    let server = Server::start(&[]);
     let (status, r) = bench(
         &server,
         &[
@@ -187,7 +133,7 @@ fn bench_rooms_fail_when_the_namespace_refuses_client_publish() {
 
 #[test]
 fn bench_streams_set_mode_delivers_every_point_to_every_user() {
-    let server = Server::start();
+    let server = Server::start(&[]);
     // 50 points in subscribe commands of 20 channels: three per user.
     let args = [
         "streams",
@@ -218,7 +164,7 @@ fn bench_streams_set_mode_delivers_every_point_to_every_user() {
 
 #[test]
 fn bench_streams_channels_mode_opens_one_connection_per_user_and_point() {
-    let server = Server::start();
+    let server = Server::start(&[]);
     let args = ["streams", "--users", "3", "--points", "50", "--hz", "5", "--duration", "2", "--mode", "channels"];
     let (status, r) = bench(&server, &args);
     assert_passed(status, &r);
@@ -229,7 +175,7 @@ fn bench_streams_channels_mode_opens_one_connection_per_user_and_point() {
 
 #[test]
 fn bench_dashboard_fills_every_widget_and_keeps_the_final_values() {
-    let server = Server::start();
+    let server = Server::start(&[]);
     let (status, r) = bench(&server, &["dashboard", "--widgets", "200", "--hz", "5", "--duration", "2"]);
     assert_eq!(r["scenario"], "dashboard");
     assert_passed(status, &r);

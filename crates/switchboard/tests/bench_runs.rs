@@ -4,80 +4,15 @@
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
-
-/// A running server; killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start() -> Server {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start switchboard");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("listening line");
-        let port = line
-            .trim()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
-        Server { child, port }
-    }
-
-    fn ws(&self) -> String {
-        format!("ws://127.0.0.1:{}/ws", self.port)
-    }
-
-    fn pid(&self) -> String {
-        self.child.id().to_string()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("sb-bench-runs-{}-{n}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-
-    fn join(&self, p: &str) -> PathBuf {
-        self.0.join(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod support;
+use support::{Server, TempDir, BIN};
 
 /// A `switchboard bench` process; killed on drop if still running.
 struct Bench {
@@ -198,7 +133,7 @@ fn bench_limit_counts_every_frame_on_every_connection() {
 
 #[test]
 fn bench_broadcast_delivers_every_burst_to_every_subscriber() {
-    let server = Server::start();
+    let server = Server::start(&[]);
     let d = TempDir::new("broadcast");
     let out = d.join("broadcast");
     let (code, log) = bench(&[
@@ -231,7 +166,7 @@ fn bench_broadcast_delivers_every_burst_to_every_subscriber() {
 
 #[test]
 fn bench_echo_switchboard_answers_every_ping() {
-    let server = Server::start();
+    let server = Server::start(&[]);
     let d = TempDir::new("echo");
     let out = d.join("echo");
     let (code, log) = bench(&[
@@ -261,7 +196,7 @@ fn bench_echo_switchboard_answers_every_ping() {
 
 #[test]
 fn bench_connect_storm_establishes_and_subscribes_every_connection() {
-    let server = Server::start();
+    let server = Server::start(&[]);
     let d = TempDir::new("connect");
     let out = d.join("connect");
     let (code, log) = bench(&[
@@ -375,7 +310,7 @@ fn bench_sessions_starts_its_own_servers_and_fills_the_table() {
 
 #[test]
 fn bench_report_compares_two_result_folders() {
-    let server = Server::start();
+    let server = Server::start(&[]);
     let d = TempDir::new("report");
     let (echo, connect) = (d.join("echo"), d.join("connect"));
     let ws = server.ws();
@@ -445,7 +380,7 @@ fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
 
 #[test]
 fn bench_broadcast_reports_the_loss_when_the_server_is_killed_mid_run() {
-    let mut server = Server::start();
+    let mut server = Server::start(&[]);
     let d = TempDir::new("killed");
     let out = d.join("killed");
     // 50 bursts every 0.2 s; the server is killed a few bursts in. Not --quiet: the progress

@@ -3,106 +3,16 @@
 //! our Rust client. No sticky sessions: clients move between nodes and recover by offset.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use switchboard_client::{ChannelResult, Client, Event, Format, HttpApi, SubscribeOptions};
+use switchboard_client::{ChannelResult, Client, Event, Format, SubscribeOptions};
 
-/// A `redis-server` child; killed on drop.
-struct Redis {
-    child: Child,
-    port: u16,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        Redis::start_on(port)
-    }
-
-    fn start_on(port: u16) -> Redis {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server not found: run `make redis-deps` (apt-get install redis-server)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not listen on port {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Redis { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A `switchboard serve` node; killed (SIGKILL) on drop.
-struct Node {
-    child: Child,
-    port: u16,
-}
-
-impl Node {
-    fn start(redis: &Redis, id: &str) -> Node {
-        Node::start_with(&redis.url(), id)
-    }
-
-    fn start_with(broker: &str, id: &str) -> Node {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--broker", broker, "--node-id", id])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start switchboard");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
-        Node { child, port }
-    }
-
-    fn ws(&self) -> String {
-        format!("ws://127.0.0.1:{}/ws", self.port)
-    }
-
-    fn api(&self) -> HttpApi {
-        HttpApi::new(&format!("http://127.0.0.1:{}", self.port)).unwrap()
-    }
-
-    /// kill -9: no goodbye to clients, no cleanup in Redis.
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    async fn ready(&self) -> bool {
-        matches!(self.api().request("GET", "/readyz", None).await, Ok(r) if r.status == 200)
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
+mod support;
+use support::{Redis, Server as Node};
 
 async fn until(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + limit;
@@ -138,7 +48,7 @@ async fn next_pub(c: &mut Client) -> switchboard_client::Publication {
 #[tokio::test]
 async fn cluster_publications_and_presence_reach_every_node() {
     let redis = Redis::start();
-    let nodes = [Node::start(&redis, "n1"), Node::start(&redis, "n2"), Node::start(&redis, "n3")];
+    let nodes = [Node::node(&redis, "n1"), Node::node(&redis, "n2"), Node::node(&redis, "n3")];
     all_ready(&nodes.iter().collect::<Vec<_>>()).await;
     let mut clients = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
@@ -249,8 +159,8 @@ async fn follow(urls: Arc<Vec<String>>, dead: Arc<AtomicUsize>, start: usize, to
 async fn cluster_clients_of_a_killed_node_recover_every_offset_on_the_others() {
     const TOTAL: u64 = 1200;
     let redis = Redis::start();
-    let mut a = Node::start(&redis, "a");
-    let (b, c) = (Node::start(&redis, "b"), Node::start(&redis, "c"));
+    let mut a = Node::node(&redis, "a");
+    let (b, c) = (Node::node(&redis, "b"), Node::node(&redis, "c"));
     all_ready(&[&a, &b, &c]).await;
     let urls = Arc::new(vec![a.ws(), b.ws(), c.ws()]);
     let dead = Arc::new(AtomicUsize::new(usize::MAX));
@@ -293,7 +203,7 @@ async fn cluster_clients_of_a_killed_node_recover_every_offset_on_the_others() {
 async fn cluster_redis_restart_changes_the_epoch_and_service_resumes() {
     let mut redis = Redis::start();
     let port = redis.port;
-    let node = Node::start(&redis, "solo");
+    let node = Node::node(&redis, "solo");
     all_ready(&[&node]).await;
     let mut c = Client::connect(&node.ws(), Format::Json).await.unwrap();
     let r = c.subscribe(SubscribeOptions::new(["orders"])).await.unwrap();
@@ -346,7 +256,7 @@ async fn cluster_concurrent_subscribers_continue_exactly_after_their_reply() {
     const TOTAL: u64 = 400;
     const PER_NODE: usize = 12;
     let redis = Redis::start();
-    let (n1, n2) = (Node::start(&redis, "n1"), Node::start(&redis, "n2"));
+    let (n1, n2) = (Node::node(&redis, "n1"), Node::node(&redis, "n2"));
     all_ready(&[&n1, &n2]).await;
     // Connected first, so that their subscribes land together while publications stream.
     let mut clients = Vec::new();
@@ -390,7 +300,7 @@ async fn cluster_concurrent_subscribers_continue_exactly_after_their_reply() {
 async fn cluster_presence_of_a_killed_node_expires_with_leave_events() {
     let redis = Redis::start();
     let url = format!("{}?presence_ttl_s=1", redis.url());
-    let (mut a, b) = (Node::start_with(&url, "a"), Node::start_with(&url, "b"));
+    let (mut a, b) = (Node::node_on(&url, "a", &[]), Node::node_on(&url, "b", &[]));
     all_ready(&[&a, &b]).await;
     let on_a = Client::connect(&a.ws(), Format::Json).await.unwrap();
     let mut on_b = Client::connect(&b.ws(), Format::Json).await.unwrap();
@@ -423,7 +333,7 @@ async fn cluster_presence_of_a_killed_node_expires_with_leave_events() {
 #[tokio::test]
 async fn cluster_bench_broadcast_spreads_subscribers_over_nodes() {
     let redis = Redis::start();
-    let nodes = [Node::start(&redis, "b1"), Node::start(&redis, "b2"), Node::start(&redis, "b3")];
+    let nodes = [Node::node(&redis, "b1"), Node::node(&redis, "b2"), Node::node(&redis, "b3")];
     all_ready(&nodes.iter().collect::<Vec<_>>()).await;
     let out = std::env::temp_dir().join(format!("sb-cluster-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);

@@ -5,102 +5,18 @@
 //! SSE stream resumed on another node with `Last-Event-ID` continues exactly.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use switchboard_client::HttpApi;
 
-/// A `redis-server` child; killed on drop.
-struct Redis {
-    child: Child,
-    port: u16,
-}
+mod support;
+use support::{Redis, Server, Server as Node};
 
-impl Redis {
-    fn start() -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server not found: run `make redis-deps` (apt-get install redis-server)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not listen on port {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Redis { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A `switchboard serve` node; killed on drop.
-struct Node {
-    child: Child,
-    port: u16,
-}
-
-impl Node {
-    fn start(redis: &Redis, id: &str) -> Node {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--broker", &redis.url(), "--node-id", id])
-            .env("SWITCHBOARD_POLL_TIMEOUT_S", "2")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start switchboard");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
-        Node { child, port }
-    }
-
-    fn base(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    fn api(&self) -> HttpApi {
-        HttpApi::new(&self.base()).unwrap().with_timeout(Duration::from_secs(15))
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM: the graceful shutdown.
-    fn terminate(&mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(Instant::now() < deadline, "node did not stop after SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    async fn ready(&self) -> bool {
-        matches!(self.api().request("GET", "/readyz", None).await, Ok(r) if r.status == 200)
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
+/// Polls held for 2 s, so tests see empty polls come back quickly.
+const POLL_ENV: &[(&str, &str)] = &[("SWITCHBOARD_POLL_TIMEOUT_S", "2")];
 
 async fn all_ready(nodes: &[&Node]) {
     for n in nodes {
@@ -171,7 +87,7 @@ fn publisher(api: HttpApi, channel: &'static str, total: u64) -> tokio::task::Jo
 async fn fallback_poll_session_polled_on_alternating_nodes_loses_nothing() {
     const TOTAL: u64 = 300;
     let redis = Redis::start();
-    let (n1, n2) = (Node::start(&redis, "n1"), Node::start(&redis, "n2"));
+    let (n1, n2) = (Node::node_on(&redis.url(), "n1", POLL_ENV), Node::node_on(&redis.url(), "n2", POLL_ENV));
     all_ready(&[&n1, &n2]).await;
     let apis = [n1.api(), n2.api()];
     let mut p = Poller::open(&apis[0], &[json!({"id": 1, "subscribe": {"channels": ["ticks"]}})]).await;
@@ -213,7 +129,7 @@ async fn fallback_poll_session_polled_on_alternating_nodes_loses_nothing() {
 async fn fallback_poll_session_survives_kill9_of_its_node() {
     const TOTAL: u64 = 200;
     let redis = Redis::start();
-    let (mut n1, n2) = (Node::start(&redis, "n1"), Node::start(&redis, "n2"));
+    let (mut n1, n2) = (Node::node_on(&redis.url(), "n1", POLL_ENV), Node::node_on(&redis.url(), "n2", POLL_ENV));
     all_ready(&[&n1, &n2]).await;
     let (a1, a2) = (n1.api(), n2.api());
     let mut p = Poller::open(&a1, &[json!({"id": 1, "subscribe": {"channels": ["feed", "pt:gauge"]}})]).await;
@@ -243,7 +159,7 @@ async fn fallback_poll_session_survives_kill9_of_its_node() {
 #[tokio::test]
 async fn fallback_poll_session_survives_a_graceful_shutdown() {
     let redis = Redis::start();
-    let (mut n1, n2) = (Node::start(&redis, "n1"), Node::start(&redis, "n2"));
+    let (mut n1, n2) = (Node::node_on(&redis.url(), "n1", POLL_ENV), Node::node_on(&redis.url(), "n2", POLL_ENV));
     all_ready(&[&n1, &n2]).await;
     let (a1, a2) = (n1.api(), n2.api());
     let mut p = Poller::open(&a1, &[json!({"id": 1, "subscribe": {"channels": ["events"]}})]).await;
@@ -310,7 +226,7 @@ fn sse_read(port: u16, path: &str, last_id: Option<&str>, count: usize) -> Vec<(
 #[tokio::test]
 async fn fallback_sse_resumes_on_another_node_with_last_event_id() {
     let redis = Redis::start();
-    let (n1, n2) = (Node::start(&redis, "n1"), Node::start(&redis, "n2"));
+    let (n1, n2) = (Node::node_on(&redis.url(), "n1", POLL_ENV), Node::node_on(&redis.url(), "n2", POLL_ENV));
     all_ready(&[&n1, &n2]).await;
     let api = n2.api();
     for i in 1..=5 {
@@ -340,36 +256,8 @@ async fn fallback_sse_resumes_on_another_node_with_last_event_id() {
     assert_eq!(of("sse:b"), vec![6, 7, 8]);
 }
 
-/// A node with the memory broker; killed on drop.
-struct MemoryNode {
-    child: Child,
-    port: u16,
-}
-
-impl MemoryNode {
-    fn start() -> MemoryNode {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start switchboard");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let port = line.trim().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
-        MemoryNode { child, port }
-    }
-}
-
-impl Drop for MemoryNode {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// `switchboard bench <args> --transport <t>` against `node`; its `result.json`.
-fn bench_over(node: &MemoryNode, transport: &str, args: &[&str]) -> Value {
+fn bench_over(node: &Server, transport: &str, args: &[&str]) -> Value {
     let out = std::env::temp_dir().join(format!("sb-fallback-bench-{}-{}-{transport}", std::process::id(), args[0]));
     let _ = std::fs::remove_dir_all(&out);
     let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
@@ -398,7 +286,7 @@ fn bench_over(node: &MemoryNode, transport: &str, args: &[&str]) -> Value {
 
 #[test]
 fn fallback_bench_scenarios_run_over_sse_and_poll() {
-    let node = MemoryNode::start();
+    let node = Server::start(&[]);
     for transport in ["sse", "poll"] {
         for args in [
             &["broadcast", "--subs", "40", "--bursts", "3", "--period", "0.5"][..],

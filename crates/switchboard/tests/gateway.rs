@@ -1,65 +1,13 @@
 //! Black-box tests: the real `switchboard` binary on 127.0.0.1:0, driven by our Rust client.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
-use switchboard_client::{ChannelResult, Client, Event, Format, HttpApi, SubscribeOptions};
+use switchboard_client::{ChannelResult, Client, Event, Format, SubscribeOptions};
 
-/// A running server; killed on drop.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start switchboard");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("listening line");
-        let port = line
-            .trim()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in {line:?}"));
-        Server { child, port }
-    }
-
-    fn ws(&self) -> String {
-        format!("ws://127.0.0.1:{}/ws", self.port)
-    }
-
-    fn api(&self) -> HttpApi {
-        HttpApi::new(&format!("http://127.0.0.1:{}", self.port)).expect("api")
-    }
-
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        for _ in 0..100 {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("server did not exit within 5 s of SIGTERM");
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod support;
+use support::Server;
 
 async fn next_pub(c: &mut Client) -> switchboard_client::Publication {
     loop {
@@ -179,7 +127,11 @@ async fn limits_oversize_frame_closes_1009_and_garbage_closes_4010_while_others_
 async fn limits_connection_and_subscription_limits_answer_4029_and_429() {
     let server = Server::start(&["--max-connections", "2", "--max-subscriptions", "3"]);
     let a = Client::connect(&server.ws(), Format::Json).await.unwrap();
-    let _b = Client::connect(&server.ws(), Format::Json).await.unwrap();
+    let b = Client::connect(&server.ws(), Format::Json).await.unwrap();
+    // A connection is registered by its task after the 101 response: a reply proves a and b
+    // hold their slots before c arrives.
+    a.ping(json!(1)).await.unwrap();
+    b.ping(json!(2)).await.unwrap();
     let mut c = Client::connect(&server.ws(), Format::Json).await.unwrap();
     let mut saw = Vec::new();
     while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(5), c.next_event()).await {

@@ -1,0 +1,177 @@
+//! What the black-box tests share: the real binary as a server ([`Server`]), a real
+//! `redis-server` ([`Redis`]) and scratch directories ([`TempDir`]). Each test file includes
+//! it with `mod support;` and uses the part it needs.
+#![allow(dead_code)] // every test crate compiles this module; none uses all of it
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use switchboard_client::HttpApi;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
+
+/// A `switchboard serve` process on 127.0.0.1:0; killed (SIGKILL) on drop.
+pub struct Server {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Server {
+    /// `serve --listen 127.0.0.1:0 ARGS`, once it printed its `listening on` line.
+    pub fn start(args: &[&str]) -> Server {
+        Server::start_env(args, &[])
+    }
+
+    /// As [`Server::start`], with `env` set and no `SWITCHBOARD_*` variable of the calling
+    /// environment (settings come from the test alone).
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--listen", "127.0.0.1:0"]).args(args).stdout(Stdio::piped()).stderr(Stdio::null());
+        for (k, _) in std::env::vars() {
+            if k.starts_with("SWITCHBOARD_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(env.iter().copied());
+        let mut child = cmd.spawn().expect("start switchboard");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("listening line");
+        let port = line
+            .trim()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        Server { child, port }
+    }
+
+    /// A cluster node on `redis`.
+    pub fn node(redis: &Redis, id: &str) -> Server {
+        Server::node_on(&redis.url(), id, &[])
+    }
+
+    /// A cluster node on the broker at `url`, with `env`.
+    pub fn node_on(url: &str, id: &str, env: &[(&str, &str)]) -> Server {
+        Server::start_env(&["--broker", url, "--node-id", id], env)
+    }
+
+    pub fn ws(&self) -> String {
+        format!("ws://127.0.0.1:{}/ws", self.port)
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn api(&self) -> HttpApi {
+        HttpApi::new(&self.base()).expect("api")
+    }
+
+    pub fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    /// kill -9: no goodbye to clients, no cleanup anywhere.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, the graceful shutdown; its exit status once it is gone (at most 15 s).
+    pub fn terminate(&mut self) -> ExitStatus {
+        let _ = Command::new("kill").args(["-TERM", &self.pid()]).status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "server did not exit within 15 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `/readyz` answers 200.
+    pub async fn ready(&self) -> bool {
+        matches!(self.api().request("GET", "/readyz", None).await, Ok(r) if r.status == 200)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A `redis-server` on a spare loopback port, without persistence; killed on drop.
+pub struct Redis {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Redis {
+    pub fn start() -> Redis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+        Redis::start_on(port)
+    }
+
+    pub fn start_on(port: u16) -> Redis {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server not found: run `make redis-deps` (apt-get install redis-server)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not listen on port {port}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Redis { child, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A fresh, empty directory under the system temp dir; removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let p = std::env::temp_dir().join(format!("sb-test-{}-{n}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("temp dir");
+        TempDir(p)
+    }
+}
+
+impl std::ops::Deref for TempDir {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
