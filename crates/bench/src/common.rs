@@ -131,7 +131,7 @@ pub fn rfc3339(unix_us: u64) -> String {
     let millis = (unix_us / 1000) % 1000;
     let days = (secs / 86_400) as i64;
     let sod = secs % 86_400;
-    // Civil-from-days (proleptic Gregorian), after Howard Hinnant's algorithm.
+    // Civil-from-days (proleptic Gregorian calendar, eras of 400 years).
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
