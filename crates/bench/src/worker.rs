@@ -463,6 +463,36 @@ impl Pool {
         }
     }
 
+    /// The connection phase: waits until every worker has settled its `total` connections (or
+    /// `deadline`), showing "`verb` n/total (f failed, r/s)". When not a single connection came
+    /// up the run cannot measure anything: the workers are collected and the run fails with
+    /// `nothing` and their errors.
+    pub async fn establish(
+        mut self,
+        deadline: Instant,
+        progress: &mut Progress,
+        verb: &str,
+        total: usize,
+        nothing: &str,
+    ) -> anyhow::Result<Pool> {
+        let mut rate = crate::progress::Rate::default();
+        self.run_until(
+            deadline,
+            progress,
+            |p| {
+                let t = p.totals();
+                format!("{verb} {}/{total} ({} failed, {:.0}/s)", t.established, t.failed, rate.per_s(t.established))
+            },
+            Pool::all_ready,
+        )
+        .await;
+        if self.totals().established == 0 {
+            let merged = self.finish(Duration::from_secs(10), progress).await?;
+            anyhow::bail!("{nothing}: {}", merged.tally.errors.join("; "));
+        }
+        Ok(self)
+    }
+
     /// Tells every worker to stop.
     pub async fn stop(&mut self) {
         for s in self.stdins.iter_mut() {

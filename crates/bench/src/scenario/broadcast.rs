@@ -450,24 +450,12 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
         configs.len(),
         args.period
     ));
-    let mut pool = Pool::spawn(&configs, args.token.as_deref())?;
+    let pool = Pool::spawn(&configs, args.token.as_deref())?;
     let connect_deadline = Instant::now() + Duration::from_secs(30) + Duration::from_millis(subs as u64 * 5);
-    let mut rate = Rate::default();
-    pool.run_until(
-        connect_deadline,
-        progress,
-        |p| {
-            let t = p.totals();
-            format!("subscribing {}/{subs} ({} failed, {:.0}/s)", t.established, t.failed, rate.per_s(t.established))
-        },
-        Pool::all_ready,
-    )
-    .await;
+    let mut pool = pool
+        .establish(connect_deadline, progress, "subscribing", subs, "no subscriber could connect and subscribe")
+        .await?;
     let ready = pool.totals();
-    if ready.established == 0 {
-        let merged = pool.finish(Duration::from_secs(10), progress).await?;
-        bail!("no subscriber could connect and subscribe: {}", merged.tally.errors.join("; "));
-    }
     let mem_connected = probe.and_then(|p| p.memory().ok());
     let cpu0 = probe.and_then(|p| p.cpu_sample().ok());
 

@@ -482,23 +482,10 @@ async fn coordinate(args: RoomsArgs) -> anyhow::Result<i32> {
         configs.len(),
         args.pause
     ));
-    let mut pool = Pool::spawn(&configs, args.token.as_deref())?;
+    let pool = Pool::spawn(&configs, args.token.as_deref())?;
     let connect_deadline = Instant::now() + Duration::from_secs(30) + Duration::from_millis(conns as u64 * 5);
-    let mut rate = Rate::default();
-    pool.run_until(
-        connect_deadline,
-        &mut progress,
-        |p| {
-            let t = p.totals();
-            format!("joining {}/{conns} ({} failed, {:.0}/s)", t.established, t.failed, rate.per_s(t.established))
-        },
-        Pool::all_ready,
-    )
-    .await;
-    if pool.totals().established == 0 {
-        let merged = pool.finish(Duration::from_secs(10), &mut progress).await?;
-        bail!("no member could join its room: {}", merged.tally.errors.join("; "));
-    }
+    let mut pool =
+        pool.establish(connect_deadline, &mut progress, "joining", conns, "no member could join its room").await?;
     let mem_connected = probe.and_then(|p| p.memory().ok());
     let cpu0 = probe.and_then(|p| p.cpu_sample().ok());
 

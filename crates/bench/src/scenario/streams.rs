@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use crate::accounting::MessageCounts;
 use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, WireFormat};
 use crate::probe::ProcessProbe;
-use crate::progress::{Progress, Rate};
+use crate::progress::Progress;
 use crate::report::{
     rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
 };
@@ -248,26 +248,13 @@ async fn coordinate(args: StreamsArgs) -> anyhow::Result<i32> {
         users * k,
         configs.len()
     ));
-    let mut pool = Pool::spawn(&configs, args.token.as_deref())?;
+    let pool = Pool::spawn(&configs, args.token.as_deref())?;
     let connect_deadline = Instant::now()
         + Duration::from_secs(30)
         + Duration::from_millis(conns as u64 * 5)
         + Duration::from_micros((users * k) as u64 * 100);
-    let mut r = Rate::default();
-    pool.run_until(
-        connect_deadline,
-        &mut progress,
-        |p| {
-            let t = p.totals();
-            format!("subscribing {}/{conns} ({} failed, {:.0}/s)", t.established, t.failed, r.per_s(t.established))
-        },
-        Pool::all_ready,
-    )
-    .await;
-    if pool.totals().established == 0 {
-        let merged = pool.finish(Duration::from_secs(10), &mut progress).await?;
-        bail!("no connection could subscribe: {}", merged.tally.errors.join("; "));
-    }
+    let mut pool =
+        pool.establish(connect_deadline, &mut progress, "subscribing", conns, "no connection could subscribe").await?;
     let mem_connected = probe.and_then(|p| p.memory().ok());
     let cpu0 = probe.and_then(|p| p.cpu_sample().ok());
 
