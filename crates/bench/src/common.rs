@@ -121,6 +121,18 @@ pub fn unix_micros() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
 }
 
+/// The tokio `Instant` of a unix µs time, for sleeping until a time shared between processes
+/// (both clocks advance together over a run).
+pub fn instant_of(unix_us: u64) -> tokio::time::Instant {
+    let now_us = unix_micros();
+    let now = tokio::time::Instant::now();
+    if unix_us >= now_us {
+        now + std::time::Duration::from_micros(unix_us - now_us)
+    } else {
+        now.checked_sub(std::time::Duration::from_micros(now_us - unix_us)).unwrap_or(now)
+    }
+}
+
 pub fn unix_secs() -> u64 {
     unix_micros() / 1_000_000
 }

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::accounting::MessageCounts;
-use crate::common::{rfc3339, source_addr, unix_micros, CommonArgs, WireFormat};
+use crate::common::{instant_of, rfc3339, source_addr, unix_micros, CommonArgs, WireFormat};
 use crate::probe::ProcessProbe;
 use crate::progress::{Progress, Rate};
 use crate::report::{
@@ -109,17 +109,6 @@ pub fn achieved_rate(established: u64, start_us: u64, last_done_us: u64) -> Opti
         return None;
     }
     Some(established as f64 * 1e6 / (last_done_us - start_us) as f64)
-}
-
-/// `Instant` of a unix µs time (both clocks advance together over a run).
-pub(crate) fn instant_of(unix_us: u64) -> Instant {
-    let now_us = unix_micros();
-    let now = Instant::now();
-    if unix_us >= now_us {
-        now + Duration::from_micros(unix_us - now_us)
-    } else {
-        now.checked_sub(Duration::from_micros(now_us - unix_us)).unwrap_or(now)
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::accounting::MessageCounts;
-use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, WireFormat};
+use crate::common::{instant_of, rfc3339, source_addr, split, unix_micros, CommonArgs, WireFormat};
 use crate::probe::ProcessProbe;
 use crate::progress::{Progress, Rate};
 use crate::report::{
@@ -92,17 +92,6 @@ pub struct EchoWorker {
 
 // ---------------------------------------------------------------------------------------------
 // Worker.
-
-/// `Instant` of a unix µs time (both clocks advance together over a run).
-fn instant_of(unix_us: u64) -> Instant {
-    let now_us = unix_micros();
-    let now = Instant::now();
-    if unix_us >= now_us {
-        now + Duration::from_micros(unix_us - now_us)
-    } else {
-        now.checked_sub(Duration::from_micros(now_us - unix_us)).unwrap_or(now)
-    }
-}
 
 pub async fn run_worker(cfg: EchoWorker, ctx: Rc<WorkerCtx>) {
     let cfg = Rc::new(cfg);

@@ -47,13 +47,12 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::accounting::{Delivery, MessageCounts, OffsetSet, Tally};
 use crate::chart::{LineChart, Point, Series};
-use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, WireFormat};
+use crate::common::{instant_of, rfc3339, source_addr, split, unix_micros, CommonArgs, WireFormat};
 use crate::histogram::{Latency, LatencySummary};
 use crate::probe::{Memory, ProcessProbe};
 use crate::progress::{Progress, Rate};
 use crate::report::{rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats};
 use crate::scenario::broadcast::subscribe_reply;
-use crate::scenario::connect::instant_of;
 use crate::scenario::{conclude, coordinator_runtime};
 use crate::worker::{Pool, WorkerConfig, WorkerCtx};
 
