@@ -67,6 +67,7 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     reads_never_run_ahead_of_deliveries(make()).await;
     a_new_channel_keeps_its_first_epoch(make()).await;
     history_limit_takes_the_oldest_after_a_position(make()).await;
+    a_batch_keeps_item_order_per_channel(make()).await;
 }
 
 async fn offsets_increase_and_reach_the_handler_in_order(b: Arc<dyn Broker>) {
@@ -219,4 +220,38 @@ async fn history_limit_takes_the_oldest_after_a_position(b: Arc<dyn Broker>) {
     assert_eq!(r.publications[0].data.get(), "{\"i\": 2, \"s\": \"a b\\nc\"}", "data kept byte for byte");
     let r = b.history("c:lim", Some(&crate::Position { epoch: pos.epoch, offset: 9 }), 2).await.unwrap();
     assert!(!r.complete, "a position ahead of the channel is not ours");
+}
+
+async fn a_batch_keeps_item_order_per_channel(b: Arc<dyn Broker>) {
+    let h = Arc::new(RecordingHandler::default());
+    b.set_handler(h.clone());
+    let channels = ["c:ba", "c:bb", "c:bc", "c:bd"];
+    for ch in channels {
+        b.subscribe(ch).await.unwrap();
+    }
+    b.publish("c:bb", data("0"), KEEP).await.unwrap();
+    // 1,200 items: more than one script call or chunk wherever a broker splits batches.
+    let items: Vec<crate::Outgoing> = (0..1200)
+        .map(|i| crate::Outgoing { channel: Arc::from(channels[i % 4]), data: data(&i.to_string()), policy: KEEP })
+        .collect();
+    let results = b.publish_batch(items).await;
+    assert_eq!(results.len(), 1200);
+    for (i, r) in results.iter().enumerate() {
+        let pos = r.as_ref().unwrap();
+        let base = if i % 4 == 1 { 1 } else { 0 };
+        assert_eq!(pos.offset, (i / 4) as u64 + 1 + base, "item {i} on {}", channels[i % 4]);
+    }
+    h.wait_for("every batch item delivered", |h| h.publications.lock().len() >= 1201).await;
+    for (k, ch) in channels.iter().enumerate() {
+        let got: Vec<(u64, String)> =
+            h.publications.lock().iter().filter(|p| p.0 == *ch).map(|p| (p.1, p.2.clone())).collect();
+        let first = if k == 1 { 2 } else { 1 };
+        let want: Vec<(u64, String)> = (0..300).map(|j| (j as u64 + first, (j * 4 + k).to_string())).collect();
+        assert_eq!(got[got.len() - 300..], want[..], "{ch}: offsets and data in item order");
+    }
+    let (pos, last) = b.last("c:bd").await.unwrap();
+    assert_eq!((pos.offset, last.unwrap().data.get()), (300, "1199"));
+    let r = b.history("c:bd", None, 3).await.unwrap();
+    assert_eq!(r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(), vec![298, 299, 300]);
+    assert!(h.missed.lock().is_empty());
 }

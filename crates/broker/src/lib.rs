@@ -46,6 +46,14 @@ pub struct Publication {
     pub time_ms: u64,
 }
 
+/// One item of [`Broker::publish_batch`].
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub channel: Arc<str>,
+    pub data: Data,
+    pub policy: HistoryPolicy,
+}
+
 /// A channel's current position.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Position {
@@ -94,7 +102,7 @@ pub struct ChannelSummary {
     pub position: Position,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum BrokerError {
     #[error("broker unavailable: {0}")]
     Unavailable(String),
@@ -136,6 +144,19 @@ pub trait Broker: Send + Sync + 'static {
     /// Publishes: assigns the next offset, keeps history per `policy`, updates the last value
     /// and delivers to every node with subscribers.
     async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError>;
+
+    /// Publishes several publications, each as [`Broker::publish`] would, and returns one result
+    /// per item in the same order. Items of one channel get their offsets in item order. A
+    /// shared broker sends the whole batch in as few round trips as it can (one per shard), so
+    /// a batch of a thousand costs about what one publication costs in waiting. The default
+    /// publishes one after the other.
+    async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            out.push(self.publish(&item.channel, item.data, item.policy).await);
+        }
+        out
+    }
 
     /// One more local subscription of `channel`. Called for every subscription, not only the
     /// channel's first on this node: the broker counts them (so calls for different clients may

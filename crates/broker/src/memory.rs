@@ -10,7 +10,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::{
     now_ms, Broker, BrokerError, BrokerHandler, ChannelSummary, ClientInfo, Data, HistoryPolicy, HistoryResult,
-    Position, Publication,
+    Outgoing, Position, Publication,
 };
 
 /// One channel's stream. Guarded by its own mutex so channels never wait on each other.
@@ -77,6 +77,34 @@ impl MemoryBroker {
     fn ttl_of(&self, channel: &str) -> u64 {
         self.ttl_ms.read().get(channel).copied().unwrap_or(u64::MAX)
     }
+
+    /// Assigns the next offset, keeps history and hands the publication to the handler, under
+    /// the stream's lock; the caller runs `after_publications` once the lock is released.
+    fn append(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Position {
+        let stream = self.stream(channel);
+        let ttl_ms = policy.ttl.as_millis() as u64;
+        if policy.size > 0 && self.ttl_ms.read().get(channel) != Some(&ttl_ms) {
+            self.ttl_ms.write().insert(Arc::from(channel), ttl_ms);
+        }
+        let mut s = stream.lock();
+        s.offset += 1;
+        let now = now_ms();
+        let publication = Publication { offset: s.offset, data, time_ms: now };
+        if policy.size > 0 {
+            s.history.push_back(publication.clone());
+            while s.history.len() > policy.size {
+                s.history.pop_front();
+            }
+            s.expire(ttl_ms, now);
+        } else if !s.history.is_empty() {
+            s.history.clear();
+        }
+        if let Some(h) = self.handler.get() {
+            h.on_publication(channel, &publication);
+        }
+        s.last = Some(publication);
+        s.position()
+    }
 }
 
 #[async_trait::async_trait]
@@ -90,35 +118,19 @@ impl Broker for MemoryBroker {
     }
 
     async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
-        let stream = self.stream(channel);
-        let ttl_ms = policy.ttl.as_millis() as u64;
-        if policy.size > 0 && self.ttl_ms.read().get(channel) != Some(&ttl_ms) {
-            self.ttl_ms.write().insert(Arc::from(channel), ttl_ms);
-        }
-        let position = {
-            let mut s = stream.lock();
-            s.offset += 1;
-            let now = now_ms();
-            let publication = Publication { offset: s.offset, data, time_ms: now };
-            if policy.size > 0 {
-                s.history.push_back(publication.clone());
-                while s.history.len() > policy.size {
-                    s.history.pop_front();
-                }
-                s.expire(ttl_ms, now);
-            } else if !s.history.is_empty() {
-                s.history.clear();
-            }
-            if let Some(h) = self.handler.get() {
-                h.on_publication(channel, &publication);
-            }
-            s.last = Some(publication);
-            s.position()
-        };
+        let position = self.append(channel, data, policy);
         if let Some(h) = self.handler.get() {
             h.after_publications();
         }
         Ok(position)
+    }
+
+    async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
+        let out = items.into_iter().map(|i| Ok(self.append(&i.channel, i.data, i.policy))).collect();
+        if let Some(h) = self.handler.get() {
+            h.after_publications();
+        }
+        out
     }
 
     async fn subscribe(&self, _channel: &str) -> Result<(), BrokerError> {

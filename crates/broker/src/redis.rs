@@ -37,7 +37,7 @@ use tokio::sync::watch;
 
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelSummary, ClientInfo, ClusterInfo, Data, HistoryPolicy, HistoryResult,
-    Position, Publication,
+    Outgoing, Position, Publication,
 };
 use link::Link;
 use scripts::Scripts;
@@ -46,6 +46,8 @@ use scripts::Scripts;
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a read waits for the pub/sub connection to deliver what the read has seen.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Publications per publish script call: bounds how long one call holds Redis (a few ms).
+const PUBLISH_CHUNK: usize = 500;
 /// Longest history read in one script call.
 const MAX_HISTORY_READ: usize = 1_000_000;
 
@@ -246,6 +248,23 @@ impl Inner {
         Ok((Position { epoch: epoch.into(), offset }, last))
     }
 
+    /// Publishes `items` with one script call (one round trip, one `TIME`): offsets in item
+    /// order per channel. The positions come back in item order.
+    pub(crate) async fn publish_chunk(&self, items: &[Outgoing]) -> Result<Vec<Position>, BrokerError> {
+        let mut call = self.scripts.publish.prepare_invoke();
+        call.arg(new_epoch());
+        for item in items {
+            let ttl_ms = u64::try_from(item.policy.ttl.as_millis()).unwrap_or(u64::MAX);
+            call.key(self.keys.meta(&item.channel)).key(self.keys.history(&item.channel));
+            call.arg(item.data.get()).arg(item.policy.size).arg(ttl_ms).arg(self.keys.pubsub(&item.channel));
+        }
+        let flat: Vec<(String, u64)> = call.invoke_async(&mut self.conn()).await.map_err(unavailable)?;
+        if flat.len() != items.len() {
+            return Err(BrokerError::Unavailable("redis answered a publish batch with the wrong count".into()));
+        }
+        Ok(flat.into_iter().map(|(epoch, offset)| Position { epoch: epoch.into(), offset }).collect())
+    }
+
     /// Read-your-deliveries: returns once the handler has every publication up to `position`
     /// (for channels this node delivers), so a subscriber's read and its live stream line up.
     async fn settle(&self, channel: &str, position: &Position) {
@@ -274,22 +293,20 @@ impl Broker for RedisBroker {
     }
 
     async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
-        let i = &self.inner;
-        let ttl_ms = u64::try_from(policy.ttl.as_millis()).unwrap_or(u64::MAX);
-        let (epoch, offset): (String, u64) = i
-            .scripts
-            .publish
-            .key(i.keys.meta(channel))
-            .key(i.keys.history(channel))
-            .arg(data.get())
-            .arg(policy.size)
-            .arg(ttl_ms)
-            .arg(new_epoch())
-            .arg(i.keys.pubsub(channel))
-            .invoke_async(&mut i.conn())
-            .await
-            .map_err(unavailable)?;
-        Ok(Position { epoch: epoch.into(), offset })
+        let item = Outgoing { channel: Arc::from(channel), data, policy };
+        let mut positions = self.inner.publish_chunk(std::slice::from_ref(&item)).await?;
+        positions.pop().ok_or_else(|| BrokerError::Unavailable("redis answered an empty publish".into()))
+    }
+
+    async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks(PUBLISH_CHUNK) {
+            match self.inner.publish_chunk(chunk).await {
+                Ok(positions) => out.extend(positions.into_iter().map(Ok)),
+                Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
+            }
+        }
+        out
     }
 
     async fn subscribe(&self, channel: &str) -> Result<(), BrokerError> {

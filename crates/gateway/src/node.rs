@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use switchboard_broker::{Broker, Data, Position};
+use switchboard_broker::{Broker, BrokerError, Data, Outgoing, Position};
 use switchboard_protocol::code::{self, close};
 use switchboard_protocol::websocket::{self, Opcode};
 use switchboard_protocol::{validate_channel, Format};
@@ -30,6 +30,10 @@ impl ApiError {
     pub fn new(code: u16, message: impl Into<String>) -> ApiError {
         ApiError { code, message: message.into() }
     }
+}
+
+fn broker_error(e: BrokerError) -> ApiError {
+    ApiError::new(code::INTERNAL, e.to_string())
 }
 
 /// One gateway node.
@@ -110,6 +114,35 @@ impl Node {
     /// Publishes on behalf of the HTTP API, the simulator or a client (after its permission
     /// check): validates the channel and size, then hands it to the broker.
     pub async fn publish(&self, channel: &str, data: Data) -> Result<Position, ApiError> {
+        let item = self.outgoing(channel, data)?;
+        self.broker.publish(&item.channel, item.data, item.policy).await.map_err(broker_error)
+    }
+
+    /// Publishes several publications: each is validated as by [`Node::publish`], the valid
+    /// ones go to the broker as one batch (one round trip per Redis shard) and every subscriber
+    /// is written to once for the whole batch. One result per item, in order.
+    pub async fn publish_batch(&self, items: Vec<(String, Data)>) -> Vec<Result<Position, ApiError>> {
+        let checked: Vec<Result<Outgoing, ApiError>> =
+            items.into_iter().map(|(channel, data)| self.outgoing(&channel, data)).collect();
+        let valid: Vec<Outgoing> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
+        let published = IN_BATCH.scope((), self.broker.publish_batch(valid)).await;
+        self.hub.flush_pending();
+        let mut published = published.into_iter();
+        checked
+            .into_iter()
+            .map(|c| match c {
+                Ok(_) => published
+                    .next()
+                    .unwrap_or_else(|| Err(BrokerError::Unavailable("broker returned too few results".into())))
+                    .map_err(broker_error),
+                Err(e) => Err(e),
+            })
+            .collect()
+    }
+
+    /// Checks a publication (channel name, size, data every format can carry) and attaches
+    /// its namespace's history policy.
+    fn outgoing(&self, channel: &str, data: Data) -> Result<Outgoing, ApiError> {
         validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
         if data.get().len() > self.config.limits.max_publication_bytes {
             return Err(ApiError::new(
@@ -120,22 +153,7 @@ impl Node {
         // Data every subscriber can take, whatever its format (no silent empty deliveries).
         switchboard_protocol::message::check_data(data.get()).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
         let ns = self.config.namespace(switchboard_protocol::namespace_of(channel));
-        self.broker.publish(channel, data, ns.history()).await.map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))
-    }
-
-    /// Publishes several publications and writes to each subscriber once for the whole batch.
-    pub async fn publish_batch(&self, items: Vec<(String, Data)>) -> Vec<Result<Position, ApiError>> {
-        let results = IN_BATCH
-            .scope((), async {
-                let mut out = Vec::with_capacity(items.len());
-                for (channel, data) in items {
-                    out.push(self.publish(&channel, data).await);
-                }
-                out
-            })
-            .await;
-        self.hub.flush_pending();
-        results
+        Ok(Outgoing { channel: Arc::from(channel), data, policy: ns.history() })
     }
 
     /// A receiver that turns true when the node starts shutting down.

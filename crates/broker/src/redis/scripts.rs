@@ -2,7 +2,8 @@
 //! what makes "append to history, bump the offset, store the last value, publish" one step.
 //!
 //! Key layout per channel `ch` (the `{ch}` hash tag keeps a channel's keys in one slot):
-//! - `P:{ch}:m` hash: `e` epoch, `o` offset, `d` last data, `t` its time (ms), `ttl` history ms
+//! - `P:{ch}:m` hash: `e` epoch, `r` the server identity that wrote it (see [`IDENTITY`]), `o`
+//!   offset, `d` last data, `t` its time (ms), `ttl` history ms, `h` history size
 //! - `P:{ch}:h` stream: entries `<offset>-0` with fields `d` and `t`, capped at the history size
 //! - `P:{ch}:p` the pub/sub channel: `p<epoch> <offset> <ms> <data>`, `j<info>`, `l<info>`
 //! - `P:{ch}:pz` zset client → presence expiry (ms); `P:{ch}:pi` hash client → info JSON
@@ -13,59 +14,88 @@
 
 use redis::Script;
 
-/// Publishes: KEYS meta, history; ARGV data, history size, history ttl ms, an epoch to use if
-/// the channel has none (new, or lost with a Redis restart), pub/sub channel.
-/// Returns `{epoch, offset}`.
-const PUBLISH: &str = r#"
-local epoch = redis.call('HGET', KEYS[1], 'e')
-if not epoch then
-  epoch = ARGV[4]
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'e', epoch)
+/// The identity of the Redis server's data: its replication id, which a restart and the
+/// promotion of a replica both change. A channel whose meta hash was written under another id
+/// may lack publications its subscribers saw (a replica promoted before it caught up), so its
+/// next use starts a new epoch instead of reusing offsets. Shared by the scripts below.
+const IDENTITY: &str = r#"
+local function data_id()
+  return string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
 end
-local offset = redis.call('HINCRBY', KEYS[1], 'o', 1)
-local now = redis.call('TIME')
-local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local size = tonumber(ARGV[2])
-local ttl = tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'd', ARGV[1], 't', ms, 'ttl', ttl)
-if size > 0 then
-  redis.call('XADD', KEYS[2], 'MAXLEN', size, offset .. '-0', 'd', ARGV[1], 't', ms)
-  if ttl > 0 then
-    redis.call('PEXPIRE', KEYS[2], ttl)
-  else
-    redis.call('PERSIST', KEYS[2])
-  end
-else
-  redis.call('DEL', KEYS[2])
-end
-redis.call('PUBLISH', ARGV[5], 'p' .. epoch .. ' ' .. offset .. ' ' .. ms .. ' ' .. ARGV[1])
-return {epoch, offset}
 "#;
 
-/// Position and last value: KEYS meta, history; ARGV an epoch to use if the channel has none.
+/// Publishes a batch: KEYS meta, history for each item (a channel may repeat; its items get
+/// offsets in order); ARGV[1] a seed for new epochs, then per item: data, history size,
+/// history ttl ms, pub/sub channel. One `TIME` and one identity read for the whole batch.
+/// Returns `{epoch, offset, ...}`, one pair per item.
+///
+/// Per item: `HMGET` (epoch, offset, identity, previous ttl and size), one `HSET`, `XADD` with an exact
+/// cap, `PEXPIRE` (or `PERSIST` when a ttl was dropped), `PUBLISH`.
+const PUBLISH: &str = r#"
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local rid = data_id()
+local out = {}
+for i = 1, #KEYS / 2 do
+  local meta, hist = KEYS[2 * i - 1], KEYS[2 * i]
+  local a = 2 + (i - 1) * 4
+  local data, size, ttl = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2]
+  local m = redis.call('HMGET', meta, 'e', 'o', 'r', 'ttl', 'h')
+  local epoch, offset = m[1], 1
+  if epoch and m[3] == rid then
+    offset = tonumber(m[2]) + 1
+    redis.call('HSET', meta, 'o', offset, 'd', data, 't', ms, 'ttl', ttl, 'h', size)
+  else
+    epoch = ARGV[1] .. string.format('%x', i)
+    redis.call('DEL', hist)
+    redis.call('HSET', meta, 'e', epoch, 'r', rid, 'o', 1, 'd', data, 't', ms, 'ttl', ttl, 'h', size)
+  end
+  if size > 0 then
+    redis.call('XADD', hist, 'MAXLEN', size, offset .. '-0', 'd', data, 't', ms)
+    if ttl ~= '0' then
+      redis.call('PEXPIRE', hist, ttl)
+    elseif m[4] and m[4] ~= '0' then
+      redis.call('PERSIST', hist)
+    end
+  elseif m[5] ~= '0' then
+    redis.call('DEL', hist)
+  end
+  redis.call('PUBLISH', ARGV[a + 3], 'p' .. epoch .. ' ' .. offset .. ' ' .. ms .. ' ' .. data)
+  out[2 * i - 1] = epoch
+  out[2 * i] = offset
+end
+return out
+"#;
+
+/// Position and last value: KEYS meta, history; ARGV an epoch to use if the channel has none
+/// (or its data came from another server identity, see [`IDENTITY`]).
 /// Returns `{epoch, offset, last data or nil, its time or nil}`.
 const POSITION: &str = r#"
-local epoch = redis.call('HGET', KEYS[1], 'e')
-if not epoch then
+local rid = data_id()
+local e = redis.call('HMGET', KEYS[1], 'e', 'r')
+local epoch = e[1]
+if not epoch or e[2] ~= rid then
   epoch = ARGV[1]
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'e', epoch, 'o', 0)
+  redis.call('DEL', KEYS[2], KEYS[1])
+  redis.call('HSET', KEYS[1], 'e', epoch, 'r', rid, 'o', 0)
 end
 local m = redis.call('HMGET', KEYS[1], 'o', 'd', 't')
 return {epoch, tonumber(m[1]) or 0, m[2], m[3]}
 "#;
 
-/// History: KEYS meta, history; ARGV an epoch to use if the channel has none, the reader's
-/// epoch (`''`: no position, the newest entries), its offset, the limit.
+/// History: KEYS meta, history; ARGV an epoch to use if the channel has none (or another
+/// server identity wrote it), the reader's epoch (`''`: no position, the newest entries), its
+/// offset, the limit.
 /// Returns `{epoch, offset, complete (0/1), {{offset, ms, data}, ...}}`, oldest first.
 /// Entries older than the namespace's history TTL count as gone, as in the memory broker.
 const HISTORY: &str = r#"
-local epoch = redis.call('HGET', KEYS[1], 'e')
-if not epoch then
+local rid = data_id()
+local e = redis.call('HMGET', KEYS[1], 'e', 'r')
+local epoch = e[1]
+if not epoch or e[2] ~= rid then
   epoch = ARGV[1]
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'e', epoch, 'o', 0)
+  redis.call('DEL', KEYS[2], KEYS[1])
+  redis.call('HSET', KEYS[1], 'e', epoch, 'r', rid, 'o', 0)
 end
 local m = redis.call('HMGET', KEYS[1], 'o', 'ttl')
 local offset = tonumber(m[1]) or 0
@@ -224,10 +254,11 @@ pub(super) struct Scripts {
 impl Scripts {
     pub fn new() -> Scripts {
         let with_sweep = |body: &str| Script::new(&format!("{SWEEP}{body}"));
+        let with_identity = |body: &str| Script::new(&format!("{IDENTITY}{body}"));
         Scripts {
-            publish: Script::new(PUBLISH),
-            position: Script::new(POSITION),
-            history: Script::new(HISTORY),
+            publish: with_identity(PUBLISH),
+            position: with_identity(POSITION),
+            history: with_identity(HISTORY),
             presence_add: with_sweep(PRESENCE_ADD),
             presence_remove: Script::new(PRESENCE_REMOVE),
             presence_list: with_sweep(PRESENCE_LIST),
