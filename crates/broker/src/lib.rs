@@ -7,6 +7,8 @@
 //! - [`memory`]: [`MemoryBroker`], the embedded single-node default.
 //! - [`redis`]: [`RedisBroker`], the cluster broker: every node shares one Redis, publications
 //!   reach the other nodes over Redis pub/sub, history and presence live in Redis.
+//! - [`sharded`]: [`ShardedRedisBroker`], channels spread over several independent Redis
+//!   servers by a stable hash of the name, each shard a [`RedisBroker`].
 //! - [`conformance`]: the suite every broker must pass (run from each implementation's tests).
 //!
 //! # Delivery contract
@@ -30,9 +32,35 @@ use serde_json::value::RawValue;
 pub mod conformance;
 pub mod memory;
 pub mod redis;
+pub mod sharded;
 
 pub use self::redis::RedisBroker;
 pub use memory::MemoryBroker;
+pub use sharded::ShardedRedisBroker;
+
+/// Checks a `--broker` value without connecting: `memory`, one Redis URL, or a comma-separated
+/// list of Redis URLs (shards). Errors never repeat a URL, which may carry a password.
+pub fn check_url(url: &str) -> Result<(), String> {
+    if url == "memory" {
+        return Ok(());
+    }
+    let parts: Vec<&str> = url.split(',').map(str::trim).collect();
+    for (i, part) in parts.iter().enumerate() {
+        redis::parse_url(part).map_err(|e| if parts.len() > 1 { format!("shard {}: {e}", i + 1) } else { e })?;
+    }
+    Ok(())
+}
+
+/// Creates the broker a `--broker` value names (see [`check_url`]). Call it inside a Tokio
+/// runtime: shared brokers connect in the background and report through [`Broker::ready`].
+pub fn from_url(url: &str) -> Result<Arc<dyn Broker>, BrokerError> {
+    check_url(url).map_err(BrokerError::Unavailable)?;
+    Ok(match url {
+        "memory" => Arc::new(MemoryBroker::new()),
+        list if list.contains(',') => Arc::new(ShardedRedisBroker::new(list)?),
+        one => Arc::new(RedisBroker::new(one)?),
+    })
+}
 
 /// Publication data: raw JSON text, shared by history, last value and every delivery.
 pub type Data = Arc<Box<RawValue>>;

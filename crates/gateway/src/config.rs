@@ -304,10 +304,8 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         self.listen_addr()?;
-        if self.broker != "memory" {
-            // The message never repeats the URL: it may carry the Redis password.
-            switchboard_broker::redis::parse_url(&self.broker).map_err(|e| ConfigError(format!("broker: {e}")))?;
-        }
+        // The message never repeats the URL: it may carry the Redis password.
+        switchboard_broker::check_url(&self.broker).map_err(|e| ConfigError(format!("broker: {e}")))?;
         if let Some(sim) = &self.simulate {
             parse_simulate(sim).map_err(|e| ConfigError(format!("simulate: {e}")))?;
         }

@@ -60,12 +60,9 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
         let listener = bind(addr).map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
         let local = listener.local_addr()?;
         let simulate = config.simulate.clone();
-        let broker: Arc<dyn switchboard_broker::Broker> = match config.broker.as_str() {
-            "memory" => Arc::new(switchboard_broker::MemoryBroker::new()),
-            // Connects in the background: the node serves at once, `/readyz` tells when Redis
-            // is reachable.
-            url => Arc::new(switchboard_broker::RedisBroker::new(url).map_err(|e| anyhow::anyhow!("broker: {e}"))?),
-        };
+        // Shared brokers connect in the background: the node serves at once, `/readyz` tells
+        // when Redis is reachable.
+        let broker = switchboard_broker::from_url(&config.broker).map_err(|e| anyhow::anyhow!("broker: {e}"))?;
         let node = Node::new(config, broker);
         node.spawn_heartbeats();
         if let Some(sim) = simulate {

@@ -52,6 +52,9 @@ pub struct Session {
     client: String,
     user: String,
     subs: HashSet<Arc<str>>,
+    /// Channels of the subscribe being handled that are admitted but not yet confirmed by the
+    /// broker (empty between commands).
+    pending: HashSet<Arc<str>>,
     /// Channels where this client is registered as present.
     present: Vec<Arc<str>>,
     /// A reply was queued and the outbox wants a flush.
@@ -70,6 +73,56 @@ enum Outcome {
     Err(ErrorBody),
 }
 
+/// Channels of one subscribe whose broker work runs at once (pipelined on a shared broker).
+const SUBSCRIBE_CONCURRENCY: usize = 256;
+
+/// What the broker said to one channel of a subscribe.
+enum Attached {
+    /// The broker counts the subscription; the reads that followed may still have failed.
+    Subscribed(Result<Outcome, ApiError>),
+    Refused(ApiError),
+}
+
+/// The broker side of subscribing `ch`: count it (publications flow from here on), then read
+/// its position, last value or missed publications.
+async fn attach(node: &Node, ch: &Arc<str>, req: &SubscribeRequest) -> Attached {
+    // Every subscription goes to the broker, not only the node's first one on the channel:
+    // the broker counts them, and returns only once publications flow to this node, so the
+    // position read below cannot run ahead of the live stream (a shared broker subscribes
+    // asynchronously, and a second subscriber must not read before the first one's
+    // subscription is confirmed).
+    if let Err(e) = node.broker.subscribe(ch).await {
+        return Attached::Refused(ApiError::new(code::INTERNAL, e.to_string()));
+    }
+    Attached::Subscribed(read_start(node, ch, req).await)
+}
+
+async fn read_start(node: &Node, name: &str, req: &SubscribeRequest) -> Result<Outcome, ApiError> {
+    let broker_err = |e: switchboard_broker::BrokerError| ApiError::new(code::INTERNAL, e.to_string());
+    let (mut position, mut recovered, mut complete) = (None, Vec::new(), true);
+    let mut last = None;
+    // The last value is read before the history: the reply's position must be the later
+    // read's, and only the history read returns everything up to its position. (Read the
+    // other way round, publications landing between the two reads were covered by the reply's
+    // offset but in neither `recovered` nor `last`: lost.)
+    if req.initial || !req.recover.contains_key(name) {
+        let (pos, l) = node.broker.last(name).await.map_err(broker_err)?;
+        position = Some(pos);
+        if req.initial {
+            last = l;
+        }
+    }
+    if let Some(from) = req.recover.get(name) {
+        let since = Position { epoch: from.epoch.as_str().into(), offset: from.offset };
+        let r = node.broker.history(name, Some(&since), usize::MAX).await.map_err(broker_err)?;
+        position = Some(r.position);
+        recovered = r.publications;
+        complete = r.complete;
+    }
+    let position = position.ok_or_else(|| ApiError::new(code::INTERNAL, "no position"))?;
+    Ok(Outcome::Ok { position, last, recovered, complete })
+}
+
 impl Session {
     pub fn new(node: Arc<Node>, outbox: Arc<Outbox>) -> Session {
         let client = format!("{}-{}", node.id, outbox.id);
@@ -81,6 +134,7 @@ impl Session {
             client,
             user: String::new(),
             subs: HashSet::new(),
+            pending: HashSet::new(),
             present: Vec::new(),
             needs_flush: false,
             auth,
@@ -393,20 +447,46 @@ impl Session {
         let mut results: Vec<(String, Outcome)> = Vec::with_capacity(req.channels.len());
         let mut covered: HashMap<Arc<str>, u64> = HashMap::new();
         let mut seen: HashSet<&str> = HashSet::new();
-        for name in &req.channels {
-            if !seen.insert(name.as_str()) {
-                continue;
-            }
-            let outcome = match self.subscribe_one(name, &req).await {
-                Ok((ch, outcome)) => {
-                    if let Outcome::Ok { position, .. } = &outcome {
-                        covered.insert(ch, position.offset);
-                    }
-                    outcome
+        let unique: Vec<&String> = req.channels.iter().filter(|name| seen.insert(name.as_str())).collect();
+        for chunk in unique.chunks(SUBSCRIBE_CONCURRENCY) {
+            // Admission is checked in order (limits count the channels admitted before); the
+            // broker work of the admitted ones runs concurrently, so a shared broker gets them
+            // pipelined instead of one round trip after the other.
+            let admitted: Vec<Result<Arc<str>, ApiError>> = chunk.iter().map(|name| self.admit(name)).collect();
+            let node = &self.node;
+            let attached = futures_util::future::join_all(admitted.iter().map(|a| async {
+                match a {
+                    Ok(ch) => Some(attach(node, ch, &req).await),
+                    Err(_) => None,
                 }
-                Err(e) => Outcome::Err(ErrorBody { code: e.code, message: e.message }),
-            };
-            results.push((name.clone(), outcome));
+            }))
+            .await;
+            for ((name, admission), attachment) in chunk.iter().zip(admitted).zip(attached) {
+                let outcome = match (admission, attachment) {
+                    (Ok(ch), Some(Attached::Subscribed(Ok(outcome)))) => {
+                        self.count_subscription(&ch);
+                        if let Outcome::Ok { position, .. } = &outcome {
+                            covered.insert(ch, position.offset);
+                        }
+                        outcome
+                    }
+                    (Ok(ch), Some(Attached::Subscribed(Err(e)))) => {
+                        self.count_subscription(&ch);
+                        Outcome::Err(ErrorBody { code: e.code, message: e.message })
+                    }
+                    (Ok(ch), refused) => {
+                        let e = match refused {
+                            Some(Attached::Refused(e)) => e,
+                            _ => ApiError::new(code::INTERNAL, "subscription not attempted"),
+                        };
+                        self.node.hub.remove(&ch, self.outbox.id);
+                        self.pending.remove(&ch);
+                        Outcome::Err(ErrorBody { code: e.code, message: e.message })
+                    }
+                    (Err(e), _) => Outcome::Err(ErrorBody { code: e.code, message: e.message }),
+                };
+                results.push(((*name).clone(), outcome));
+            }
         }
         let reply = match id {
             Some(id) => encode_ok(self.outbox.format, id, &SubscribeReply(&results)),
@@ -436,13 +516,15 @@ impl Session {
         }
     }
 
-    async fn subscribe_one(&mut self, name: &str, req: &SubscribeRequest) -> Result<(Arc<str>, Outcome), ApiError> {
+    /// Checks one channel of a subscribe (name, permission, not yet subscribed, the limit) and
+    /// adds this connection to the hub's subscribers of it.
+    fn admit(&mut self, name: &str) -> Result<Arc<str>, ApiError> {
         validate_channel(name).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
         self.allow(Action::Subscribe, name)?;
         if self.subs.contains(name) {
             return Err(ApiError::new(code::CONFLICT, "already subscribed"));
         }
-        if self.subs.len() >= self.node.config.limits.max_subscriptions {
+        if self.subs.len() + self.pending.len() >= self.node.config.limits.max_subscriptions {
             return Err(ApiError::new(
                 code::LIMIT,
                 format!("subscription limit of {} reached", self.node.config.limits.max_subscriptions),
@@ -451,40 +533,15 @@ impl Session {
         let ns = self.node.config.namespace(namespace_of(name));
         let ch: Arc<str> = Arc::from(name);
         self.node.hub.add(&ch, &self.outbox, ns.conflate);
-        // Every subscription goes to the broker, not only the node's first one on the channel:
-        // the broker counts them, and returns only once publications flow to this node, so the
-        // position read below cannot run ahead of the live stream (a shared broker subscribes
-        // asynchronously, and a second subscriber must not read before the first one's
-        // subscription is confirmed).
-        if let Err(e) = self.node.broker.subscribe(name).await {
-            self.node.hub.remove(name, self.outbox.id);
-            return Err(ApiError::new(code::INTERNAL, e.to_string()));
-        }
+        self.pending.insert(ch.clone());
+        Ok(ch)
+    }
+
+    /// A subscription the broker confirmed: it is this session's from now on.
+    fn count_subscription(&mut self, ch: &Arc<str>) {
+        self.pending.remove(ch);
         self.subs.insert(ch.clone());
         self.node.metrics.subscriptions.fetch_add(1, Relaxed);
-        let broker_err = |e: switchboard_broker::BrokerError| ApiError::new(code::INTERNAL, e.to_string());
-        let (mut position, mut recovered, mut complete) = (None, Vec::new(), true);
-        let mut last = None;
-        // The last value is read before the history: the reply's position must be the later
-        // read's, and only the history read returns everything up to its position. (Read
-        // the other way round, publications landing between the two reads were covered by
-        // the reply's offset but in neither `recovered` nor `last`: lost.)
-        if req.initial || !req.recover.contains_key(name) {
-            let (pos, l) = self.node.broker.last(name).await.map_err(broker_err)?;
-            position = Some(pos);
-            if req.initial {
-                last = l;
-            }
-        }
-        if let Some(from) = req.recover.get(name) {
-            let since = Position { epoch: from.epoch.as_str().into(), offset: from.offset };
-            let r = self.node.broker.history(name, Some(&since), usize::MAX).await.map_err(broker_err)?;
-            position = Some(r.position);
-            recovered = r.publications;
-            complete = r.complete;
-        }
-        let position = position.ok_or_else(|| ApiError::new(code::INTERNAL, "no position"))?;
-        Ok((ch, Outcome::Ok { position, last, recovered, complete }))
     }
 
     async fn unsubscribe(&mut self, name: &str) {

@@ -230,6 +230,24 @@ impl Link {
         self.connected.notify_one();
     }
 
+    /// Tells the handler that every channel that was delivering when the connection dropped
+    /// may miss publications (its subscribers recover).
+    fn tell_lost(&self, handler: Option<&Arc<dyn crate::BrokerHandler>>) {
+        let Some(h) = handler else { return };
+        let lost: Vec<Arc<str>> = {
+            let entries = self.entries.lock();
+            entries.iter().filter(|(_, e)| e.track.lock().resync).map(|(ch, _)| ch.clone()).collect()
+        };
+        if lost.is_empty() {
+            return;
+        }
+        tracing::warn!(channels = lost.len(), "redis unreachable; subscribers of its channels recover");
+        for ch in &lost {
+            h.on_missed(ch);
+        }
+        h.after_publications();
+    }
+
     /// A connection attempt failed.
     fn on_unreachable(&self) {
         self.down.store(true, Relaxed);
@@ -264,6 +282,8 @@ impl Link {
 /// with exponential backoff (with jitter). Ends when the broker is dropped.
 pub(super) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
     let mut backoff = BACKOFF_MIN;
+    // The connection dropped and no new one has been made yet.
+    let mut lost = false;
     loop {
         let connect = tokio::time::timeout(CONNECT_TIMEOUT, inner.client.get_async_pubsub());
         let pubsub = tokio::select! {
@@ -285,6 +305,7 @@ pub(super) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
                     _ = stop.changed() => return,
                 };
                 inner.link.on_lost();
+                lost = true;
                 tracing::warn!(reason = %why, "redis pub/sub connection lost; reconnecting");
             }
             Ok(Err(e)) => {
@@ -295,6 +316,13 @@ pub(super) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
                 inner.link.on_unreachable();
                 tracing::warn!(retry_ms = backoff.as_millis() as u64, "redis connect timed out");
             }
+        }
+        if lost && inner.link.down.load(Relaxed) && !inner.link.up.load(Relaxed) && backoff > BACKOFF_MIN {
+            // Not a blip: the first reconnect failed too. Subscribers of this server's channels
+            // are told now (they reconnect and recover once it is back) rather than waiting in
+            // silence; channels on other servers keep streaming.
+            lost = false;
+            inner.link.tell_lost(inner.handler.get());
         }
         let pause = backoff.mul_f64(0.5 + fastrand::f64() / 2.0);
         tokio::select! {
@@ -405,8 +433,12 @@ async fn manage(inner: &Inner, sink: &mut PubSubSink) -> Result<(), redis::Redis
                     true
                 }
                 Some(_) => {
-                    let lost = t.resync && position.offset > t.delivered;
-                    t.delivered = t.delivered.max(position.offset);
+                    // Ahead: publications went by while unsubscribed. Behind: the server lost
+                    // some (a replica promoted before it caught up); its next publication
+                    // starts a new epoch.
+                    // (Without a reconnect, deliveries may already be past the position read.)
+                    let lost = t.resync && position.offset != t.delivered;
+                    t.delivered = if lost { position.offset } else { t.delivered.max(position.offset) };
                     lost
                 }
             };

@@ -4,7 +4,8 @@
 //! Key layout per channel `ch` (the `{ch}` hash tag keeps a channel's keys in one slot):
 //! - `P:{ch}:m` hash: `e` epoch, `r` the server identity that wrote it (see [`IDENTITY`]), `o`
 //!   offset, `d` last data, `t` its time (ms), `ttl` history ms, `h` history size
-//! - `P:{ch}:h` stream: entries `<offset>-0` with fields `d` and `t`, capped at the history size
+//! - `P:{ch}:h` stream: entries `<offset>-0` with fields `d` and `t`, capped near the history
+//!   size (`MAXLEN ~`; reads return only the newest `h`)
 //! - `P:{ch}:p` the pub/sub channel: `p<epoch> <offset> <ms> <data>`, `j<info>`, `l<info>`
 //! - `P:{ch}:pz` zset client → presence expiry (ms); `P:{ch}:pi` hash client → info JSON
 //!
@@ -29,8 +30,9 @@ end
 /// history ttl ms, pub/sub channel. One `TIME` and one identity read for the whole batch.
 /// Returns `{epoch, offset, ...}`, one pair per item.
 ///
-/// Per item: `HMGET` (epoch, offset, identity, previous ttl and size), one `HSET`, `XADD` with an exact
-/// cap, `PEXPIRE` (or `PERSIST` when a ttl was dropped), `PUBLISH`.
+/// Per item: `HMGET` (epoch, offset, identity, previous ttl and size), one `HSET`, `XADD` with an
+/// approximate cap (whole stream nodes are dropped, which is cheaper; reads skip what lies
+/// beyond the size), `PEXPIRE` (or `PERSIST` when a ttl was dropped), `PUBLISH`.
 const PUBLISH: &str = r#"
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -51,7 +53,7 @@ for i = 1, #KEYS / 2 do
     redis.call('HSET', meta, 'e', epoch, 'r', rid, 'o', 1, 'd', data, 't', ms, 'ttl', ttl, 'h', size)
   end
   if size > 0 then
-    redis.call('XADD', hist, 'MAXLEN', size, offset .. '-0', 'd', data, 't', ms)
+    redis.call('XADD', hist, 'MAXLEN', '~', size, offset .. '-0', 'd', data, 't', ms)
     if ttl ~= '0' then
       redis.call('PEXPIRE', hist, ttl)
     elseif m[4] and m[4] ~= '0' then
@@ -67,39 +69,40 @@ end
 return out
 "#;
 
-/// Position and last value: KEYS meta, history; ARGV an epoch to use if the channel has none
-/// (or its data came from another server identity, see [`IDENTITY`]).
-/// Returns `{epoch, offset, last data or nil, its time or nil}`.
+/// Position and last value: KEYS meta, history; ARGV an epoch to use if the channel has none.
+/// Returns `{epoch, offset, last data or nil, its time or nil}`. Reads do not check the server
+/// identity: a promoted replica's older position makes recovering readers `complete: false`,
+/// and the next publication starts the new epoch.
 const POSITION: &str = r#"
-local rid = data_id()
-local e = redis.call('HMGET', KEYS[1], 'e', 'r')
-local epoch = e[1]
-if not epoch or e[2] ~= rid then
+local m = redis.call('HMGET', KEYS[1], 'e', 'o', 'd', 't')
+local epoch = m[1]
+if not epoch then
   epoch = ARGV[1]
-  redis.call('DEL', KEYS[2], KEYS[1])
-  redis.call('HSET', KEYS[1], 'e', epoch, 'r', rid, 'o', 0)
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'e', epoch, 'r', data_id(), 'o', 0)
 end
-local m = redis.call('HMGET', KEYS[1], 'o', 'd', 't')
-return {epoch, tonumber(m[1]) or 0, m[2], m[3]}
+return {epoch, tonumber(m[2]) or 0, m[3], m[4]}
 "#;
 
-/// History: KEYS meta, history; ARGV an epoch to use if the channel has none (or another
-/// server identity wrote it), the reader's epoch (`''`: no position, the newest entries), its
+/// History: KEYS meta, history; ARGV an epoch to use if the channel has none, the reader's epoch (`''`: no position, the newest entries), its
 /// offset, the limit.
 /// Returns `{epoch, offset, complete (0/1), {{offset, ms, data}, ...}}`, oldest first.
 /// Entries older than the namespace's history TTL count as gone, as in the memory broker.
 const HISTORY: &str = r#"
-local rid = data_id()
-local e = redis.call('HMGET', KEYS[1], 'e', 'r')
-local epoch = e[1]
-if not epoch or e[2] ~= rid then
+local epoch = redis.call('HGET', KEYS[1], 'e')
+if not epoch then
   epoch = ARGV[1]
-  redis.call('DEL', KEYS[2], KEYS[1])
-  redis.call('HSET', KEYS[1], 'e', epoch, 'r', rid, 'o', 0)
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'e', epoch, 'r', data_id(), 'o', 0)
 end
-local m = redis.call('HMGET', KEYS[1], 'o', 'ttl')
+local m = redis.call('HMGET', KEYS[1], 'o', 'ttl', 'h')
 local offset = tonumber(m[1]) or 0
 local ttl = tonumber(m[2]) or 0
+-- The stream is trimmed approximately (`MAXLEN ~`): entries at or below `floor` are beyond
+-- the history size and count as gone.
+local floor = 0
+local keep = tonumber(m[3])
+if keep and keep > 0 then floor = offset - keep end
 local cutoff = 0
 if ttl > 0 then
   local now = redis.call('TIME')
@@ -120,7 +123,7 @@ if ARGV[2] == '' then
   local entries = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', limit)
   for i = #entries, 1, -1 do
     local off, t, d = entry(entries[i])
-    if t >= cutoff then out[#out + 1] = {off, t, d} end
+    if t >= cutoff and off > floor then out[#out + 1] = {off, t, d} end
   end
   return {epoch, offset, 1, out}
 end
@@ -131,7 +134,7 @@ end
 if since == offset then
   return {epoch, offset, 1, out}
 end
-local entries = redis.call('XRANGE', KEYS[2], (since + 1) .. '-0', '+', 'COUNT', limit)
+local entries = redis.call('XRANGE', KEYS[2], (math.max(since, floor) + 1) .. '-0', '+', 'COUNT', limit)
 local complete = 0
 for i = 1, #entries do
   local off, t, d = entry(entries[i])
