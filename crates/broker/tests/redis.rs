@@ -2,7 +2,6 @@
 //! without persistence and killed (by PID) when the test ends.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,58 +11,7 @@ use switchboard_broker::conformance::{run_all, RecordingHandler};
 use switchboard_broker::redis::{RedisBroker, RedisOptions};
 use switchboard_broker::{Broker, ClientInfo, HistoryPolicy};
 
-/// A `redis-server` child; killed on drop.
-struct Redis {
-    child: Child,
-    port: u16,
-}
-
-impl Redis {
-    fn start() -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        Redis::start_on(port)
-    }
-
-    fn start_on(port: u16) -> Redis {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server not found: run `make redis-deps` (apt-get install redis-server)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(mut c) = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap().get_connection() {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    break;
-                }
-            }
-            assert!(Instant::now() < deadline, "redis-server did not answer on port {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Redis { child, port }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    fn cmd<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> T {
-        let mut c = redis::Client::open(self.url()).unwrap().get_connection().unwrap();
-        cmd.query(&mut c).unwrap()
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+type Redis = switchboard_testkit::RedisServer;
 
 fn data(s: &str) -> switchboard_broker::Data {
     Arc::new(RawValue::from_string(s.to_string()).unwrap())
@@ -221,7 +169,7 @@ async fn broker_redis_offset_gap_makes_subscribers_recover() {
 #[tokio::test]
 async fn broker_redis_restart_means_new_epoch_and_resubscribed_channels() {
     let mut r = Redis::start();
-    let port = r.port;
+    let port = r.port();
     let a = broker(&r, "sb");
     let h = Arc::new(RecordingHandler::default());
     a.set_handler(h.clone());
@@ -300,4 +248,40 @@ async fn broker_redis_subscription_churn_never_loses_what_follows_a_read() {
     stop.store(true, Ordering::Relaxed);
     publisher.await.unwrap();
     assert!(h.missed.lock().is_empty(), "no false alarms: {:?}", h.missed.lock());
+}
+
+/// A replica promoted before it caught up lacks the last publications: the next publication
+/// must start a new epoch, never reuse the offsets clients already saw with other data.
+#[tokio::test]
+async fn broker_redis_promoted_replica_starts_a_new_epoch_instead_of_reusing_offsets() {
+    let primary = Redis::start();
+    let replica = Redis::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+    let old = broker(&primary, "sb");
+    ready(&old).await;
+    for i in 1..=5 {
+        old.publish("room:f", data(&i.to_string()), KEEP).await.unwrap();
+    }
+    until("the replica to hold offset 5", Duration::from_secs(10), async || {
+        let o: Option<u64> = replica.cmd(redis::cmd("HGET").arg("sb:{room:f}:m").arg("o"));
+        o == Some(5)
+    })
+    .await;
+    // The replica stops following (the primary is cut off), then the primary takes three more
+    // publications the replica never gets.
+    let _: String = replica.cmd(redis::cmd("REPLICAOF").arg("NO").arg("ONE"));
+    let mut seen = Vec::new();
+    for i in 6..=8 {
+        seen.push(old.publish("room:f", data(&i.to_string()), KEEP).await.unwrap());
+    }
+    let before = seen.last().unwrap().clone();
+    assert_eq!(before.offset, 8);
+    // A node now on the promoted replica.
+    let new = broker(&replica, "sb");
+    ready(&new).await;
+    let p = new.publish("room:f", data("\"after\""), KEEP).await.unwrap();
+    assert_ne!(p.epoch, before.epoch, "offset {} of epoch {} would mean two different publications", p.offset, p.epoch);
+    let r = new.history("room:f", Some(&before), 100).await.unwrap();
+    assert!(!r.complete, "a client at offset 8 of the old epoch is told of the gap");
+    let (pos, last) = new.last("room:f").await.unwrap();
+    assert_eq!((pos, last.unwrap().data.get()), (p, "\"after\""));
 }
