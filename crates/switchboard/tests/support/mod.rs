@@ -1,6 +1,6 @@
 //! What the black-box tests share: the real binary as a server ([`Server`]), a real
-//! `redis-server` ([`Redis`]) and scratch directories ([`TempDir`]). Each test file includes
-//! it with `mod support;` and uses the part it needs.
+//! `redis-server` from the test kit ([`Redis`]) and scratch directories ([`TempDir`]). Each
+//! test file includes it with `mod support;` and uses the part it needs.
 #![allow(dead_code)] // every test crate compiles this module; none uses all of it
 
 use std::io::{BufRead, BufReader};
@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use switchboard_client::HttpApi;
+use switchboard_testkit::RedisServer;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
 
@@ -105,46 +106,35 @@ impl Drop for Server {
     }
 }
 
-/// A `redis-server` on a spare loopback port, without persistence; killed on drop.
+/// A `redis-server` on a spare loopback port, without persistence; killed (SIGKILL) on drop.
+/// The kit's [`RedisServer`], with the port as a field for the tests that kill the server
+/// and start another on the same port.
 pub struct Redis {
-    pub child: Child,
+    pub server: RedisServer,
     pub port: u16,
 }
 
 impl Redis {
     pub fn start() -> Redis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-        Redis::start_on(port)
+        Redis::from(RedisServer::start())
     }
 
     pub fn start_on(port: u16) -> Redis {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server not found: run `make redis-deps` (apt-get install redis-server)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not listen on port {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Redis { child, port }
+        Redis::from(RedisServer::start_on(port))
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        self.server.url()
     }
 
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.server.kill();
     }
 }
 
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
+impl From<RedisServer> for Redis {
+    fn from(server: RedisServer) -> Redis {
+        Redis { port: server.port(), server }
     }
 }
 
