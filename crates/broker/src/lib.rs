@@ -44,6 +44,9 @@ pub fn check_url(url: &str) -> Result<(), String> {
     if url == "memory" {
         return Ok(());
     }
+    if url.starts_with("redis+sentinel://") {
+        return redis::parse_url(url).map(|_| ());
+    }
     let parts: Vec<&str> = url.split(',').map(str::trim).collect();
     for (i, part) in parts.iter().enumerate() {
         redis::parse_url(part).map_err(|e| if parts.len() > 1 { format!("shard {}: {e}", i + 1) } else { e })?;
@@ -57,7 +60,9 @@ pub fn from_url(url: &str) -> Result<Arc<dyn Broker>, BrokerError> {
     check_url(url).map_err(BrokerError::Unavailable)?;
     Ok(match url {
         "memory" => Arc::new(MemoryBroker::new()),
-        list if list.contains(',') => Arc::new(ShardedRedisBroker::new(list)?),
+        list if list.contains(',') && !list.starts_with("redis+sentinel://") => {
+            Arc::new(ShardedRedisBroker::new(list)?)
+        }
         one => Arc::new(RedisBroker::new(one)?),
     })
 }

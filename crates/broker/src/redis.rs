@@ -22,6 +22,7 @@
 //! lets several clusters share one Redis database. Redis Cluster (`redis+cluster://`) and TLS
 //! (`rediss://`) are refused: see [`parse_url`].
 
+mod endpoint;
 mod link;
 mod scripts;
 
@@ -31,7 +32,6 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use serde_json::value::RawValue;
 use tokio::sync::watch;
 
@@ -39,6 +39,7 @@ use crate::{
     Broker, BrokerError, BrokerHandler, ChannelSummary, ClientInfo, ClusterInfo, Data, HistoryPolicy, HistoryResult,
     Outgoing, Position, Publication,
 };
+use endpoint::{Commands, Endpoint};
 use link::Link;
 use scripts::Scripts;
 
@@ -78,8 +79,10 @@ pub fn parse_url(url: &str) -> Result<(String, RedisOptions), String> {
     if url.starts_with("rediss://") {
         return Err("TLS to Redis (rediss://) is not supported yet; use redis:// on a trusted network".into());
     }
-    if !url.starts_with("redis://") {
-        return Err("expected `memory` or a Redis URL like redis://127.0.0.1:6379/0".into());
+    if !url.starts_with("redis://") && !url.starts_with("redis+sentinel://") {
+        return Err("expected `memory`, a Redis URL like redis://127.0.0.1:6379/0, a comma-separated list of \
+                    them (shards) or redis+sentinel://host:port,host:port/primary-name"
+            .into());
     }
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut options = RedisOptions::default();
@@ -105,7 +108,7 @@ pub fn parse_url(url: &str) -> Result<(String, RedisOptions), String> {
         }
     }
     let redis_url = if passed.is_empty() { base.to_string() } else { format!("{base}?{}", passed.join("&")) };
-    redis::Client::open(redis_url.as_str()).map_err(|_| "not a valid Redis URL (redis://host:port/db)".to_string())?;
+    Endpoint::parse(&redis_url)?;
     Ok((redis_url, options))
 }
 
@@ -149,9 +152,11 @@ impl Keys {
 /// State shared by the broker handle and its background tasks.
 pub(crate) struct Inner {
     keys: Keys,
-    client: redis::Client,
-    /// Multiplexed and reconnecting: concurrent commands from every task are pipelined on it.
-    conn: ConnectionManager,
+    /// Where Redis is: one address, or the primary the sentinels name.
+    endpoint: Endpoint,
+    /// Multiplexed and remade after failures: concurrent commands from every task are
+    /// pipelined on it.
+    commands: Commands,
     scripts: Scripts,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
     node_id: OnceLock<String>,
@@ -195,17 +200,11 @@ impl RedisBroker {
 
     /// Connects to a plain Redis URL with explicit options.
     pub fn with_options(redis_url: &str, options: RedisOptions) -> Result<RedisBroker, BrokerError> {
-        let client = redis::Client::open(redis_url).map_err(unavailable)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(3)))
-            .set_response_timeout(Some(Duration::from_secs(5)))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(2));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(unavailable)?;
+        let endpoint = Endpoint::parse(redis_url).map_err(BrokerError::Unavailable)?;
         let inner = Arc::new(Inner {
             keys: Keys { prefix: options.prefix },
-            client,
-            conn,
+            endpoint,
+            commands: Commands::new(),
             scripts: Scripts::new(),
             handler: OnceLock::new(),
             node_id: OnceLock::new(),
@@ -222,8 +221,32 @@ impl RedisBroker {
 }
 
 impl Inner {
-    fn conn(&self) -> ConnectionManager {
-        self.conn.clone()
+    /// The command connection (made or remade on demand; see [`endpoint::Commands`]).
+    async fn conn(&self) -> Result<redis::aio::MultiplexedConnection, BrokerError> {
+        self.commands.get(&self.endpoint).await
+    }
+
+    /// Runs a script that only reads (or creates a missing epoch, which is idempotent enough:
+    /// a retry finds it), once more on a new connection when the first attempt found the
+    /// connection dead (after a failover, the first command learns that the old primary is gone).
+    async fn read<T: redis::FromRedisValue>(&self, call: &redis::ScriptInvocation<'_>) -> Result<T, BrokerError> {
+        let mut retried = false;
+        loop {
+            let mut conn = self.conn().await?;
+            match call.invoke_async(&mut conn).await {
+                Ok(v) => return Ok(v),
+                Err(e) if !retried && (e.is_io_error() || e.is_connection_dropped()) => {
+                    self.failed(e);
+                    retried = true;
+                }
+                Err(e) => return Err(self.failed(e)),
+            }
+        }
+    }
+
+    /// The error of a command, after dropping a failed connection.
+    fn failed(&self, e: redis::RedisError) -> BrokerError {
+        self.commands.failed(e)
     }
 
     fn node_id(&self) -> &str {
@@ -232,15 +255,9 @@ impl Inner {
 
     /// The channel's position and last publication (creating its epoch if it has none).
     async fn position(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
-        let (epoch, offset, data, time): (String, u64, Option<String>, Option<u64>) = self
-            .scripts
-            .position
-            .key(self.keys.meta(channel))
-            .key(self.keys.history(channel))
-            .arg(new_epoch())
-            .invoke_async(&mut self.conn())
-            .await
-            .map_err(unavailable)?;
+        let mut call = self.scripts.position.prepare_invoke();
+        call.key(self.keys.meta(channel)).key(self.keys.history(channel)).arg(new_epoch());
+        let (epoch, offset, data, time): (String, u64, Option<String>, Option<u64>) = self.read(&call).await?;
         let last = match data {
             Some(d) if offset > 0 => Some(Publication { offset, data: data_of(d)?, time_ms: time.unwrap_or(0) }),
             _ => None,
@@ -258,7 +275,7 @@ impl Inner {
             call.key(self.keys.meta(&item.channel)).key(self.keys.history(&item.channel));
             call.arg(item.data.get()).arg(item.policy.size).arg(ttl_ms).arg(self.keys.pubsub(&item.channel));
         }
-        let flat: Vec<(String, u64)> = call.invoke_async(&mut self.conn()).await.map_err(unavailable)?;
+        let flat: Vec<(String, u64)> = call.invoke_async(&mut self.conn().await?).await.map_err(|e| self.failed(e))?;
         if flat.len() != items.len() {
             return Err(BrokerError::Unavailable("redis answered a publish batch with the wrong count".into()));
         }
@@ -341,18 +358,10 @@ impl Broker for RedisBroker {
             Some(p) => (p.epoch.to_string(), p.offset),
             None => (String::new(), 0),
         };
-        let (epoch, offset, complete, entries): (String, u64, i64, Vec<(u64, u64, String)>) = i
-            .scripts
-            .history
-            .key(i.keys.meta(channel))
-            .key(i.keys.history(channel))
-            .arg(new_epoch())
-            .arg(since_epoch)
-            .arg(since_offset)
-            .arg(limit.min(MAX_HISTORY_READ))
-            .invoke_async(&mut i.conn())
-            .await
-            .map_err(unavailable)?;
+        let mut call = i.scripts.history.prepare_invoke();
+        call.key(i.keys.meta(channel)).key(i.keys.history(channel)).arg(new_epoch());
+        call.arg(since_epoch).arg(since_offset).arg(limit.min(MAX_HISTORY_READ));
+        let (epoch, offset, complete, entries): (String, u64, i64, Vec<(u64, u64, String)>) = i.read(&call).await?;
         let mut publications = Vec::with_capacity(entries.len());
         for (offset, time_ms, data) in entries {
             publications.push(Publication { offset, data: data_of(data)?, time_ms });
@@ -375,9 +384,9 @@ impl Broker for RedisBroker {
             .arg(&json)
             .arg(ttl_ms)
             .arg(i.keys.pubsub(channel))
-            .invoke_async(&mut i.conn())
+            .invoke_async(&mut i.conn().await?)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| i.failed(e))?;
         i.presence.lock().entry(Arc::from(channel)).or_default().insert(info.client, json);
         Ok(())
     }
@@ -400,9 +409,9 @@ impl Broker for RedisBroker {
             .key(i.keys.presence_info(channel))
             .arg(client)
             .arg(i.keys.pubsub(channel))
-            .invoke_async(&mut i.conn())
+            .invoke_async(&mut i.conn().await?)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| i.failed(e))?;
         Ok(())
     }
 
@@ -414,9 +423,9 @@ impl Broker for RedisBroker {
             .key(i.keys.presence(channel))
             .key(i.keys.presence_info(channel))
             .arg(i.keys.pubsub(channel))
-            .invoke_async(&mut i.conn())
+            .invoke_async(&mut i.conn().await?)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| i.failed(e))?;
         #[derive(serde::Deserialize)]
         struct Info {
             client: String,
@@ -434,7 +443,7 @@ impl Broker for RedisBroker {
 
     async fn channels(&self) -> Result<Vec<ChannelSummary>, BrokerError> {
         let i = &self.inner;
-        let mut conn = i.conn();
+        let mut conn = i.conn().await?;
         let pattern = format!("{}:{{*}}:m", i.keys.prefix);
         let mut names: Vec<String> = Vec::new();
         let mut cursor: u64 = 0;
@@ -447,7 +456,7 @@ impl Broker for RedisBroker {
                 .arg(1000)
                 .query_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(|e| i.failed(e))?;
             names.extend(keys.iter().filter_map(|k| i.keys.channel_of_meta(k)).map(str::to_string));
             if next == 0 {
                 break;
@@ -462,7 +471,8 @@ impl Broker for RedisBroker {
             for ch in chunk {
                 pipe.cmd("HMGET").arg(i.keys.meta(ch)).arg("e").arg("o");
             }
-            let rows: Vec<(Option<String>, Option<u64>)> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            let rows: Vec<(Option<String>, Option<u64>)> =
+                pipe.query_async(&mut conn).await.map_err(|e| i.failed(e))?;
             for (ch, (epoch, offset)) in chunk.iter().zip(rows) {
                 if let Some(epoch) = epoch {
                     out.push(ChannelSummary {
@@ -479,9 +489,11 @@ impl Broker for RedisBroker {
         if !self.inner.link.up.load(Relaxed) {
             return false;
         }
-        let mut conn = self.inner.conn();
-        let cmd = redis::cmd("PING");
-        let ping = cmd.query_async::<String>(&mut conn);
+        let inner = &self.inner;
+        let ping = async {
+            let mut conn = inner.conn().await?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(|e| inner.failed(e))
+        };
         matches!(tokio::time::timeout(Duration::from_secs(1), ping).await, Ok(Ok(_)))
     }
 
@@ -492,9 +504,9 @@ impl Broker for RedisBroker {
             .cluster
             .key(i.keys.nodes())
             .arg(&i.keys.prefix)
-            .invoke_async(&mut i.conn())
+            .invoke_async(&mut i.conn().await?)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| i.failed(e))?;
         let mut info = ClusterInfo::default();
         let mut it = rows.into_iter();
         while let (Some(id), Some(subs)) = (it.next(), it.next()) {
@@ -549,12 +561,15 @@ async fn beat(inner: &Inner, full: bool) -> Result<(), BrokerError> {
             node.arg(&*ch).arg(n);
         }
     }
-    let r: Result<i64, _> = node.invoke_async(&mut inner.conn()).await;
+    let r: Result<i64, _> = match inner.conn().await {
+        Ok(mut conn) => node.invoke_async(&mut conn).await.map_err(|e| inner.failed(e)),
+        Err(e) => Err(e),
+    };
     if let Err(e) = r {
         if replace {
             inner.link.counts_changed.store(true, Relaxed);
         }
-        return Err(unavailable(e));
+        return Err(e);
     }
     // A snapshot: the lock is not held across the awaits below.
     let present: Vec<(Arc<str>, HashMap<String, String>)> =
@@ -566,10 +581,10 @@ async fn beat(inner: &Inner, full: bool) -> Result<(), BrokerError> {
         for (client, info) in clients {
             inv.arg(client).arg(info);
         }
-        async move { inv.invoke_async::<i64>(&mut inner.conn()).await }
+        async move { inv.invoke_async::<i64>(&mut inner.conn().await?).await.map_err(|e| inner.failed(e)) }
     });
     for r in futures_util::future::join_all(calls).await {
-        r.map_err(unavailable)?;
+        r?;
     }
     Ok(())
 }
@@ -589,6 +604,12 @@ mod tests {
         assert!(parse_url("redis://h:1?prefix=a*b").unwrap_err().contains("prefix"));
         assert!(parse_url("redis://h:1?presence_ttl_s=0").unwrap_err().contains("presence_ttl_s"));
         let e = parse_url("postgres://user:secret@h").unwrap_err();
+        assert!(!e.contains("secret"), "{e}");
+        let (url, o) = parse_url("redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/main?prefix=s").unwrap();
+        assert_eq!((url.as_str(), o.prefix.as_str()), ("redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/main", "s"));
+        assert!(parse_url("redis+sentinel://127.0.0.1:26379").unwrap_err().contains("primary name"));
+        assert!(parse_url("redis+sentinel://:pw@h:1/main/x").unwrap_err().contains("db"));
+        let e = parse_url("redis+sentinel://u:secret@/main").unwrap_err();
         assert!(!e.contains("secret"), "{e}");
     }
 

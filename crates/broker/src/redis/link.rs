@@ -285,7 +285,11 @@ pub(super) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
     // The connection dropped and no new one has been made yet.
     let mut lost = false;
     loop {
-        let connect = tokio::time::timeout(CONNECT_TIMEOUT, inner.client.get_async_pubsub());
+        // Through the sentinels where there are some: after a failover, the new primary.
+        let connect = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let client = inner.endpoint.client().await?;
+            client.get_async_pubsub().await
+        });
         let pubsub = tokio::select! {
             r = connect => r,
             _ = stop.changed() => return,
@@ -305,6 +309,9 @@ pub(super) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
                     _ = stop.changed() => return,
                 };
                 inner.link.on_lost();
+                // The command connection goes to the same server: do not wait for a command to
+                // find out (after a failover it must follow the sentinels too).
+                inner.commands.reset();
                 lost = true;
                 tracing::warn!(reason = %why, "redis pub/sub connection lost; reconnecting");
             }
