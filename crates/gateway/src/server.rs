@@ -47,6 +47,9 @@ pub fn run_demo(config: Config) -> anyhow::Result<()> {
     run_node(config, true)
 }
 
+/// How long a starting node waits for a shared broker before it gives up (exit 2).
+const BROKER_STARTUP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
     let workers = config.worker_threads();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -63,6 +66,23 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
         // Shared brokers connect in the background: the node serves at once, `/readyz` tells
         // when Redis is reachable.
         let broker = switchboard_broker::from_url(&config.broker).map_err(|e| anyhow::anyhow!("broker: {e}"))?;
+        // A node whose Redis cannot be reached at all when it starts is misconfigured (a wrong
+        // host or port): say so at once (exit 2) rather than serve 503s. Once running, a lost
+        // Redis only turns `/readyz` 503 until it returns.
+        if broker.kind() != "memory" {
+            let deadline = tokio::time::Instant::now() + BROKER_STARTUP_WAIT;
+            while !broker.ready().await {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(crate::config::ConfigError(format!(
+                        "broker: Redis not reachable within {} s of starting (check the address and that every \
+                         server of the broker URL is up)",
+                        BROKER_STARTUP_WAIT.as_secs()
+                    ))
+                    .into());
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
         let node = Node::new(config, broker);
         node.spawn_heartbeats();
         if let Some(sim) = simulate {

@@ -353,6 +353,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<ConfigError>().is_some() => {
+            eprintln!("switchboard: {e:#}");
+            ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("switchboard: {e:#}");
             ExitCode::from(1)

@@ -157,10 +157,22 @@ async fn follow(urls: Arc<Vec<String>>, dead: Arc<AtomicUsize>, start: usize, to
 
 #[tokio::test]
 async fn cluster_clients_of_a_killed_node_recover_every_offset_on_the_others() {
-    const TOTAL: u64 = 1200;
     let redis = Redis::start();
-    let mut a = Node::node(&redis, "a");
-    let (b, c) = (Node::node(&redis, "b"), Node::node(&redis, "c"));
+    killed_node_recovery(&redis.url()).await;
+}
+
+/// The same over three Redis shards: the stream's channel lives on one of them, the node
+/// figures on every one.
+#[tokio::test]
+async fn cluster_on_shards_clients_of_a_killed_node_recover_every_offset_on_the_others() {
+    let shards = switchboard_testkit::Shards::start(3);
+    killed_node_recovery(&shards.urls_joined()).await;
+}
+
+async fn killed_node_recovery(broker: &str) {
+    const TOTAL: u64 = 1200;
+    let mut a = Node::node_on(broker, "a", &[]);
+    let (b, c) = (Node::node_on(broker, "b", &[]), Node::node_on(broker, "c", &[]));
     all_ready(&[&a, &b, &c]).await;
     let urls = Arc::new(vec![a.ws(), b.ws(), c.ws()]);
     let dead = Arc::new(AtomicUsize::new(usize::MAX));
@@ -365,5 +377,26 @@ async fn cluster_bench_broadcast_spreads_subscribers_over_nodes() {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("no messages_out in {text}"));
         assert!(out >= 50.0, "node {} sent {out} messages", n.port);
+    }
+}
+
+#[test]
+fn cluster_unreachable_or_misconfigured_redis_exits_2_naming_the_broker() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let live = Redis::start();
+    for url in [
+        format!("redis://127.0.0.1:{closed}/0"),
+        // One shard of three down at start is a misconfiguration too.
+        format!("{},redis://127.0.0.1:{closed}/0", live.url()),
+        "redis+cluster://127.0.0.1:7000".to_string(),
+        "redis://127.0.0.1:6379/0?prefix=a*b".to_string(),
+    ] {
+        let out = std::process::Command::new(support::BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--broker", &url])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{url}: {err}");
+        assert!(err.contains("broker:"), "{url}: {err}");
     }
 }
