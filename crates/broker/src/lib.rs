@@ -9,6 +9,8 @@
 //!   reach the other nodes over Redis pub/sub, history and presence live in Redis.
 //! - [`sharded`]: [`ShardedRedisBroker`], channels spread over several independent Redis
 //!   servers by a stable hash of the name, each shard a [`RedisBroker`].
+//! - [`cluster`]: [`ClusterBroker`], channels spread over the primaries of a Redis Cluster by
+//!   slot (sharded pub/sub), following slot moves and failovers, each primary a [`RedisBroker`].
 //! - [`conformance`]: the suite every broker must pass (run from each implementation's tests).
 //!
 //! # Delivery contract
@@ -29,12 +31,14 @@ use std::time::Duration;
 
 use serde_json::value::RawValue;
 
+pub mod cluster;
 pub mod conformance;
 pub mod memory;
 pub mod redis;
 pub mod sharded;
 
 pub use self::redis::RedisBroker;
+pub use cluster::ClusterBroker;
 pub use memory::MemoryBroker;
 pub use sharded::ShardedRedisBroker;
 
@@ -44,8 +48,11 @@ pub fn check_url(url: &str) -> Result<(), String> {
     if url == "memory" {
         return Ok(());
     }
-    if url.starts_with("redis+sentinel://") {
+    if url.contains("+sentinel://") {
         return redis::parse_url(url).map(|_| ());
+    }
+    if url.contains("+cluster://") {
+        return cluster::check_url(url);
     }
     let parts: Vec<&str> = url.split(',').map(str::trim).collect();
     for (i, part) in parts.iter().enumerate() {
@@ -60,9 +67,8 @@ pub fn from_url(url: &str) -> Result<Arc<dyn Broker>, BrokerError> {
     check_url(url).map_err(BrokerError::Unavailable)?;
     Ok(match url {
         "memory" => Arc::new(MemoryBroker::new()),
-        list if list.contains(',') && !list.starts_with("redis+sentinel://") => {
-            Arc::new(ShardedRedisBroker::new(list)?)
-        }
+        cluster if cluster.contains("+cluster://") => Arc::new(ClusterBroker::new(cluster)?),
+        list if list.contains(',') && !list.contains("+sentinel://") => Arc::new(ShardedRedisBroker::new(list)?),
         one => Arc::new(RedisBroker::new(one)?),
     })
 }

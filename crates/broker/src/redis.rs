@@ -18,13 +18,15 @@
 //! - A heartbeat registers the node (`/api/info` node count) and its subscription counts
 //!   (cluster-wide subscriber figures in `/api/channels`).
 //!
-//! The URL is `redis://[user:password@]host:port[/db][?prefix=sb&presence_ttl_s=15]`; `prefix`
-//! lets several clusters share one Redis database. Redis Cluster (`redis+cluster://`) and TLS
-//! (`rediss://`) are refused: see [`parse_url`].
+//! The URL is `redis://[user:password@]host:port[/db][?prefix=sb&presence_ttl_s=15]`
+//! (`rediss://` for TLS, `redis+sentinel://` through Sentinel); `prefix` lets several clusters
+//! share one Redis database. A Redis Cluster node is one of these too, made by
+//! [`crate::cluster::ClusterBroker`] for each primary.
 
 mod endpoint;
 mod link;
 mod scripts;
+mod subscriber;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -71,17 +73,11 @@ impl Default for RedisOptions {
 /// Splits a broker URL into the Redis connection URL and the broker's own options, and checks
 /// both. Errors never repeat the URL, which may carry a password.
 pub fn parse_url(url: &str) -> Result<(String, RedisOptions), String> {
-    if url.starts_with("redis+cluster://") {
-        return Err("Redis Cluster (redis+cluster://) is not supported yet: point every node at one \
-                    Redis (with a replica for failover) using redis://host:port/db"
-            .into());
-    }
-    if url.starts_with("rediss://") {
-        return Err("TLS to Redis (rediss://) is not supported yet; use redis:// on a trusted network".into());
-    }
-    if !url.starts_with("redis://") && !url.starts_with("redis+sentinel://") {
+    let scheme = url.split_once("://").map_or("", |(s, _)| s);
+    if !matches!(scheme, "redis" | "rediss" | "redis+sentinel" | "rediss+sentinel") {
         return Err("expected `memory`, a Redis URL like redis://127.0.0.1:6379/0, a comma-separated list of \
-                    them (shards) or redis+sentinel://host:port,host:port/primary-name"
+                    them (shards), redis+sentinel://host:port,host:port/primary-name or \
+                    redis+cluster://host:port"
             .into());
     }
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
@@ -115,6 +111,10 @@ pub fn parse_url(url: &str) -> Result<(String, RedisOptions), String> {
 /// Key names (layout in [`scripts`]).
 pub(crate) struct Keys {
     prefix: String,
+    /// Prefix of the node registry keys: the key prefix on a single Redis; on a Redis Cluster
+    /// node `P:{tag}`, a hash tag in a slot that node serves, so that every node of the
+    /// cluster keeps a registry of its own (see [`crate::cluster`]).
+    registry: String,
 }
 
 impl Keys {
@@ -134,10 +134,10 @@ impl Keys {
         format!("{}:{{{ch}}}:pi", self.prefix)
     }
     fn nodes(&self) -> String {
-        format!("{}:nodes", self.prefix)
+        format!("{}:nodes", self.registry)
     }
     fn node_subs(&self, id: &str) -> String {
-        format!("{}:node:{id}:subs", self.prefix)
+        format!("{}:node:{id}:subs", self.registry)
     }
     /// The channel a pub/sub channel name belongs to.
     fn channel_of_pubsub<'a>(&self, name: &'a str) -> Option<&'a str> {
@@ -152,6 +152,8 @@ impl Keys {
 /// State shared by the broker handle and its background tasks.
 pub(crate) struct Inner {
     keys: Keys,
+    /// A Redis Cluster node: sharded pub/sub, the publish script's keys in ARGV.
+    cluster: bool,
     /// Where Redis is: one address, or the primary the sentinels name.
     endpoint: Endpoint,
     /// Multiplexed and remade after failures: concurrent commands from every task are
@@ -180,6 +182,11 @@ fn unavailable(e: redis::RedisError) -> BrokerError {
     BrokerError::Unavailable(format!("redis: {e}"))
 }
 
+/// A Cluster node answered that it does not serve the channel's slot.
+fn moved() -> BrokerError {
+    BrokerError::Unavailable("redis: MOVED (the channel's slot is served by another cluster node)".into())
+}
+
 fn new_epoch() -> String {
     format!("{:016x}", fastrand::u64(..))
 }
@@ -200,15 +207,46 @@ impl RedisBroker {
 
     /// Connects to a plain Redis URL with explicit options.
     pub fn with_options(redis_url: &str, options: RedisOptions) -> Result<RedisBroker, BrokerError> {
+        RedisBroker::start(redis_url, options, None)
+    }
+
+    /// One primary of a Redis Cluster, for [`crate::cluster::ClusterBroker`]: the channels of
+    /// the slots it serves, with sharded pub/sub; its node registry under the hash tag
+    /// `registry_tag` (one of its slots); `fallback_id` names the node until it tells its id.
+    pub(crate) fn cluster_node(
+        redis_url: &str,
+        options: RedisOptions,
+        registry_tag: &str,
+        fallback_id: &str,
+    ) -> Result<RedisBroker, BrokerError> {
+        RedisBroker::start(redis_url, options, Some((registry_tag, fallback_id)))
+    }
+
+    /// Publishes on this cluster node; `None` for items whose slot it does not serve.
+    pub(crate) async fn publish_on_node(&self, items: &[Outgoing]) -> Vec<Result<Option<Position>, BrokerError>> {
+        self.inner.publish_all(items).await
+    }
+
+    fn start(
+        redis_url: &str,
+        options: RedisOptions,
+        cluster_node: Option<(&str, &str)>,
+    ) -> Result<RedisBroker, BrokerError> {
         let endpoint = Endpoint::parse(redis_url).map_err(BrokerError::Unavailable)?;
+        let (registry, fallback_id) = match cluster_node {
+            Some((tag, id)) => (format!("{}:{{{tag}}}", options.prefix), id.to_string()),
+            None => (options.prefix.clone(), format!("n{:06x}", fastrand::u32(..) & 0xff_ffff)),
+        };
+        let cluster = cluster_node.is_some();
         let inner = Arc::new(Inner {
-            keys: Keys { prefix: options.prefix },
+            keys: Keys { prefix: options.prefix, registry },
+            cluster,
             endpoint,
             commands: Commands::new(),
-            scripts: Scripts::new(),
+            scripts: Scripts::new(cluster),
             handler: OnceLock::new(),
             node_id: OnceLock::new(),
-            fallback_id: format!("n{:06x}", fastrand::u32(..) & 0xff_ffff),
+            fallback_id,
             presence_ttl: options.presence_ttl,
             link: Link::default(),
             presence: Mutex::new(HashMap::new()),
@@ -266,20 +304,45 @@ impl Inner {
     }
 
     /// Publishes `items` with one script call (one round trip, one `TIME`): offsets in item
-    /// order per channel. The positions come back in item order.
-    pub(crate) async fn publish_chunk(&self, items: &[Outgoing]) -> Result<Vec<Position>, BrokerError> {
+    /// order per channel. The positions come back in item order; `None` for an item whose
+    /// slot a Cluster node does not serve (nothing was done for it).
+    pub(crate) async fn publish_chunk(&self, items: &[Outgoing]) -> Result<Vec<Option<Position>>, BrokerError> {
         let mut call = self.scripts.publish.prepare_invoke();
         call.arg(new_epoch());
+        if self.cluster {
+            call.arg(items.len());
+            for item in items {
+                call.arg(self.keys.meta(&item.channel)).arg(self.keys.history(&item.channel));
+            }
+        } else {
+            for item in items {
+                call.key(self.keys.meta(&item.channel)).key(self.keys.history(&item.channel));
+            }
+        }
         for item in items {
             let ttl_ms = u64::try_from(item.policy.ttl.as_millis()).unwrap_or(u64::MAX);
-            call.key(self.keys.meta(&item.channel)).key(self.keys.history(&item.channel));
             call.arg(item.data.get()).arg(item.policy.size).arg(ttl_ms).arg(self.keys.pubsub(&item.channel));
         }
         let flat: Vec<(String, u64)> = call.invoke_async(&mut self.conn().await?).await.map_err(|e| self.failed(e))?;
         if flat.len() != items.len() {
             return Err(BrokerError::Unavailable("redis answered a publish batch with the wrong count".into()));
         }
-        Ok(flat.into_iter().map(|(epoch, offset)| Position { epoch: epoch.into(), offset }).collect())
+        Ok(flat
+            .into_iter()
+            .map(|(epoch, offset)| (!epoch.is_empty()).then(|| Position { epoch: epoch.into(), offset }))
+            .collect())
+    }
+
+    /// [`Self::publish_chunk`] over any number of items, in chunks of [`PUBLISH_CHUNK`].
+    pub(crate) async fn publish_all(&self, items: &[Outgoing]) -> Vec<Result<Option<Position>, BrokerError>> {
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks(PUBLISH_CHUNK) {
+            match self.publish_chunk(chunk).await {
+                Ok(positions) => out.extend(positions.into_iter().map(Ok)),
+                Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
+            }
+        }
+        out
     }
 
     /// Read-your-deliveries: returns once the handler has every publication up to `position`
@@ -312,18 +375,11 @@ impl Broker for RedisBroker {
     async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
         let item = Outgoing { channel: Arc::from(channel), data, policy };
         let mut positions = self.inner.publish_chunk(std::slice::from_ref(&item)).await?;
-        positions.pop().ok_or_else(|| BrokerError::Unavailable("redis answered an empty publish".into()))
+        positions.pop().flatten().ok_or_else(moved)
     }
 
     async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
-        let mut out = Vec::with_capacity(items.len());
-        for chunk in items.chunks(PUBLISH_CHUNK) {
-            match self.inner.publish_chunk(chunk).await {
-                Ok(positions) => out.extend(positions.into_iter().map(Ok)),
-                Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
-            }
-        }
-        out
+        self.inner.publish_all(&items).await.into_iter().map(|r| r?.ok_or_else(moved)).collect()
     }
 
     async fn subscribe(&self, channel: &str) -> Result<(), BrokerError> {
@@ -503,7 +559,7 @@ impl Broker for RedisBroker {
             .scripts
             .cluster
             .key(i.keys.nodes())
-            .arg(&i.keys.prefix)
+            .arg(&i.keys.registry)
             .invoke_async(&mut i.conn().await?)
             .await
             .map_err(|e| i.failed(e))?;
@@ -599,8 +655,6 @@ mod tests {
         assert_eq!(url, "redis://127.0.0.1:6379/2");
         assert_eq!(o, RedisOptions { prefix: "blue".into(), presence_ttl: Duration::from_secs(6) });
         assert_eq!(parse_url("redis://h:1").unwrap().1, RedisOptions::default());
-        assert!(parse_url("redis+cluster://h:1").unwrap_err().contains("Cluster"));
-        assert!(parse_url("rediss://h:1").unwrap_err().contains("TLS"));
         assert!(parse_url("redis://h:1?prefix=a*b").unwrap_err().contains("prefix"));
         assert!(parse_url("redis://h:1?presence_ttl_s=0").unwrap_err().contains("presence_ttl_s"));
         let e = parse_url("postgres://user:secret@h").unwrap_err();
@@ -615,7 +669,7 @@ mod tests {
 
     #[test]
     fn broker_redis_keys_round_trip_channel_names() {
-        let k = Keys { prefix: "sb".into() };
+        let k = Keys { prefix: "sb".into(), registry: "sb".into() };
         assert_eq!(k.meta("pt:a.b"), "sb:{pt:a.b}:m");
         assert_eq!(k.channel_of_pubsub(&k.pubsub("room:1/x@y=z")), Some("room:1/x@y=z"));
         assert_eq!(k.channel_of_meta(&k.meta("a")), Some("a"));

@@ -26,13 +26,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{FutureExt, StreamExt};
 use parking_lot::Mutex;
-use redis::aio::{PubSubSink, PubSubStream};
 use serde_json::value::RawValue;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use super::subscriber::{self, Event, Sink, Source};
 use super::Inner;
 use crate::{BrokerError, ClientInfo, Position, Publication};
 
@@ -62,6 +61,8 @@ struct Track {
     redis_subscribed: bool,
     /// Subscribed and its starting position known: deliveries are complete from here on.
     active: bool,
+    /// A Redis Cluster node answered that it does not serve this channel's slot.
+    refused: bool,
     /// It was active when the connection dropped: compare positions after resubscribing.
     resync: bool,
     /// Epoch and offset of the last publication handed to the handler (or of the position read
@@ -150,6 +151,10 @@ impl Link {
                 let t = entry.track.lock();
                 if t.active {
                     Wait::Ready
+                } else if t.refused {
+                    return Err(BrokerError::Unavailable(
+                        "redis: MOVED (the channel's slot is served by another cluster node)".into(),
+                    ));
                 } else if self.down.load(Relaxed) {
                     Wait::Failed
                 } else {
@@ -288,7 +293,7 @@ pub(super) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
         // Through the sentinels where there are some: after a failover, the new primary.
         let connect = tokio::time::timeout(CONNECT_TIMEOUT, async {
             let client = inner.endpoint.client().await?;
-            client.get_async_pubsub().await
+            subscriber::connect(&client, inner.cluster).await
         });
         let pubsub = tokio::select! {
             r = connect => r,
@@ -297,7 +302,7 @@ pub(super) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
         match pubsub {
             Ok(Ok(pubsub)) => {
                 backoff = BACKOFF_MIN;
-                let (mut sink, stream) = pubsub.split();
+                let (mut sink, stream) = pubsub;
                 inner.link.on_connected();
                 tracing::info!("redis pub/sub connected");
                 let why = tokio::select! {
@@ -341,7 +346,7 @@ pub(super) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
 }
 
 /// Applies subscription changes until the connection fails.
-async fn manage(inner: &Inner, sink: &mut PubSubSink) -> Result<(), redis::RedisError> {
+async fn manage(inner: &Inner, sink: &mut Sink) -> Result<(), redis::RedisError> {
     let link = &inner.link;
     let mut ping = tokio::time::interval(PING_EVERY);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -351,7 +356,7 @@ async fn manage(inner: &Inner, sink: &mut PubSubSink) -> Result<(), redis::Redis
             tokio::select! {
                 _ = link.wake.notified() => {}
                 _ = ping.tick() => {
-                    match tokio::time::timeout(PING_TIMEOUT, sink.ping::<redis::Value>()).await {
+                    match tokio::time::timeout(PING_TIMEOUT, sink.ping()).await {
                         Ok(r) => { r?; }
                         Err(_) => return Err(redis::RedisError::from((redis::ErrorKind::Io, "no PONG on the pub/sub connection"))),
                     }
@@ -404,15 +409,23 @@ async fn manage(inner: &Inner, sink: &mut PubSubSink) -> Result<(), redis::Redis
                 }
             }
         }
+        let mut refused = HashSet::new();
         for chunk in subscribe.chunks(SUBSCRIBE_CHUNK) {
             let names: Vec<String> = chunk.iter().map(|ch| inner.keys.pubsub(ch)).collect();
-            sink.subscribe(&names).await?;
+            refused.extend(sink.subscribe(&names).await?.0);
             let entries = link.entries.lock();
             for ch in chunk {
                 if let Some(e) = entries.get(ch) {
-                    e.track.lock().redis_subscribed = true;
+                    let mut t = e.track.lock();
+                    t.refused = refused.contains(&inner.keys.pubsub(ch));
+                    t.redis_subscribed = !t.refused;
+                    drop(t);
+                    e.changed.notify_waiters();
                 }
             }
+        }
+        if !refused.is_empty() {
+            subscribe.retain(|ch| !refused.contains(&inner.keys.pubsub(ch)));
         }
         sync.extend(subscribe);
         if sync.is_empty() {
@@ -471,12 +484,12 @@ async fn manage(inner: &Inner, sink: &mut PubSubSink) -> Result<(), redis::Redis
 }
 
 /// Hands every message to the handler until the connection ends.
-async fn consume(inner: &Inner, mut stream: PubSubStream) {
-    while let Some(msg) = stream.next().await {
-        deliver(inner, &msg);
+async fn consume(inner: &Inner, mut source: Source) {
+    while let Some(event) = source.next().await {
+        handle(inner, event);
         for _ in 1..BURST {
-            match stream.next().now_or_never() {
-                Some(Some(msg)) => deliver(inner, &msg),
+            match source.try_next() {
+                Some(Some(event)) => handle(inner, event),
                 Some(None) => break,
                 None => break,
             }
@@ -484,6 +497,34 @@ async fn consume(inner: &Inner, mut stream: PubSubStream) {
         if let Some(h) = inner.handler.get() {
             h.after_publications();
         }
+    }
+}
+
+fn handle(inner: &Inner, event: Event) {
+    match event {
+        Event::Message(msg) => deliver(inner, &msg),
+        Event::Dropped(name) => dropped(inner, &name),
+    }
+}
+
+/// A cluster node ended a channel's subscription (its slot moved): if it was delivering, its
+/// subscribers recover, and resubscribe where the slot is served now.
+fn dropped(inner: &Inner, name: &str) {
+    let Some(channel) = inner.keys.channel_of_pubsub(name) else { return };
+    let Some(entry) = inner.link.entries.lock().get(channel).cloned() else { return };
+    let mut t = entry.track.lock();
+    // Not active: our own unsubscribe (its confirmation arrives here too).
+    if !t.active || t.count == 0 {
+        return;
+    }
+    t.active = false;
+    t.redis_subscribed = false;
+    t.refused = true;
+    drop(t);
+    entry.changed.notify_waiters();
+    tracing::warn!(channel, "redis cluster moved the channel's slot; subscribers recover");
+    if let Some(h) = inner.handler.get() {
+        h.on_missed(channel);
     }
 }
 

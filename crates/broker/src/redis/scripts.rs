@@ -30,6 +30,12 @@ end
 /// history ttl ms, pub/sub channel. One `TIME` and one identity read for the whole batch.
 /// Returns `{epoch, offset, ...}`, one pair per item.
 ///
+/// On a Redis Cluster node the keys of many slots cannot be declared in one call, so they
+/// travel in ARGV instead (no KEYS; ARGV[2] the item count, then the meta, history pairs, then
+/// the items as above) and the script is flagged `allow-cross-slot-keys`. An item whose slot
+/// this node does not serve (moved, or being migrated) is left untouched and answered with
+/// the epoch `''`: the caller learns the new owner and sends it there, in order.
+///
 /// Per item: `HMGET` (epoch, offset, identity, previous ttl and size), one `HSET`, `XADD` with an
 /// approximate cap (whole stream nodes are dropped, which is cheaper; reads skip what lies
 /// beyond the size), `PEXPIRE` (or `PERSIST` when a ttl was dropped), `PUBLISH`.
@@ -37,10 +43,14 @@ const PUBLISH: &str = r#"
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local rid = data_id()
-local out = {}
-for i = 1, #KEYS / 2 do
-  local meta, hist = KEYS[2 * i - 1], KEYS[2 * i]
-  local a = 2 + (i - 1) * 4
+local K, base = KEYS, 1
+if #KEYS == 0 then
+  local n = tonumber(ARGV[2])
+  K = {}
+  for i = 1, 2 * n do K[i] = ARGV[2 + i] end
+  base = 2 + 2 * n
+end
+local function one(i, meta, hist, a)
   local data, size, ttl = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2]
   local m = redis.call('HMGET', meta, 'e', 'o', 'r', 'ttl', 'h')
   local epoch, offset = m[1], 1
@@ -63,10 +73,27 @@ for i = 1, #KEYS / 2 do
     redis.call('DEL', hist)
   end
   redis.call('PUBLISH', ARGV[a + 3], 'p' .. epoch .. ' ' .. offset .. ' ' .. ms .. ' ' .. data)
-  out[2 * i - 1] = epoch
-  out[2 * i] = offset
+  return epoch, offset
+end
+local out = {}
+for i = 1, #K / 2 do
+  local meta, hist = K[2 * i - 1], K[2 * i]
+  if here(meta, hist) then
+    out[2 * i - 1], out[2 * i] = one(i, meta, hist, base + 1 + (i - 1) * 4)
+  else
+    out[2 * i - 1], out[2 * i] = '', 0
+  end
 end
 return out
+"#;
+
+/// Whether this server holds a channel's keys: always on a single Redis; on a Cluster node,
+/// whether it serves their slot now (an access to another node's key is an error, caught).
+const HERE_SINGLE: &str = "local function here(meta, hist) return true end\n";
+const HERE_CLUSTER: &str = r#"#!lua flags=allow-cross-slot-keys
+local function here(meta, hist)
+  return type(redis.pcall('EXISTS', meta, hist)) == 'number'
+end
 "#;
 
 /// Position and last value: KEYS meta, history; ARGV an epoch to use if the channel has none.
@@ -255,19 +282,26 @@ pub(super) struct Scripts {
 }
 
 impl Scripts {
-    pub fn new() -> Scripts {
-        let with_sweep = |body: &str| Script::new(&format!("{SWEEP}{body}"));
-        let with_identity = |body: &str| Script::new(&format!("{IDENTITY}{body}"));
+    /// `cluster`: for a Redis Cluster node, where publications go out with sharded pub/sub
+    /// (`SPUBLISH`, delivered only by the nodes serving the channel's slot) and the publish
+    /// script takes its keys in ARGV (see [`PUBLISH`]).
+    pub fn new(cluster: bool) -> Scripts {
+        let text =
+            |body: String| if cluster { body.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'") } else { body };
+        let script = |body: &str| Script::new(&text(body.to_string()));
+        let with_sweep = |body: &str| Script::new(&text(format!("{SWEEP}{body}")));
+        let with_identity = |body: &str| Script::new(&text(format!("{IDENTITY}{body}")));
+        let here = if cluster { HERE_CLUSTER } else { HERE_SINGLE };
         Scripts {
-            publish: with_identity(PUBLISH),
+            publish: Script::new(&text(format!("{here}{IDENTITY}{PUBLISH}"))),
             position: with_identity(POSITION),
             history: with_identity(HISTORY),
             presence_add: with_sweep(PRESENCE_ADD),
-            presence_remove: Script::new(PRESENCE_REMOVE),
+            presence_remove: script(PRESENCE_REMOVE),
             presence_list: with_sweep(PRESENCE_LIST),
             presence_refresh: with_sweep(PRESENCE_REFRESH),
-            node_beat: Script::new(NODE_BEAT),
-            cluster: Script::new(CLUSTER),
+            node_beat: script(NODE_BEAT),
+            cluster: script(CLUSTER),
         }
     }
 }
