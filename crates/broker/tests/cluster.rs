@@ -199,3 +199,69 @@ async fn broker_cluster_failover_under_load_never_reuses_an_offset_and_tells_of_
     let (pos, value) = subscriber.last("pt:f").await.unwrap();
     assert_eq!((pos, value.unwrap().data.get()), (last, "1000"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_cluster_a_slot_moved_under_load_keeps_every_publication_once_and_subscribers_recover() {
+    let cluster = Arc::new(start(3, 0).await);
+    let b = Arc::new(ClusterBroker::new(&cluster.seed_url()).unwrap());
+    let h = Arc::new(RecordingHandler::default());
+    b.set_handler(h.clone());
+    until("the cluster broker ready", Duration::from_secs(15), async || b.ready().await).await;
+    // Two channels in one slot, moved together.
+    let slot = key_slot(b"pt:mv");
+    let twin = (0..).map(|i| format!("pt:mv{i}")).find(|c| key_slot(c.as_bytes()) == slot).unwrap();
+    b.subscribe("pt:mv").await.unwrap();
+    let from = cluster.primary_for_slot(slot);
+    let to = cluster.nodes().iter().map(|n| n.port).find(|&p| p != from).unwrap();
+
+    let stream = {
+        let b = b.clone();
+        let twin = twin.clone();
+        tokio::spawn(async move {
+            let mut accepted = Vec::new();
+            for i in 1..=400 {
+                let batch = ["pt:mv", twin.as_str()].map(|c| Outgoing {
+                    channel: Arc::from(c),
+                    data: data(&i.to_string()),
+                    policy: KEEP,
+                });
+                for (item, r) in batch.iter().zip(b.publish_batch(batch.to_vec()).await) {
+                    // Every publication is taken: while the slot moves, the broker waits for it.
+                    let p = r.unwrap_or_else(|e| panic!("publication {i} of {} refused: {e}", item.channel));
+                    accepted.push((item.channel.to_string(), p, i));
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            accepted
+        })
+    };
+    h.wait_for("publications before the move", |h| h.offsets("pt:mv").len() >= 50).await;
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || c.move_slot(slot, to, 1, Duration::from_millis(100))).await.unwrap();
+    assert_eq!(cluster.primary_for_slot(slot), to);
+    let accepted = stream.await.unwrap();
+
+    let mut by_position = HashSet::new();
+    for (ch, p, i) in &accepted {
+        assert!(
+            by_position.insert((ch.clone(), p.epoch.to_string(), p.offset)),
+            "{ch} ({}, {}) reused at {i}",
+            p.epoch,
+            p.offset
+        );
+    }
+    // The old owner dropped the subscription: the subscriber is told, resubscribes (as a
+    // client does) and streams from the new owner.
+    h.wait_for("the move announced", |h| h.missed.lock().iter().any(|c| c == "pt:mv")).await;
+    b.unsubscribe("pt:mv").await.unwrap();
+    b.subscribe("pt:mv").await.unwrap();
+    let p = b.publish("pt:mv", data("\"after\""), KEEP).await.unwrap();
+    h.wait_for("a publication from the new owner", |h| {
+        h.publications.lock().iter().any(|x| x.0 == "pt:mv" && x.1 == p.offset && x.2 == "\"after\"")
+    })
+    .await;
+    let (pos, last) = b.last("pt:mv").await.unwrap();
+    assert_eq!((pos, last.unwrap().data.get()), (p, "\"after\""));
+    let twin_last = accepted.iter().rev().find(|a| a.0 == twin).unwrap();
+    assert_eq!(b.last(&twin).await.unwrap().0, twin_last.1, "the twin's keys moved with the slot");
+}

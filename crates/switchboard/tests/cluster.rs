@@ -169,6 +169,14 @@ async fn cluster_on_shards_clients_of_a_killed_node_recover_every_offset_on_the_
     killed_node_recovery(&shards.urls_joined()).await;
 }
 
+/// The same over a Redis Cluster of three primaries: the nodes find the channel's primary,
+/// publications travel by sharded pub/sub.
+#[tokio::test]
+async fn cluster_on_redis_cluster_clients_of_a_killed_node_recover_every_offset_on_the_others() {
+    let cluster = switchboard_testkit::RedisCluster::start(3, 0);
+    killed_node_recovery(&cluster.seed_url()).await;
+}
+
 async fn killed_node_recovery(broker: &str) {
     const TOTAL: u64 = 1200;
     let mut a = Node::node_on(broker, "a", &[]);

@@ -127,9 +127,20 @@ async fn fallback_poll_session_polled_on_alternating_nodes_loses_nothing() {
 
 #[tokio::test]
 async fn fallback_poll_session_survives_kill9_of_its_node() {
-    const TOTAL: u64 = 200;
     let redis = Redis::start();
-    let (mut n1, n2) = (Node::node_on(&redis.url(), "n1", POLL_ENV), Node::node_on(&redis.url(), "n2", POLL_ENV));
+    poll_takeover_after_kill9(&redis.url()).await;
+}
+
+/// The same with the nodes on a Redis Cluster: the session's keys live on its slot's primary.
+#[tokio::test]
+async fn fallback_poll_session_survives_kill9_of_its_node_on_a_redis_cluster() {
+    let cluster = switchboard_testkit::RedisCluster::start(3, 0);
+    poll_takeover_after_kill9(&cluster.seed_url()).await;
+}
+
+async fn poll_takeover_after_kill9(broker: &str) {
+    const TOTAL: u64 = 200;
+    let (mut n1, n2) = (Node::node_on(broker, "n1", POLL_ENV), Node::node_on(broker, "n2", POLL_ENV));
     all_ready(&[&n1, &n2]).await;
     let (a1, a2) = (n1.api(), n2.api());
     let mut p = Poller::open(&a1, &[json!({"id": 1, "subscribe": {"channels": ["feed", "pt:gauge"]}})]).await;

@@ -149,6 +149,37 @@ impl RedisCluster {
         })
     }
 
+    /// Moves `slot` to the primary on `to`, as `redis-cli --cluster reshard` does: `IMPORTING`
+    /// on the target, `MIGRATING` on the source, `MIGRATE` of its keys `batch` at a time with
+    /// `pause` between batches (so clients can meet the slot half-moved), then `SETSLOT NODE`
+    /// on every primary. Returns the source's port.
+    pub fn move_slot(&self, slot: u16, to: u16, batch: usize, pause: Duration) -> u16 {
+        let from = self.primary_for_slot(slot);
+        assert_ne!(from, to, "slot {slot} is already on :{to}");
+        let (src, dst) = (self.server(from).expect("source is ours"), self.server(to).expect("target is ours"));
+        let id = |n: &RedisServer| -> String { n.cmd(redis::cmd("CLUSTER").arg("MYID")) };
+        let (src_id, dst_id) = (id(src), id(dst));
+        let set = |n: &RedisServer, how: &str, node: &str| {
+            let _: () = n.cmd(redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg(how).arg(node));
+        };
+        set(dst, "IMPORTING", &src_id);
+        set(src, "MIGRATING", &dst_id);
+        loop {
+            let keys: Vec<String> = src.cmd(redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(batch));
+            if keys.is_empty() {
+                break;
+            }
+            let mut migrate = redis::cmd("MIGRATE");
+            migrate.arg("127.0.0.1").arg(to).arg("").arg(0).arg(5000).arg("KEYS").arg(&keys);
+            let _: String = src.cmd(&migrate);
+            std::thread::sleep(pause);
+        }
+        for node in self.nodes.iter().filter(|n| n.is_running() && n.role().as_deref() == Ok("master")) {
+            set(node, "NODE", &dst_id);
+        }
+        from
+    }
+
     fn wait_formed(&self, primaries: usize, replicas_per_primary: usize) {
         let total = self.nodes.len().to_string();
         until(&format!("the cluster of {total} nodes to form"), FORM_TIMEOUT, || {

@@ -24,7 +24,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -280,13 +282,59 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 ";
 
-/// The store of a cluster: the broker's Redis. Built from the same `redis://` URL as the
-/// broker ([`switchboard_broker::redis::parse_url`]: same database, same key prefix), with its
-/// own connections: one multiplexed, reconnecting command connection and one pub/sub
-/// connection for the node's notices.
+/// The command connection: one server (reconnecting), or a Redis Cluster (each session's keys
+/// go to the node serving their slot; slot moves and failovers followed by the driver).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Where the store's commands go.
+enum Commands {
+    Single(ConnectionManager),
+    /// Connected on first use (the cluster client's connect is async).
+    Cluster(ClusterClient, tokio::sync::OnceCell<ClusterConnection>),
+}
+
+/// The store of a cluster: the broker's Redis. Built from the same URL as the broker (same
+/// database, same key prefix; [`switchboard_broker::redis::parse_url`]): one Redis, the first
+/// of a list of shards (sessions are few and small; every node must agree where they are), or
+/// a Redis Cluster. It has its own connections: one multiplexed, reconnecting command
+/// connection and one pub/sub connection for the node's notices (plain `PUBLISH`, which a
+/// Redis Cluster delivers on every node: notices are rare).
 pub struct RedisPollStore {
-    client: redis::Client,
-    conn: ConnectionManager,
+    /// For the notices' pub/sub connection, tried in turn.
+    clients: Vec<redis::Client>,
+    commands: Commands,
     prefix: String,
     save: redis::Script,
     take: redis::Script,
@@ -296,7 +344,26 @@ pub struct RedisPollStore {
 impl RedisPollStore {
     /// Connects lazily to the broker URL's Redis. Call inside a Tokio runtime.
     pub fn new(broker_url: &str) -> Result<RedisPollStore, StoreError> {
-        let (url, options) = switchboard_broker::redis::parse_url(broker_url).map_err(StoreError)?;
+        if broker_url.contains("+cluster://") {
+            let (seeds, options) = switchboard_broker::cluster::seed_urls(broker_url).map_err(StoreError)?;
+            let clients = seeds
+                .iter()
+                .map(|u| redis::Client::open(u.as_str()))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(redis_err)?;
+            let cluster = redis::cluster::ClusterClientBuilder::new(seeds)
+                .connection_timeout(Duration::from_secs(3))
+                .response_timeout(Duration::from_secs(5))
+                .build()
+                .map_err(redis_err)?;
+            return Ok(RedisPollStore::with(
+                clients,
+                Commands::Cluster(cluster, tokio::sync::OnceCell::new()),
+                options.prefix,
+            ));
+        }
+        let first = broker_url.split(',').next().unwrap_or(broker_url).trim();
+        let (url, options) = switchboard_broker::redis::parse_url(first).map_err(StoreError)?;
         let client = redis::Client::open(url.as_str()).map_err(redis_err)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(3)))
@@ -304,14 +371,29 @@ impl RedisPollStore {
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_secs(2));
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), config).map_err(redis_err)?;
-        Ok(RedisPollStore {
-            client,
-            conn,
-            prefix: options.prefix,
+        Ok(RedisPollStore::with(vec![client], Commands::Single(conn), options.prefix))
+    }
+
+    fn with(clients: Vec<redis::Client>, commands: Commands, prefix: String) -> RedisPollStore {
+        RedisPollStore {
+            clients,
+            commands,
+            prefix,
             save: redis::Script::new(SAVE),
             take: redis::Script::new(TAKE),
             unlock: redis::Script::new(UNLOCK),
-        })
+        }
+    }
+
+    /// The command connection (the cluster's made on first use).
+    async fn conn(&self) -> Result<Conn, StoreError> {
+        match &self.commands {
+            Commands::Single(c) => Ok(Conn::Single(c.clone())),
+            Commands::Cluster(client, conn) => {
+                let c = conn.get_or_try_init(|| client.get_async_connection()).await.map_err(redis_err)?;
+                Ok(Conn::Cluster(c.clone()))
+            }
+        }
     }
 
     fn key(&self, id: &str) -> String {
@@ -349,7 +431,7 @@ impl PollStore for RedisPollStore {
         let text: Option<String> = redis::cmd("HGET")
             .arg(self.key(id))
             .arg("rec")
-            .query_async(&mut self.conn.clone())
+            .query_async(&mut self.conn().await?)
             .await
             .map_err(redis_err)?;
         text.map(|t| serde_json::from_str(&t).map_err(|e| StoreError(format!("corrupt session record: {e}"))))
@@ -366,7 +448,7 @@ impl PollStore for RedisPollStore {
             .arg(record.version)
             .arg(text)
             .arg(ttl_ms(ttl))
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut self.conn().await?)
             .await
             .map_err(redis_err)?;
         Ok(done == 1)
@@ -383,7 +465,7 @@ impl PollStore for RedisPollStore {
             .arg(self.commands_key(id))
             .arg(ms)
             .ignore()
-            .query_async::<()>(&mut self.conn.clone())
+            .query_async::<()>(&mut self.conn().await?)
             .await
             .map_err(redis_err)
     }
@@ -392,7 +474,7 @@ impl PollStore for RedisPollStore {
         redis::cmd("DEL")
             .arg(self.key(id))
             .arg(self.commands_key(id))
-            .query_async::<()>(&mut self.conn.clone())
+            .query_async::<()>(&mut self.conn().await?)
             .await
             .map_err(redis_err)
     }
@@ -408,27 +490,27 @@ impl PollStore for RedisPollStore {
             .arg(&key)
             .arg(ttl_ms(ttl))
             .ignore()
-            .query_async::<()>(&mut self.conn.clone())
+            .query_async::<()>(&mut self.conn().await?)
             .await
             .map_err(redis_err)
     }
 
     async fn take_commands(&self, id: &str) -> Result<Vec<Vec<u8>>, StoreError> {
-        self.take.key(self.commands_key(id)).invoke_async(&mut self.conn.clone()).await.map_err(redis_err)
+        self.take.key(self.commands_key(id)).invoke_async(&mut self.conn().await?).await.map_err(redis_err)
     }
 
     async fn notify(&self, to: &str, notice: Notice) -> Result<(), StoreError> {
         redis::cmd("PUBLISH")
             .arg(self.node_channel(to))
             .arg(notice.encode())
-            .query_async::<()>(&mut self.conn.clone())
+            .query_async::<()>(&mut self.conn().await?)
             .await
             .map_err(redis_err)
     }
 
     fn listen(&self, node: &str) -> mpsc::UnboundedReceiver<Notice> {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(listen_task(self.client.clone(), self.node_channel(node), tx));
+        tokio::spawn(listen_task(self.clients.clone(), self.node_channel(node), tx));
         rx
     }
 
@@ -443,7 +525,7 @@ impl PollStore for RedisPollStore {
                 .arg("NX")
                 .arg("PX")
                 .arg(ttl_ms(LOCK_TTL))
-                .query_async(&mut self.conn.clone())
+                .query_async(&mut self.conn().await?)
                 .await
                 .map_err(redis_err)?;
             if got.is_some() {
@@ -460,7 +542,7 @@ impl PollStore for RedisPollStore {
         self.unlock
             .key(self.lock_key(id))
             .arg(token.0)
-            .invoke_async::<i64>(&mut self.conn.clone())
+            .invoke_async::<i64>(&mut self.conn().await?)
             .await
             .map(|_| ())
             .map_err(redis_err)
@@ -469,10 +551,13 @@ impl PollStore for RedisPollStore {
 
 /// Keeps a pub/sub subscription to the node's notice channel, reconnecting with backoff, and
 /// forwards what arrives. Ends when the receiver is gone.
-async fn listen_task(client: redis::Client, channel: String, tx: mpsc::UnboundedSender<Notice>) {
+async fn listen_task(clients: Vec<redis::Client>, channel: String, tx: mpsc::UnboundedSender<Notice>) {
     use futures_util::StreamExt;
     let mut backoff = Duration::from_millis(100);
+    let mut turn = 0;
     while !tx.is_closed() {
+        let client = clients[turn % clients.len()].clone();
+        turn += 1;
         let connected = async {
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&channel).await?;
@@ -506,7 +591,8 @@ async fn listen_task(client: redis::Client, channel: String, tx: mpsc::Unbounded
     }
 }
 
-/// The store for a broker URL: memory for `memory`, Redis otherwise.
+/// The store for a broker URL: memory for `memory`, Redis otherwise (not yet behind
+/// Sentinel: there the nodes keep sessions in memory and a session cannot move).
 pub fn for_broker(broker: &str) -> Result<Arc<dyn PollStore>, StoreError> {
     if broker == "memory" {
         Ok(Arc::new(MemoryPollStore::new()))
