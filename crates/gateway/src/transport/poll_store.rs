@@ -322,7 +322,7 @@ impl ConnectionLike for Conn {
 enum Commands {
     Single(ConnectionManager),
     /// Connected on first use (the cluster client's connect is async).
-    Cluster(ClusterClient, tokio::sync::OnceCell<ClusterConnection>),
+    Cluster(Box<(ClusterClient, tokio::sync::OnceCell<ClusterConnection>)>),
 }
 
 /// The store of a cluster: the broker's Redis. Built from the same URL as the broker (same
@@ -358,7 +358,7 @@ impl RedisPollStore {
                 .map_err(redis_err)?;
             return Ok(RedisPollStore::with(
                 clients,
-                Commands::Cluster(cluster, tokio::sync::OnceCell::new()),
+                Commands::Cluster(Box::new((cluster, tokio::sync::OnceCell::new()))),
                 options.prefix,
             ));
         }
@@ -389,7 +389,8 @@ impl RedisPollStore {
     async fn conn(&self) -> Result<Conn, StoreError> {
         match &self.commands {
             Commands::Single(c) => Ok(Conn::Single(c.clone())),
-            Commands::Cluster(client, conn) => {
+            Commands::Cluster(cluster) => {
+                let (client, conn) = &**cluster;
                 let c = conn.get_or_try_init(|| client.get_async_connection()).await.map_err(redis_err)?;
                 Ok(Conn::Cluster(c.clone()))
             }
