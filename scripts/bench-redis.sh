@@ -5,7 +5,8 @@
 # beside the bench's delivery latency, one fresh server (and fresh Redis) per run.
 #
 #   scripts/bench-redis.sh [OUT] [TOPOLOGIES] [U] [K] [F] [DURATION]
-#   TOPOLOGIES: comma list of memory, redis, shards3 (default memory,redis,shards3)
+#   TOPOLOGIES: comma list of memory, redis, shards3, cluster3 (default all four; cluster3 is a
+#   Redis Cluster of three primaries without replicas, formed with redis-cli --cluster create)
 #
 # Each topology runs twice, for 1/4 of DURATION and for DURATION: the difference between the
 # two runs' CPU over the difference of their publications is the cost of a publication in the
@@ -14,7 +15,7 @@ set -u
 cd "$(dirname "$0")/.."
 BIN=${SWITCHBOARD_BIN:-target/release/switchboard}
 OUT=${1:-bench-results/redis-$(date +%s)}
-TOPOLOGIES=${2:-memory,redis,shards3}
+TOPOLOGIES=${2:-memory,redis,shards3,cluster3}
 U=${3:-10}
 K=${4:-5000}
 F=${5:-2}
@@ -22,22 +23,50 @@ DURATION=${6:-20}
 mkdir -p "$OUT"
 TCK=$(getconf CLK_TCK)
 spare() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# A port P with P + 10000 (the cluster bus) free too.
+spare_bus() {
+    python3 -c '
+import random, socket
+while True:
+    p = random.randint(20000, 50000)
+    try:
+        for q in (p, p + 10000):
+            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
+        print(p); break
+    except OSError:
+        pass'
+}
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
 
 run() {
-    local name=$1 nshards=$2 DURATION=$3
-    local rpids=() urls=()
+    local name=$1 nshards=$2 DURATION=$3 cluster=${4:-}
+    local rpids=() urls=() ports=()
     for _ in $(seq 1 "$nshards"); do
-        local p
-        p=$(spare)
-        redis-server --port "$p" --bind 127.0.0.1 --save "" --appendonly no > "$OUT/$name-redis-$p.log" 2>&1 &
+        local p extra=()
+        if [ -n "$cluster" ]; then
+            p=$(spare_bus)
+            mkdir -p "$OUT/$name-node-$p"
+            extra=(--cluster-enabled yes --cluster-config-file "$OUT/$name-node-$p/nodes.conf")
+        else
+            p=$(spare)
+        fi
+        redis-server --port "$p" --bind 127.0.0.1 --save "" --appendonly no "${extra[@]}" > "$OUT/$name-redis-$p.log" 2>&1 &
         rpids+=($!)
+        ports+=("$p")
         urls+=("redis://127.0.0.1:$p/0")
     done
     local broker=memory
     if [ "$nshards" -gt 0 ]; then
         broker=$(IFS=,; echo "${urls[*]}")
         sleep 0.5
+    fi
+    if [ -n "$cluster" ]; then
+        redis-cli --cluster create $(printf '127.0.0.1:%s ' "${ports[@]}") --cluster-yes > "$OUT/$name-create.log" 2>&1
+        for _ in $(seq 1 100); do
+            redis-cli -p "${ports[0]}" cluster info 2> /dev/null | grep -q 'cluster_state:ok' && break
+            sleep 0.2
+        done
+        broker="redis+cluster://127.0.0.1:${ports[0]}"
     fi
     "$BIN" serve --listen 127.0.0.1:0 --broker "$broker" > "$OUT/$name-node.out" 2> "$OUT/$name-node.log" &
     local spid=$!
@@ -73,10 +102,13 @@ for t in "${LIST[@]}"; do
         memory) n=0 ;;
         redis) n=1 ;;
         shards3) n=3 ;;
+        cluster3) n=3 ;;
         *) echo "unknown topology $t" >&2; exit 2 ;;
     esac
-    run "$t-short" "$n" "$SHORT"
-    run "$t" "$n" "$DURATION"
+    c=""
+    [ "$t" = cluster3 ] && c=yes
+    run "$t-short" "$n" "$SHORT" "$c"
+    run "$t" "$n" "$DURATION" "$c"
     python3 - "$OUT/$t-short.row" "$OUT/$t.row" "$t" << 'PY' | tee -a "$OUT/summary.txt"
 import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:3])

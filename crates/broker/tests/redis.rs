@@ -285,3 +285,31 @@ async fn broker_redis_promoted_replica_starts_a_new_epoch_instead_of_reusing_off
     let (pos, last) = new.last("room:f").await.unwrap();
     assert_eq!((pos, last.unwrap().data.get()), (p, "\"after\""));
 }
+
+#[tokio::test]
+async fn broker_redis_history_expiry_is_pushed_once_per_ttl_not_per_publication() {
+    let r = Redis::start();
+    let b = broker(&r, "sb");
+    ready(&b).await;
+    let ttl = |ms: u64| HistoryPolicy { size: 10, ttl: Duration::from_millis(ms) };
+    let pttl = || -> i64 { r.cmd(redis::cmd("PTTL").arg("sb:{room:x}:h")) };
+    let set_at = || -> i64 { r.cmd(redis::cmd("HGET").arg("sb:{room:x}:m").arg("x")) };
+    b.publish("room:x", data("1"), ttl(60_000)).await.unwrap();
+    // A new stream: twice the ttl.
+    let (first, x) = (pttl(), set_at());
+    assert!((119_000..=120_000).contains(&first), "{first}");
+    // More than one ttl left: the next publication leaves the expiry alone.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    b.publish("room:x", data("2"), ttl(60_000)).await.unwrap();
+    assert_eq!(set_at(), x);
+    assert!(pttl() < first, "not pushed again");
+    // A changed ttl is applied at once.
+    b.publish("room:x", data("3"), ttl(10_000)).await.unwrap();
+    assert!((19_000..=20_000).contains(&pttl()), "{}", pttl());
+    // No ttl: the stream is kept.
+    b.publish("room:x", data("4"), ttl(0)).await.unwrap();
+    assert_eq!(pttl(), -1);
+    let h = b.history("room:x", None, 10).await.unwrap();
+    let got: Vec<&str> = h.publications.iter().map(|p| p.data.get()).collect();
+    assert_eq!(got, ["1", "2", "3", "4"]);
+}

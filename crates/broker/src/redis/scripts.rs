@@ -3,7 +3,8 @@
 //!
 //! Key layout per channel `ch` (the `{ch}` hash tag keeps a channel's keys in one slot):
 //! - `P:{ch}:m` hash: `e` epoch, `r` the server identity that wrote it (see [`IDENTITY`]), `o`
-//!   offset, `d` last data, `t` its time (ms), `ttl` history ms, `h` history size
+//!   offset, `d` last data, `t` its time (ms), `ttl` history ms, `h` history size, `x` when
+//!   the history stream's expiry was last set to (ms)
 //! - `P:{ch}:h` stream: entries `<offset>-0` with fields `d` and `t`, capped near the history
 //!   size (`MAXLEN ~`; reads return only the newest `h`)
 //! - `P:{ch}:p` the pub/sub channel: `p<epoch> <offset> <ms> <data>`, `j<info>`, `l<info>`
@@ -36,9 +37,13 @@ end
 /// this node does not serve (moved, or being migrated) is left untouched and answered with
 /// the epoch `''`: the caller learns the new owner and sends it there, in order.
 ///
-/// Per item: `HMGET` (epoch, offset, identity, previous ttl and size), one `HSET`, `XADD` with an
-/// approximate cap (whole stream nodes are dropped, which is cheaper; reads skip what lies
-/// beyond the size), `PEXPIRE` (or `PERSIST` when a ttl was dropped), `PUBLISH`.
+/// Per item: `HMGET` (epoch, offset, identity, previous ttl and size, history expiry), `XADD`
+/// with an approximate cap (whole stream nodes are dropped, which is cheaper; reads skip what
+/// lies beyond the size), one `HSET` (offset, value and time only, unless settings changed),
+/// `PUBLISH`. The history's expiry is not pushed on every publication: it is set to twice the
+/// ttl whenever less than one ttl is left (or the settings changed, or the stream is new), so
+/// the stream outlives its last publication by one to two ttls (reads skip entries older
+/// than the ttl anyway); a `PERSIST` when the ttl was dropped.
 const PUBLISH: &str = r#"
 local now = redis.call('TIME')
 local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -52,25 +57,39 @@ if #KEYS == 0 then
 end
 local function one(i, meta, hist, a)
   local data, size, ttl = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2]
-  local m = redis.call('HMGET', meta, 'e', 'o', 'r', 'ttl', 'h')
+  local m = redis.call('HMGET', meta, 'e', 'o', 'r', 'ttl', 'h', 'x')
   local epoch, offset = m[1], 1
-  if epoch and m[3] == rid then
-    offset = tonumber(m[2]) + 1
-    redis.call('HSET', meta, 'o', offset, 'd', data, 't', ms, 'ttl', ttl, 'h', size)
-  else
+  local fresh = not (epoch and m[3] == rid)
+  -- The same history settings as the last publication.
+  local same = m[4] == ttl and m[5] == ARGV[a + 1]
+  if fresh then
     epoch = ARGV[1] .. string.format('%x', i)
     redis.call('DEL', hist)
-    redis.call('HSET', meta, 'e', epoch, 'r', rid, 'o', 1, 'd', data, 't', ms, 'ttl', ttl, 'h', size)
+  else
+    offset = tonumber(m[2]) + 1
   end
+  local x
   if size > 0 then
     redis.call('XADD', hist, 'MAXLEN', '~', size, offset .. '-0', 'd', data, 't', ms)
     if ttl ~= '0' then
-      redis.call('PEXPIRE', hist, ttl)
+      local t = tonumber(ttl)
+      if fresh or not same or (tonumber(m[6]) or 0) - ms < t then
+        local keep = math.min(2 * t, 1e15)
+        x = ms + keep
+        redis.call('PEXPIRE', hist, keep)
+      end
     elseif m[4] and m[4] ~= '0' then
       redis.call('PERSIST', hist)
     end
   elseif m[5] ~= '0' then
     redis.call('DEL', hist)
+  end
+  if fresh then
+    redis.call('HSET', meta, 'e', epoch, 'r', rid, 'o', 1, 'd', data, 't', ms, 'ttl', ttl, 'h', size, 'x', x or 0)
+  elseif same and not x then
+    redis.call('HSET', meta, 'o', offset, 'd', data, 't', ms)
+  else
+    redis.call('HSET', meta, 'o', offset, 'd', data, 't', ms, 'ttl', ttl, 'h', size, 'x', x or 0)
   end
   redis.call('PUBLISH', ARGV[a + 3], 'p' .. epoch .. ' ' .. offset .. ' ' .. ms .. ' ' .. data)
   return epoch, offset
