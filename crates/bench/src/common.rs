@@ -17,6 +17,26 @@ pub const DEFAULT_CONNS_PER_PROC: usize = 10_000;
 /// (32768–60999) and a bound socket takes its port before knowing the destination.
 pub const CONNS_PER_SOURCE_ADDR: usize = 20_000;
 
+/// Bounds of a paced scenario (see [`crate::report::pace_criteria`]); both default to the
+/// scenario's period.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct PaceArgs {
+    /// Largest delivery p99 (ms) of a passing run [default: the scenario's period].
+    #[arg(long)]
+    pub max_p99_ms: Option<f64>,
+    /// Latest a round of publications may start after its scheduled time (ms) in a passing run
+    /// [default: the scenario's period].
+    #[arg(long)]
+    pub max_publish_late_ms: Option<f64>,
+}
+
+impl PaceArgs {
+    /// `(max late ms, max p99 ms)` for a scenario whose period is `period_ms`.
+    pub fn bounds(&self, period_ms: f64) -> (f64, f64) {
+        (self.max_publish_late_ms.unwrap_or(period_ms), self.max_p99_ms.unwrap_or(period_ms))
+    }
+}
+
 /// Flags common to all scenarios.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CommonArgs {

@@ -103,6 +103,37 @@ pub fn standard_criteria(conns: &Connections, dropped: u64, m: &MessageCounts) -
     ]
 }
 
+/// The checks of a paced scenario (a publisher working to a schedule) that make "loss-free but
+/// late" a failure: the publisher kept its schedule — no round started more than `max_late_ms`
+/// after its scheduled time — and the delivery p99 stayed within `max_p99_ms`.
+pub fn pace_criteria(
+    publish_late_max_ms: f64,
+    max_late_ms: f64,
+    p99_ms: Option<f64>,
+    max_p99_ms: f64,
+) -> Vec<Criterion> {
+    vec![
+        Criterion::new(
+            format!("publisher kept its schedule (no round started over {max_late_ms:.0} ms late)"),
+            publish_late_max_ms <= max_late_ms,
+            format!("latest round started {publish_late_max_ms:.1} ms after its schedule"),
+        ),
+        p99_criterion(p99_ms, max_p99_ms),
+    ]
+}
+
+/// Delivery p99 within `max_p99_ms`; a run with no latency samples fails it.
+pub fn p99_criterion(p99_ms: Option<f64>, max_p99_ms: f64) -> Criterion {
+    Criterion::new(
+        format!("delivery p99 ≤ {max_p99_ms:.0} ms"),
+        p99_ms.is_some_and(|p| p <= max_p99_ms),
+        match p99_ms {
+            Some(p) => format!("p99 {p:.1} ms"),
+            None => "no deliveries measured".into(),
+        },
+    )
+}
+
 impl BenchResult {
     /// Sets `pass` from the criteria: all must hold, and there must be at least one.
     pub fn decide(&mut self) {
@@ -259,6 +290,18 @@ fn csv_field(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn report_late_or_slow_paced_runs_do_not_pass() {
+        let ok = |c: Vec<Criterion>| c.iter().map(|c| c.ok).collect::<Vec<_>>();
+        assert_eq!(ok(pace_criteria(12.0, 500.0, Some(80.0), 500.0)), [true, true]);
+        // Loss-free but late: the publisher fell behind, or deliveries took too long.
+        assert_eq!(ok(pace_criteria(900.0, 500.0, Some(80.0), 500.0)), [false, true]);
+        assert_eq!(ok(pace_criteria(12.0, 500.0, Some(501.0), 500.0)), [true, false]);
+        assert_eq!(ok(pace_criteria(12.0, 500.0, None, 500.0)), [true, false]);
+        let c = p99_criterion(Some(135.2), 100.0);
+        assert_eq!((c.check.as_str(), c.observed.as_str(), c.ok), ("delivery p99 ≤ 100 ms", "p99 135.2 ms", false));
+    }
     use super::*;
     use serde_json::json;
 

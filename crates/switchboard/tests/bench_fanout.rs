@@ -22,6 +22,7 @@ fn bench(server: &Server, args: &[&str]) -> (ExitStatus, Value) {
     let mut child = Command::new(BIN)
         .arg("bench")
         .args(args)
+        .args(support::loose_bounds(args))
         .args(["--target", &server.ws(), "--quiet", "--server-pid", &pid])
         .arg("--out")
         .arg(&out.0)
@@ -160,6 +161,24 @@ fn bench_streams_set_mode_delivers_every_point_to_every_user() {
     assert_eq!((u(&x["subscriptions"]), u(&x["ticks"]), u(&x["ticks_incomplete"])), (150, 10, 0));
     assert_eq!(x["mode"], "set");
     assert!(x["server_cpu_us_per_delivery"].as_f64().is_some());
+}
+
+/// Loss-free but late is not a pass: a bound no delivery can meet fails the run, exit 1, and
+/// the criterion says why while the loss checks still hold.
+#[test]
+fn bench_streams_over_its_p99_bound_fails_and_says_why() {
+    let server = Server::start(&[]);
+    let args = ["streams", "--users", "2", "--points", "20", "--hz", "5", "--duration", "1", "--max-p99-ms", "0"];
+    let args = [&args[..], &["--max-publish-late-ms", "60000"]].concat();
+    let (status, r) = bench(&server, &args);
+    assert_eq!(status.code(), Some(1), "{r}");
+    assert_eq!(r["pass"], false);
+    assert_eq!(u(&r["messages"]["lost"]), 0, "nothing lost: the failure is the timing alone");
+    let failed: Vec<&Value> = r["criteria"].as_array().unwrap().iter().filter(|c| c["ok"] == false).collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["check"], "delivery p99 ≤ 0 ms");
+    assert!(failed[0]["observed"].as_str().unwrap().starts_with("p99 "), "{}", failed[0]);
+    assert_eq!(r["params"]["max_p99_ms"], 0.0);
 }
 
 #[test]

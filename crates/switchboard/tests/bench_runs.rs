@@ -24,6 +24,7 @@ impl Bench {
         let child = Command::new(BIN)
             .arg("bench")
             .args(args)
+            .args(support::loose_bounds(args))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

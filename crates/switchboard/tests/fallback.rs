@@ -274,6 +274,7 @@ fn bench_over(node: &Server, transport: &str, args: &[&str]) -> Value {
     let mut child = Command::new(env!("CARGO_BIN_EXE_switchboard"))
         .arg("bench")
         .args(args)
+        .args(support::loose_bounds(args))
         .args(["--transport", transport, "--quiet", "--target"])
         .arg(format!("ws://127.0.0.1:{}/ws", node.port))
         .arg("--out")

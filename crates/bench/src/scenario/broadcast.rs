@@ -26,12 +26,12 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::accounting::{BurstTally, Delivery, MessageCounts, OffsetSet};
 use crate::chart::{LineChart, Point, Series};
-use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, WireFormat};
+use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, PaceArgs, WireFormat};
 use crate::histogram::Latency;
 use crate::probe::{Memory, ProcessProbe};
 use crate::progress::{Progress, Rate};
 use crate::report::{
-    rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
+    pace_criteria, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
 };
 use crate::scenario::{conclude, coordinator_runtime, ms};
 use crate::transport::{Conn, Transport};
@@ -79,6 +79,8 @@ pub struct BroadcastArgs {
     /// i-th of --target and these, round robin; publications still go to --api.
     #[arg(long = "also-target", value_name = "URL")]
     pub also_targets: Vec<String>,
+    #[command(flatten)]
+    pub pace: PaceArgs,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -465,6 +467,8 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
     let first_publish_us = unix_micros();
     let period = Duration::from_secs_f64(args.period);
     let mut rate = Rate::default();
+    // Largest delay between a burst's scheduled time and its publish.
+    let mut late_max_us = 0;
     for k in 0..bursts {
         let at = phase_start + period * k as u32;
         let sent = plan.len();
@@ -479,6 +483,8 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
         )
         .await;
         let t = unix_micros();
+        let due = first_publish_us + (period * k as u32).as_micros() as u64;
+        late_max_us = late_max_us.max(t.saturating_sub(due));
         let (offset, error) = match api.publish(&args.channel, &json!({"t": t, "seq": k})).await {
             Ok(r) => (Some(r.offset), None),
             Err(e) => (None, Some(e.to_string())),
@@ -554,6 +560,9 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
         format!("{late} of {bursts} bursts late or incomplete"),
     ));
     criteria.push(Criterion::new("every worker reported", merged.missing == 0, format!("{} missing", merged.missing)));
+    let (max_late_ms, max_p99_ms) = args.pace.bounds(args.period * 1000.0);
+    let latency = merged.latency.summary();
+    criteria.extend(pace_criteria(late_max_us as f64 / 1000.0, max_late_ms, latency.p99, max_p99_ms));
 
     let completions: Vec<f64> = plan.iter().filter_map(|b| b.completion_ms).collect();
     let mut extra = Map::new();
@@ -610,14 +619,14 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
             "subs": subs, "period_s": args.period, "bursts": bursts, "channel": args.channel,
             "format": args.format, "procs": configs.len(), "target": args.common.target,
             "also_targets": args.also_targets,
-            "transport": args.transport,
+            "transport": args.transport, "max_p99_ms": max_p99_ms, "max_publish_late_ms": max_late_ms,
         }),
         started: rfc3339(started),
         duration_s: span_us as f64 / 1e6,
         connections,
         messages,
         throughput: Throughput { deliveries_per_s: t.received as f64 * 1e6 / span_us as f64 },
-        latency_ms: merged.latency.summary(),
+        latency_ms: latency,
         server: ServerStats { cpu_s, rss_peak_bytes: mem_end.map(|m| m.hwm), rss_per_connection_bytes: rss_per_conn },
         pass: false,
         criteria,

@@ -35,10 +35,10 @@ use switchboard_client::HttpApi;
 use tokio::time::Instant;
 
 use crate::accounting::{BurstTally, MessageCounts};
-use crate::common::{rfc3339, unix_micros, CommonArgs, WireFormat};
+use crate::common::{rfc3339, unix_micros, CommonArgs, PaceArgs, WireFormat};
 use crate::probe::ProcessProbe;
 use crate::progress::Progress;
-use crate::report::{BenchResult, Connections, Criterion, ServerStats, Throughput};
+use crate::report::{pace_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput};
 use crate::scenario::streams::feed::{
     completion, run_ticks, FeedConn, FeedWorker, Points, TickPublisher, Ticks, DEFAULT_SUBSCRIBE_CHUNK,
 };
@@ -69,6 +69,8 @@ pub struct DashboardArgs {
     /// Token for the handshake and the HTTP API (`Authorization: Bearer`).
     #[arg(long)]
     pub token: Option<String>,
+    #[command(flatten)]
+    pub pace: PaceArgs,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -224,7 +226,7 @@ async fn coordinate(args: DashboardArgs) -> anyhow::Result<i32> {
         _ => None,
     };
     let load_ms = (t.established > 0).then(|| merged.connect.max_us() as f64 / 1000.0);
-    let criteria = vec![
+    let mut criteria = vec![
         Criterion::new(
             "every widget got a value",
             t.established == 1,
@@ -253,6 +255,9 @@ async fn coordinate(args: DashboardArgs) -> anyhow::Result<i32> {
         ),
         Criterion::new("every worker reported", merged.missing == 0, format!("{} missing", merged.missing)),
     ];
+    let (max_late_ms, max_p99_ms) = args.pace.bounds(1000.0 / args.hz);
+    let latency = merged.latency.summary();
+    criteria.extend(pace_criteria(log.late_max_us as f64 / 1000.0, max_late_ms, latency.p99, max_p99_ms));
 
     let done = completion(&log, &t.bursts, 1, 1, args.hz);
     let mut extra = Map::new();
@@ -280,14 +285,14 @@ async fn coordinate(args: DashboardArgs) -> anyhow::Result<i32> {
         params: json!({
             "widgets": w, "hz": args.hz, "duration_s": window_s, "prefix": args.prefix,
             "subscribe_chunk": args.subscribe_chunk, "batch": args.batch, "format": args.format,
-            "target": args.common.target,
+            "target": args.common.target, "max_p99_ms": max_p99_ms, "max_publish_late_ms": max_late_ms,
         }),
         started: rfc3339(started),
         duration_s: span_s,
         connections,
         messages: m,
         throughput: Throughput { deliveries_per_s: t.received as f64 / span_s },
-        latency_ms: merged.latency.summary(),
+        latency_ms: latency,
         server: ServerStats { cpu_s, rss_peak_bytes: mem_end.map(|m| m.hwm), rss_per_connection_bytes: None },
         pass: false,
         criteria,

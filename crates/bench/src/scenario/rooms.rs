@@ -39,7 +39,7 @@ use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, WireFo
 use crate::probe::ProcessProbe;
 use crate::progress::{Progress, Rate};
 use crate::report::{
-    rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
+    p99_criterion, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
 };
 use crate::scenario::streams::feed::{encode, parse_subscribe_ok, payload, Incoming, Points, Subscribed};
 use crate::scenario::{conclude, coordinator_runtime};
@@ -89,6 +89,10 @@ pub struct RoomsArgs {
     /// Token for the handshakes and the HTTP API (`Authorization: Bearer`).
     #[arg(long)]
     pub token: Option<String>,
+    /// Largest delivery p99 (ms) of a passing run [default: the pause, or the timeout when
+    /// there is no pause].
+    #[arg(long)]
+    pub max_p99_ms: Option<f64>,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -540,8 +544,10 @@ async fn coordinate(args: RoomsArgs) -> anyhow::Result<i32> {
         format!("{}/{publications} publications sent", t.sent),
     ));
     criteria.push(Criterion::new("every worker reported", merged.missing == 0, format!("{} missing", merged.missing)));
-
     let l = merged.latency.summary();
+    let max_p99_ms = args.max_p99_ms.unwrap_or(if args.pause > 0.0 { args.pause } else { args.timeout } * 1000.0);
+    criteria.push(p99_criterion(l.p99, max_p99_ms));
+
     let mut extra = Map::new();
     extra.insert("procs".into(), json!(configs.len()));
     extra.insert("clients".into(), json!(conns));
@@ -575,6 +581,7 @@ async fn coordinate(args: RoomsArgs) -> anyhow::Result<i32> {
             "rooms": rooms, "members": members, "pause_s": args.pause, "iterations": iterations,
             "timeout_s": args.timeout, "prefix": args.prefix, "format": args.format,
             "procs": configs.len(), "target": args.common.target, "transport": args.transport,
+            "max_p99_ms": max_p99_ms,
         }),
         started: rfc3339(started),
         duration_s: span_us as f64 / 1e6,

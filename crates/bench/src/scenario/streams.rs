@@ -39,11 +39,11 @@ use switchboard_client::HttpApi;
 use tokio::time::Instant;
 
 use crate::accounting::MessageCounts;
-use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, WireFormat};
+use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, PaceArgs, WireFormat};
 use crate::probe::ProcessProbe;
 use crate::progress::Progress;
 use crate::report::{
-    rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
+    pace_criteria, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
 };
 use crate::scenario::{conclude, coordinator_runtime};
 use crate::worker::{Pool, WorkerConfig, WorkerCtx};
@@ -112,6 +112,8 @@ pub struct StreamsArgs {
     /// Token for the handshakes and the HTTP API (`Authorization: Bearer`).
     #[arg(long)]
     pub token: Option<String>,
+    #[command(flatten)]
+    pub pace: PaceArgs,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -296,6 +298,9 @@ async fn coordinate(args: StreamsArgs) -> anyhow::Result<i32> {
         format!("{} accepted, {} rejected", log.accepted_total(), log.rejected),
     ));
     criteria.push(Criterion::new("every worker reported", merged.missing == 0, format!("{} missing", merged.missing)));
+    let (max_late_ms, max_p99_ms) = args.pace.bounds(1000.0 / args.hz);
+    let latency = merged.latency.summary();
+    criteria.extend(pace_criteria(log.late_max_us as f64 / 1000.0, max_late_ms, latency.p99, max_p99_ms));
 
     let mut extra = Map::new();
     extra.insert("procs".into(), json!(configs.len()));
@@ -339,14 +344,14 @@ async fn coordinate(args: StreamsArgs) -> anyhow::Result<i32> {
             "users": users, "points": k, "hz": args.hz, "mode": args.mode, "duration_s": window_s,
             "prefix": args.prefix, "subscribe_chunk": args.subscribe_chunk, "batch": args.batch,
             "format": args.format, "procs": configs.len(), "target": args.common.target,
-            "transport": args.transport,
+            "transport": args.transport, "max_p99_ms": max_p99_ms, "max_publish_late_ms": max_late_ms,
         }),
         started: rfc3339(started),
         duration_s: span_s,
         connections,
         messages,
         throughput: Throughput { deliveries_per_s: t.received as f64 / span_s },
-        latency_ms: merged.latency.summary(),
+        latency_ms: latency,
         server: ServerStats { cpu_s, rss_peak_bytes: mem_end.map(|m| m.hwm), rss_per_connection_bytes: rss_per_conn },
         pass: false,
         criteria,
