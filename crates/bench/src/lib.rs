@@ -25,6 +25,7 @@
 //!   charts (latency distribution, sweep steps).
 //! - [`compare`]: `bench report DIR...`, one HTML page comparing result folders.
 //! - [`progress`]: the once-a-second progress line.
+//! - [`search`]: the doubling-then-bisecting sweep of `--search` (broadcast, streams).
 //! - [`common`]: flags shared by all scenarios and helpers built on them.
 //! - [`transport`]: `--transport ws|sse|poll` of the fan-out scenarios, one connection type
 //!   for all three.
@@ -41,6 +42,7 @@ pub mod probe;
 pub mod progress;
 pub mod report;
 pub mod scenario;
+pub mod search;
 pub mod transport;
 pub mod worker;
 

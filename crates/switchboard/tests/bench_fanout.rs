@@ -181,6 +181,47 @@ fn bench_streams_over_its_p99_bound_fails_and_says_why() {
     assert_eq!(r["params"]["max_p99_ms"], 0.0);
 }
 
+/// `--search` runs one step per point count, doubling up to the ceiling, and reports the
+/// largest passing step (what passes depends on the machine: the test checks the bookkeeping).
+#[test]
+fn bench_streams_search_reports_every_step_and_the_largest_passing_rate() {
+    let server = Server::start(&[]);
+    let args = [
+        "streams",
+        "--users",
+        "2",
+        "--points",
+        "50",
+        "--hz",
+        "2",
+        "--duration",
+        "1",
+        "--search",
+        "--search-max",
+        "200",
+        "--search-refine",
+        "0",
+        "--max-p99-ms",
+        "60000",
+        "--max-publish-late-ms",
+        "60000",
+    ];
+    let (status, r) = bench(&server, &args);
+    assert_eq!(status.code(), Some(if r["pass"] == true { 0 } else { 1 }), "{r}");
+    let search = &r["extra"]["search"];
+    let steps = search["steps"].as_array().unwrap();
+    let tried: Vec<u64> = steps.iter().map(|s| u(&s["points"])).collect();
+    let passed: Vec<u64> = steps.iter().filter(|s| s["pass"] == true).map(|s| u(&s["points"])).collect();
+    // Doubling from 50 while steps pass; the first failure ends it (no refinement asked).
+    assert_eq!(tried[..], [50, 100, 200][..tried.len()], "{steps:?}");
+    assert_eq!(passed[..], tried[..passed.len()], "passes come first: {steps:?}");
+    assert_eq!(search["largest_passing_points"], passed.last().map_or(Value::Null, |&k| Value::from(k)));
+    for s in steps {
+        assert_eq!(s["publications_per_s"].as_f64().unwrap(), u(&s["points"]) as f64 * 2.0);
+    }
+    assert_eq!(r["pass"], Value::Bool(!passed.is_empty()), "the result is the largest passing step's");
+}
+
 #[test]
 fn bench_streams_channels_mode_opens_one_connection_per_user_and_point() {
     let server = Server::start(&[]);

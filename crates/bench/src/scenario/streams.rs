@@ -39,13 +39,16 @@ use switchboard_client::HttpApi;
 use tokio::time::Instant;
 
 use crate::accounting::MessageCounts;
+use crate::chart::{LineChart, Point, Series};
 use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, PaceArgs, WireFormat};
+use crate::histogram::Latency;
 use crate::probe::ProcessProbe;
 use crate::progress::Progress;
 use crate::report::{
     pace_criteria, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
 };
 use crate::scenario::{conclude, coordinator_runtime};
+use crate::search::Search;
 use crate::worker::{Pool, WorkerConfig, WorkerCtx};
 use feed::{completion, run_ticks, FeedConn, FeedWorker, Points, TickPublisher, Ticks, DEFAULT_SUBSCRIBE_CHUNK};
 
@@ -112,6 +115,17 @@ pub struct StreamsArgs {
     /// Token for the handshakes and the HTTP API (`Authorization: Bearer`).
     #[arg(long)]
     pub token: Option<String>,
+    /// Find the largest publications/s the setup sustains: double --points (at --hz) until a
+    /// run fails (a tick late, p99 over --max-p99-ms (100 ms unless given), anything lost),
+    /// then bisect; report the largest that passed. Each step is a full run of --duration.
+    #[arg(long)]
+    pub search: bool,
+    /// Upper bound of --points for --search (tried itself when doubling would pass it).
+    #[arg(long, default_value_t = 64_000)]
+    pub search_max: usize,
+    /// Bisection steps after the first failure.
+    #[arg(long, default_value_t = 3)]
+    pub search_refine: usize,
     #[command(flatten)]
     pub pace: PaceArgs,
     #[command(flatten)]
@@ -199,9 +213,90 @@ pub fn run(args: StreamsArgs) -> anyhow::Result<i32> {
 }
 
 async fn coordinate(args: StreamsArgs) -> anyhow::Result<i32> {
-    let started = unix_micros();
     let out = args.common.out_dir("streams");
     let mut progress = Progress::new(args.common.quiet);
+    if args.search {
+        return search(args, &out, &mut progress).await;
+    }
+    let (result, latency) = run_once(&args, &mut progress).await?;
+    conclude(result, &latency, &out, &mut progress)
+}
+
+/// The p99 bound of a `--search` step unless `--max-p99-ms` is given.
+const SEARCH_P99_MS: f64 = 100.0;
+
+/// A finished run: its result and latency histogram.
+type Run = (BenchResult, Latency);
+
+/// `--search`: one full run per point count (see [`Search`]); the result is the largest
+/// passing run's, with every step in `extra.search` and `search.svg`, or the first failing
+/// run's when none passed (exit 1).
+async fn search(args: StreamsArgs, out: &std::path::Path, progress: &mut Progress) -> anyhow::Result<i32> {
+    let max_p99_ms = args.pace.max_p99_ms.unwrap_or(SEARCH_P99_MS);
+    let mut sweep = Search::new(args.points, args.search_max, args.search_refine);
+    let (mut steps, mut chart) = (Vec::new(), Vec::new());
+    let (mut best, mut first_fail): (Option<Run>, Option<Run>) = (None, None);
+    let mut largest = None;
+    while let Some(k) = sweep.next() {
+        let mut step = args.clone();
+        step.points = k;
+        step.pace.max_p99_ms = Some(max_p99_ms);
+        let (mut result, latency) = run_once(&step, progress).await?;
+        let late = result.extra.get("ticks_late").and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
+        result.criteria.push(Criterion::new(
+            "every tick reached every subscriber within its period",
+            late == 0,
+            format!("{late} ticks late"),
+        ));
+        result.decide();
+        let rate = k as f64 * args.hz;
+        let p99 = result.latency_ms.p99;
+        progress.note(&format!(
+            "search: {k} points × {} Hz = {rate:.0} publications/s → {} (p99 {}, {late} ticks late)",
+            args.hz,
+            if result.pass { "pass" } else { "FAIL" },
+            p99.map(|p| format!("{p:.1} ms")).unwrap_or_else(|| "-".into()),
+        ));
+        steps.push(
+            json!({"points": k, "publications_per_s": rate, "pass": result.pass, "p99_ms": p99, "ticks_late": late}),
+        );
+        chart.push(Point { x: rate, y: p99, ok: result.pass });
+        sweep.record(k, result.pass);
+        if result.pass {
+            largest = Some(k);
+            best = Some((result, latency));
+        } else if first_fail.is_none() {
+            first_fail = Some((result, latency));
+        }
+        // Let the server reap the previous step's connections before the next.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let Some((mut result, latency)) = best.or(first_fail) else { bail!("--search-max is below --points") };
+    result.extra.insert(
+        "search".into(),
+        json!({
+            "steps": steps, "max_p99_ms": max_p99_ms, "largest_passing_points": largest,
+            "largest_passing_publications_per_s": largest.map(|k| k as f64 * args.hz),
+        }),
+    );
+    result.params["search"] = json!(true);
+    std::fs::create_dir_all(out)?;
+    let svg = LineChart {
+        title: "streams --search: delivery p99 per step".into(),
+        x_label: "publications/s".into(),
+        y_label: "delivery p99 (ms)".into(),
+        log_x: true,
+        series: vec![Series { name: "p99 (red: step failed)".into(), points: chart }],
+        reference: Some((max_p99_ms, format!("bound {max_p99_ms} ms"))),
+    }
+    .svg();
+    std::fs::write(out.join("search.svg"), svg)?;
+    conclude(result, &latency, out, progress)
+}
+
+/// One run at `args.points`: the result (not yet decided) and its latency histogram.
+async fn run_once(args: &StreamsArgs, progress: &mut Progress) -> anyhow::Result<(BenchResult, Latency)> {
+    let started = unix_micros();
     let probe = args.common.server_pid.map(ProcessProbe::new);
     let mem_before = probe.and_then(|p| p.memory().ok());
     let mut api = HttpApi::new(&args.common.api_base()?)?;
@@ -256,26 +351,25 @@ async fn coordinate(args: StreamsArgs) -> anyhow::Result<i32> {
         + Duration::from_millis(conns as u64 * 5)
         + Duration::from_micros((users * k) as u64 * 100);
     let mut pool =
-        pool.establish(connect_deadline, &mut progress, "subscribing", conns, "no connection could subscribe").await?;
+        pool.establish(connect_deadline, progress, "subscribing", conns, "no connection could subscribe").await?;
     let mem_connected = probe.and_then(|p| p.memory().ok());
     let cpu0 = probe.and_then(|p| p.cpu_sample().ok());
 
     let publisher = TickPublisher { api, points, batch: args.batch };
     let log =
-        run_ticks(&mut pool, &mut progress, &publisher, Ticks { first_seq: 0, count: ticks, hz: args.hz }, "streams")
-            .await;
+        run_ticks(&mut pool, progress, &publisher, Ticks { first_seq: 0, count: ticks, hz: args.hz }, "streams").await;
     let expected = log.accepted_total() * users as u64;
     let grace = Duration::from_secs_f64(2.0 / args.hz).max(Duration::from_secs(5)) * 2;
     pool.run_until(
         Instant::now() + grace,
-        &mut progress,
+        progress,
         |p| format!("draining: {}/{expected} updates delivered", p.totals().received),
         |p| p.totals().received >= expected,
     )
     .await;
     let cpu1 = probe.and_then(|p| p.cpu_sample().ok());
     let mem_end = probe.and_then(|p| p.memory().ok());
-    let merged = pool.finish(Duration::from_secs(30), &mut progress).await?;
+    let merged = pool.finish(Duration::from_secs(30), progress).await?;
     let t = &merged.tally;
 
     let connections = Connections {
@@ -357,7 +451,7 @@ async fn coordinate(args: StreamsArgs) -> anyhow::Result<i32> {
         criteria,
         extra,
     };
-    conclude(result, &merged.latency, &out, &mut progress)
+    Ok((result, merged.latency))
 }
 
 #[cfg(test)]
