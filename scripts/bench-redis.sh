@@ -11,6 +11,10 @@
 # Each topology runs twice, for 1/4 of DURATION and for DURATION: the difference between the
 # two runs' CPU over the difference of their publications is the cost of a publication in the
 # steady state, without the subscribe phase (10 × 5,000 initial-value reads) that both share.
+#
+# SEARCH=MAX instead runs `bench streams --search --search-max MAX` once per topology (K is
+# the first step, doubled until a run fails, then bisected) and reports the largest
+# publications/s each sustained with every tick on time and p99 ≤ 100 ms.
 set -u
 cd "$(dirname "$0")/.."
 BIN=${SWITCHBOARD_BIN:-target/release/switchboard}
@@ -75,8 +79,10 @@ run() {
     port=$(grep -o '[0-9]*$' "$OUT/$name-node.out" | head -1)
     declare -A c0
     for p in "${rpids[@]}"; do c0[$p]=$(cpu "$p"); done
+    local search=()
+    [ -n "${SEARCH:-}" ] && search=(--search --search-max "$SEARCH" --search-refine 2)
     "$BIN" bench streams --target "ws://127.0.0.1:$port/ws" --users "$U" --points "$K" --hz "$F" \
-        --duration "$DURATION" --server-pid "$spid" --out "$OUT/$name" --quiet
+        --duration "$DURATION" --server-pid "$spid" --out "$OUT/$name" --quiet "${search[@]}"
     local rc=$?
     local pubs rcpu=()
     pubs=$(python3 -c "import json; print(json.load(open('$OUT/$name/result.json'))['messages']['sent'])")
@@ -107,6 +113,16 @@ for t in "${LIST[@]}"; do
     esac
     c=""
     [ "$t" = cluster3 ] && c=yes
+    if [ -n "${SEARCH:-}" ]; then
+        run "$t" "$n" "$DURATION" "$c"
+        python3 - "$OUT/$t/result.json" "$t" << 'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+s = json.load(open(sys.argv[1]))["extra"]["search"]
+steps = ", ".join(f"{x['publications_per_s']:.0f}/s {'pass' if x['pass'] else 'FAIL'} (p99 {x.get('p99_ms') or 0:.0f} ms, {x.get('ticks_late', '-')} late)" for x in s["steps"])
+print(f"{sys.argv[2]}: largest sustained {s['largest_passing_publications_per_s']} publications/s; steps: {steps}")
+PY
+        continue
+    fi
     run "$t-short" "$n" "$SHORT" "$c"
     run "$t" "$n" "$DURATION" "$c"
     python3 - "$OUT/$t-short.row" "$OUT/$t.row" "$t" << 'PY' | tee -a "$OUT/summary.txt"

@@ -241,7 +241,18 @@ async fn search(args: StreamsArgs, out: &std::path::Path, progress: &mut Progres
         let mut step = args.clone();
         step.points = k;
         step.pace.max_p99_ms = Some(max_p99_ms);
-        let (mut result, latency) = run_once(&step, progress).await?;
+        let (mut result, latency) = match run_once(&step, progress).await {
+            Ok(run) => run,
+            // A step the server refused outright (a limit, say) is a failed step, not the end.
+            Err(e) if best.is_some() => {
+                progress.note(&format!("search: {k} points × {} Hz → FAIL ({e})", args.hz));
+                steps.push(json!({"points": k, "publications_per_s": k as f64 * args.hz, "pass": false, "error": e.to_string()}));
+                chart.push(Point { x: k as f64 * args.hz, y: None, ok: false });
+                sweep.record(k, false);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let late = result.extra.get("ticks_late").and_then(|v| v.as_u64()).unwrap_or(u64::MAX);
         result.criteria.push(Criterion::new(
             "every tick reached every subscriber within its period",
