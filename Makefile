@@ -25,9 +25,10 @@ lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 # The Redis broker tests and the cluster tests start a real redis-server on a spare loopback
-# port; install it when it is missing.
+# port (the TLS tests sign its certificate with `openssl`); install them when missing.
 redis-deps:
 	@command -v redis-server >/dev/null || apt-get install -y redis-server
+	@command -v openssl >/dev/null || apt-get install -y openssl
 
 rust-test: build redis-deps
 	$(CARGO) test --workspace --locked

@@ -252,7 +252,7 @@ impl Shared {
     }
 
     async fn read_map(&self, addr: &str) -> Result<SlotMap, String> {
-        let client = redis::Client::open(self.target.node_url(addr).as_str()).map_err(|e| e.to_string())?;
+        let client = crate::redis::client_for(&self.target.node_url(addr))?;
         let mut conn = client.get_multiplexed_async_connection().await.map_err(|e| e.to_string())?;
         let rows: Vec<redis::Value> =
             redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut conn).await.map_err(|e| e.to_string())?;
@@ -613,6 +613,7 @@ mod tests {
         assert_eq!(t.seeds, ["127.0.0.1:7001", "127.0.0.1:7002"]);
         assert_eq!(t.options.prefix, "blue");
         assert_eq!(t.node_url("10.0.0.1:7003"), "redis://u:secret@10.0.0.1:7003/0");
+        assert_eq!(parse("rediss+cluster://h:1").unwrap().node_url("h:2"), "rediss://h:2/0");
         assert!(parse("redis+cluster://h:1/3").err().unwrap().contains("db"));
         assert!(parse("redis+cluster://").err().unwrap().contains("host:port"));
         let e = parse("redis+cluster://u:secret@h:1?prefix=a*b").err().unwrap();

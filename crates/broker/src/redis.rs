@@ -41,6 +41,7 @@ use crate::{
     Broker, BrokerError, BrokerHandler, ChannelSummary, ClientInfo, ClusterInfo, Data, HistoryPolicy, HistoryResult,
     Outgoing, Position, Publication,
 };
+pub use endpoint::{client_for, take_tls_ca};
 use endpoint::{Commands, Endpoint};
 use link::Link;
 use scripts::Scripts;

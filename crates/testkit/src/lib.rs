@@ -28,6 +28,8 @@
 //! - `sentinel`: [`Sentinels`], a primary, its replicas and the sentinels; killing the primary,
 //!   waiting for the sentinels to name another.
 //! - `slot`: [`key_slot`], Redis Cluster's CRC16 slot of a key (hash tags included).
+//! - `tls`: [`TlsRedis`], a server that also listens with TLS, with a throwaway CA made by
+//!   `openssl`.
 //! - `scratch`: [`Scratch`], a process's own directory, removed on drop.
 //! - `port`: spare loopback ports (cluster nodes: with a free bus port), never handed out
 //!   twice by one test process.
@@ -40,6 +42,7 @@ mod sentinel;
 mod server;
 mod shards;
 mod slot;
+mod tls;
 mod wait;
 
 pub use cluster::{ClusterNode, RedisCluster, Role};
@@ -48,3 +51,4 @@ pub use sentinel::Sentinels;
 pub use server::RedisServer;
 pub use shards::Shards;
 pub use slot::{key_slot, SLOTS};
+pub use tls::TlsRedis;

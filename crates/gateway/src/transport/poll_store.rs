@@ -348,14 +348,24 @@ impl RedisPollStore {
             let (seeds, options) = switchboard_broker::cluster::seed_urls(broker_url).map_err(StoreError)?;
             let clients = seeds
                 .iter()
-                .map(|u| redis::Client::open(u.as_str()))
+                .map(|u| switchboard_broker::redis::client_for(u))
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(redis_err)?;
-            let cluster = redis::cluster::ClusterClientBuilder::new(seeds)
+                .map_err(StoreError)?;
+            // The cluster client takes the CA apart from the URLs.
+            let mut ca = None;
+            let mut plain = Vec::new();
+            for seed in &seeds {
+                let (url, pem) = switchboard_broker::redis::take_tls_ca(seed).map_err(StoreError)?;
+                plain.push(url);
+                ca = ca.or(pem);
+            }
+            let mut builder = redis::cluster::ClusterClientBuilder::new(plain)
                 .connection_timeout(Duration::from_secs(3))
-                .response_timeout(Duration::from_secs(5))
-                .build()
-                .map_err(redis_err)?;
+                .response_timeout(Duration::from_secs(5));
+            if let Some(pem) = ca {
+                builder = builder.certs(redis::TlsCertificates { client_tls: None, root_cert: Some(pem) });
+            }
+            let cluster = builder.build().map_err(redis_err)?;
             return Ok(RedisPollStore::with(
                 clients,
                 Commands::Cluster(Box::new((cluster, tokio::sync::OnceCell::new()))),
@@ -364,7 +374,7 @@ impl RedisPollStore {
         }
         let first = broker_url.split(',').next().unwrap_or(broker_url).trim();
         let (url, options) = switchboard_broker::redis::parse_url(first).map_err(StoreError)?;
-        let client = redis::Client::open(url.as_str()).map_err(redis_err)?;
+        let client = switchboard_broker::redis::client_for(&url).map_err(StoreError)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(3)))
             .set_response_timeout(Some(Duration::from_secs(5)))
