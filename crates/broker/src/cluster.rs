@@ -554,31 +554,7 @@ impl Broker for ClusterBroker {
 
     async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {
         let nodes = self.shared.all_nodes();
-        let all = futures_util::future::join_all(nodes.iter().map(|n| n.cluster())).await;
-        let mut info = ClusterInfo::default();
-        let mut reached = 0;
-        let mut last_error = None;
-        for part in all {
-            match part {
-                Ok(Some(p)) => {
-                    reached += 1;
-                    info.nodes.extend(p.nodes);
-                    for (ch, n) in p.subscribers {
-                        *info.subscribers.entry(ch).or_insert(0) += n;
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => last_error = Some(e),
-            }
-        }
-        if reached == 0 {
-            if let Some(e) = last_error {
-                return Err(e);
-            }
-        }
-        info.nodes.sort();
-        info.nodes.dedup();
-        Ok(Some(info))
+        ClusterInfo::merge(futures_util::future::join_all(nodes.iter().map(|n| n.cluster())).await)
     }
 }
 

@@ -134,6 +134,36 @@ pub struct ClusterInfo {
     pub subscribers: std::collections::HashMap<Arc<str>, u64>,
 }
 
+impl ClusterInfo {
+    /// The union of what several Redis servers (shards, Cluster primaries) know: every node
+    /// once, subscriptions summed. Servers that could not be reached are left out; an error only
+    /// when none answered.
+    pub fn merge(parts: Vec<Result<Option<ClusterInfo>, BrokerError>>) -> Result<Option<ClusterInfo>, BrokerError> {
+        let mut info = ClusterInfo::default();
+        let mut reached = 0;
+        let mut last_error = None;
+        for part in parts {
+            match part {
+                Ok(Some(p)) => {
+                    reached += 1;
+                    info.nodes.extend(p.nodes);
+                    for (ch, n) in p.subscribers {
+                        *info.subscribers.entry(ch).or_insert(0) += n;
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => last_error = Some(e),
+            }
+        }
+        if let (0, Some(e)) = (reached, last_error) {
+            return Err(e);
+        }
+        info.nodes.sort();
+        info.nodes.dedup();
+        Ok(Some(info))
+    }
+}
+
 /// Per-channel figures for the HTTP API.
 #[derive(Debug, Clone)]
 pub struct ChannelSummary {

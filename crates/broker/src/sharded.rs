@@ -16,7 +16,6 @@
 //! of its channels are told to recover (4008) and publishing to them fails, while channels on
 //! the other shards keep streaming.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::redis::RedisBroker;
@@ -154,31 +153,7 @@ impl Broker for ShardedRedisBroker {
     /// Every node registers on every shard; a channel's subscriber counts live on its shard.
     /// A shard that cannot be reached is left out of the figures.
     async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {
-        let all = futures_util::future::join_all(self.shards.iter().map(|s| s.cluster())).await;
-        let mut info = ClusterInfo::default();
-        let mut subscribers: HashMap<Arc<str>, u64> = HashMap::new();
-        let mut reached = 0;
-        let mut last_error = None;
-        for part in all {
-            match part {
-                Ok(Some(p)) => {
-                    reached += 1;
-                    info.nodes.extend(p.nodes);
-                    subscribers.extend(p.subscribers);
-                }
-                Ok(None) => {}
-                Err(e) => last_error = Some(e),
-            }
-        }
-        if reached == 0 {
-            if let Some(e) = last_error {
-                return Err(e);
-            }
-        }
-        info.nodes.sort();
-        info.nodes.dedup();
-        info.subscribers = subscribers;
-        Ok(Some(info))
+        ClusterInfo::merge(futures_util::future::join_all(self.shards.iter().map(|s| s.cluster())).await)
     }
 }
 
