@@ -507,6 +507,10 @@ impl Broker for ClusterBroker {
         self.shared.on_owner(channel, |node| async move { node.last(channel).await }).await
     }
 
+    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
+        self.shared.on_owner(channel, |node| async move { node.peek(channel).await }).await
+    }
+
     async fn history(
         &self,
         channel: &str,

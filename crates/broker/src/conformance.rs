@@ -68,6 +68,24 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     a_new_channel_keeps_its_first_epoch(make()).await;
     history_limit_takes_the_oldest_after_a_position(make()).await;
     a_batch_keeps_item_order_per_channel(make()).await;
+    peeking_at_an_unknown_channel_creates_nothing(make()).await;
+}
+
+async fn peeking_at_an_unknown_channel_creates_nothing(b: Arc<dyn Broker>) {
+    let listed = async |b: &Arc<dyn Broker>| -> Vec<String> {
+        b.channels().await.unwrap().iter().map(|c| c.channel.to_string()).collect()
+    };
+    let before = listed(&b).await;
+    for i in 0..20 {
+        assert!(b.peek(&format!("c:never{i}")).await.unwrap().is_none());
+    }
+    assert_eq!(listed(&b).await, before, "peeks created channels");
+    let pos = b.publish("c:peek", data("7"), KEEP).await.unwrap();
+    let (seen, last) = b.peek("c:peek").await.unwrap().expect("a published channel is known");
+    assert_eq!((seen, last.unwrap().data.get()), (pos, "7"));
+    // A channel whose epoch a subscriber's read created is known too, with offset 0.
+    let (first, _) = b.last("c:peek-empty").await.unwrap();
+    assert_eq!(b.peek("c:peek-empty").await.unwrap().map(|(p, l)| (p, l.is_none())), Some((first, true)));
 }
 
 async fn offsets_increase_and_reach_the_handler_in_order(b: Arc<dyn Broker>) {

@@ -236,8 +236,13 @@ pub trait Broker: Send + Sync + 'static {
     /// One subscription fewer; the broker stops delivering `channel` when none is left.
     async fn unsubscribe(&self, channel: &str) -> Result<(), BrokerError>;
 
-    /// The current position and last publication of a channel.
+    /// The current position and last publication of a channel (creating its epoch when it
+    /// has none: a subscriber's starting point).
     async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError>;
+
+    /// As [`Broker::last`] for a channel the broker knows; `None`, creating nothing, for one it
+    /// does not (reads of unknown channels must not grow the broker's state).
+    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError>;
 
     /// Publications after `since` (all kept ones when `None`), at most `limit`, oldest first.
     async fn history(

@@ -148,6 +148,12 @@ impl Broker for MemoryBroker {
         Ok((s.position(), s.last.clone()))
     }
 
+    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
+        let Some(stream) = self.streams.read().get(channel).cloned() else { return Ok(None) };
+        let s = stream.lock();
+        Ok(Some((s.position(), s.last.clone())))
+    }
+
     async fn history(
         &self,
         channel: &str,

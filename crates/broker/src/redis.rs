@@ -404,6 +404,21 @@ impl Broker for RedisBroker {
         Ok((position, last))
     }
 
+    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
+        let i = &self.inner;
+        let mut call = i.scripts.peek.prepare_invoke();
+        call.key(i.keys.meta(channel));
+        let found: Option<(String, u64, Option<String>, Option<u64>)> = i.read(&call).await?;
+        let Some((epoch, offset, data, time)) = found else { return Ok(None) };
+        let last = match data {
+            Some(d) if offset > 0 => Some(Publication { offset, data: data_of(d)?, time_ms: time.unwrap_or(0) }),
+            _ => None,
+        };
+        let position = Position { epoch: epoch.into(), offset };
+        i.settle(channel, &position).await;
+        Ok(Some((position, last)))
+    }
+
     async fn history(
         &self,
         channel: &str,

@@ -115,6 +115,10 @@ impl Broker for ShardedRedisBroker {
         self.shard(channel).last(channel).await
     }
 
+    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
+        self.shard(channel).peek(channel).await
+    }
+
     async fn history(
         &self,
         channel: &str,

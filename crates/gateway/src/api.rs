@@ -171,7 +171,13 @@ async fn channel(
     }
     validate_channel(&rest).map_err(|e| ApiError::new(400, e.to_string()))?;
     allow(&node, &caller, Action::Subscribe, &rest)?;
-    let (pos, last) = node.broker.last(&rest).await.map_err(|e| ApiError::new(500, e.to_string()))?;
+    // A read never creates a channel: an unknown one is 404.
+    let (pos, last) = node
+        .broker
+        .peek(&rest)
+        .await
+        .map_err(|e| ApiError::new(500, e.to_string()))?
+        .ok_or_else(|| ApiError::new(404, "unknown channel"))?;
     let info = ChannelInfo {
         channel: &rest,
         subscribers: node.hub.subscriber_count(&rest),
@@ -191,6 +197,9 @@ async fn history(node: &Node, ch: &str, q: HistoryQuery) -> Result<Response, Api
         (None, None) => None,
         _ => return Err(ApiError::new(400, "since_offset and epoch go together")),
     };
+    if node.broker.peek(ch).await.map_err(|e| ApiError::new(500, e.to_string()))?.is_none() {
+        return Err(ApiError::new(404, "unknown channel"));
+    }
     let r = node.broker.history(ch, since.as_ref(), limit).await.map_err(|e| ApiError::new(500, e.to_string()))?;
     let pubs: Vec<HttpPub<'_>> = r.publications.iter().map(|p| http_pub(ch, p)).collect();
     Ok(Json(serde_json::json!({

@@ -395,6 +395,12 @@ impl Session {
         self.allow(Action::History, &req.channel)?;
         let since = req.since.map(|s| Position { epoch: s.epoch.into(), offset: s.offset });
         let limit = req.limit.unwrap_or(100).min(10_000);
+        // A read never creates a channel: an unknown one is 404.
+        let known =
+            self.node.broker.peek(&req.channel).await.map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
+        if known.is_none() {
+            return Err(ApiError::new(code::NOT_FOUND, "unknown channel"));
+        }
         let r = self
             .node
             .broker

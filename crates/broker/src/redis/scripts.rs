@@ -130,6 +130,14 @@ end
 return {epoch, tonumber(m[2]) or 0, m[3], m[4]}
 "#;
 
+/// Position and last value of a known channel, creating nothing: KEYS meta. Returns `nil` for
+/// an unknown channel, else as [`POSITION`].
+const PEEK: &str = r#"
+local m = redis.call('HMGET', KEYS[1], 'e', 'o', 'd', 't')
+if not m[1] then return nil end
+return {m[1], tonumber(m[2]) or 0, m[3], m[4]}
+"#;
+
 /// History: KEYS meta, history; ARGV an epoch to use if the channel has none, the reader's epoch (`''`: no position, the newest entries), its
 /// offset, the limit.
 /// Returns `{epoch, offset, complete (0/1), {{offset, ms, data}, ...}}`, oldest first.
@@ -291,6 +299,7 @@ return out
 pub(super) struct Scripts {
     pub publish: Script,
     pub position: Script,
+    pub peek: Script,
     pub history: Script,
     pub presence_add: Script,
     pub presence_remove: Script,
@@ -314,6 +323,7 @@ impl Scripts {
         Scripts {
             publish: Script::new(&text(format!("{here}{IDENTITY}{PUBLISH}"))),
             position: with_identity(POSITION),
+            peek: script(PEEK),
             history: with_identity(HISTORY),
             presence_add: with_sweep(PRESENCE_ADD),
             presence_remove: script(PRESENCE_REMOVE),
