@@ -245,3 +245,33 @@ def test_api_metrics_is_prometheus_text_with_expected_families(server):
               if not l.startswith("#") and re.match(r"^[a-z_:]*connections(\{[^}]*\})? ", l)]
     assert gauges, f"no gauge named *connections; names: {sorted(names)}"
     assert any(float(l.rsplit(" ", 1)[1]) == 1 for l in gauges), gauges
+
+
+def test_api_reads_of_unknown_channels_are_404_and_create_nothing(server):
+    """Probing names (GET last value or history, the history command) never grows the node's
+    state: every read of a channel nobody published or subscribed is 404 and the channel list
+    is unchanged; a published channel reads as before."""
+    def listed():
+        r = http("GET", server.http_url + "/api/channels")
+        assert r.status == 200, r.body
+        body = r.json()
+        return len(body["channels"] if isinstance(body, dict) else body)
+
+    before = listed()
+    probe = uniq("room:probe-")
+    for i in range(300):
+        r = http("GET", server.http_url + "/api/channels/" + ch_path(f"{probe}{i}"))
+        assert r.status == 404, (r.status, r.body)
+        assert r.json()["error"]["code"] == 404
+        r = http("GET", server.http_url + "/api/channels/" + ch_path(f"{probe}{i}") + "/history")
+        assert r.status == 404, (r.status, r.body)
+    with WS(server.ws_url) as ws:
+        for i in range(50):
+            reply = ws.request("history", {"channel": f"{probe}ws{i}"})
+            assert reply.get("error", {}).get("code") == 404, reply
+    assert listed() == before, "reads created channels"
+    known = uniq("room:known-")
+    api_publish(server, known, {"v": 1})
+    r = http("GET", server.http_url + "/api/channels/" + ch_path(known))
+    assert r.status == 200 and r.json()["last"]["data"] == {"v": 1}, r.body
+    assert listed() == before + 1
