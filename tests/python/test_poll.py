@@ -365,3 +365,16 @@ def test_poll_session_streamed_over_sse(server, poller):
         batch = p.poll(timeout=1)
         assert batch["messages"] == []
         assert s.next(timeout=10) is None
+
+
+def test_poll_open_with_an_empty_json_object_opens_a_session(server):
+    """`POST /poll` with `{}` (what many HTTP clients send for a JSON POST) opens a session like
+    an empty body."""
+    with httpx.Client(timeout=10.0, trust_env=False) as http:
+        for body in [{}, None]:
+            r = http.post(f"{server.http_url}/poll", json=body) if body is not None else http.post(f"{server.http_url}/poll")
+            assert r.status_code == 200, r.text
+            session = r.json()["session"]
+            assert isinstance(session, str) and session
+            r = http.get(f"{server.http_url}/poll/{session}", params={"timeout": 0})
+            assert r.status_code == 200, r.text

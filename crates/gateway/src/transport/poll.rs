@@ -160,7 +160,7 @@ async fn open_inner(polls: &Arc<Polls>, req: Request) -> Response {
         }
     }
     polls.sessions.lock().insert(id.clone(), s.clone());
-    if !body.iter().all(u8::is_ascii_whitespace) {
+    if !no_commands(&body) {
         if let Err(r) = polls.run_as_owner(&s, &body).await {
             return r;
         }
@@ -173,6 +173,13 @@ async fn open_inner(polls: &Arc<Polls>, req: Request) -> Response {
         "session_ttl_s": t.poll_session_ttl_s,
     });
     json_response(StatusCode::OK, reply.to_string())
+}
+
+/// An opening body that carries no commands: empty, blank, or `{}` (what many HTTP clients
+/// send by default for a JSON POST).
+fn no_commands(body: &[u8]) -> bool {
+    body.iter().all(u8::is_ascii_whitespace)
+        || matches!(serde_json::from_slice::<serde_json::Value>(body), Ok(serde_json::Value::Object(m)) if m.is_empty())
 }
 
 /// `GET /poll/{session}`.
