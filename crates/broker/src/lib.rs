@@ -262,6 +262,17 @@ pub trait Broker: Send + Sync + 'static {
     /// Whether the broker is reachable (`/readyz`).
     async fn ready(&self) -> bool;
 
+    /// Forgets every channel idle for longer than `keep(channel)` (zero: kept forever) — no
+    /// local subscriber, no present client, no publication — with its epoch, offset, last
+    /// value and history, so that months of channel churn leave no state behind. A client
+    /// recovering a forgotten channel learns `complete: false` from its new epoch. Returns how
+    /// many were forgotten. Shared brokers forget by key expiry instead (no scans): the default
+    /// does nothing.
+    async fn forget_idle(&self, keep: &(dyn for<'c> Fn(&'c str) -> Duration + Sync)) -> usize {
+        let _ = keep;
+        0
+    }
+
     /// Cluster-wide figures, or `None` when the broker serves a single node (the default).
     async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {
         Ok(None)

@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
@@ -19,11 +20,23 @@ struct Stream {
     offset: u64,
     history: VecDeque<Publication>,
     last: Option<Publication>,
+    /// Local subscriptions ([`Broker::subscribe`] calls not yet undone).
+    subscribers: usize,
+    /// When the stream was created, last published or last left by a subscriber (ms): what
+    /// [`Broker::forget_idle`] measures idleness from.
+    touched_ms: u64,
 }
 
 impl Stream {
     fn new() -> Stream {
-        Stream { epoch: new_epoch(), offset: 0, history: VecDeque::new(), last: None }
+        Stream {
+            epoch: new_epoch(),
+            offset: 0,
+            history: VecDeque::new(),
+            last: None,
+            subscribers: 0,
+            touched_ms: now_ms(),
+        }
     }
 
     fn position(&self) -> Position {
@@ -47,11 +60,13 @@ fn new_epoch() -> Arc<str> {
 
 /// The in-memory broker.
 ///
-/// Locking: the channel map's `RwLock` is held only to find or create a stream; a stream's
-/// `Mutex` is held across offset assignment, history append and the handler's
+/// Locking: the channel map's `RwLock` is held (shared) to find or create a stream and, by
+/// publishing and subscribing, until the stream's own lock is taken, so that
+/// [`Broker::forget_idle`] (exclusive) never removes a stream someone is about to use; a
+/// stream's `Mutex` is held across offset assignment, history append and the handler's
 /// `on_publication` (which only enqueues), which is what makes those one atomic step. The
 /// handler's `after_publications` (socket writes) runs after the stream lock is released.
-/// Lock order: `streams` map, then one stream; `presence` is never held with either.
+/// Lock order: `streams` map, then one stream, then `presence`.
 #[derive(Default)]
 pub struct MemoryBroker {
     streams: RwLock<HashMap<Arc<str>, Arc<Mutex<Stream>>>>,
@@ -74,6 +89,21 @@ impl MemoryBroker {
         map.entry(Arc::from(channel)).or_insert_with(|| Arc::new(Mutex::new(Stream::new()))).clone()
     }
 
+    /// Runs `f` on the channel's stream (created if needed) with the map held shared, so that
+    /// the stream cannot be forgotten in between.
+    fn with_stream<T>(&self, channel: &str, f: impl FnOnce(&mut Stream) -> T) -> T {
+        {
+            let map = self.streams.read();
+            if let Some(s) = map.get(channel) {
+                return f(&mut s.lock());
+            }
+        }
+        let mut map = self.streams.write();
+        let s = map.entry(Arc::from(channel)).or_insert_with(|| Arc::new(Mutex::new(Stream::new())));
+        let mut guard = s.lock();
+        f(&mut guard)
+    }
+
     fn ttl_of(&self, channel: &str) -> u64 {
         self.ttl_ms.read().get(channel).copied().unwrap_or(u64::MAX)
     }
@@ -81,14 +111,17 @@ impl MemoryBroker {
     /// Assigns the next offset, keeps history and hands the publication to the handler, under
     /// the stream's lock; the caller runs `after_publications` once the lock is released.
     fn append(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Position {
-        let stream = self.stream(channel);
         let ttl_ms = policy.ttl.as_millis() as u64;
         if policy.size > 0 && self.ttl_ms.read().get(channel) != Some(&ttl_ms) {
             self.ttl_ms.write().insert(Arc::from(channel), ttl_ms);
         }
-        let mut s = stream.lock();
+        self.with_stream(channel, |s| self.append_to(s, channel, data, policy, ttl_ms))
+    }
+
+    fn append_to(&self, s: &mut Stream, channel: &str, data: Data, policy: HistoryPolicy, ttl_ms: u64) -> Position {
         s.offset += 1;
         let now = now_ms();
+        s.touched_ms = now;
         let publication = Publication { offset: s.offset, data, time_ms: now };
         if policy.size > 0 {
             s.history.push_back(publication.clone());
@@ -133,12 +166,20 @@ impl Broker for MemoryBroker {
         out
     }
 
-    async fn subscribe(&self, _channel: &str) -> Result<(), BrokerError> {
-        // Every publication already reaches this (only) node's handler.
+    /// Counted, so that a subscribed channel is never forgotten (every publication already
+    /// reaches this, the only, node's handler).
+    async fn subscribe(&self, channel: &str) -> Result<(), BrokerError> {
+        self.with_stream(channel, |s| s.subscribers += 1);
         Ok(())
     }
 
-    async fn unsubscribe(&self, _channel: &str) -> Result<(), BrokerError> {
+    async fn unsubscribe(&self, channel: &str) -> Result<(), BrokerError> {
+        let map = self.streams.read();
+        if let Some(s) = map.get(channel) {
+            let mut s = s.lock();
+            s.subscribers = s.subscribers.saturating_sub(1);
+            s.touched_ms = now_ms();
+        }
         Ok(())
     }
 
@@ -226,6 +267,35 @@ impl Broker for MemoryBroker {
     async fn ready(&self) -> bool {
         true
     }
+
+    async fn forget_idle(&self, keep: &(dyn for<'c> Fn(&'c str) -> Duration + Sync)) -> usize {
+        let now = now_ms();
+        let idle = |ch: &Arc<str>, s: &Mutex<Stream>| {
+            let keep_ms = keep(ch).as_millis() as u64;
+            let s = s.lock();
+            s.subscribers == 0 && keep_ms > 0 && now.saturating_sub(s.touched_ms) > keep_ms
+        };
+        // Candidates under the shared lock; each checked again under the exclusive one.
+        let candidates: Vec<Arc<str>> = {
+            let map = self.streams.read();
+            map.iter().filter(|(ch, s)| idle(ch, s)).map(|(ch, _)| ch.clone()).collect()
+        };
+        if candidates.is_empty() {
+            return 0;
+        }
+        let mut forgotten = 0;
+        let mut map = self.streams.write();
+        for ch in candidates {
+            let still_idle = map.get(&ch).is_some_and(|s| idle(&ch, s));
+            // Present clients keep a channel (presence outlives subscriptions on some transports).
+            if still_idle && !self.presence.lock().contains_key(&ch) {
+                map.remove(&ch);
+                self.ttl_ms.write().remove(&ch);
+                forgotten += 1;
+            }
+        }
+        forgotten
+    }
 }
 
 #[cfg(test)]
@@ -235,6 +305,38 @@ mod tests {
     #[tokio::test]
     async fn broker_memory_passes_the_conformance_suite() {
         crate::conformance::run_all(|| Arc::new(MemoryBroker::new()) as Arc<dyn Broker>).await;
+    }
+
+    #[tokio::test]
+    async fn broker_memory_forgets_idle_channels_but_not_subscribed_present_or_kept_ones() {
+        let b = MemoryBroker::new();
+        let policy = HistoryPolicy { size: 10, ttl: Duration::from_secs(60) };
+        let d = || Arc::new(serde_json::value::RawValue::from_string("1".into()).unwrap());
+        for ch in ["room:idle", "room:sub", "room:here", "pt:kept"] {
+            b.publish(ch, d(), policy).await.unwrap();
+        }
+        let old = b.last("room:idle").await.unwrap().0;
+        b.subscribe("room:sub").await.unwrap();
+        b.presence_add("room:here", ClientInfo { client: "c1".into(), user: String::new() }).await.unwrap();
+        let keep = |ch: &str| if ch.starts_with("pt:") { Duration::ZERO } else { Duration::from_millis(20) };
+        assert_eq!(b.forget_idle(&keep).await, 0, "nothing idle long enough yet");
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        assert_eq!(b.forget_idle(&keep).await, 1);
+        let names: Vec<String> = b.channels().await.unwrap().iter().map(|c| c.channel.to_string()).collect();
+        assert!(!names.contains(&"room:idle".to_string()) && names.len() == 3, "{names:?}");
+        // Forgotten entirely: a reader starts a new epoch at offset 0, and history from the
+        // old position is incomplete.
+        assert!(b.peek("room:idle").await.unwrap().is_none());
+        let r = b.history("room:idle", Some(&old), 10).await.unwrap();
+        assert!(!r.complete && r.position.epoch != old.epoch && r.position.offset == 0);
+        // The last subscriber leaving starts the idle time.
+        b.unsubscribe("room:sub").await.unwrap();
+        assert_eq!(b.forget_idle(&keep).await, 0);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        b.presence_remove("room:here", "c1").await.unwrap();
+        // room:idle (re-created by the reads above), room:sub and room:here go; pt:kept stays.
+        assert_eq!(b.forget_idle(&keep).await, 3);
+        assert_eq!(b.channels().await.unwrap().len(), 1);
     }
 
     #[tokio::test]

@@ -106,7 +106,15 @@ pub struct Namespace {
     pub presence: bool,
     /// Who may subscribe, publish, see presence and read history.
     pub allow: crate::auth::Permissions,
+    /// A channel with no subscriber, no present client and no publication for this long is
+    /// forgotten entirely (epoch, offset, last value, history); 0 keeps channels forever.
+    /// Unset: [`DEFAULT_CHANNEL_TTL_S`], except in the `pt` namespace (kept forever: a plant's
+    /// tag set is fixed, and a valve that last changed a week ago must still show its value).
+    pub channel_ttl_s: Option<u64>,
 }
+
+/// How long an idle channel is kept unless its namespace says otherwise.
+pub const DEFAULT_CHANNEL_TTL_S: u64 = 3600;
 
 impl Default for Config {
     fn default() -> Config {
@@ -168,6 +176,7 @@ impl Default for Namespace {
             client_publish: false,
             presence: false,
             allow: crate::auth::Permissions::DEFAULT,
+            channel_ttl_s: None,
         }
     }
 }
@@ -363,6 +372,17 @@ impl Config {
         self.namespaces.get(name).or_else(|| self.namespaces.get("")).unwrap_or(&DEFAULT_NAMESPACE)
     }
 
+    /// How long `channel` is kept once idle (zero: forever); see [`Namespace::channel_ttl_s`].
+    pub fn channel_ttl(&self, channel: &str) -> Duration {
+        let name = switchboard_protocol::namespace_of(channel);
+        let (name, ns) = match self.namespaces.get(name) {
+            Some(ns) => (name, ns),
+            None => ("", self.namespace("")),
+        };
+        let default = if name == "pt" { 0 } else { DEFAULT_CHANNEL_TTL_S };
+        Duration::from_secs(ns.channel_ttl_s.unwrap_or(default))
+    }
+
     /// Worker threads: the configured number, capped at the cores.
     pub fn worker_threads(&self) -> usize {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -381,6 +401,7 @@ static DEFAULT_NAMESPACE: Namespace = Namespace {
     client_publish: false,
     presence: false,
     allow: crate::auth::Permissions::DEFAULT,
+    channel_ttl_s: None,
 };
 
 /// Parses `N@HZ`.
@@ -449,6 +470,21 @@ mod tests {
         assert_eq!(c.namespace("").history_ttl_s, 300);
         assert!(!c.namespace("other").client_publish);
         assert_eq!(c.limits.max_frame_bytes, 65536);
+    }
+
+    #[test]
+    fn config_channel_ttl_defaults_keep_points_forever_and_namespaces_may_change_it() {
+        let c = Config::default();
+        let hour = Duration::from_secs(DEFAULT_CHANNEL_TTL_S);
+        assert_eq!(c.channel_ttl("room:9f1c"), hour);
+        assert_eq!(c.channel_ttl("news"), hour, "the default namespace");
+        assert_eq!(c.channel_ttl("pt:plant.valve7"), Duration::ZERO);
+        assert_eq!(c.channel_ttl("other:x"), hour, "an unconfigured namespace takes the default one's");
+        let set = |k: &str, v: i64| (k.to_string(), toml::Value::Integer(v));
+        let (a, b) = (set("namespaces.pt.channel_ttl_s", 60), set("namespaces.room.channel_ttl_s", 0));
+        let c = Config::load(None, vec![], &[(a.0.as_str(), a.1), (b.0.as_str(), b.1)]).unwrap();
+        assert_eq!(c.channel_ttl("pt:x"), Duration::from_secs(60));
+        assert_eq!(c.channel_ttl("room:x"), Duration::ZERO);
     }
 
     #[test]

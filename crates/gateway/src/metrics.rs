@@ -28,6 +28,8 @@ pub struct Metrics {
     pub recover_disconnects: AtomicU64,
     pub protocol_errors: AtomicU64,
     pub rejected_connections: AtomicU64,
+    /// Idle channels forgotten (their namespace's `channel_ttl_s` passed).
+    pub channels_forgotten: AtomicU64,
     lag_buckets: [AtomicU64; LAG_BOUNDS.len() + 1],
     lag_sum_us: AtomicU64,
 }
@@ -113,6 +115,13 @@ impl Metrics {
             "Subscribers closed with 4008 to recover from history: the broker lost publications.",
             "counter",
             self.recover_disconnects.load(Relaxed),
+        );
+        g(
+            &mut out,
+            "channels_forgotten_total",
+            "Idle channels forgotten after their namespace's channel_ttl_s (no subscriber, presence or publication).",
+            "counter",
+            self.channels_forgotten.load(Relaxed),
         );
         g(
             &mut out,

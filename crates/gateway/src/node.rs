@@ -182,6 +182,37 @@ impl Node {
     }
 
     /// Pings every connection each `ping_s` and closes those silent for three intervals.
+    /// Forgets idle channels in the broker (see [`Broker::forget_idle`]) every half of the
+    /// shortest channel ttl configured, between 0.2 s and 10 s.
+    pub fn spawn_channel_sweeper(self: &Arc<Self>) {
+        let shortest = self
+            .config
+            .namespaces
+            .iter()
+            .map(|(name, ns)| {
+                ns.channel_ttl_s.unwrap_or(if name == "pt" { 0 } else { crate::config::DEFAULT_CHANNEL_TTL_S })
+            })
+            .filter(|s| *s > 0)
+            .min();
+        let Some(shortest) = shortest else { return };
+        let period = (Duration::from_secs(shortest) / 2).clamp(Duration::from_millis(200), Duration::from_secs(10));
+        let node = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(node) = node.upgrade() else { return };
+                let keep = |ch: &str| node.config.channel_ttl(ch);
+                let n = node.broker.forget_idle(&keep).await;
+                if n > 0 {
+                    node.metrics.channels_forgotten.fetch_add(n as u64, Relaxed);
+                    tracing::debug!(channels = n, "idle channels forgotten");
+                }
+            }
+        });
+    }
+
     pub fn spawn_heartbeats(self: &Arc<Self>) {
         let node = Arc::downgrade(self);
         let period = Duration::from_secs(self.config.limits.ping_s);

@@ -85,6 +85,7 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
         }
         let node = Node::new(config, broker);
         node.spawn_heartbeats();
+        node.spawn_channel_sweeper();
         if let Some(sim) = simulate {
             let (n, hz) = crate::config::parse_simulate(&sim).map_err(anyhow::Error::msg)?;
             crate::simulate::spawn(node.clone(), n, hz);
