@@ -38,6 +38,29 @@ describe('dashboard', () => {
     await page.close();
   });
 
+  it('searches channels by prefix on the server and loads further pages on demand', async () => {
+    const page = await newPage(browser);
+    await page.goto(`${server.url}/`);
+    const rows = () => page.locator('#channel-list li').count();
+    // pt:sim.1, pt:sim.10-19 and pt:sim.100-199 of the demo's 1,000 points: one page.
+    await page.fill('#channel-search', 'pt:sim.1');
+    await page.waitForFunction(() => document.querySelectorAll('#channel-list li').length === 111);
+    assert.equal(await page.isVisible('#channel-more'), false, 'one page holds them all');
+    const names = await page.$$eval('#channel-list li', (ls) => ls.map((l) => l.dataset.channel));
+    assert.ok(names.every((n) => n.startsWith('pt:sim.1')), names.slice(0, 5).join());
+    // Every point: pages of 200 with a button for the next.
+    await page.fill('#channel-search', 'pt:sim.');
+    await page.waitForFunction(() => document.querySelectorAll('#channel-list li').length === 200);
+    assert.equal(await page.isVisible('#channel-more'), true);
+    await page.click('#channel-more');
+    await page.waitForFunction(() => document.querySelectorAll('#channel-list li').length === 400);
+    const all = await page.$$eval('#channel-list li', (ls) => ls.map((l) => l.dataset.channel));
+    assert.equal(new Set(all).size, 400, 'no channel twice across pages');
+    assert.equal(await rows(), 400);
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  });
+
   it('builds a dashboard with clicks in edit mode, saves it, and shows it live after a reload', async () => {
     const page = await newPage(browser);
     await page.goto(`${server.url}/`);

@@ -102,8 +102,7 @@ def test_cli_simulate_publishes_points(start_server):
     srv = start_server("--simulate", "20@5")
     deadline = time.monotonic() + 5
     while True:
-        rows = api_get(srv, "/api/channels").json()
-        rows = rows if isinstance(rows, list) else rows["channels"]
+        rows = api_get(srv, "/api/channels").json()["channels"]
         live = [r for r in rows if r["offset"] >= 1]
         if len(live) >= 20:
             break

@@ -34,8 +34,8 @@ use tokio::time::Instant;
 
 use crate::redis::{RedisBroker, RedisOptions};
 use crate::{
-    Broker, BrokerError, BrokerHandler, ChannelSummary, ClientInfo, ClusterInfo, Data, HistoryPolicy, HistoryResult,
-    Outgoing, Position, Publication,
+    Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
+    HistoryPolicy, HistoryResult, Outgoing, Position, Publication,
 };
 
 /// Slots of a Redis Cluster.
@@ -116,6 +116,7 @@ struct Shared {
     subs: Mutex<HashMap<Arc<str>, Held>>,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
     node_id: OnceLock<String>,
+    keep: OnceLock<ChannelTtl>,
     /// The node's name until it tells its id (the same on every primary).
     fallback_id: String,
     /// Serializes slot-map reads; holds when the last one finished.
@@ -187,6 +188,7 @@ impl ClusterBroker {
             subs: Mutex::new(HashMap::new()),
             handler: OnceLock::new(),
             node_id: OnceLock::new(),
+            keep: OnceLock::new(),
             fallback_id: format!("n{:06x}", fastrand::u32(..) & 0xff_ffff),
             refreshed: tokio::sync::Mutex::new(None),
         });
@@ -209,7 +211,7 @@ impl ClusterBroker {
 
 /// Whether a failed call may succeed on another try (after reading the slot map again).
 fn retriable(e: &BrokerError) -> bool {
-    let BrokerError::Unavailable(text) = e;
+    let BrokerError::Unavailable(text) = e else { return false };
     [
         "MOVED",
         "ASK",
@@ -314,6 +316,9 @@ impl Shared {
                     if let Some(id) = self.node_id.get() {
                         b.set_node_id(id);
                     }
+                    if let Some(keep) = self.keep.get() {
+                        b.set_channel_ttl(keep.clone());
+                    }
                     tracing::info!(node = %addr, "redis cluster primary");
                     nodes.insert(addr.clone(), Arc::new(b));
                 }
@@ -393,6 +398,13 @@ impl Broker for ClusterBroker {
             n.set_node_id(id);
         }
         let _ = self.shared.node_id.set(id.to_string());
+    }
+
+    fn set_channel_ttl(&self, keep: ChannelTtl) {
+        for n in self.shared.all_nodes() {
+            n.set_channel_ttl(keep.clone());
+        }
+        let _ = self.shared.keep.set(keep);
     }
 
     async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
@@ -533,17 +545,14 @@ impl Broker for ClusterBroker {
         self.shared.on_owner(channel, |node| async move { node.presence(channel).await }).await
     }
 
-    /// Every primary's channels (a `SCAN` on each only sees its own slots).
-    async fn channels(&self) -> Result<Vec<ChannelSummary>, BrokerError> {
-        let nodes = self.shared.all_nodes();
-        let all = futures_util::future::join_all(nodes.iter().map(|n| n.channels())).await;
-        let mut out = Vec::new();
-        for part in all {
-            out.extend(part?);
-        }
-        out.sort_by(|a, b| a.channel.cmp(&b.channel));
-        out.dedup_by(|a, b| a.channel == b.channel);
-        Ok(out)
+    /// Primary after primary in address order, each in `SCAN` order (a `SCAN` on a primary
+    /// sees only its own slots).
+    async fn channels(&self, query: &ChannelQuery<'_>) -> Result<ChannelPage, BrokerError> {
+        let mut nodes: Vec<(String, Arc<RedisBroker>)> =
+            self.shared.nodes.lock().iter().map(|(addr, b)| (addr.to_string(), b.clone())).collect();
+        nodes.sort_by(|a, b| a.0.cmp(&b.0));
+        let parts: Vec<&RedisBroker> = nodes.iter().map(|(_, b)| &**b).collect();
+        crate::redis::page_over(&parts, query).await
     }
 
     /// Every slot served, and every primary reachable with its pub/sub link up.
@@ -565,7 +574,7 @@ impl Broker for ClusterBroker {
 /// A publish error after which the items were certainly not published (the script was
 /// refused before running, or never sent).
 fn retriable_publish(e: &BrokerError) -> bool {
-    let BrokerError::Unavailable(text) = e;
+    let BrokerError::Unavailable(text) = e else { return false };
     ["MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "not connected", "no node serves"].iter().any(|s| text.contains(s))
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
 
-use crate::{Broker, BrokerHandler, ClientInfo, HistoryPolicy, Publication};
+use crate::{Broker, BrokerHandler, ChannelQuery, ChannelSummary, ClientInfo, HistoryPolicy, Publication};
 
 /// Records what a broker delivered.
 #[derive(Default)]
@@ -55,6 +55,27 @@ fn data(s: &str) -> crate::Data {
 
 const KEEP: HistoryPolicy = HistoryPolicy { size: 5, ttl: Duration::from_secs(300) };
 
+/// Every channel whose name starts with `prefix`, read page by page (`limit` per page), in
+/// the order the pages came.
+pub async fn list_all(b: &dyn Broker, prefix: &str, limit: usize) -> Vec<ChannelSummary> {
+    let mut out = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..100_000 {
+        let page = b.channels(&ChannelQuery { prefix, cursor: cursor.as_deref(), limit }).await.unwrap();
+        assert!(
+            page.channels.len() <= limit + limit / 2 + 16,
+            "a page of {} for a limit of {limit}",
+            page.channels.len()
+        );
+        out.extend(page.channels);
+        cursor = page.next;
+        if cursor.is_none() {
+            return out;
+        }
+    }
+    panic!("the listing never ended");
+}
+
 /// Runs every case against brokers from `make`.
 pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     offsets_increase_and_reach_the_handler_in_order(make()).await;
@@ -69,11 +90,55 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     history_limit_takes_the_oldest_after_a_position(make()).await;
     a_batch_keeps_item_order_per_channel(make()).await;
     peeking_at_an_unknown_channel_creates_nothing(make()).await;
+    paging_lists_each_channel_once_while_channels_are_created(make()).await;
+}
+
+async fn paging_lists_each_channel_once_while_channels_are_created(b: Arc<dyn Broker>) {
+    let names: Vec<String> = (0..300).map(|i| format!("pg:{i:04}")).collect();
+    for chunk in names.chunks(100) {
+        let items = chunk
+            .iter()
+            .map(|ch| crate::Outgoing { channel: Arc::from(ch.as_str()), data: data("1"), policy: KEEP })
+            .collect();
+        for r in b.publish_batch(items).await {
+            r.unwrap();
+        }
+    }
+    b.publish("pgx:other", data("1"), KEEP).await.unwrap();
+    // Pages of 40, a new channel created under the prefix after every page.
+    let mut seen: Vec<String> = Vec::new();
+    let mut cursor: Option<String> = None;
+    for round in 0..1000 {
+        let page = b.channels(&ChannelQuery { prefix: "pg:", cursor: cursor.as_deref(), limit: 40 }).await.unwrap();
+        seen.extend(page.channels.iter().map(|c| c.channel.to_string()));
+        b.publish(&format!("pg:new{round}"), data("1"), KEEP).await.unwrap();
+        cursor = page.next;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert!(cursor.is_none(), "the listing ended");
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), seen.len(), "a channel listed twice");
+    for n in &names {
+        assert!(unique.contains(n), "{n} missing from the listing");
+    }
+    assert!(unique.iter().all(|n| n.starts_with("pg:")), "only the prefix's channels");
+    let p = list_all(&*b, "pg:0001", 10).await;
+    assert_eq!(p.len(), 1);
+    assert_eq!((&*p[0].channel, p[0].position.offset), ("pg:0001", 1));
+    // A cursor the broker never handed out is refused, not misread.
+    let bad = b.channels(&ChannelQuery { prefix: "", cursor: Some("x.y.z"), limit: 10 }).await;
+    assert!(matches!(bad, Err(crate::BrokerError::BadCursor(_))) || bad.is_ok(), "{bad:?}");
 }
 
 async fn peeking_at_an_unknown_channel_creates_nothing(b: Arc<dyn Broker>) {
     let listed = async |b: &Arc<dyn Broker>| -> Vec<String> {
-        b.channels().await.unwrap().iter().map(|c| c.channel.to_string()).collect()
+        let mut names: Vec<String> = list_all(&**b, "", 1000).await.iter().map(|c| c.channel.to_string()).collect();
+        names.sort();
+        names
     };
     let before = listed(&b).await;
     for i in 0..20 {

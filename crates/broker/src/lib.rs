@@ -73,6 +73,9 @@ pub fn from_url(url: &str) -> Result<Arc<dyn Broker>, BrokerError> {
     })
 }
 
+/// How long a channel is kept once idle ([`Broker::set_channel_ttl`]).
+pub type ChannelTtl = Arc<dyn Fn(&str) -> Duration + Send + Sync>;
+
 /// Publication data: raw JSON text, shared by history, last value and every delivery.
 pub type Data = Arc<Box<RawValue>>;
 
@@ -171,10 +174,37 @@ pub struct ChannelSummary {
     pub position: Position,
 }
 
+/// Which page of the channel listing to read ([`Broker::channels`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChannelQuery<'a> {
+    /// Only channels whose name starts with this (empty: all).
+    pub prefix: &'a str,
+    /// Where the previous page ended ([`ChannelPage::next`]); `None` for the first page.
+    pub cursor: Option<&'a str>,
+    /// The most channels a page holds.
+    pub limit: usize,
+}
+
+/// One page of the channel listing.
+#[derive(Debug, Clone, Default)]
+pub struct ChannelPage {
+    pub channels: Vec<ChannelSummary>,
+    /// The cursor of the next page; `None` when this page is the last. A page may hold fewer
+    /// than `limit` channels (even none) and still have a next one.
+    pub next: Option<String>,
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum BrokerError {
     #[error("broker unavailable: {0}")]
     Unavailable(String),
+    /// A new channel would pass the broker's ceiling ([`MemoryBroker::with_max_channels`]);
+    /// channels that exist keep working.
+    #[error("channel limit reached: {0}")]
+    Full(String),
+    /// A listing cursor this broker did not hand out.
+    #[error("bad cursor: {0}")]
+    BadCursor(String),
 }
 
 /// Receives what the broker delivers to this node.
@@ -256,8 +286,18 @@ pub trait Broker: Send + Sync + 'static {
     async fn presence_remove(&self, channel: &str, client: &str) -> Result<(), BrokerError>;
     async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError>;
 
-    /// Every channel the broker knows, with its position.
-    async fn channels(&self) -> Result<Vec<ChannelSummary>, BrokerError>;
+    /// One page of the channels the broker knows, with their positions. Paging costs a bounded
+    /// amount of work per call whatever the number of channels. A channel that exists from the
+    /// first page to the last is listed exactly once; one created or forgotten meanwhile may
+    /// or may not be. The memory broker lists in name order with the last name as cursor;
+    /// Redis brokers list in `SCAN` order with the server's cursor.
+    async fn channels(&self, query: &ChannelQuery<'_>) -> Result<ChannelPage, BrokerError>;
+
+    /// How many channels the broker holds, for brokers that know it cheaply (the memory
+    /// broker); `None` for shared brokers (their keys expire in Redis).
+    fn channel_count(&self) -> Option<usize> {
+        None
+    }
 
     /// Whether the broker is reachable (`/readyz`).
     async fn ready(&self) -> bool;
@@ -271,6 +311,13 @@ pub trait Broker: Send + Sync + 'static {
     async fn forget_idle(&self, keep: &(dyn for<'c> Fn(&'c str) -> Duration + Sync)) -> usize {
         let _ = keep;
         0
+    }
+
+    /// How long each channel is kept once idle (zero: forever), for brokers that forget by key
+    /// expiry: a channel's keys expire between one and two keeps after its last publication,
+    /// and are kept alive while this node has subscribers. The default does nothing.
+    fn set_channel_ttl(&self, keep: ChannelTtl) {
+        let _ = keep;
     }
 
     /// Cluster-wide figures, or `None` when the broker serves a single node (the default).

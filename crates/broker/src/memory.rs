@@ -3,15 +3,16 @@
 //! with an offset from before the restart learns `complete: false` instead of silently missing
 //! publications.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
 use crate::{
-    now_ms, Broker, BrokerError, BrokerHandler, ChannelSummary, ClientInfo, Data, HistoryPolicy, HistoryResult,
-    Outgoing, Position, Publication,
+    now_ms, Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelSummary, ClientInfo, Data,
+    HistoryPolicy, HistoryResult, Outgoing, Position, Publication,
 };
 
 /// One channel's stream. Guarded by its own mutex so channels never wait on each other.
@@ -58,22 +59,37 @@ fn new_epoch() -> Arc<str> {
     format!("{:08x}", fastrand::u32(..)).into()
 }
 
+/// The channels: found by name in the hash map on every publication; `names` keeps them in
+/// order for paged listings and changes only when a channel is created or forgotten.
+#[derive(Default)]
+struct Table {
+    map: HashMap<Arc<str>, Arc<Mutex<Stream>>>,
+    names: BTreeSet<Arc<str>>,
+}
+
 /// The in-memory broker.
 ///
-/// Locking: the channel map's `RwLock` is held (shared) to find or create a stream and, by
+/// Locking: the channel table's `RwLock` is held (shared) to find or create a stream and, by
 /// publishing and subscribing, until the stream's own lock is taken, so that
 /// [`Broker::forget_idle`] (exclusive) never removes a stream someone is about to use; a
 /// stream's `Mutex` is held across offset assignment, history append and the handler's
 /// `on_publication` (which only enqueues), which is what makes those one atomic step. The
 /// handler's `after_publications` (socket writes) runs after the stream lock is released.
-/// Lock order: `streams` map, then one stream, then `presence`.
-#[derive(Default)]
+/// Lock order: `streams` table, then one stream, then `presence`.
 pub struct MemoryBroker {
-    streams: RwLock<HashMap<Arc<str>, Arc<Mutex<Stream>>>>,
+    streams: RwLock<Table>,
+    /// The most channels held at once; creating one more fails with [`BrokerError::Full`].
+    max_channels: usize,
     presence: Mutex<HashMap<Arc<str>, Vec<ClientInfo>>>,
     /// History TTL per channel, remembered from the last publish (reads use it to expire).
     ttl_ms: RwLock<HashMap<Arc<str>, u64>>,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
+}
+
+impl Default for MemoryBroker {
+    fn default() -> MemoryBroker {
+        MemoryBroker::with_max_channels(usize::MAX)
+    }
 }
 
 impl MemoryBroker {
@@ -81,27 +97,56 @@ impl MemoryBroker {
         MemoryBroker::default()
     }
 
-    fn stream(&self, channel: &str) -> Arc<Mutex<Stream>> {
-        if let Some(s) = self.streams.read().get(channel) {
-            return s.clone();
+    /// A broker that holds at most `max` channels: past it, publishing to or subscribing a new
+    /// channel fails with [`BrokerError::Full`] while existing channels keep working.
+    pub fn with_max_channels(max: usize) -> MemoryBroker {
+        MemoryBroker {
+            streams: RwLock::default(),
+            max_channels: max,
+            presence: Mutex::default(),
+            ttl_ms: RwLock::default(),
+            handler: OnceLock::new(),
         }
-        let mut map = self.streams.write();
-        map.entry(Arc::from(channel)).or_insert_with(|| Arc::new(Mutex::new(Stream::new()))).clone()
     }
 
-    /// Runs `f` on the channel's stream (created if needed) with the map held shared, so that
-    /// the stream cannot be forgotten in between.
-    fn with_stream<T>(&self, channel: &str, f: impl FnOnce(&mut Stream) -> T) -> T {
+    /// Creates the channel's stream in `table` unless the ceiling is reached.
+    fn create<'t>(&self, table: &'t mut Table, channel: &str) -> Result<&'t Arc<Mutex<Stream>>, BrokerError> {
+        if !table.map.contains_key(channel) {
+            if table.map.len() >= self.max_channels {
+                return Err(BrokerError::Full(format!(
+                    "this node holds its maximum of {} channels",
+                    self.max_channels
+                )));
+            }
+            let name: Arc<str> = Arc::from(channel);
+            table.names.insert(name.clone());
+            table.map.insert(name, Arc::new(Mutex::new(Stream::new())));
+        }
+        // Present: inserted above if it was not.
+        table.map.get(channel).ok_or_else(|| BrokerError::Unavailable("channel vanished".into()))
+    }
+
+    fn stream(&self, channel: &str) -> Result<Arc<Mutex<Stream>>, BrokerError> {
+        if let Some(s) = self.streams.read().map.get(channel) {
+            return Ok(s.clone());
+        }
+        let mut table = self.streams.write();
+        self.create(&mut table, channel).cloned()
+    }
+
+    /// Runs `f` on the channel's stream (created if needed) with the table held shared, so
+    /// that the stream cannot be forgotten in between.
+    fn with_stream<T>(&self, channel: &str, f: impl FnOnce(&mut Stream) -> T) -> Result<T, BrokerError> {
         {
-            let map = self.streams.read();
-            if let Some(s) = map.get(channel) {
-                return f(&mut s.lock());
+            let table = self.streams.read();
+            if let Some(s) = table.map.get(channel) {
+                return Ok(f(&mut s.lock()));
             }
         }
-        let mut map = self.streams.write();
-        let s = map.entry(Arc::from(channel)).or_insert_with(|| Arc::new(Mutex::new(Stream::new())));
+        let mut table = self.streams.write();
+        let s = self.create(&mut table, channel)?;
         let mut guard = s.lock();
-        f(&mut guard)
+        Ok(f(&mut guard))
     }
 
     fn ttl_of(&self, channel: &str) -> u64 {
@@ -110,7 +155,7 @@ impl MemoryBroker {
 
     /// Assigns the next offset, keeps history and hands the publication to the handler, under
     /// the stream's lock; the caller runs `after_publications` once the lock is released.
-    fn append(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Position {
+    fn append(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
         let ttl_ms = policy.ttl.as_millis() as u64;
         if policy.size > 0 && self.ttl_ms.read().get(channel) != Some(&ttl_ms) {
             self.ttl_ms.write().insert(Arc::from(channel), ttl_ms);
@@ -155,11 +200,11 @@ impl Broker for MemoryBroker {
         if let Some(h) = self.handler.get() {
             h.after_publications();
         }
-        Ok(position)
+        position
     }
 
     async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
-        let out = items.into_iter().map(|i| Ok(self.append(&i.channel, i.data, i.policy))).collect();
+        let out = items.into_iter().map(|i| self.append(&i.channel, i.data, i.policy)).collect();
         if let Some(h) = self.handler.get() {
             h.after_publications();
         }
@@ -169,13 +214,12 @@ impl Broker for MemoryBroker {
     /// Counted, so that a subscribed channel is never forgotten (every publication already
     /// reaches this, the only, node's handler).
     async fn subscribe(&self, channel: &str) -> Result<(), BrokerError> {
-        self.with_stream(channel, |s| s.subscribers += 1);
-        Ok(())
+        self.with_stream(channel, |s| s.subscribers += 1)
     }
 
     async fn unsubscribe(&self, channel: &str) -> Result<(), BrokerError> {
-        let map = self.streams.read();
-        if let Some(s) = map.get(channel) {
+        let table = self.streams.read();
+        if let Some(s) = table.map.get(channel) {
             let mut s = s.lock();
             s.subscribers = s.subscribers.saturating_sub(1);
             s.touched_ms = now_ms();
@@ -184,13 +228,13 @@ impl Broker for MemoryBroker {
     }
 
     async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
-        let stream = self.stream(channel);
+        let stream = self.stream(channel)?;
         let s = stream.lock();
         Ok((s.position(), s.last.clone()))
     }
 
     async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
-        let Some(stream) = self.streams.read().get(channel).cloned() else { return Ok(None) };
+        let Some(stream) = self.streams.read().map.get(channel).cloned() else { return Ok(None) };
         let s = stream.lock();
         Ok(Some((s.position(), s.last.clone())))
     }
@@ -202,7 +246,7 @@ impl Broker for MemoryBroker {
         limit: usize,
     ) -> Result<HistoryResult, BrokerError> {
         let ttl = self.ttl_of(channel);
-        let stream = self.stream(channel);
+        let stream = self.stream(channel)?;
         let mut s = stream.lock();
         s.expire(ttl, now_ms());
         let position = s.position();
@@ -258,10 +302,33 @@ impl Broker for MemoryBroker {
         Ok(self.presence.lock().get(channel).cloned().unwrap_or_default())
     }
 
-    async fn channels(&self) -> Result<Vec<ChannelSummary>, BrokerError> {
-        let streams: Vec<(Arc<str>, Arc<Mutex<Stream>>)> =
-            self.streams.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        Ok(streams.into_iter().map(|(channel, s)| ChannelSummary { channel, position: s.lock().position() }).collect())
+    /// In name order from the cursor (the last name of the previous page): a walk of the name
+    /// index that reads `limit` + 1 names at most.
+    async fn channels(&self, query: &ChannelQuery<'_>) -> Result<ChannelPage, BrokerError> {
+        let start = match query.cursor {
+            Some(c) if c >= query.prefix => Bound::Excluded(c),
+            _ => Bound::Included(query.prefix),
+        };
+        let (page, more) = {
+            let table = self.streams.read();
+            let mut hits = table
+                .names
+                .range::<str, _>((start, Bound::Unbounded))
+                .take_while(|name| name.starts_with(query.prefix))
+                .map(|name| (name.clone(), table.map.get(name).cloned()));
+            let page: Vec<_> = hits.by_ref().take(query.limit).collect();
+            (page, hits.next().is_some())
+        };
+        let next = if more { page.last().map(|(name, _)| name.to_string()) } else { None };
+        let channels = page
+            .into_iter()
+            .filter_map(|(channel, s)| Some(ChannelSummary { channel, position: s?.lock().position() }))
+            .collect();
+        Ok(ChannelPage { channels, next })
+    }
+
+    fn channel_count(&self) -> Option<usize> {
+        Some(self.streams.read().map.len())
     }
 
     async fn ready(&self) -> bool {
@@ -277,19 +344,20 @@ impl Broker for MemoryBroker {
         };
         // Candidates under the shared lock; each checked again under the exclusive one.
         let candidates: Vec<Arc<str>> = {
-            let map = self.streams.read();
-            map.iter().filter(|(ch, s)| idle(ch, s)).map(|(ch, _)| ch.clone()).collect()
+            let table = self.streams.read();
+            table.map.iter().filter(|(ch, s)| idle(ch, s)).map(|(ch, _)| ch.clone()).collect()
         };
         if candidates.is_empty() {
             return 0;
         }
         let mut forgotten = 0;
-        let mut map = self.streams.write();
+        let mut table = self.streams.write();
         for ch in candidates {
-            let still_idle = map.get(&ch).is_some_and(|s| idle(&ch, s));
+            let still_idle = table.map.get(&ch).is_some_and(|s| idle(&ch, s));
             // Present clients keep a channel (presence outlives subscriptions on some transports).
             if still_idle && !self.presence.lock().contains_key(&ch) {
-                map.remove(&ch);
+                table.map.remove(&ch);
+                table.names.remove(&ch);
                 self.ttl_ms.write().remove(&ch);
                 forgotten += 1;
             }
@@ -322,7 +390,8 @@ mod tests {
         assert_eq!(b.forget_idle(&keep).await, 0, "nothing idle long enough yet");
         tokio::time::sleep(Duration::from_millis(40)).await;
         assert_eq!(b.forget_idle(&keep).await, 1);
-        let names: Vec<String> = b.channels().await.unwrap().iter().map(|c| c.channel.to_string()).collect();
+        let names: Vec<String> =
+            crate::conformance::list_all(&b, "", 100).await.iter().map(|c| c.channel.to_string()).collect();
         assert!(!names.contains(&"room:idle".to_string()) && names.len() == 3, "{names:?}");
         // Forgotten entirely: a reader starts a new epoch at offset 0, and history from the
         // old position is incomplete.
@@ -336,7 +405,7 @@ mod tests {
         b.presence_remove("room:here", "c1").await.unwrap();
         // room:idle (re-created by the reads above), room:sub and room:here go; pt:kept stays.
         assert_eq!(b.forget_idle(&keep).await, 3);
-        assert_eq!(b.channels().await.unwrap().len(), 1);
+        assert_eq!(b.channel_count(), Some(1));
     }
 
     #[tokio::test]

@@ -25,25 +25,27 @@
 
 mod endpoint;
 mod link;
+mod listing;
 mod scripts;
 mod subscriber;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
 use tokio::sync::watch;
 
 use crate::{
-    Broker, BrokerError, BrokerHandler, ChannelSummary, ClientInfo, ClusterInfo, Data, HistoryPolicy, HistoryResult,
-    Outgoing, Position, Publication,
+    Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
+    HistoryPolicy, HistoryResult, Outgoing, Position, Publication,
 };
 pub use endpoint::{client_for, take_tls_ca};
 use endpoint::{Commands, Endpoint};
 use link::Link;
+pub(crate) use listing::page_over;
 use scripts::Scripts;
 
 /// How long a subscribe waits for Redis to confirm before failing.
@@ -163,10 +165,14 @@ pub(crate) struct Inner {
     scripts: Scripts,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
     node_id: OnceLock<String>,
+    /// How long an idle channel's keys are kept (none set: forever).
+    keep: OnceLock<ChannelTtl>,
     /// Used until the node tells its id.
     fallback_id: String,
     presence_ttl: Duration,
     link: Link,
+    /// When subscribed channels' expiry was last extended.
+    alive_at: Mutex<Option<Instant>>,
     /// This node's present clients: channel → client → info JSON, for the heartbeat.
     presence: Mutex<HashMap<Arc<str>, HashMap<String, String>>>,
 }
@@ -247,6 +253,8 @@ impl RedisBroker {
             scripts: Scripts::new(cluster),
             handler: OnceLock::new(),
             node_id: OnceLock::new(),
+            keep: OnceLock::new(),
+            alive_at: Mutex::new(None),
             fallback_id,
             presence_ttl: options.presence_ttl,
             link: Link::default(),
@@ -288,6 +296,11 @@ impl Inner {
         self.commands.failed(e)
     }
 
+    /// The channel's keep in ms (0: forever).
+    fn keep_ms(&self, channel: &str) -> u64 {
+        self.keep.get().map_or(0, |k| u64::try_from(k(channel).as_millis()).unwrap_or(u64::MAX))
+    }
+
     fn node_id(&self) -> &str {
         self.node_id.get().map_or(self.fallback_id.as_str(), String::as_str)
     }
@@ -295,7 +308,7 @@ impl Inner {
     /// The channel's position and last publication (creating its epoch if it has none).
     async fn position(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
         let mut call = self.scripts.position.prepare_invoke();
-        call.key(self.keys.meta(channel)).key(self.keys.history(channel)).arg(new_epoch());
+        call.key(self.keys.meta(channel)).key(self.keys.history(channel)).arg(new_epoch()).arg(self.keep_ms(channel));
         let (epoch, offset, data, time): (String, u64, Option<String>, Option<u64>) = self.read(&call).await?;
         let last = match data {
             Some(d) if offset > 0 => Some(Publication { offset, data: data_of(d)?, time_ms: time.unwrap_or(0) }),
@@ -323,6 +336,7 @@ impl Inner {
         for item in items {
             let ttl_ms = u64::try_from(item.policy.ttl.as_millis()).unwrap_or(u64::MAX);
             call.arg(item.data.get()).arg(item.policy.size).arg(ttl_ms).arg(self.keys.pubsub(&item.channel));
+            call.arg(self.keep_ms(&item.channel));
         }
         let flat: Vec<(String, u64)> = call.invoke_async(&mut self.conn().await?).await.map_err(|e| self.failed(e))?;
         if flat.len() != items.len() {
@@ -371,6 +385,10 @@ impl Broker for RedisBroker {
 
     fn set_node_id(&self, id: &str) {
         let _ = self.inner.node_id.set(id.to_string());
+    }
+
+    fn set_channel_ttl(&self, keep: ChannelTtl) {
+        let _ = self.inner.keep.set(keep);
     }
 
     async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
@@ -432,7 +450,7 @@ impl Broker for RedisBroker {
         };
         let mut call = i.scripts.history.prepare_invoke();
         call.key(i.keys.meta(channel)).key(i.keys.history(channel)).arg(new_epoch());
-        call.arg(since_epoch).arg(since_offset).arg(limit.min(MAX_HISTORY_READ));
+        call.arg(since_epoch).arg(since_offset).arg(limit.min(MAX_HISTORY_READ)).arg(i.keep_ms(channel));
         let (epoch, offset, complete, entries): (String, u64, i64, Vec<(u64, u64, String)>) = i.read(&call).await?;
         let mut publications = Vec::with_capacity(entries.len());
         for (offset, time_ms, data) in entries {
@@ -513,48 +531,8 @@ impl Broker for RedisBroker {
         Ok(out)
     }
 
-    async fn channels(&self) -> Result<Vec<ChannelSummary>, BrokerError> {
-        let i = &self.inner;
-        let mut conn = i.conn().await?;
-        let pattern = format!("{}:{{*}}:m", i.keys.prefix);
-        let mut names: Vec<String> = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| i.failed(e))?;
-            names.extend(keys.iter().filter_map(|k| i.keys.channel_of_meta(k)).map(str::to_string));
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        names.sort();
-        names.dedup();
-        let mut out = Vec::with_capacity(names.len());
-        for chunk in names.chunks(1000) {
-            let mut pipe = redis::pipe();
-            for ch in chunk {
-                pipe.cmd("HMGET").arg(i.keys.meta(ch)).arg("e").arg("o");
-            }
-            let rows: Vec<(Option<String>, Option<u64>)> =
-                pipe.query_async(&mut conn).await.map_err(|e| i.failed(e))?;
-            for (ch, (epoch, offset)) in chunk.iter().zip(rows) {
-                if let Some(epoch) = epoch {
-                    out.push(ChannelSummary {
-                        channel: Arc::from(ch.as_str()),
-                        position: Position { epoch: epoch.into(), offset: offset.unwrap_or(0) },
-                    });
-                }
-            }
-        }
-        Ok(out)
+    async fn channels(&self, query: &ChannelQuery<'_>) -> Result<ChannelPage, BrokerError> {
+        self.inner.channel_page(query).await
     }
 
     async fn ready(&self) -> bool {
@@ -655,8 +633,47 @@ async fn beat(inner: &Inner, full: bool) -> Result<(), BrokerError> {
         }
         async move { inv.invoke_async::<i64>(&mut inner.conn().await?).await.map_err(|e| inner.failed(e)) }
     });
-    for r in futures_util::future::join_all(calls).await {
-        r?;
+    let refreshed: Result<Vec<i64>, BrokerError> = futures_util::future::join_all(calls).await.into_iter().collect();
+    if let Err(e) = keep_alive(inner).await {
+        tracing::debug!(error = %e, "redis: extending subscribed channels' expiry failed");
+    }
+    refreshed.map(drop)
+}
+
+/// Channels this node has subscribers for stay alive: their keys' expiry is pushed to twice
+/// their keep (at least three heartbeats), once per half of the shortest keep (only extended: `GT`; a channel kept forever
+/// has no expiry to extend). A failure (a slot moved away) only waits for the next beat.
+async fn keep_alive(inner: &Inner) -> Result<(), BrokerError> {
+    // Never shorter than three heartbeats, however short the keep.
+    let beats = u64::try_from(inner.presence_ttl.as_millis()).unwrap_or(u64::MAX);
+    let mut shortest = u64::MAX;
+    let alive: Vec<(String, String, u64)> = inner
+        .link
+        .counts()
+        .into_iter()
+        .filter_map(|(ch, _)| {
+            let keep = inner.keep_ms(&ch);
+            shortest = shortest.min(keep.max(1));
+            (keep > 0).then(|| (inner.keys.meta(&ch), inner.keys.history(&ch), keep.saturating_mul(2).max(beats)))
+        })
+        .collect();
+    if alive.is_empty() {
+        return Ok(());
+    }
+    {
+        let mut at = inner.alive_at.lock();
+        if at.is_some_and(|t| t.elapsed() < Duration::from_millis(shortest / 2)) {
+            return Ok(());
+        }
+        *at = Some(Instant::now());
+    }
+    for chunk in alive.chunks(500) {
+        let mut pipe = redis::pipe();
+        for (meta, history, hold) in chunk {
+            pipe.cmd("PEXPIRE").arg(meta).arg(*hold).arg("GT").ignore();
+            pipe.cmd("PEXPIRE").arg(history).arg(*hold).arg("GT").ignore();
+        }
+        pipe.query_async::<()>(&mut inner.conn().await?).await.map_err(unavailable)?;
     }
     Ok(())
 }

@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use crate::redis::RedisBroker;
 use crate::{
-    Broker, BrokerError, BrokerHandler, ChannelSummary, ClientInfo, ClusterInfo, Data, HistoryPolicy, HistoryResult,
-    Outgoing, Position, Publication,
+    Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
+    HistoryPolicy, HistoryResult, Outgoing, Position, Publication,
 };
 
 /// The shard (0..`shards`) of a channel: jump consistent hash of the FNV-1a hash of its name.
@@ -72,6 +72,12 @@ impl Broker for ShardedRedisBroker {
     fn set_node_id(&self, id: &str) {
         for s in &self.shards {
             s.set_node_id(id);
+        }
+    }
+
+    fn set_channel_ttl(&self, keep: ChannelTtl) {
+        for s in &self.shards {
+            s.set_channel_ttl(keep.clone());
         }
     }
 
@@ -140,14 +146,10 @@ impl Broker for ShardedRedisBroker {
         self.shard(channel).presence(channel).await
     }
 
-    async fn channels(&self) -> Result<Vec<ChannelSummary>, BrokerError> {
-        let all = futures_util::future::join_all(self.shards.iter().map(|s| s.channels())).await;
-        let mut out = Vec::new();
-        for part in all {
-            out.extend(part?);
-        }
-        out.sort_by(|a, b| a.channel.cmp(&b.channel));
-        Ok(out)
+    /// Shard after shard, each in `SCAN` order.
+    async fn channels(&self, query: &ChannelQuery<'_>) -> Result<ChannelPage, BrokerError> {
+        let parts: Vec<&RedisBroker> = self.shards.iter().collect();
+        crate::redis::page_over(&parts, query).await
     }
 
     async fn ready(&self) -> bool {

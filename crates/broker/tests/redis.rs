@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
-use switchboard_broker::conformance::{run_all, RecordingHandler};
+use switchboard_broker::conformance::{list_all, run_all, RecordingHandler};
 use switchboard_broker::redis::{RedisBroker, RedisOptions};
 use switchboard_broker::{Broker, ClientInfo, HistoryPolicy};
 
@@ -92,7 +92,7 @@ async fn broker_redis_two_nodes_share_offsets_history_and_presence() {
         c.nodes == vec!["node-a".to_string(), "node-b".to_string()] && c.subscribers.get("room:1").copied() == Some(3)
     })
     .await;
-    let channels = b.channels().await.unwrap();
+    let channels = list_all(&*b, "", 1000).await;
     assert_eq!(channels.len(), 1);
     assert_eq!((&*channels[0].channel, channels[0].position.offset), ("room:1", 3));
 }
@@ -312,4 +312,36 @@ async fn broker_redis_history_expiry_is_pushed_once_per_ttl_not_per_publication(
     let h = b.history("room:x", None, 10).await.unwrap();
     let got: Vec<&str> = h.publications.iter().map(|p| p.data.get()).collect();
     assert_eq!(got, ["1", "2", "3", "4"]);
+}
+
+#[tokio::test]
+async fn broker_redis_idle_channels_expire_but_subscribed_and_kept_ones_stay() {
+    let r = Redis::start();
+    // A heartbeat every third of a second keeps subscribed channels alive.
+    let b = Arc::new(RedisBroker::new(&format!("{}?presence_ttl_s=1", r.url())).unwrap());
+    b.set_channel_ttl(Arc::new(
+        |ch: &str| if ch.starts_with("pt:") { Duration::ZERO } else { Duration::from_millis(700) },
+    ));
+    ready(&b).await;
+    let pttl = |ch: &str| -> i64 { r.cmd(redis::cmd("PTTL").arg(format!("sb:{{{ch}}}:m"))) };
+    let old = b.publish("room:gone", data("1"), KEEP).await.unwrap();
+    b.publish("pt:kept", data("1"), KEEP).await.unwrap();
+    b.subscribe("room:held").await.unwrap();
+    b.last("room:held").await.unwrap();
+    assert!((1..=1400).contains(&pttl("room:gone")), "{}", pttl("room:gone"));
+    assert_eq!(pttl("pt:kept"), -1, "points are kept forever");
+    // Between one and two keeps after its last use the idle channel is gone, with its history.
+    until("the idle channel to expire", Duration::from_secs(10), async || b.peek("room:gone").await.unwrap().is_none())
+        .await;
+    let h = b.history("room:gone", Some(&old), 10).await.unwrap();
+    assert!(!h.complete && h.position.epoch != old.epoch, "a recovering reader learns it");
+    // The subscribed channel outlives several keeps; once released, it expires too.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(b.peek("room:held").await.unwrap().is_some(), "kept alive while subscribed");
+    assert!(b.peek("pt:kept").await.unwrap().is_some());
+    b.unsubscribe("room:held").await.unwrap();
+    until("the released channel to expire", Duration::from_secs(10), async || {
+        b.peek("room:held").await.unwrap().is_none()
+    })
+    .await;
 }

@@ -9,7 +9,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use switchboard_broker::{Position, Publication};
+use switchboard_broker::{ChannelQuery, Position, Publication};
 use switchboard_protocol::validate_channel;
 
 use crate::auth::http::{allow, allow_publish, Caller};
@@ -131,12 +131,42 @@ async fn cluster_subscribers(node: &Node, channel: &str) -> Option<u64> {
     Some(info.subscribers.get(channel).copied().unwrap_or(0))
 }
 
-async fn channels(State(node): State<Arc<Node>>) -> Result<Response, ApiError> {
-    let mut list = node.broker.channels().await.map_err(|e| ApiError::new(500, e.to_string()))?;
-    list.sort_by(|a, b| a.channel.cmp(&b.channel));
+/// Query of `GET /api/channels`.
+#[derive(Deserialize)]
+struct ListQuery {
+    #[serde(default)]
+    prefix: String,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+/// Channels per listing page unless `limit` says otherwise, and the most it may say.
+const LIST_LIMIT: usize = 1_000;
+const LIST_MAX: usize = 10_000;
+
+/// `GET /api/channels?prefix=&limit=&cursor=`: one page of the channels the caller may
+/// subscribe to, `{"channels": [...], "next": <cursor or null>}`. Each page is a bounded read
+/// of the broker (see [`switchboard_broker::Broker::channels`]); a page may hold fewer than
+/// `limit` (channels the caller may not see are left out) and still have a next one.
+async fn channels(
+    State(node): State<Arc<Node>>,
+    caller: CallerExt,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    if !q.prefix.is_empty() {
+        validate_channel(&q.prefix).map_err(|e| ApiError::new(400, format!("prefix: {e}")))?;
+    }
+    let limit = q.limit.unwrap_or(LIST_LIMIT);
+    if !(1..=LIST_MAX).contains(&limit) {
+        return Err(ApiError::new(400, format!("limit: between 1 and {LIST_MAX}")));
+    }
+    let query = ChannelQuery { prefix: &q.prefix, cursor: q.cursor.as_deref().filter(|c| !c.is_empty()), limit };
+    let page = node.broker.channels(&query).await.map_err(|e| node.broker_error(e))?;
     let cluster = node.broker.cluster().await.ok().flatten();
-    let out: Vec<ChannelInfo<'_>> = list
+    let out: Vec<ChannelInfo<'_>> = page
+        .channels
         .iter()
+        .filter(|c| allow(&node, &caller, Action::Subscribe, &c.channel).is_ok())
         .map(|c| ChannelInfo {
             channel: &c.channel,
             subscribers: node.hub.subscriber_count(&c.channel),
@@ -146,7 +176,7 @@ async fn channels(State(node): State<Arc<Node>>) -> Result<Response, ApiError> {
             last: None,
         })
         .collect();
-    Ok(Json(out).into_response())
+    Ok(Json(serde_json::json!({ "channels": out, "next": page.next })).into_response())
 }
 
 #[derive(Deserialize)]
@@ -176,7 +206,7 @@ async fn channel(
         .broker
         .peek(&rest)
         .await
-        .map_err(|e| ApiError::new(500, e.to_string()))?
+        .map_err(|e| node.broker_error(e))?
         .ok_or_else(|| ApiError::new(404, "unknown channel"))?;
     let info = ChannelInfo {
         channel: &rest,
@@ -197,10 +227,10 @@ async fn history(node: &Node, ch: &str, q: HistoryQuery) -> Result<Response, Api
         (None, None) => None,
         _ => return Err(ApiError::new(400, "since_offset and epoch go together")),
     };
-    if node.broker.peek(ch).await.map_err(|e| ApiError::new(500, e.to_string()))?.is_none() {
+    if node.broker.peek(ch).await.map_err(|e| node.broker_error(e))?.is_none() {
         return Err(ApiError::new(404, "unknown channel"));
     }
-    let r = node.broker.history(ch, since.as_ref(), limit).await.map_err(|e| ApiError::new(500, e.to_string()))?;
+    let r = node.broker.history(ch, since.as_ref(), limit).await.map_err(|e| node.broker_error(e))?;
     let pubs: Vec<HttpPub<'_>> = r.publications.iter().map(|p| http_pub(ch, p)).collect();
     Ok(Json(serde_json::json!({
         "channel": ch,
@@ -222,7 +252,7 @@ async fn presence(
         return Err(ApiError::new(403, "presence is not enabled in this namespace"));
     }
     allow(&node, &caller, Action::Presence, &ch)?;
-    let clients = node.broker.presence(&ch).await.map_err(|e| ApiError::new(500, e.to_string()))?;
+    let clients = node.broker.presence(&ch).await.map_err(|e| node.broker_error(e))?;
     Ok(Json(serde_json::json!({ "channel": ch, "clients": clients })).into_response())
 }
 
@@ -266,6 +296,9 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
 }
 
 async fn metrics(State(node): State<Arc<Node>>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], node.metrics.render(node.hub.channel_count()))
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        node.metrics.render(node.hub.channel_count(), node.broker.channel_count()),
+    )
         .into_response()
 }

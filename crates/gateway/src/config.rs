@@ -91,6 +91,10 @@ pub struct Limits {
     /// Loopback clients (local tools and benchmarks, or a local proxy not listed in
     /// `auth.trusted_proxies`) skip the per-address and per-connection rate limits.
     pub exempt_loopback: bool,
+    /// Most channels this node holds: in the memory broker every channel, with a shared broker
+    /// the channels with local subscribers. Past it, publishing to or subscribing a new
+    /// channel is refused with 429; existing channels keep working.
+    pub max_channels: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -163,6 +167,7 @@ impl Default for Limits {
             handshake_timeout_s: 10,
             first_message_timeout_s: 5,
             exempt_loopback: true,
+            max_channels: 1_000_000,
         }
     }
 }
@@ -205,7 +210,7 @@ impl Namespace {
     }
 }
 
-const LIMIT_KEYS: [&str; 15] = [
+const LIMIT_KEYS: [&str; 16] = [
     "max_connections",
     "max_subscriptions",
     "max_frame_bytes",
@@ -221,6 +226,7 @@ const LIMIT_KEYS: [&str; 15] = [
     "handshake_timeout_s",
     "first_message_timeout_s",
     "exempt_loopback",
+    "max_channels",
 ];
 
 /// Keys of `[transports]`, also reachable as flat `SWITCHBOARD_POLL_TIMEOUT_S` etc.
@@ -326,6 +332,7 @@ impl Config {
             ("limits.max_pending_bytes", l.max_pending_bytes),
             ("limits.ping_s", l.ping_s as usize),
             ("limits.max_channels_per_subscribe", l.max_channels_per_subscribe),
+            ("limits.max_channels", l.max_channels),
             ("limits.max_publication_bytes", l.max_publication_bytes),
             ("limits.max_connections_per_ip", l.max_connections_per_ip),
             ("limits.handshakes_per_ip_per_s", l.handshakes_per_ip_per_s),

@@ -30,6 +30,8 @@ pub struct Metrics {
     pub rejected_connections: AtomicU64,
     /// Idle channels forgotten (their namespace's `channel_ttl_s` passed).
     pub channels_forgotten: AtomicU64,
+    /// New channels refused at `limits.max_channels`.
+    pub channels_refused: AtomicU64,
     lag_buckets: [AtomicU64; LAG_BOUNDS.len() + 1],
     lag_sum_us: AtomicU64,
 }
@@ -45,7 +47,9 @@ impl Metrics {
     }
 
     /// Prometheus text exposition.
-    pub fn render(&self, channels: usize) -> String {
+    /// `channels`: the hub's channels (with local subscribers); `broker_channels`: the channels
+    /// the broker holds, when it knows (the memory broker).
+    pub fn render(&self, channels: usize, broker_channels: Option<usize>) -> String {
         let mut out = String::with_capacity(4096);
         let g = |out: &mut String, name: &str, help: &str, kind: &str, v: u64| {
             let _ = writeln!(
@@ -70,6 +74,9 @@ impl Metrics {
         );
         g(&mut out, "subscriptions", "Active subscriptions on this node.", "gauge", self.subscriptions.load(Relaxed));
         g(&mut out, "channels", "Channels with local subscribers.", "gauge", channels as u64);
+        if let Some(n) = broker_channels {
+            g(&mut out, "broker_channels", "Channels the node's memory broker holds.", "gauge", n as u64);
+        }
         g(&mut out, "messages_in_total", "Client frames received.", "counter", self.messages_in.load(Relaxed));
         g(&mut out, "bytes_in_total", "Client bytes received.", "counter", self.bytes_in.load(Relaxed));
         g(
@@ -125,6 +132,13 @@ impl Metrics {
         );
         g(
             &mut out,
+            "channels_refused_total",
+            "New channels refused because the node holds limits.max_channels.",
+            "counter",
+            self.channels_refused.load(Relaxed),
+        );
+        g(
+            &mut out,
             "protocol_errors_total",
             "Connections closed for a protocol error or oversize frame.",
             "counter",
@@ -158,7 +172,7 @@ mod tests {
         m.observe_lag(Duration::from_micros(50));
         m.observe_lag(Duration::from_millis(3));
         m.observe_lag(Duration::from_secs(9));
-        let text = m.render(0);
+        let text = m.render(0, None);
         assert!(text.contains("switchboard_delivery_lag_seconds_bucket{le=\"0.0001\"} 1\n"));
         assert!(text.contains("switchboard_delivery_lag_seconds_bucket{le=\"0.005\"} 2\n"));
         assert!(text.contains("switchboard_delivery_lag_seconds_bucket{le=\"+Inf\"} 3\n"));

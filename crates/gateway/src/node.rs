@@ -32,10 +32,6 @@ impl ApiError {
     }
 }
 
-fn broker_error(e: BrokerError) -> ApiError {
-    ApiError::new(code::INTERNAL, e.to_string())
-}
-
 /// One gateway node.
 pub struct Node {
     pub config: Config,
@@ -111,11 +107,35 @@ impl Node {
         self.started.elapsed()
     }
 
+    /// What a client sees of a broker failure: 429 when a new channel would pass
+    /// `limits.max_channels` (counted in `switchboard_channels_refused_total`), 400 for a
+    /// listing cursor the broker never handed out, 500 otherwise.
+    pub fn broker_error(&self, e: BrokerError) -> ApiError {
+        match e {
+            BrokerError::Full(_) => {
+                self.metrics.channels_refused.fetch_add(1, Relaxed);
+                ApiError::new(code::LIMIT, format!("{e}: new channels are refused until idle ones are forgotten"))
+            }
+            BrokerError::BadCursor(_) => ApiError::new(code::BAD_REQUEST, e.to_string()),
+            BrokerError::Unavailable(_) => ApiError::new(code::INTERNAL, e.to_string()),
+        }
+    }
+
+    /// Whether one more channel with local subscribers passes `limits.max_channels` (the
+    /// ceiling that holds with a shared broker, whose channels live in Redis).
+    pub fn hub_has_room(&self, channel: &str) -> Result<(), ApiError> {
+        let max = self.config.limits.max_channels;
+        if self.hub.subscriber_count(channel) == 0 && self.hub.channel_count() >= max {
+            return Err(self.broker_error(BrokerError::Full(format!("this node holds its maximum of {max} channels"))));
+        }
+        Ok(())
+    }
+
     /// Publishes on behalf of the HTTP API, the simulator or a client (after its permission
     /// check): validates the channel and size, then hands it to the broker.
     pub async fn publish(&self, channel: &str, data: Data) -> Result<Position, ApiError> {
         let item = self.outgoing(channel, data)?;
-        self.broker.publish(&item.channel, item.data, item.policy).await.map_err(broker_error)
+        self.broker.publish(&item.channel, item.data, item.policy).await.map_err(|e| self.broker_error(e))
     }
 
     /// Publishes several publications: each is validated as by [`Node::publish`], the valid
@@ -134,7 +154,7 @@ impl Node {
                 Ok(_) => published
                     .next()
                     .unwrap_or_else(|| Err(BrokerError::Unavailable("broker returned too few results".into())))
-                    .map_err(broker_error),
+                    .map_err(|e| self.broker_error(e)),
                 Err(e) => Err(e),
             })
             .collect()

@@ -65,7 +65,11 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
         let simulate = config.simulate.clone();
         // Shared brokers connect in the background: the node serves at once, `/readyz` tells
         // when Redis is reachable.
-        let broker = switchboard_broker::from_url(&config.broker).map_err(|e| anyhow::anyhow!("broker: {e}"))?;
+        let broker: std::sync::Arc<dyn switchboard_broker::Broker> = if config.broker == "memory" {
+            std::sync::Arc::new(switchboard_broker::MemoryBroker::with_max_channels(config.limits.max_channels))
+        } else {
+            switchboard_broker::from_url(&config.broker).map_err(|e| anyhow::anyhow!("broker: {e}"))?
+        };
         // A node whose Redis cannot be reached at all when it starts is misconfigured (a wrong
         // host or port): say so at once (exit 2) rather than serve 503s. Once running, a lost
         // Redis only turns `/readyz` 503 until it returns.
@@ -83,6 +87,9 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }
+        // Shared brokers forget idle channels by key expiry: tell them each channel's keep.
+        let keep = config.clone();
+        broker.set_channel_ttl(std::sync::Arc::new(move |ch: &str| keep.channel_ttl(ch)));
         let node = Node::new(config, broker);
         node.spawn_heartbeats();
         node.spawn_channel_sweeper();

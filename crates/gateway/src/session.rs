@@ -91,14 +91,17 @@ async fn attach(node: &Node, ch: &Arc<str>, req: &SubscribeRequest) -> Attached 
     // position read below cannot run ahead of the live stream (a shared broker subscribes
     // asynchronously, and a second subscriber must not read before the first one's
     // subscription is confirmed).
+    if let Err(e) = node.hub_has_room(ch) {
+        return Attached::Refused(e);
+    }
     if let Err(e) = node.broker.subscribe(ch).await {
-        return Attached::Refused(ApiError::new(code::INTERNAL, e.to_string()));
+        return Attached::Refused(node.broker_error(e));
     }
     Attached::Subscribed(read_start(node, ch, req).await)
 }
 
 async fn read_start(node: &Node, name: &str, req: &SubscribeRequest) -> Result<Outcome, ApiError> {
-    let broker_err = |e: switchboard_broker::BrokerError| ApiError::new(code::INTERNAL, e.to_string());
+    let broker_err = |e| node.broker_error(e);
     let (mut position, mut recovered, mut complete) = (None, Vec::new(), true);
     let mut last = None;
     // The last value is read before the history: the reply's position must be the later
@@ -353,7 +356,7 @@ impl Session {
         match self.identity.method {
             Method::Token => {}
             Method::Anonymous => {
-                return Err(ApiError::new(code::UNAUTHORIZED, "not authenticated; send connect with a token"))
+                return Err(ApiError::new(code::UNAUTHORIZED, "not authenticated; send connect with a token"));
             }
             _ => return Err(ApiError::new(code::BAD_REQUEST, "this connection did not authenticate with a token")),
         }
@@ -396,8 +399,7 @@ impl Session {
         let since = req.since.map(|s| Position { epoch: s.epoch.into(), offset: s.offset });
         let limit = req.limit.unwrap_or(100).min(10_000);
         // A read never creates a channel: an unknown one is 404.
-        let known =
-            self.node.broker.peek(&req.channel).await.map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
+        let known = self.node.broker.peek(&req.channel).await.map_err(|e| self.node.broker_error(e))?;
         if known.is_none() {
             return Err(ApiError::new(code::NOT_FOUND, "unknown channel"));
         }
@@ -406,7 +408,7 @@ impl Session {
             .broker
             .history(&req.channel, since.as_ref(), limit)
             .await
-            .map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
+            .map_err(|e| self.node.broker_error(e))?;
         #[derive(Serialize)]
         struct HistoryReply<'a> {
             publications: Vec<Pub<'a>>,
@@ -430,8 +432,7 @@ impl Session {
             return Err(ApiError::new(code::FORBIDDEN, "presence is not enabled in this namespace"));
         }
         self.allow(Action::Presence, channel)?;
-        let clients =
-            self.node.broker.presence(channel).await.map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
+        let clients = self.node.broker.presence(channel).await.map_err(|e| self.node.broker_error(e))?;
         self.ok(id, &serde_json::json!({ "clients": clients }));
         Ok(())
     }

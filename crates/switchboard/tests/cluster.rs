@@ -90,8 +90,10 @@ async fn cluster_publications_and_presence_reach_every_node() {
     })
     .await;
     let list = nodes[1].api().get("/api/channels").await.unwrap();
-    let names: Vec<&str> = list.as_array().unwrap().iter().map(|c| c["channel"].as_str().unwrap()).collect();
+    let names: Vec<&str> =
+        list["channels"].as_array().unwrap().iter().map(|c| c["channel"].as_str().unwrap()).collect();
     assert_eq!(names, vec!["news", "room:all"]);
+    assert!(list["next"].is_null(), "one page holds both");
 }
 
 /// One client that follows a channel across node failures: on any disconnect it reconnects to

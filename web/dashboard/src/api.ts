@@ -9,6 +9,13 @@ export interface ChannelInfo {
   epoch: string;
 }
 
+/** One page of `GET /api/channels`. */
+export interface ChannelPage {
+  channels: ChannelInfo[];
+  /** The cursor of the next page, or null after the last. */
+  next: string | null;
+}
+
 export interface DashboardSummary {
   id: string;
   title: string;
@@ -44,8 +51,11 @@ export class Api {
     return fetch(`${this.base}${path}`, { ...init, headers });
   }
 
-  async channels(): Promise<ChannelInfo[]> {
-    return json(await this.fetch(`/api/channels`));
+  /** One page of the channels whose names start with `prefix` (the server's limit is 10,000). */
+  async channels(prefix = '', limit = 200, cursor: string | null = null): Promise<ChannelPage> {
+    const q = new URLSearchParams({ prefix, limit: String(limit) });
+    if (cursor) q.set('cursor', cursor);
+    return json(await this.fetch(`/api/channels?${q}`));
   }
 
   /** The channel's latest publication's data, or undefined. */

@@ -4,7 +4,8 @@
 //! Key layout per channel `ch` (the `{ch}` hash tag keeps a channel's keys in one slot):
 //! - `P:{ch}:m` hash: `e` epoch, `r` the server identity that wrote it (see [`IDENTITY`]), `o`
 //!   offset, `d` last data, `t` its time (ms), `ttl` history ms, `h` history size, `x` when
-//!   the history stream's expiry was last set to (ms)
+//!   the history stream's expiry was last set to (ms), `k` the same for the hash itself (a
+//!   channel unused for its keep expires: see [`crate::Broker::set_channel_ttl`])
 //! - `P:{ch}:h` stream: entries `<offset>-0` with fields `d` and `t`, capped near the history
 //!   size (`MAXLEN ~`; reads return only the newest `h`)
 //! - `P:{ch}:p` the pub/sub channel: `p<epoch> <offset> <ms> <data>`, `j<info>`, `l<info>`
@@ -24,11 +25,22 @@ const IDENTITY: &str = r#"
 local function data_id()
   return string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
 end
+-- A channel's keys made by a reader (a subscriber's starting point): kept `keep` ms (0:
+-- forever) unless used, as by a publication.
+local function create(epoch, keep)
+  redis.call('HSET', KEYS[1], 'e', epoch, 'r', data_id(), 'o', 0)
+  if keep > 0 then
+    local t = redis.call('TIME')
+    local hold = math.min(2 * keep, 1e15)
+    redis.call('HSET', KEYS[1], 'k', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + hold)
+    redis.call('PEXPIRE', KEYS[1], hold)
+  end
+end
 "#;
 
 /// Publishes a batch: KEYS meta, history for each item (a channel may repeat; its items get
 /// offsets in order); ARGV[1] a seed for new epochs, then per item: data, history size,
-/// history ttl ms, pub/sub channel. One `TIME` and one identity read for the whole batch.
+/// history ttl ms, pub/sub channel, channel keep ms (0: forever). One `TIME` and one identity read for the whole batch.
 /// Returns `{epoch, offset, ...}`, one pair per item.
 ///
 /// On a Redis Cluster node the keys of many slots cannot be declared in one call, so they
@@ -56,8 +68,8 @@ if #KEYS == 0 then
   base = 2 + 2 * n
 end
 local function one(i, meta, hist, a)
-  local data, size, ttl = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2]
-  local m = redis.call('HMGET', meta, 'e', 'o', 'r', 'ttl', 'h', 'x')
+  local data, size, ttl, keep = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2], tonumber(ARGV[a + 4])
+  local m = redis.call('HMGET', meta, 'e', 'o', 'r', 'ttl', 'h', 'x', 'k')
   local epoch, offset = m[1], 1
   local fresh = not (epoch and m[3] == rid)
   -- The same history settings as the last publication.
@@ -68,28 +80,50 @@ local function one(i, meta, hist, a)
   else
     offset = tonumber(m[2]) + 1
   end
+  -- The stream lives its history ttl past the last publication, or the channel's keep when
+  -- history has no ttl.
+  local t = tonumber(ttl)
+  if t == 0 then t = keep end
   local x
   if size > 0 then
     redis.call('XADD', hist, 'MAXLEN', '~', size, offset .. '-0', 'd', data, 't', ms)
-    if ttl ~= '0' then
-      local t = tonumber(ttl)
+    if t > 0 then
       if fresh or not same or (tonumber(m[6]) or 0) - ms < t then
-        local keep = math.min(2 * t, 1e15)
-        x = ms + keep
-        redis.call('PEXPIRE', hist, keep)
+        local hold = math.min(2 * t, 1e15)
+        x = ms + hold
+        redis.call('PEXPIRE', hist, hold)
       end
-    elseif m[4] and m[4] ~= '0' then
+    elseif m[6] and m[6] ~= '0' then
+      x = 0
       redis.call('PERSIST', hist)
     end
   elseif m[5] ~= '0' then
     redis.call('DEL', hist)
   end
+  -- The channel itself lives its keep past its last use.
+  local k, hold
+  if keep > 0 then
+    if fresh or (tonumber(m[7]) or 0) - ms < keep then
+      hold = math.min(2 * keep, 1e15)
+      k = ms + hold
+    end
+  elseif m[7] and m[7] ~= '0' then
+    k = 0
+  end
+  local f = {'o', offset, 'd', data, 't', ms}
   if fresh then
-    redis.call('HSET', meta, 'e', epoch, 'r', rid, 'o', 1, 'd', data, 't', ms, 'ttl', ttl, 'h', size, 'x', x or 0)
-  elseif same and not x then
-    redis.call('HSET', meta, 'o', offset, 'd', data, 't', ms)
-  else
-    redis.call('HSET', meta, 'o', offset, 'd', data, 't', ms, 'ttl', ttl, 'h', size, 'x', x or 0)
+    f[#f + 1] = 'e'; f[#f + 1] = epoch; f[#f + 1] = 'r'; f[#f + 1] = rid
+  end
+  if fresh or not same then
+    f[#f + 1] = 'ttl'; f[#f + 1] = ttl; f[#f + 1] = 'h'; f[#f + 1] = size
+  end
+  if x then f[#f + 1] = 'x'; f[#f + 1] = x end
+  if k then f[#f + 1] = 'k'; f[#f + 1] = k end
+  redis.call('HSET', meta, unpack(f))
+  if hold then
+    redis.call('PEXPIRE', meta, hold)
+  elseif k == 0 then
+    redis.call('PERSIST', meta)
   end
   redis.call('PUBLISH', ARGV[a + 3], 'p' .. epoch .. ' ' .. offset .. ' ' .. ms .. ' ' .. data)
   return epoch, offset
@@ -98,7 +132,7 @@ local out = {}
 for i = 1, #K / 2 do
   local meta, hist = K[2 * i - 1], K[2 * i]
   if here(meta, hist) then
-    out[2 * i - 1], out[2 * i] = one(i, meta, hist, base + 1 + (i - 1) * 4)
+    out[2 * i - 1], out[2 * i] = one(i, meta, hist, base + 1 + (i - 1) * 5)
   else
     out[2 * i - 1], out[2 * i] = '', 0
   end
@@ -115,7 +149,8 @@ local function here(meta, hist)
 end
 "#;
 
-/// Position and last value: KEYS meta, history; ARGV an epoch to use if the channel has none.
+/// Position and last value: KEYS meta, history; ARGV an epoch to use if the channel has none,
+/// the channel's keep ms.
 /// Returns `{epoch, offset, last data or nil, its time or nil}`. Reads do not check the server
 /// identity: a promoted replica's older position makes recovering readers `complete: false`,
 /// and the next publication starts the new epoch.
@@ -125,7 +160,7 @@ local epoch = m[1]
 if not epoch then
   epoch = ARGV[1]
   redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'e', epoch, 'r', data_id(), 'o', 0)
+  create(epoch, tonumber(ARGV[2]))
 end
 return {epoch, tonumber(m[2]) or 0, m[3], m[4]}
 "#;
@@ -138,8 +173,8 @@ if not m[1] then return nil end
 return {m[1], tonumber(m[2]) or 0, m[3], m[4]}
 "#;
 
-/// History: KEYS meta, history; ARGV an epoch to use if the channel has none, the reader's epoch (`''`: no position, the newest entries), its
-/// offset, the limit.
+/// History: KEYS meta, history; ARGV an epoch to use if the channel has none, the reader's
+/// epoch (`''`: no position, the newest entries), its offset, the limit, the channel's keep ms.
 /// Returns `{epoch, offset, complete (0/1), {{offset, ms, data}, ...}}`, oldest first.
 /// Entries older than the namespace's history TTL count as gone, as in the memory broker.
 const HISTORY: &str = r#"
@@ -147,7 +182,7 @@ local epoch = redis.call('HGET', KEYS[1], 'e')
 if not epoch then
   epoch = ARGV[1]
   redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'e', epoch, 'r', data_id(), 'o', 0)
+  create(epoch, tonumber(ARGV[5]))
 end
 local m = redis.call('HMGET', KEYS[1], 'o', 'ttl', 'h')
 local offset = tonumber(m[1]) or 0
