@@ -223,8 +223,13 @@ def test_hostile_unknown_fields(server, bystander):
         ws.send_raw('{"id":1,"ping":{"data":1,"bogus":{"x":[1,2]}}}')
         assert ws.recv_where(lambda m: m.get("id") == 1) == {"id": 1, "ok": {"data": 1}}
         ch = uniq("uf.")
+        # ... except a subscribe option: a client asking for one this server does not know (a
+        # rate, a band) is told instead of silently getting everything.
         ws.send_raw('{"id":2,"subscribe":{"channels":["%s"],"priority":"high"}}' % ch)
-        assert "error" not in ws.recv_where(lambda m: m.get("id") == 2)["ok"]["channels"][ch]
+        err = ws.recv_where(lambda m: m.get("id") == 2)["error"]
+        assert err["code"] == 400 and "priority" in err["message"], err
+        ws.send_raw('{"id":4,"subscribe":{"channels":["%s"]}}' % ch)
+        assert "error" not in ws.recv_where(lambda m: m.get("id") == 4)["ok"]["channels"][ch]
         # A duplicated field is a bad body (400); the connection stays.
         ws.send_raw('{"id":3,"ping":{"data":1,"data":2}}')
         assert ws.recv_where(lambda m: m.get("id") == 3)["error"]["code"] == 400

@@ -73,6 +73,11 @@ pub fn from_url(url: &str) -> Result<Arc<dyn Broker>, BrokerError> {
     })
 }
 
+/// How long a channel that was never published is kept once idle, in a namespace that keeps
+/// its channels forever (`channel_ttl_s = 0`): subscribing to a misspelt point name must not
+/// leave a channel behind for good.
+pub const UNPUBLISHED_KEEP: Duration = Duration::from_secs(3600);
+
 /// How long a channel is kept once idle ([`Broker::set_channel_ttl`]).
 pub type ChannelTtl = Arc<dyn Fn(&str) -> Duration + Send + Sync>;
 

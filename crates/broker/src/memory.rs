@@ -12,7 +12,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::{
     now_ms, Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelSummary, ClientInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication,
+    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, UNPUBLISHED_KEEP,
 };
 
 /// One channel's stream. Guarded by its own mutex so channels never wait on each other.
@@ -26,6 +26,8 @@ struct Stream {
     /// When the stream was created, last published or last left by a subscriber (ms): what
     /// [`Broker::forget_idle`] measures idleness from.
     touched_ms: u64,
+    /// History TTL of the last publication's namespace (reads expire with it).
+    history_ttl_ms: u64,
 }
 
 impl Stream {
@@ -37,6 +39,7 @@ impl Stream {
             last: None,
             subscribers: 0,
             touched_ms: now_ms(),
+            history_ttl_ms: u64::MAX,
         }
     }
 
@@ -81,8 +84,6 @@ pub struct MemoryBroker {
     /// The most channels held at once; creating one more fails with [`BrokerError::Full`].
     max_channels: usize,
     presence: Mutex<HashMap<Arc<str>, Vec<ClientInfo>>>,
-    /// History TTL per channel, remembered from the last publish (reads use it to expire).
-    ttl_ms: RwLock<HashMap<Arc<str>, u64>>,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
 }
 
@@ -104,7 +105,6 @@ impl MemoryBroker {
             streams: RwLock::default(),
             max_channels: max,
             presence: Mutex::default(),
-            ttl_ms: RwLock::default(),
             handler: OnceLock::new(),
         }
     }
@@ -149,17 +149,10 @@ impl MemoryBroker {
         Ok(f(&mut guard))
     }
 
-    fn ttl_of(&self, channel: &str) -> u64 {
-        self.ttl_ms.read().get(channel).copied().unwrap_or(u64::MAX)
-    }
-
     /// Assigns the next offset, keeps history and hands the publication to the handler, under
     /// the stream's lock; the caller runs `after_publications` once the lock is released.
     fn append(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
-        let ttl_ms = policy.ttl.as_millis() as u64;
-        if policy.size > 0 && self.ttl_ms.read().get(channel) != Some(&ttl_ms) {
-            self.ttl_ms.write().insert(Arc::from(channel), ttl_ms);
-        }
+        let ttl_ms = u64::try_from(policy.ttl.as_millis()).unwrap_or(u64::MAX);
         self.with_stream(channel, |s| self.append_to(s, channel, data, policy, ttl_ms))
     }
 
@@ -169,6 +162,7 @@ impl MemoryBroker {
         s.touched_ms = now;
         let publication = Publication { offset: s.offset, data, time_ms: now };
         if policy.size > 0 {
+            s.history_ttl_ms = ttl_ms;
             s.history.push_back(publication.clone());
             while s.history.len() > policy.size {
                 s.history.pop_front();
@@ -245,9 +239,9 @@ impl Broker for MemoryBroker {
         since: Option<&Position>,
         limit: usize,
     ) -> Result<HistoryResult, BrokerError> {
-        let ttl = self.ttl_of(channel);
         let stream = self.stream(channel)?;
         let mut s = stream.lock();
+        let ttl = s.history_ttl_ms;
         s.expire(ttl, now_ms());
         let position = s.position();
         let Some(since) = since else {
@@ -338,8 +332,12 @@ impl Broker for MemoryBroker {
     async fn forget_idle(&self, keep: &(dyn for<'c> Fn(&'c str) -> Duration + Sync)) -> usize {
         let now = now_ms();
         let idle = |ch: &Arc<str>, s: &Mutex<Stream>| {
-            let keep_ms = keep(ch).as_millis() as u64;
             let s = s.lock();
+            let keep_ms = match u64::try_from(keep(ch).as_millis()).unwrap_or(u64::MAX) {
+                // Kept forever once published; a channel only ever read goes after a while.
+                0 if s.offset == 0 => UNPUBLISHED_KEEP.as_millis() as u64,
+                k => k,
+            };
             s.subscribers == 0 && keep_ms > 0 && now.saturating_sub(s.touched_ms) > keep_ms
         };
         // Candidates under the shared lock; each checked again under the exclusive one.
@@ -358,7 +356,6 @@ impl Broker for MemoryBroker {
             if still_idle && !self.presence.lock().contains_key(&ch) {
                 table.map.remove(&ch);
                 table.names.remove(&ch);
-                self.ttl_ms.write().remove(&ch);
                 forgotten += 1;
             }
         }

@@ -301,6 +301,15 @@ impl Inner {
         self.keep.get().map_or(0, |k| u64::try_from(k(channel).as_millis()).unwrap_or(u64::MAX))
     }
 
+    /// The keep of a channel a reader creates: a channel kept forever is kept only
+    /// [`crate::UNPUBLISHED_KEEP`] until its first publication (which makes it permanent).
+    fn reader_keep_ms(&self, channel: &str) -> u64 {
+        match self.keep_ms(channel) {
+            0 if self.keep.get().is_some() => crate::UNPUBLISHED_KEEP.as_millis() as u64,
+            k => k,
+        }
+    }
+
     fn node_id(&self) -> &str {
         self.node_id.get().map_or(self.fallback_id.as_str(), String::as_str)
     }
@@ -308,7 +317,10 @@ impl Inner {
     /// The channel's position and last publication (creating its epoch if it has none).
     async fn position(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
         let mut call = self.scripts.position.prepare_invoke();
-        call.key(self.keys.meta(channel)).key(self.keys.history(channel)).arg(new_epoch()).arg(self.keep_ms(channel));
+        call.key(self.keys.meta(channel))
+            .key(self.keys.history(channel))
+            .arg(new_epoch())
+            .arg(self.reader_keep_ms(channel));
         let (epoch, offset, data, time): (String, u64, Option<String>, Option<u64>) = self.read(&call).await?;
         let last = match data {
             Some(d) if offset > 0 => Some(Publication { offset, data: data_of(d)?, time_ms: time.unwrap_or(0) }),
@@ -450,7 +462,7 @@ impl Broker for RedisBroker {
         };
         let mut call = i.scripts.history.prepare_invoke();
         call.key(i.keys.meta(channel)).key(i.keys.history(channel)).arg(new_epoch());
-        call.arg(since_epoch).arg(since_offset).arg(limit.min(MAX_HISTORY_READ)).arg(i.keep_ms(channel));
+        call.arg(since_epoch).arg(since_offset).arg(limit.min(MAX_HISTORY_READ)).arg(i.reader_keep_ms(channel));
         let (epoch, offset, complete, entries): (String, u64, i64, Vec<(u64, u64, String)>) = i.read(&call).await?;
         let mut publications = Vec::with_capacity(entries.len());
         for (offset, time_ms, data) in entries {
@@ -652,7 +664,9 @@ async fn keep_alive(inner: &Inner) -> Result<(), BrokerError> {
         .counts()
         .into_iter()
         .filter_map(|(ch, _)| {
-            let keep = inner.keep_ms(&ch);
+            // A channel kept forever has no expiry once published (`GT` leaves it so); one only
+            // read so far is kept alive like any other.
+            let keep = inner.reader_keep_ms(&ch);
             shortest = shortest.min(keep.max(1));
             (keep > 0).then(|| (inner.keys.meta(&ch), inner.keys.history(&ch), keep.saturating_mul(2).max(beats)))
         })

@@ -22,6 +22,9 @@ pub struct SubscribeOptions {
     /// Ceiling of deliveries per second for these subscriptions.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_rate_hz: Option<f64>,
+    /// `{"abs": X}` or `{"pct": P}`: numeric values that moved less are not sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadband: Option<serde_json::Value>,
 }
 
 impl SubscribeOptions {
@@ -46,6 +49,18 @@ impl SubscribeOptions {
 
     pub fn max_rate_hz(mut self, hz: f64) -> Self {
         self.max_rate_hz = Some(hz);
+        self
+    }
+
+    /// Values that moved less than `abs` from the last one sent are not sent.
+    pub fn deadband_abs(mut self, abs: f64) -> Self {
+        self.deadband = Some(serde_json::json!({ "abs": abs }));
+        self
+    }
+
+    /// Values that moved less than `pct` percent of the last one sent are not sent.
+    pub fn deadband_pct(mut self, pct: f64) -> Self {
+        self.deadband = Some(serde_json::json!({ "pct": pct }));
         self
     }
 }

@@ -21,6 +21,7 @@ use switchboard_protocol::Format;
 
 use crate::metrics::Metrics;
 use crate::outbox::{Delivery, Frame, Outbox, Pushed};
+use crate::sampling::{Offer, PointView, Sampler, Sampling};
 
 const SHARDS: usize = 64;
 /// Connections flushed by one task; larger flush lists are split across the workers.
@@ -30,7 +31,20 @@ struct Subscribers {
     conflate: bool,
     /// Keyed by connection id; `IndexMap` iterates like a `Vec` and removes in O(1).
     conns: IndexMap<u64, Arc<Outbox>>,
+    /// Subscribers that asked for a rate or a deadband ([`crate::sampling`]), kept apart so
+    /// that the others' fan-out never pays for them.
+    sampled: IndexMap<u64, Arc<Sampler>>,
     msgpack: usize,
+}
+
+impl Subscribers {
+    fn len(&self) -> usize {
+        self.conns.len() + self.sampled.len()
+    }
+
+    fn outboxes(&self) -> impl Iterator<Item = &Arc<Outbox>> {
+        self.conns.values().chain(self.sampled.values().map(|s| &s.outbox))
+    }
 }
 
 tokio::task_local! {
@@ -62,16 +76,22 @@ impl Hub {
         &self.shards[(h.finish() as usize) % SHARDS]
     }
 
-    /// Adds a subscriber. Returns true when it is the channel's first on this node.
-    pub fn add(&self, channel: &Arc<str>, outbox: &Arc<Outbox>, conflate: bool) -> bool {
+    /// Adds a subscriber, sampled when `sampling` is given. Returns true when it is the
+    /// channel's first on this node.
+    pub fn add(&self, channel: &Arc<str>, outbox: &Arc<Outbox>, conflate: bool, sampling: Option<Sampling>) -> bool {
         let mut shard = self.shard(channel).write();
         let subs = shard.entry(channel.clone()).or_insert_with(|| Subscribers {
             conflate,
             conns: IndexMap::new(),
+            sampled: IndexMap::new(),
             msgpack: 0,
         });
-        let first = subs.conns.is_empty();
-        if subs.conns.insert(outbox.id, outbox.clone()).is_none() && outbox.format == Format::Msgpack {
+        let first = subs.len() == 0;
+        let new = match sampling {
+            None => subs.conns.insert(outbox.id, outbox.clone()).is_none(),
+            Some(s) => subs.sampled.insert(outbox.id, Arc::new(Sampler::new(s, outbox.clone()))).is_none(),
+        };
+        if new && outbox.format == Format::Msgpack {
             subs.msgpack += 1;
         }
         first
@@ -81,12 +101,11 @@ impl Hub {
     pub fn remove(&self, channel: &str, conn: u64) -> bool {
         let mut shard = self.shard(channel).write();
         let Some(subs) = shard.get_mut(channel) else { return false };
-        if let Some(ob) = subs.conns.swap_remove(&conn) {
-            if ob.format == Format::Msgpack {
-                subs.msgpack -= 1;
-            }
+        let gone = subs.conns.swap_remove(&conn).or_else(|| subs.sampled.swap_remove(&conn).map(|s| s.outbox.clone()));
+        if gone.is_some_and(|ob| ob.format == Format::Msgpack) {
+            subs.msgpack -= 1;
         }
-        if subs.conns.is_empty() {
+        if subs.len() == 0 {
             shard.remove(channel);
             true
         } else {
@@ -95,7 +114,7 @@ impl Hub {
     }
 
     pub fn subscriber_count(&self, channel: &str) -> usize {
-        self.shard(channel).read().get(channel).map_or(0, |s| s.conns.len())
+        self.shard(channel).read().get(channel).map_or(0, Subscribers::len)
     }
 
     /// Channels with local subscribers.
@@ -103,20 +122,37 @@ impl Hub {
         self.shards.iter().map(|s| s.read().len()).sum()
     }
 
-    fn fan_out(&self, channel: &str, make: impl Fn(Format) -> Delivery) {
+    /// `data`: the publication's data, read by deadbands.
+    fn fan_out(&self, channel: &str, data: &str, make: impl Fn(Format) -> Delivery) {
         let shard = self.shard(channel).read();
         let Some(subs) = shard.get(channel) else { return };
-        let json = (subs.conns.len() > subs.msgpack).then(|| make(Format::Json));
+        let json = (subs.len() > subs.msgpack).then(|| make(Format::Json));
         let mp = (subs.msgpack > 0).then(|| make(Format::Msgpack));
+        let pick = |format| match format {
+            Format::Json => json.as_ref(),
+            Format::Msgpack => mp.as_ref(),
+        };
         let mut scheduled = Vec::new();
         for ob in subs.conns.values() {
-            let d = match ob.format {
-                Format::Json => json.as_ref(),
-                Format::Msgpack => mp.as_ref(),
-            };
-            let Some(d) = d else { continue };
+            let Some(d) = pick(ob.format) else { continue };
             if ob.push(d.clone(), subs.conflate) == Pushed::Schedule {
                 scheduled.push(ob.clone());
+            }
+        }
+        if !subs.sampled.is_empty() {
+            let now = Instant::now();
+            let point = PointView::of(data);
+            for s in subs.sampled.values() {
+                let Some(d) = pick(s.outbox.format) else { continue };
+                match s.offer(d, &point, now) {
+                    Offer::Send => {
+                        if s.outbox.push(d.clone(), subs.conflate) == Pushed::Schedule {
+                            scheduled.push(s.outbox.clone());
+                        }
+                    }
+                    Offer::HoldAndArm(after) => s.arm(after, subs.conflate),
+                    Offer::Skip | Offer::Held => {}
+                }
             }
         }
         drop(shard);
@@ -164,7 +200,7 @@ impl BrokerHandler for Hub {
         self.metrics.publications.fetch_add(1, Relaxed);
         let born = Instant::now();
         let ch: Arc<str> = Arc::from(channel);
-        self.fan_out(channel, |format| {
+        self.fan_out(channel, p.data.get(), |format| {
             let payload = encode_publication(format, channel, p.offset, &p.data);
             Delivery { frame: Frame::message(format, &payload), channel: ch.clone(), offset: p.offset, born }
         });
@@ -185,7 +221,7 @@ impl BrokerHandler for Hub {
         let mp = (subs.msgpack > 0)
             .then(|| Frame::message(Format::Msgpack, &encode_presence(Format::Msgpack, joined, ev())));
         let mut scheduled = Vec::new();
-        for ob in subs.conns.values() {
+        for ob in subs.outboxes() {
             let frame = match (ob.format, &mp) {
                 (Format::Msgpack, Some(f)) => f,
                 _ => &json,
@@ -207,7 +243,7 @@ impl BrokerHandler for Hub {
         let outboxes: Vec<Arc<Outbox>> = {
             let shard = self.shard(channel).read();
             let Some(subs) = shard.get(channel) else { return };
-            subs.conns.values().cloned().collect()
+            subs.outboxes().cloned().collect()
         };
         self.metrics.recover_disconnects.fetch_add(outboxes.len() as u64, Relaxed);
         for ob in outboxes {
@@ -237,9 +273,9 @@ mod tests {
             .enumerate()
             .map(|(i, w)| Arc::new(Outbox::new(i as u64, Format::Json, w.clone(), 1 << 20, metrics.clone())))
             .collect();
-        assert!(hub.add(&ch, &obs[0], false));
-        assert!(!hub.add(&ch, &obs[1], false));
-        hub.add(&ch, &obs[2], false);
+        assert!(hub.add(&ch, &obs[0], false, None));
+        assert!(!hub.add(&ch, &obs[1], false, None));
+        hub.add(&ch, &obs[2], false, None);
         hub.on_publication("news", &publication(1, "{\"x\":1}"));
         hub.after_publications();
         for w in &wires {
@@ -257,7 +293,7 @@ mod tests {
         let hub = Hub::new(metrics.clone());
         let w = TestWire::open(usize::MAX);
         let ob = Arc::new(Outbox::new(9, Format::Msgpack, w.clone(), 1 << 20, metrics));
-        hub.add(&Arc::from("m"), &ob, false);
+        hub.add(&Arc::from("m"), &ob, false, None);
         hub.on_publication("m", &publication(3, "[1,2]"));
         hub.after_publications();
         let frames = w.frames();

@@ -7,6 +7,7 @@
 //!   shutdown.
 //! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out.
 //! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes.
+//! - [`sampling`]: per-subscription `max_rate_hz` and deadbands, beside the hub's fan-out.
 //! - [`session`]: one client's commands and subscriptions, transport-free.
 //! - [`transport`]: the accepted connection (`transport::conn`, TLS in `transport::tls`), the
 //!   WebSocket handshake and connection task (`transport::ws`), Server-Sent Events
@@ -30,6 +31,7 @@ pub mod hub;
 pub mod metrics;
 pub mod node;
 pub mod outbox;
+pub mod sampling;
 pub mod server;
 pub mod session;
 pub mod simulate;

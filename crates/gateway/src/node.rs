@@ -213,8 +213,10 @@ impl Node {
                 ns.channel_ttl_s.unwrap_or(if name == "pt" { 0 } else { crate::config::DEFAULT_CHANNEL_TTL_S })
             })
             .filter(|s| *s > 0)
-            .min();
-        let Some(shortest) = shortest else { return };
+            .min()
+            // Channels that were never published go after a while even where channels are kept
+            // forever.
+            .unwrap_or(switchboard_broker::UNPUBLISHED_KEEP.as_secs());
         let period = (Duration::from_secs(shortest) / 2).clamp(Duration::from_millis(200), Duration::from_secs(10));
         let node = Arc::downgrade(self);
         tokio::spawn(async move {

@@ -31,6 +31,7 @@ use crate::auth::limits::Bucket;
 use crate::auth::{Action, Auth, Identity, Method};
 use crate::node::{ApiError, Node};
 use crate::outbox::{Outbox, Pushed};
+use crate::sampling::{PointView, Sampling};
 
 /// Why a connection must close (sent as `disconnect` + close frame).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,9 +92,6 @@ async fn attach(node: &Node, ch: &Arc<str>, req: &SubscribeRequest) -> Attached 
     // position read below cannot run ahead of the live stream (a shared broker subscribes
     // asynchronously, and a second subscriber must not read before the first one's
     // subscription is confirmed).
-    if let Err(e) = node.hub_has_room(ch) {
-        return Attached::Refused(e);
-    }
     if let Err(e) = node.broker.subscribe(ch).await {
         return Attached::Refused(node.broker_error(e));
     }
@@ -110,6 +108,12 @@ async fn read_start(node: &Node, name: &str, req: &SubscribeRequest) -> Result<O
     // offset but in neither `recovered` nor `last`: lost.)
     if req.initial || !req.recover.contains_key(name) {
         let (pos, l) = node.broker.last(name).await.map_err(broker_err)?;
+        if req.deadband.is_some() && l.as_ref().is_some_and(|p| PointView::of(p.data.get()).v.is_none()) {
+            return Err(ApiError::new(
+                code::BAD_REQUEST,
+                format!("deadband: the values of {name} are not numeric (a point's \"v\" or a number)"),
+            ));
+        }
         position = Some(pos);
         if req.initial {
             last = l;
@@ -450,6 +454,10 @@ impl Session {
             );
             return self.err(id, e);
         }
+        let sampling = match Sampling::of(&req) {
+            Ok(s) => s,
+            Err(e) => return self.err(id, e),
+        };
         self.outbox.hold();
         let mut results: Vec<(String, Outcome)> = Vec::with_capacity(req.channels.len());
         let mut covered: HashMap<Arc<str>, u64> = HashMap::new();
@@ -459,7 +467,8 @@ impl Session {
             // Admission is checked in order (limits count the channels admitted before); the
             // broker work of the admitted ones runs concurrently, so a shared broker gets them
             // pipelined instead of one round trip after the other.
-            let admitted: Vec<Result<Arc<str>, ApiError>> = chunk.iter().map(|name| self.admit(name)).collect();
+            let admitted: Vec<Result<Arc<str>, ApiError>> =
+                chunk.iter().map(|name| self.admit(name, sampling)).collect();
             let node = &self.node;
             let attached = futures_util::future::join_all(admitted.iter().map(|a| async {
                 match a {
@@ -478,7 +487,11 @@ impl Session {
                         outcome
                     }
                     (Ok(ch), Some(Attached::Subscribed(Err(e)))) => {
-                        self.count_subscription(&ch);
+                        // Counted by the broker, but the client is told it failed: undone, so
+                        // that a retry is not refused as already subscribed.
+                        self.node.hub.remove(&ch, self.outbox.id);
+                        self.pending.remove(&ch);
+                        let _ = self.node.broker.unsubscribe(&ch).await;
                         Outcome::Err(ErrorBody { code: e.code, message: e.message })
                     }
                     (Ok(ch), refused) => {
@@ -525,7 +538,7 @@ impl Session {
 
     /// Checks one channel of a subscribe (name, permission, not yet subscribed, the limit) and
     /// adds this connection to the hub's subscribers of it.
-    fn admit(&mut self, name: &str) -> Result<Arc<str>, ApiError> {
+    fn admit(&mut self, name: &str, sampling: Option<Sampling>) -> Result<Arc<str>, ApiError> {
         validate_channel(name).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
         self.allow(Action::Subscribe, name)?;
         if self.subs.contains(name) {
@@ -537,9 +550,10 @@ impl Session {
                 format!("subscription limit of {} reached", self.node.config.limits.max_subscriptions),
             ));
         }
+        self.node.hub_has_room(name)?;
         let ns = self.node.config.namespace(namespace_of(name));
         let ch: Arc<str> = Arc::from(name);
-        self.node.hub.add(&ch, &self.outbox, ns.conflate);
+        self.node.hub.add(&ch, &self.outbox, ns.conflate, sampling);
         self.pending.insert(ch.clone());
         Ok(ch)
     }

@@ -46,7 +46,10 @@ pub struct ConnectRequest {
     pub name: Option<String>,
 }
 
+/// Unknown fields are refused (400 naming the field): a client asking for an option this
+/// server does not know (a deadband, a rate) must not silently get every publication instead.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SubscribeRequest {
     pub channels: Vec<String>,
     /// Include each channel's last publication in the reply.
@@ -55,9 +58,24 @@ pub struct SubscribeRequest {
     /// Positions to recover from, per channel.
     #[serde(default)]
     pub recover: HashMap<String, StreamPosition>,
-    /// Ceiling of deliveries per second for these subscriptions.
+    /// Ceiling of deliveries per second for each of these subscriptions (the latest value
+    /// always arrives, held back at most 1/F s).
     #[serde(default)]
     pub max_rate_hz: Option<f64>,
+    /// Numeric point values (`v`) that moved less than this from the last one sent are not
+    /// sent; the first value and quality changes always are.
+    #[serde(default)]
+    pub deadband: Option<Deadband>,
+}
+
+/// A deadband: absolute (`{"abs": 0.5}`) or relative to the last value sent (`{"pct": 2}`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Deadband {
+    #[serde(default)]
+    pub abs: Option<f64>,
+    #[serde(default)]
+    pub pct: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize)]

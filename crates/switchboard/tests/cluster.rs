@@ -412,3 +412,59 @@ fn cluster_unreachable_or_misconfigured_redis_exits_2_naming_the_broker() {
         assert!(err.contains("broker:"), "{url}: {err}");
     }
 }
+
+/// With a shared broker the node's ceiling is its channels with local subscribers: past
+/// `limits.max_channels` a subscribe of a new channel is refused with 429 while the channels
+/// held keep streaming; and the listing pages through what Redis holds (a bounded `SCAN` per
+/// page) without a duplicate or a gap.
+#[tokio::test]
+async fn cluster_node_ceiling_refuses_new_channels_and_listing_pages_through_redis() {
+    let redis = Redis::start();
+    let node = Node::node_on(&redis.url(), "n1", &[("SWITCHBOARD_MAX_CHANNELS", "3")]);
+    all_ready(&[&node]).await;
+    let c = Client::connect(&node.ws(), Format::Json).await.unwrap();
+    let r = c.subscribe(SubscribeOptions::new(["cap:a", "cap:b", "cap:c", "cap:d", "cap:e"])).await.unwrap();
+    for ch in ["cap:a", "cap:b", "cap:c"] {
+        subscribed(&r.channels[ch]);
+    }
+    for ch in ["cap:d", "cap:e"] {
+        match &r.channels[ch] {
+            ChannelResult::Error { error } => {
+                assert_eq!(error.code, 429, "{error:?}");
+                assert!(error.message.contains("maximum of 3 channels"), "{error:?}");
+            }
+            other => panic!("{ch} subscribed past the ceiling: {other:?}"),
+        }
+    }
+    // A second subscriber of a held channel is no new channel: admitted.
+    let mut other = Client::connect(&node.ws(), Format::Json).await.unwrap();
+    subscribed(&other.subscribe(SubscribeOptions::new(["cap:a"])).await.unwrap().channels["cap:a"]);
+    node.api().publish("cap:a", &json!(1)).await.unwrap();
+    assert_eq!(next_pub(&mut other).await.data, json!(1));
+    let metrics = String::from_utf8(node.api().request("GET", "/metrics", None).await.unwrap().body).unwrap();
+    assert!(metrics.contains("switchboard_channels_refused_total 2\n"), "{metrics}");
+
+    // 1,200 channels in Redis, listed 100 a page while more are created.
+    let items: Vec<(String, serde_json::Value)> = (0..1200).map(|i| (format!("pg:{i:04}"), json!(i))).collect();
+    for chunk in items.chunks(400) {
+        node.api().publish_batch(chunk).await.unwrap();
+    }
+    let mut seen: Vec<String> = Vec::new();
+    let mut cursor = String::new();
+    for round in 0..1000 {
+        let page = node.api().get(&format!("/api/channels?prefix=pg:&limit=100&cursor={cursor}")).await.unwrap();
+        seen.extend(page["channels"].as_array().unwrap().iter().map(|c| c["channel"].as_str().unwrap().to_string()));
+        node.api().publish(&format!("pg:new{round}"), &json!(0)).await.unwrap();
+        match page["next"].as_str() {
+            Some(next) => cursor = next.replace('.', "%2E"),
+            None => break,
+        }
+    }
+    let mut unique = seen.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), seen.len(), "a channel listed twice");
+    for (name, _) in &items {
+        assert!(unique.binary_search(name).is_ok(), "{name} missing");
+    }
+}

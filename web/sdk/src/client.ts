@@ -83,6 +83,11 @@ export interface SubscribeOptions {
   recover?: Position;
   /** Called with each publication of the channel, in the per-frame delivery. */
   onPublication?: (p: Publication) => void;
+  /** Server-side sampling: at most this many deliveries per second; the latest value always
+   * arrives (within 1/maxRateHz s). Set by the channel's first subscriber. */
+  maxRateHz?: number;
+  /** Server-side deadband: numeric values that moved less are not sent. */
+  deadband?: { abs: number } | { pct: number };
 }
 
 export interface HistoryOptions {
@@ -136,6 +141,8 @@ interface Entry {
   early: WirePub[];
   /** The latest publication delivered, for handles added later with `initial`. */
   latest: Publication | null;
+  /** The sampling asked for (`max_rate_hz`, `deadband`), as JSON; '' for none. */
+  sampling: string;
 }
 
 const NO_RECONNECT_CODES = new Set([4003, 4010]);
@@ -301,6 +308,7 @@ export class Client implements SubscriptionOwner {
           buffer: [],
           early: [],
           latest: null,
+          sampling: samplingKey(opts),
         };
         this.entries.set(channel, e);
         // A pending unsubscribe of this channel stays: flush() sends unsubscribes before
@@ -646,8 +654,11 @@ export class Client implements SubscriptionOwner {
       this.toUnsubscribe.clear();
       for (const chunk of this.chunkChannels(channels, () => 0)) frames.push([{ unsubscribe: { channels: chunk } }]);
     }
-    const due = [...this.entries.values()].filter((e) => e.status === 'pending');
-    if (due.length > 0) {
+    const pending = [...this.entries.values()].filter((e) => e.status === 'pending');
+    // One subscribe per sampling asked for: sampling is per command on the wire.
+    const groups = new Map<string, Entry[]>();
+    for (const e of pending) groups.set(e.sampling, [...(groups.get(e.sampling) ?? []), e]);
+    for (const [sampling, due] of groups) {
       const recoverBytes = (e: Entry) => (e.position ? e.position.epoch.length + e.channel.length + 40 : 0);
       for (const chunk of this.chunkChannels(
         due.map((e) => e.channel),
@@ -669,7 +680,7 @@ export class Client implements SubscriptionOwner {
           (r) => this.onSubscribeReply(id, chunk, r as ReplyBodies['subscribe'], null),
           (err: SwitchboardError) => this.onSubscribeReply(id, chunk, null, err),
         );
-        const body: CommandBodies['subscribe'] = { channels: chunk, initial: true };
+        const body: CommandBodies['subscribe'] = { channels: chunk, initial: true, ...(sampling ? JSON.parse(sampling) : {}) };
         if (anyRecover) body.recover = recover;
         frames.push([{ id, subscribe: body }]);
       }
@@ -901,4 +912,12 @@ export class Client implements SubscriptionOwner {
 
 function asError(e: unknown): Error {
   return e instanceof Error ? e : new Error(String(e));
+}
+
+/** The wire form of a subscription's sampling options, as a key ('' when none). */
+function samplingKey(opts: SubscribeOptions): string {
+  const o: { max_rate_hz?: number; deadband?: { abs: number } | { pct: number } } = {};
+  if (opts.maxRateHz !== undefined) o.max_rate_hz = opts.maxRateHz;
+  if (opts.deadband !== undefined) o.deadband = opts.deadband;
+  return Object.keys(o).length > 0 ? JSON.stringify(o) : '';
 }

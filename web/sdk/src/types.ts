@@ -44,7 +44,10 @@ export interface CommandBodies {
     channels: string[];
     initial?: boolean;
     recover?: Record<string, Position>;
+    /** At most this many deliveries per second per channel; the latest value always arrives. */
     max_rate_hz?: number;
+    /** Numeric values that moved less than the band from the last one sent are not sent. */
+    deadband?: { abs: number } | { pct: number };
   };
   unsubscribe: { channels: string[] };
   publish: { channel: string; data: unknown };

@@ -421,6 +421,28 @@ async fn open(node: &Arc<Node>, req: &axum::http::request::Parts, q: Option<&str
         }
     }
     let initial = query_flag(q, "initial").unwrap_or(false);
+    // Sampling (`max_rate_hz=F`, `deadband_abs=X` or `deadband_pct=P`), as in a subscribe.
+    let mut sampling = serde_json::Map::new();
+    for (key, field) in [("max_rate_hz", None), ("deadband_abs", Some("abs")), ("deadband_pct", Some("pct"))] {
+        let Some(text) = query_param(q, key) else { continue };
+        let Ok(v) = text.parse::<f64>() else { return error(code::BAD_REQUEST, format!("{key}: not a number")) };
+        let Some(number) = serde_json::Number::from_f64(v) else {
+            return error(code::BAD_REQUEST, format!("{key}: not a finite number"));
+        };
+        match field {
+            None => sampling.insert(key.into(), number.into()),
+            Some(f) => sampling
+                .entry("deadband")
+                .or_insert_with(|| serde_json::json!({}))
+                .as_object_mut()
+                .and_then(|band| band.insert(f.into(), number.into())),
+        };
+    }
+    let deadband = sampling.get("deadband").cloned().map(serde_json::from_value);
+    let rate = sampling.get("max_rate_hz").and_then(serde_json::Value::as_f64);
+    if let Err(e) = crate::sampling::Sampling::parse(rate, deadband.transpose().ok().flatten()) {
+        return error(e.code, e.message);
+    }
     let slot = match transport_http::acquire_slot(node, &admitted) {
         Ok(s) => s,
         Err(r) => return r,
@@ -440,6 +462,9 @@ async fn open(node: &Arc<Node>, req: &axum::http::request::Parts, q: Option<&str
     session.set_rate_exempt(admitted.exempt());
     // `last` comes with the reply only when asked for; a recovery that finds a gap needs it.
     let mut body = serde_json::json!({ "channels": channels, "initial": initial || !recover.is_empty() });
+    for (k, v) in sampling {
+        body[k] = v;
+    }
     if !recover.is_empty() {
         let r: serde_json::Map<String, serde_json::Value> = recover
             .iter()
