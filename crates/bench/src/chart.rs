@@ -4,6 +4,8 @@
 //!   against percentile (x, logarithmic in 1/(1−p) so the tail gets room).
 //! - [`LineChart`]: one figure per step of a sweep (`broadcast --search`, `sessions`), one line
 //!   per series, an optional horizontal reference line (a deadline, a period).
+//! - [`TimeChart`]: figures sampled over a long run (`soak`), in stacked panels over one time
+//!   axis, with the warm-up shaded and each panel's allowed band marked.
 
 use std::fmt::Write;
 
@@ -252,6 +254,170 @@ impl LineChart {
     }
 }
 
+/// One panel of a [`TimeChart`]: its own y axis (from zero), one line per series and an
+/// optional band `(low, high, label)` drawn as two dashed lines; points with `ok` false are
+/// drawn red.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Panel {
+    pub y_label: String,
+    pub series: Vec<Series>,
+    pub band: Option<(f64, f64, String)>,
+}
+
+/// Figures sampled over time, in panels stacked over one shared time axis `0..x_max`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimeChart {
+    pub title: String,
+    pub x_label: String,
+    pub x_max: f64,
+    pub panels: Vec<Panel>,
+    /// `0..warmup` is shaded and labelled "warm-up".
+    pub warmup: Option<f64>,
+}
+
+const PANEL_H: f64 = 200.0;
+const PANEL_GAP: f64 = 50.0;
+
+impl TimeChart {
+    /// The chart as an SVG document.
+    pub fn svg(&self) -> String {
+        let n = self.panels.len().max(1) as f64;
+        let h = TOP + n * PANEL_H + (n - 1.0) * PANEL_GAP + BOTTOM;
+        let mut s = String::new();
+        let _ = write!(
+            s,
+            r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="#fff"/>
+<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>
+"##,
+            W / 2.0,
+            escape(&self.title)
+        );
+        let pw = W - LEFT - RIGHT;
+        let x_max = if self.x_max > 0.0 { self.x_max } else { 1.0 };
+        let x_of = |x: f64| LEFT + pw * (x / x_max).clamp(0.0, 1.0);
+        let step = nice_ceiling(x_max / 6.0);
+        for (pi, panel) in self.panels.iter().enumerate() {
+            let top = TOP + pi as f64 * (PANEL_H + PANEL_GAP);
+            let ys = panel.series.iter().flat_map(|s| s.points.iter().filter_map(|p| p.y));
+            let y_max = ys.chain(panel.band.iter().map(|b| b.1)).fold(0.0, f64::max);
+            let y_top = nice_ceiling(y_max.max(1e-3) * 1.05);
+            let y_of = |y: f64| top + PANEL_H * (1.0 - (y / y_top).clamp(0.0, 1.0));
+            if let Some(w) = self.warmup.filter(|w| *w > 0.0) {
+                let _ = writeln!(
+                    s,
+                    r##"<rect x="{LEFT}" y="{top:.1}" width="{:.1}" height="{PANEL_H}" fill="#eee"/><text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#777">warm-up</text>"##,
+                    x_of(w) - LEFT,
+                    (LEFT + x_of(w)) / 2.0,
+                    top + PANEL_H - 8.0
+                );
+            }
+            let _ = writeln!(
+                s,
+                r##"<rect x="{LEFT}" y="{top:.1}" width="{pw}" height="{PANEL_H}" fill="none" stroke="#444"/>"##
+            );
+            let mut t = 0.0;
+            while t <= x_max + 1e-9 {
+                let px = x_of(t);
+                let _ = writeln!(
+                    s,
+                    r##"<line x1="{px:.1}" y1="{top:.1}" x2="{px:.1}" y2="{:.1}" stroke="#ddd"/><text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                    top + PANEL_H,
+                    top + PANEL_H + 16.0,
+                    fmt_count(t)
+                );
+                t += step;
+            }
+            for i in 0..=4 {
+                let v = y_top * i as f64 / 4.0;
+                let y = y_of(v);
+                let _ = writeln!(
+                    s,
+                    r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+                    LEFT + pw,
+                    LEFT - 6.0,
+                    y + 4.0,
+                    fmt_value(v)
+                );
+            }
+            let _ = writeln!(
+                s,
+                r##"<text transform="translate(16 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"##,
+                top + PANEL_H / 2.0,
+                escape(&panel.y_label)
+            );
+            if let Some((lo, hi, label)) = &panel.band {
+                for v in [lo, hi] {
+                    let y = y_of(*v);
+                    let _ = writeln!(
+                        s,
+                        r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#d62728" stroke-dasharray="6 4"/>"##,
+                        LEFT + pw
+                    );
+                }
+                let _ = writeln!(
+                    s,
+                    r##"<text x="{:.1}" y="{:.1}" text-anchor="end" fill="#d62728">{}</text>"##,
+                    LEFT + pw - 4.0,
+                    y_of(*hi) - 4.0,
+                    escape(label)
+                );
+            }
+            if panel.series.iter().all(|s| s.points.iter().all(|p| p.y.is_none())) {
+                let _ = writeln!(
+                    s,
+                    r##"<text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#a00">not sampled</text>"##,
+                    LEFT + pw / 2.0,
+                    top + PANEL_H / 2.0
+                );
+            }
+            for (i, series) in panel.series.iter().enumerate() {
+                let color = PALETTE[i % PALETTE.len()];
+                // A missing sample breaks the line rather than being drawn as zero.
+                for run in series.points.split(|p| p.y.is_none()) {
+                    let line: Vec<String> =
+                        run.iter().filter_map(|p| p.y.map(|y| format!("{:.1},{:.1}", x_of(p.x), y_of(y)))).collect();
+                    if line.len() > 1 {
+                        let _ = writeln!(
+                            s,
+                            r##"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"##,
+                            line.join(" ")
+                        );
+                    }
+                }
+                for p in series.points.iter().filter(|p| !p.ok) {
+                    if let Some(y) = p.y {
+                        let _ = writeln!(
+                            s,
+                            r##"<circle cx="{:.1}" cy="{:.1}" r="3" fill="#d62728"/>"##,
+                            x_of(p.x),
+                            y_of(y)
+                        );
+                    }
+                }
+                let _ = writeln!(
+                    s,
+                    r##"<rect x="{:.1}" y="{:.1}" width="12" height="12" fill="{color}"/><text x="{:.1}" y="{:.1}">{}</text>"##,
+                    LEFT + 10.0,
+                    top + 8.0 + 18.0 * i as f64,
+                    LEFT + 28.0,
+                    top + 18.0 + 18.0 * i as f64,
+                    escape(&series.name)
+                );
+            }
+        }
+        let _ = writeln!(
+            s,
+            r##"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+            LEFT + pw / 2.0,
+            h - 14.0,
+            escape(&self.x_label)
+        );
+        s.push_str("</svg>\n");
+        s
+    }
+}
+
 fn fmt_count(x: f64) -> String {
     if x.fract() == 0.0 && x.abs() < 1e15 {
         format!("{}", x as i64)
@@ -358,5 +524,43 @@ mod tests {
         assert!(svg.contains(">1000<") && svg.contains("stroke-dasharray"));
         let empty = LineChart { series: vec![], ..chart(vec![]) }.svg();
         assert!(empty.contains("no steps"));
+    }
+
+    #[test]
+    fn chart_time_panels_mark_warmup_band_and_gaps() {
+        let p = |x: f64, y: Option<f64>, ok: bool| Point { x, y, ok };
+        let c = TimeChart {
+            title: "soak".into(),
+            x_label: "time (s)".into(),
+            x_max: 60.0,
+            warmup: Some(20.0),
+            panels: vec![
+                Panel {
+                    y_label: "RSS (MiB)".into(),
+                    series: vec![Series {
+                        name: "rss".into(),
+                        points: vec![p(0.0, Some(50.0), true), p(30.0, Some(52.0), true), p(60.0, Some(80.0), false)],
+                    }],
+                    band: Some((45.0, 55.0, "±10 %".into())),
+                },
+                Panel {
+                    y_label: "channels".into(),
+                    series: vec![Series {
+                        name: "broker".into(),
+                        points: vec![p(0.0, Some(1.0), true), p(10.0, None, true), p(20.0, Some(2.0), true)],
+                    }],
+                    band: None,
+                },
+                Panel { y_label: "none".into(), series: vec![], band: None },
+            ],
+        };
+        let svg = c.svg();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(svg.matches(">warm-up<").count(), 3, "shaded in every panel");
+        assert_eq!(svg.matches("stroke-dasharray").count(), 2, "the band's two lines");
+        assert_eq!(svg.matches("<circle").count(), 1, "the one sample out of its band");
+        // The missing sample splits the second line into two single points: no polyline.
+        assert_eq!(svg.matches("<polyline").count(), 1);
+        assert!(svg.contains("not sampled") && svg.contains("±10 %") && svg.contains(">60<"));
     }
 }

@@ -55,8 +55,9 @@ pub struct CommonArgs {
     /// Server process to sample CPU time and memory of (from /proc).
     #[arg(long)]
     pub server_pid: Option<u32>,
-    /// Length of the measured phase in seconds (scenarios that run for a time).
-    #[arg(long)]
+    /// Length of the measured phase (scenarios that run for a time): seconds, or a number
+    /// with a unit (90s, 30m, 1h).
+    #[arg(long, value_parser = parse_seconds)]
     pub duration: Option<f64>,
     /// No progress lines; the summary table is still printed.
     #[arg(long)]
@@ -90,6 +91,24 @@ impl CommonArgs {
     pub fn spread_sources(&self, total_conns: usize) -> bool {
         total_conns > CONNS_PER_SOURCE_ADDR && Endpoint::parse(&self.target).map(|e| e.is_loopback()).unwrap_or(false)
     }
+}
+
+/// Seconds from a duration flag: plain seconds (`90`, `2.5`) or a number with a unit, `s`,
+/// `m` or `h` (`90s`, `30m`, `1h`). Negative, infinite and unparsable values are refused.
+pub fn parse_seconds(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (num, unit) = match t.char_indices().last() {
+        Some((i, 'h')) => (&t[..i], 3600.0),
+        Some((i, 'm')) => (&t[..i], 60.0),
+        Some((i, 's')) => (&t[..i], 1.0),
+        _ => (t, 1.0),
+    };
+    let bad = || format!("{s:?} is not a duration: seconds, or a number with s, m or h (90s, 30m, 1h)");
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !v.is_finite() || v < 0.0 {
+        return Err(bad());
+    }
+    Ok(v * unit)
 }
 
 /// The wire format of WebSocket load (`--format`).
@@ -199,6 +218,23 @@ mod tests {
         assert_eq!(t.c.procs_for(40_000), 3, "never above 15,000 per process");
         assert!(!t.c.spread_sources(50_000), "not loopback");
         assert_eq!(t.c.api_base().unwrap(), "http://10.0.0.1:9");
+    }
+
+    #[test]
+    fn common_parses_durations_with_and_without_units() {
+        assert_eq!(parse_seconds("90"), Ok(90.0));
+        assert_eq!(parse_seconds("2.5"), Ok(2.5));
+        assert_eq!(parse_seconds("90s"), Ok(90.0));
+        assert_eq!(parse_seconds("30m"), Ok(1800.0));
+        assert_eq!(parse_seconds("1h"), Ok(3600.0));
+        assert_eq!(parse_seconds(" 1.5h "), Ok(5400.0));
+        assert_eq!(parse_seconds("0"), Ok(0.0));
+        for bad in ["", "m", "-5", "-1m", "10ms", "5d", "1h30m", "inf", "NaN", "tens"] {
+            assert!(parse_seconds(bad).is_err(), "{bad:?}");
+        }
+        let t = T::parse_from(["t", "--duration", "2m"]);
+        assert_eq!(t.c.duration, Some(120.0), "every scenario's --duration takes a unit");
+        assert!(T::try_parse_from(["t", "--duration", "soon"]).is_err());
     }
 
     #[test]

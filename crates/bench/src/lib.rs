@@ -14,19 +14,21 @@
 //! - [`scenario`]: one file per scenario ([`scenario::limit`], [`scenario::broadcast`],
 //!   [`scenario::echo`], [`scenario::rooms`], [`scenario::streams`] (with the subscriber and
 //!   batched publisher it shares with [`scenario::dashboard`]), [`scenario::connect`],
-//!   [`scenario::sessions`]), each with a coordinator half and, where load is spread over
-//!   processes, a worker half.
+//!   [`scenario::sessions`], [`scenario::soak`] (split into its load plan, publishers,
+//!   workers, server sampling and verdict)), each with a coordinator half and, where load is
+//!   spread over processes, a worker half.
 //! - [`worker`]: worker processes — spawning, the JSON-lines protocol on their standard
 //!   streams, and merging their results ([`worker::Pool`]).
 //! - [`histogram`]: [`histogram::Latency`], HDR histograms that serialize between processes.
 //! - [`accounting`]: expected / received / lost / duplicated bookkeeping.
 //! - [`probe`]: CPU time and memory from `/proc` (`--server-pid`, the `limit` writer thread).
 //! - [`report`]: the `result.json` schema, CSV and the summary table; [`chart`]: the SVG
-//!   charts (latency distribution, sweep steps).
+//!   charts (latency distribution, sweep steps, figures sampled over time).
 //! - [`compare`]: `bench report DIR...`, one HTML page comparing result folders.
 //! - [`progress`]: the once-a-second progress line.
 //! - [`search`]: the doubling-then-bisecting sweep of `--search` (broadcast, streams).
-//! - [`common`]: flags shared by all scenarios and helpers built on them.
+//! - [`common`]: flags shared by all scenarios (`--duration` takes `90s`, `30m`, `1h`) and
+//!   helpers built on them.
 //! - [`transport`]: `--transport ws|sse|poll` of the fan-out scenarios, one connection type
 //!   for all three.
 
@@ -84,6 +86,10 @@ pub enum Scenario {
     Connect(scenario::connect::ConnectArgs),
     /// Sessions × worker threads: starts the server itself per worker count.
     Sessions(scenario::sessions::SessionsArgs),
+    /// A steady load for a long time (--duration, default 30m): held subscribers on a point
+    /// feed, new channels abandoned every second, connection churn; passes only if nothing is
+    /// lost and the server's RSS and channel count stay within --max-drift-pct after warm-up.
+    Soak(scenario::soak::SoakArgs),
     /// One HTML page comparing several result folders side by side.
     Report(compare::ReportArgs),
     /// Internal: one load-generating worker process (started by the scenarios).
@@ -106,6 +112,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         Scenario::Dashboard(a) => scenario::dashboard::run(a),
         Scenario::Connect(a) => scenario::connect::run(a),
         Scenario::Sessions(a) => scenario::sessions::run(a),
+        Scenario::Soak(a) => scenario::soak::run(a),
         Scenario::Report(a) => compare::run(a),
         Scenario::Worker { config } => worker::worker_main(&config),
     }

@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use crate::accounting::Tally;
 use crate::histogram::Latency;
 use crate::progress::Progress;
-use crate::scenario::{broadcast, connect, dashboard, echo, limit, rooms, sessions, streams};
+use crate::scenario::{broadcast, connect, dashboard, echo, limit, rooms, sessions, soak, streams};
 
 /// The environment variable carrying the auth token from the coordinator to its workers.
 pub const TOKEN_ENV: &str = "SWITCHBOARD_BENCH_TOKEN";
@@ -38,6 +38,9 @@ pub const TOKEN_ENV: &str = "SWITCHBOARD_BENCH_TOKEN";
 pub fn token() -> Option<String> {
     std::env::var(TOKEN_ENV).ok().filter(|t| !t.is_empty())
 }
+
+/// Distinct failure reasons a worker counts ([`WorkerCtx::failed_for`]).
+pub const MAX_REASONS: usize = 16;
 
 /// What one worker process does; the JSON argument of `bench worker`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -51,6 +54,7 @@ pub enum WorkerConfig {
     Dashboard(dashboard::DashboardWorker),
     Connect(connect::ConnectWorker),
     Sessions(sessions::SessionsWorker),
+    Soak(soak::SoakWorker),
 }
 
 /// A running worker's counters, as reported in progress lines.
@@ -81,7 +85,7 @@ impl From<&Tally> for Snapshot {
 }
 
 impl Snapshot {
-    fn add(&mut self, o: &Snapshot) {
+    pub fn add(&mut self, o: &Snapshot) {
         self.established += o.established;
         self.failed += o.failed;
         self.dropped += o.dropped;
@@ -178,6 +182,19 @@ impl WorkerCtx {
         self.check_ready();
     }
 
+    /// One connection could not be established, counted under `reason` in
+    /// [`Tally::failure_reasons`] (the first [`MAX_REASONS`] distinct reasons; later ones under
+    /// "other") as well as in the errors.
+    pub fn failed_for(&self, reason: &str) {
+        {
+            let mut t = self.tally.borrow_mut();
+            let known = t.failure_reasons.contains_key(reason);
+            let key = if known || t.failure_reasons.len() < MAX_REASONS { reason.to_string() } else { "other".into() };
+            *t.failure_reasons.entry(key).or_default() += 1;
+        }
+        self.failed(reason);
+    }
+
     /// An established connection ended early.
     pub fn dropped(&self, why: &str) {
         if self.stopping() {
@@ -248,6 +265,7 @@ pub fn worker_main(config: &str) -> anyhow::Result<i32> {
             WorkerConfig::Dashboard(c) => c.conns,
             WorkerConfig::Connect(c) => c.conns,
             WorkerConfig::Sessions(c) => c.conns,
+            WorkerConfig::Soak(c) => c.conns,
         } as u64;
         let ctx = WorkerCtx::new(target);
         if target == 0 {
@@ -264,6 +282,7 @@ pub fn worker_main(config: &str) -> anyhow::Result<i32> {
             WorkerConfig::Dashboard(c) => dashboard::run_worker(c, ctx.clone()).await,
             WorkerConfig::Connect(c) => connect::run_worker(c, ctx.clone()).await,
             WorkerConfig::Sessions(c) => sessions::run_worker(c, ctx.clone()).await,
+            WorkerConfig::Soak(c) => soak::run_worker(c, ctx.clone()).await,
         }
         ctx.stop();
         ctx.emit(&WorkerMsg::Final(Box::new(ctx.final_report())));
@@ -322,6 +341,9 @@ enum Incoming {
 pub struct Pool {
     children: Vec<Child>,
     stdins: Vec<Option<ChildStdin>>,
+    /// Kept for workers added later ([`Pool::add`]); the end of the messages is therefore
+    /// known from every worker having ended, not from the channel closing.
+    tx: mpsc::UnboundedSender<(usize, Incoming)>,
     rx: mpsc::UnboundedReceiver<(usize, Incoming)>,
     pub workers: Vec<WorkerState>,
     /// When the next progress line is due; kept across [`Pool::run_until`] calls so that
@@ -345,11 +367,25 @@ impl Pool {
     /// Starts one worker per config. `token`, if any, reaches the workers through the
     /// environment ([`TOKEN_ENV`]), not the command line, which every user can read.
     pub fn spawn(configs: &[WorkerConfig], token: Option<&str>) -> anyhow::Result<Pool> {
-        let exe = std::env::current_exe().context("locating the bench executable")?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let mut children = Vec::new();
-        let mut stdins = Vec::new();
-        for (i, cfg) in configs.iter().enumerate() {
+        let mut pool = Pool {
+            children: Vec::new(),
+            stdins: Vec::new(),
+            tx,
+            rx,
+            workers: Vec::new(),
+            next_progress: Instant::now() + Duration::from_secs(1),
+        };
+        pool.add(configs, token)?;
+        Ok(pool)
+    }
+
+    /// Starts more workers into a running pool (a phase that begins once the first workers
+    /// are ready). They take the next indexes of [`Pool::workers`].
+    pub fn add(&mut self, configs: &[WorkerConfig], token: Option<&str>) -> anyhow::Result<()> {
+        let exe = std::env::current_exe().context("locating the bench executable")?;
+        for cfg in configs {
+            let i = self.workers.len();
             let json = serde_json::to_string(cfg)?;
             let mut cmd = Command::new(&exe);
             if let Some(t) = token {
@@ -363,9 +399,9 @@ impl Pool {
                 .kill_on_drop(true)
                 .spawn()
                 .with_context(|| format!("starting worker {i} ({})", exe.display()))?;
-            stdins.push(child.stdin.take());
+            self.stdins.push(child.stdin.take());
             let stdout = child.stdout.take().context("worker stdout")?;
-            let tx = tx.clone();
+            let tx = self.tx.clone();
             tokio::spawn(async move {
                 let mut lines = BufReader::new(stdout).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
@@ -379,15 +415,10 @@ impl Pool {
                 }
                 let _ = tx.send((i, Incoming::Eof));
             });
-            children.push(child);
+            self.children.push(child);
+            self.workers.push(WorkerState::default());
         }
-        Ok(Pool {
-            children,
-            stdins,
-            rx,
-            workers: configs.iter().map(|_| WorkerState::default()).collect(),
-            next_progress: Instant::now() + Duration::from_secs(1),
-        })
+        Ok(())
     }
 
     /// Sum of the latest progress of every worker.
@@ -448,10 +479,14 @@ impl Pool {
             if done(self) {
                 return true;
             }
+            // Every worker's output ended (its end of file is its reader's last message):
+            // nothing more will arrive.
+            if self.all_ended() {
+                return false;
+            }
             tokio::select! {
                 m = self.rx.recv() => match m {
                     Some((i, m)) => self.apply(i, m),
-                    // Every reader task is gone: nothing more will arrive.
                     None => return done(self),
                 },
                 _ = tokio::time::sleep_until(self.next_progress) => {
@@ -505,7 +540,20 @@ impl Pool {
 
     /// Stops the workers, collects their final reports (waiting up to `timeout`), reaps the
     /// processes and merges everything.
-    pub async fn finish(mut self, timeout: Duration, progress: &mut Progress) -> anyhow::Result<Merged> {
+    pub async fn finish(self, timeout: Duration, progress: &mut Progress) -> anyhow::Result<Merged> {
+        let mut groups = self.finish_groups(timeout, progress, |_| 0).await?;
+        Ok(groups.pop().unwrap_or_default())
+    }
+
+    /// As [`Pool::finish`], merging the workers into separate results by `group_of(index)`
+    /// (for runs whose workers play different roles). Returns one [`Merged`] per group number
+    /// up to the largest used, at least one.
+    pub async fn finish_groups(
+        mut self,
+        timeout: Duration,
+        progress: &mut Progress,
+        group_of: impl Fn(usize) -> usize,
+    ) -> anyhow::Result<Vec<Merged>> {
         self.stop().await;
         let deadline = Instant::now() + timeout;
         self.run_until(deadline, progress, |_| "collecting worker reports".into(), |p| p.all_ended()).await;
@@ -517,8 +565,10 @@ impl Pool {
                 }
             }
         }
-        let mut m = Merged::default();
-        for w in &self.workers {
+        let n = (0..self.workers.len()).map(&group_of).max().unwrap_or(0) + 1;
+        let mut groups: Vec<Merged> = (0..n).map(|_| Merged::default()).collect();
+        for (i, w) in self.workers.iter().enumerate() {
+            let m = &mut groups[group_of(i)];
             match &w.final_report {
                 Some(f) => {
                     m.tally.merge(&f.tally);
@@ -534,7 +584,7 @@ impl Pool {
                 }
             }
         }
-        Ok(m)
+        Ok(groups)
     }
 }
 

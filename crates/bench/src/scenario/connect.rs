@@ -42,9 +42,6 @@ use crate::scenario::broadcast::subscribe_reply;
 use crate::scenario::{conclude, coordinator_runtime};
 use crate::worker::{Pool, WorkerConfig, WorkerCtx};
 
-/// Distinct failure reasons a worker counts; further ones are counted under "other".
-const MAX_REASONS: usize = 16;
-
 /// `switchboard bench connect`
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConnectArgs {
@@ -131,13 +128,7 @@ pub async fn run_worker(cfg: ConnectWorker, ctx: Rc<WorkerCtx>) {
 
 /// Counts one failed connection under `reason`.
 fn fail(ctx: &WorkerCtx, reason: String) {
-    {
-        let mut t = ctx.tally.borrow_mut();
-        let known = t.failure_reasons.contains_key(&reason);
-        let key = if known || t.failure_reasons.len() < MAX_REASONS { reason.clone() } else { "other".into() };
-        *t.failure_reasons.entry(key).or_default() += 1;
-    }
-    ctx.failed(&reason);
+    ctx.failed_for(&reason);
 }
 
 async fn connection(i: usize, cfg: Rc<ConnectWorker>, token: Option<String>, ctx: Rc<WorkerCtx>, subscribe: Message) {

@@ -9,6 +9,7 @@ pub mod echo;
 pub mod limit;
 pub mod rooms;
 pub mod sessions;
+pub mod soak;
 pub mod streams;
 
 use std::path::Path;
