@@ -89,7 +89,7 @@ pub struct IpGuard {
 impl Drop for IpGuard {
     fn drop(&mut self) {
         let mut t = self.limiter.per_ip.lock();
-        if let Some(e) = t.map.get_mut(&self.ip) {
+        if let Some(e) = t.map.get_mut(&key_of(self.ip)) {
             e.conns = e.conns.saturating_sub(1);
         }
     }
@@ -102,6 +102,19 @@ impl std::fmt::Debug for IpGuard {
 }
 
 const MIN_SWEEP: usize = 1024;
+
+/// What the per-address limits count by: the address, or for IPv6 its /64 (one host is
+/// commonly given a whole /64, so single addresses would let it pass every per-address limit).
+fn key_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(std::net::Ipv6Addr::from(bits))
+        }
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
 
 impl Limiter {
     pub fn new(max_conns_per_ip: usize, handshakes_per_s: usize, api_keys: usize, api_key_rate: usize) -> Limiter {
@@ -122,7 +135,14 @@ impl Limiter {
         self
     }
 
+    /// The address's entry, made when missing. Every path that makes entries sweeps first, so
+    /// the table holds the addresses with open connections or recently used rates (idle
+    /// entries go once the table doubles), whoever calls.
     fn entry<'t>(&self, t: &'t mut IpTable, ip: IpAddr, now: Instant) -> &'t mut IpEntry {
+        let ip = key_of(ip);
+        if !t.map.contains_key(&ip) {
+            self.sweep(t, now);
+        }
         let (h, p) = (self.handshake_rate, self.password_rate);
         t.map.entry(ip).or_insert_with(|| IpEntry {
             conns: 0,
@@ -146,7 +166,6 @@ impl Limiter {
 
     fn admit_handshake_at(&self, ip: IpAddr, now: Instant) -> Admission {
         let mut t = self.per_ip.lock();
-        self.sweep(&mut t, now);
         let rate = self.handshake_rate;
         let e = self.entry(&mut t, ip, now);
         if e.handshakes.take(rate, now) {
@@ -170,7 +189,7 @@ impl Limiter {
 
     /// Open connections counted for `ip`.
     pub fn connections_of(&self, ip: IpAddr) -> usize {
-        self.per_ip.lock().map.get(&ip).map_or(0, |e| e.conns)
+        self.per_ip.lock().map.get(&key_of(ip)).map_or(0, |e| e.conns)
     }
 
     /// Takes up to `n` publish tokens of API key `index`; returns how many were granted.
@@ -318,6 +337,26 @@ mod tests {
         }
         let len = l.per_ip.lock().map.len();
         assert!(len <= 3500, "{len}");
+    }
+
+    #[test]
+    fn limits_ipv6_count_by_slash_64_and_password_checks_sweep_too() {
+        let l = Arc::new(Limiter::new(2, 1000, 0, 1));
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let _g1 = l.acquire(a).unwrap();
+        let _g2 = l.acquire(b).unwrap();
+        assert!(l.acquire("2001:db8:1:2::7".parse().unwrap()).is_none(), "one /64 is one client");
+        assert!(l.acquire("2001:db8:1:3::1".parse().unwrap()).is_some(), "another /64 is another");
+        // Password checks from ever new addresses (the HTTP guard's path) are swept as well.
+        let t0 = Instant::now();
+        for i in 0..20_000u32 {
+            let ip = IpAddr::V4(std::net::Ipv4Addr::from(0x0b00_0000 + i));
+            let mut t = l.per_ip.lock();
+            let _ = l.entry(&mut t, ip, t0 + Duration::from_secs(u64::from(i / 1000) * 10));
+        }
+        let len = l.per_ip.lock().map.len();
+        assert!(len <= 4096, "{len}");
     }
 
     #[test]
