@@ -11,11 +11,13 @@ import { allValues, inkOf, launch, newPage, OUT, Server, sleep, stats } from './
 
 let browser;
 let server;
+let serverStarted = 0;
 
 before(async () => {
   mkdirSync(OUT, { recursive: true });
   browser = await launch();
   server = await new Server({ command: 'demo' }).start();
+  serverStarted = Date.now();
 });
 
 after(async () => {
@@ -34,6 +36,25 @@ describe('dashboard', () => {
     await page.waitForFunction((n) => window.switchboardStats().updatesApplied > n, a.updatesApplied);
     const b = await stats(page);
     assert.ok(b.framesRendered > a.framesRendered, 'new values were rendered');
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  });
+
+  it('opens a trend full of the server-side trend instead of filling while open', async () => {
+    // The demo's simulator has published pt:sim.4 (a number) once a second since the server started.
+    await sleep(Math.max(0, 12_000 - (Date.now() - serverStarted)));
+    const spec = {
+      title: 'Trend on open',
+      widgets: [{ type: 'trend', channel: 'pt:sim.4', x: 0, y: 0, w: 16, h: 8, options: { window_s: 120 } }],
+    };
+    const put = await fetch(`${server.url}/api/dashboards/trend-open`, { method: 'PUT', body: JSON.stringify(spec) });
+    assert.ok(put.ok, `PUT ${put.status}`);
+    const page = await newPage(browser);
+    await page.goto(`${server.url}/?dashboard=trend-open`);
+    // Live alone would hold a point or two after a second; the backfill brings ten or more.
+    await page.waitForFunction(() => (window.switchboardWidget(0)?.points ?? 0) >= 10, null, { timeout: 5000 });
+    const w = await page.evaluate(() => window.switchboardWidget(0));
+    assert.equal(w.type, 'trend');
     assert.deepEqual(page.errors, []);
     await page.close();
   });

@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use crate::redis::{RedisBroker, RedisOptions};
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication,
+    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket,
 };
 
 /// Slots of a Redis Cluster.
@@ -530,6 +530,10 @@ impl Broker for ClusterBroker {
         limit: usize,
     ) -> Result<HistoryResult, BrokerError> {
         self.shared.on_owner(channel, |node| async move { node.history(channel, since, limit).await }).await
+    }
+
+    async fn trend(&self, channel: &str, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
+        self.shared.on_owner(channel, |node| async move { node.trend(channel, since_ms).await }).await
     }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {

@@ -53,7 +53,7 @@ fn data(s: &str) -> crate::Data {
     Arc::new(RawValue::from_string(s.to_string()).unwrap_or_else(|_| panic!("bad test json {s}")))
 }
 
-const KEEP: HistoryPolicy = HistoryPolicy { size: 5, ttl: Duration::from_secs(300) };
+const KEEP: HistoryPolicy = HistoryPolicy { size: 5, ttl: Duration::from_secs(300), trend: None };
 
 /// Every channel whose name starts with `prefix`, read page by page (`limit` per page), in
 /// the order the pages came.
@@ -91,6 +91,27 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     a_batch_keeps_item_order_per_channel(make()).await;
     peeking_at_an_unknown_channel_creates_nothing(make()).await;
     paging_lists_each_channel_once_while_channels_are_created(make()).await;
+    a_trend_keeps_numeric_values_in_buckets(make()).await;
+}
+
+async fn a_trend_keeps_numeric_values_in_buckets(b: Arc<dyn Broker>) {
+    let policy = HistoryPolicy { trend: Some(crate::TrendPolicy { step_ms: 1000, len: 60 }), ..KEEP };
+    for v in [r#"{"v": 1.5, "q": "good"}"#, r#"{"v": 5}"#, r#"{"v": "open"}"#, "3", r#"{"v": -2.25}"#] {
+        b.publish("pt:trend", data(v), policy).await.unwrap();
+    }
+    b.publish("pt:no-trend", data("1"), KEEP).await.unwrap();
+    let t = b.trend("pt:trend", 0).await.unwrap();
+    assert!(!t.is_empty() && t.len() <= 2, "{t:?}");
+    assert!(t.windows(2).all(|w| w[0].t < w[1].t) && t.iter().all(|x| x.t % 1000 == 0), "{t:?}");
+    assert_eq!(t.iter().map(|x| x.n).sum::<u64>(), 4, "non-numeric values are left out: {t:?}");
+    let min = t.iter().map(|x| x.min).fold(f64::INFINITY, f64::min);
+    let max = t.iter().map(|x| x.max).fold(f64::NEG_INFINITY, f64::max);
+    assert_eq!((min, max, t[t.len() - 1].last), (-2.25, 5.0, -2.25));
+    let later = crate::now_ms() + 5000;
+    assert!(b.trend("pt:trend", later).await.unwrap().is_empty(), "nothing after since");
+    assert!(b.trend("pt:no-trend", 0).await.unwrap().is_empty());
+    assert!(b.trend("pt:never", 0).await.unwrap().is_empty());
+    assert!(b.peek("pt:never").await.unwrap().is_none(), "a trend read creates nothing");
 }
 
 async fn paging_lists_each_channel_once_while_channels_are_created(b: Arc<dyn Broker>) {
@@ -206,7 +227,7 @@ async fn wrong_epoch_is_incomplete(b: Arc<dyn Broker>) {
 }
 
 async fn last_value_is_kept_without_history(b: Arc<dyn Broker>) {
-    let none = HistoryPolicy { size: 0, ttl: Duration::from_secs(0) };
+    let none = HistoryPolicy { size: 0, ttl: Duration::from_secs(0), trend: None };
     for i in 1..=3 {
         b.publish("pt:x", data(&format!("{{\"v\":{i}}}")), none).await.unwrap();
     }

@@ -11,6 +11,7 @@
 //!   servers by a stable hash of the name, each shard a [`RedisBroker`].
 //! - [`cluster`]: [`ClusterBroker`], channels spread over the primaries of a Redis Cluster by
 //!   slot (sharded pub/sub), following slot moves and failovers, each primary a [`RedisBroker`].
+//! - [`trend`]: downsampled trends of point channels (buckets of min/max/last/count).
 //! - [`conformance`]: the suite every broker must pass (run from each implementation's tests).
 //!
 //! # Delivery contract
@@ -36,11 +37,13 @@ pub mod conformance;
 pub mod memory;
 pub mod redis;
 pub mod sharded;
+pub mod trend;
 
 pub use self::redis::RedisBroker;
 pub use cluster::ClusterBroker;
 pub use memory::MemoryBroker;
 pub use sharded::ShardedRedisBroker;
+pub use trend::{TrendBucket, TrendPolicy};
 
 /// Checks a `--broker` value without connecting: `memory`, one Redis URL, or a comma-separated
 /// list of Redis URLs (shards). Errors never repeat a URL, which may carry a password.
@@ -113,6 +116,8 @@ pub struct Position {
 pub struct HistoryPolicy {
     pub size: usize,
     pub ttl: Duration,
+    /// The downsampled trend of numeric values kept beside it, if any ([`trend`]).
+    pub trend: Option<TrendPolicy>,
 }
 
 /// What a history read returns.
@@ -286,6 +291,13 @@ pub trait Broker: Send + Sync + 'static {
         since: Option<&Position>,
         limit: usize,
     ) -> Result<HistoryResult, BrokerError>;
+
+    /// The channel's trend buckets that start at or after `since_ms`, oldest first; empty for
+    /// an unknown channel or one whose namespace keeps no trend. Reads create nothing.
+    async fn trend(&self, channel: &str, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
+        let _ = (channel, since_ms);
+        Ok(Vec::new())
+    }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError>;
     async fn presence_remove(&self, channel: &str, client: &str) -> Result<(), BrokerError>;

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::trend::{numeric_value, TrendRing};
 use crate::{
     now_ms, Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelSummary, ClientInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, UNPUBLISHED_KEEP,
+    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket, UNPUBLISHED_KEEP,
 };
 
 /// One channel's stream. Guarded by its own mutex so channels never wait on each other.
@@ -28,6 +29,8 @@ struct Stream {
     touched_ms: u64,
     /// History TTL of the last publication's namespace (reads expire with it).
     history_ttl_ms: u64,
+    /// Numeric values downsampled, when the namespace keeps a trend.
+    trend: Option<Box<TrendRing>>,
 }
 
 impl Stream {
@@ -40,6 +43,7 @@ impl Stream {
             subscribers: 0,
             touched_ms: now_ms(),
             history_ttl_ms: u64::MAX,
+            trend: None,
         }
     }
 
@@ -171,6 +175,11 @@ impl MemoryBroker {
         } else if !s.history.is_empty() {
             s.history.clear();
         }
+        if let Some(policy) = policy.trend {
+            if let Some(v) = numeric_value(publication.data.get()) {
+                s.trend.get_or_insert_default().record(policy, now, v);
+            }
+        }
         if let Some(h) = self.handler.get() {
             h.on_publication(channel, &publication);
         }
@@ -257,6 +266,12 @@ impl Broker for MemoryBroker {
         let complete = since.offset + 1 >= oldest_kept;
         let publications = s.history.iter().filter(|p| p.offset > since.offset).take(limit).cloned().collect();
         Ok(HistoryResult { publications, position, complete })
+    }
+
+    async fn trend(&self, channel: &str, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
+        let Some(stream) = self.streams.read().map.get(channel).cloned() else { return Ok(Vec::new()) };
+        let s = stream.lock();
+        Ok(s.trend.as_ref().map(|t| t.since(since_ms).collect()).unwrap_or_default())
     }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {
@@ -375,7 +390,7 @@ mod tests {
     #[tokio::test]
     async fn broker_memory_forgets_idle_channels_but_not_subscribed_present_or_kept_ones() {
         let b = MemoryBroker::new();
-        let policy = HistoryPolicy { size: 10, ttl: Duration::from_secs(60) };
+        let policy = HistoryPolicy { size: 10, ttl: Duration::from_secs(60), trend: None };
         let d = || Arc::new(serde_json::value::RawValue::from_string("1".into()).unwrap());
         for ch in ["room:idle", "room:sub", "room:here", "pt:kept"] {
             b.publish(ch, d(), policy).await.unwrap();

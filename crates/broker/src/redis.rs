@@ -40,7 +40,7 @@ use tokio::sync::watch;
 
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication,
+    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket,
 };
 pub use endpoint::{client_for, take_tls_ca};
 use endpoint::{Commands, Endpoint};
@@ -126,6 +126,9 @@ impl Keys {
     }
     fn history(&self, ch: &str) -> String {
         format!("{}:{{{ch}}}:h", self.prefix)
+    }
+    fn trend(&self, ch: &str) -> String {
+        format!("{}:{{{ch}}}:t", self.prefix)
     }
     fn pubsub(&self, ch: &str) -> String {
         format!("{}:{{{ch}}}:p", self.prefix)
@@ -349,6 +352,10 @@ impl Inner {
             let ttl_ms = u64::try_from(item.policy.ttl.as_millis()).unwrap_or(u64::MAX);
             call.arg(item.data.get()).arg(item.policy.size).arg(ttl_ms).arg(self.keys.pubsub(&item.channel));
             call.arg(self.keep_ms(&item.channel));
+            match (item.policy.trend, item.policy.trend.and_then(|_| crate::trend::numeric_value(item.data.get()))) {
+                (Some(t), Some(v)) => call.arg(format!("{},{},{v:?}", t.step_ms.max(1), t.len.max(1))),
+                _ => call.arg(""),
+            };
         }
         let flat: Vec<(String, u64)> = call.invoke_async(&mut self.conn().await?).await.map_err(|e| self.failed(e))?;
         if flat.len() != items.len() {
@@ -471,6 +478,20 @@ impl Broker for RedisBroker {
         let position = Position { epoch: epoch.into(), offset };
         i.settle(channel, &position).await;
         Ok(HistoryResult { publications, position, complete: complete == 1 })
+    }
+
+    /// The trend hash read whole (at most its `len` fields), its buckets sorted.
+    async fn trend(&self, channel: &str, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
+        let i = &self.inner;
+        let fields: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(i.keys.trend(channel))
+            .query_async(&mut i.conn().await?)
+            .await
+            .map_err(|e| i.failed(e))?;
+        let mut out: Vec<TrendBucket> =
+            fields.iter().filter_map(|(_, v)| parse_bucket(v)).filter(|b| b.t >= since_ms).collect();
+        out.sort_by_key(|b| b.t);
+        Ok(out)
     }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {
@@ -690,6 +711,17 @@ async fn keep_alive(inner: &Inner) -> Result<(), BrokerError> {
         pipe.query_async::<()>(&mut inner.conn().await?).await.map_err(unavailable)?;
     }
     Ok(())
+}
+
+/// One trend field: `start min max last count`.
+fn parse_bucket(text: &str) -> Option<TrendBucket> {
+    let mut it = text.split(' ');
+    let t = it.next()?.parse().ok()?;
+    let min = it.next()?.parse().ok()?;
+    let max = it.next()?.parse().ok()?;
+    let last = it.next()?.parse().ok()?;
+    let n = it.next()?.parse().ok()?;
+    Some(TrendBucket { t, min, max, last, n })
 }
 
 #[cfg(test)]

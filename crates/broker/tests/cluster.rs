@@ -13,7 +13,7 @@ use switchboard_broker::conformance::{list_all, run_all, RecordingHandler};
 use switchboard_broker::{Broker, ClusterBroker, HistoryPolicy, Outgoing};
 use switchboard_testkit::{RedisCluster, Role};
 
-const KEEP: HistoryPolicy = HistoryPolicy { size: 2000, ttl: Duration::from_secs(300) };
+const KEEP: HistoryPolicy = HistoryPolicy { size: 2000, ttl: Duration::from_secs(300), trend: None };
 
 fn data(s: &str) -> switchboard_broker::Data {
     Arc::new(RawValue::from_string(s.to_string()).unwrap())

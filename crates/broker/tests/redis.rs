@@ -17,7 +17,7 @@ fn data(s: &str) -> switchboard_broker::Data {
     Arc::new(RawValue::from_string(s.to_string()).unwrap())
 }
 
-const KEEP: HistoryPolicy = HistoryPolicy { size: 100, ttl: Duration::from_secs(300) };
+const KEEP: HistoryPolicy = HistoryPolicy { size: 100, ttl: Duration::from_secs(300), trend: None };
 
 fn broker(r: &Redis, prefix: &str) -> Arc<RedisBroker> {
     let options = RedisOptions { prefix: prefix.into(), presence_ttl: Duration::from_secs(15) };
@@ -291,7 +291,7 @@ async fn broker_redis_history_expiry_is_pushed_once_per_ttl_not_per_publication(
     let r = Redis::start();
     let b = broker(&r, "sb");
     ready(&b).await;
-    let ttl = |ms: u64| HistoryPolicy { size: 10, ttl: Duration::from_millis(ms) };
+    let ttl = |ms: u64| HistoryPolicy { size: 10, ttl: Duration::from_millis(ms), trend: None };
     let pttl = || -> i64 { r.cmd(redis::cmd("PTTL").arg("sb:{room:x}:h")) };
     let set_at = || -> i64 { r.cmd(redis::cmd("HGET").arg("sb:{room:x}:m").arg("x")) };
     b.publish("room:x", data("1"), ttl(60_000)).await.unwrap();

@@ -11,7 +11,7 @@ use switchboard_broker::conformance::RecordingHandler;
 use switchboard_broker::{Broker, HistoryPolicy, RedisBroker};
 use switchboard_testkit::{RedisServer, Sentinels};
 
-const KEEP: HistoryPolicy = HistoryPolicy { size: 2000, ttl: Duration::from_secs(300) };
+const KEEP: HistoryPolicy = HistoryPolicy { size: 2000, ttl: Duration::from_secs(300), trend: None };
 
 fn data(s: &str) -> switchboard_broker::Data {
     Arc::new(RawValue::from_string(s.to_string()).unwrap())

@@ -12,7 +12,7 @@ use switchboard_broker::sharded::shard_of;
 use switchboard_broker::{Broker, HistoryPolicy, Outgoing, ShardedRedisBroker};
 use switchboard_testkit::Shards;
 
-const KEEP: HistoryPolicy = HistoryPolicy { size: 100, ttl: Duration::from_secs(300) };
+const KEEP: HistoryPolicy = HistoryPolicy { size: 100, ttl: Duration::from_secs(300), trend: None };
 
 fn data(s: &str) -> switchboard_broker::Data {
     Arc::new(RawValue::from_string(s.to_string()).unwrap())

@@ -11,7 +11,7 @@ use switchboard_broker::conformance::run_all;
 use switchboard_broker::{Broker, HistoryPolicy, RedisBroker, ShardedRedisBroker};
 use switchboard_testkit::TlsRedis;
 
-const KEEP: HistoryPolicy = HistoryPolicy { size: 10, ttl: Duration::from_secs(60) };
+const KEEP: HistoryPolicy = HistoryPolicy { size: 10, ttl: Duration::from_secs(60), trend: None };
 
 fn data(s: &str) -> switchboard_broker::Data {
     Arc::new(RawValue::from_string(s.to_string()).unwrap())

@@ -184,16 +184,29 @@ struct HistoryQuery {
     since_offset: Option<u64>,
     epoch: Option<String>,
     limit: Option<usize>,
+    /// `/trend`: how far back (s, default 3600) and the bucket width (s).
+    window_s: Option<u64>,
+    step_s: Option<u64>,
 }
 
-/// `GET /api/channels/{channel}` and `GET /api/channels/{channel}/history`. Channel names may
-/// contain `/`; a name that itself ends in `/history` must be percent-encoded (`%2Fhistory`).
+/// `GET /api/channels/{channel}`, its `/history` and its `/trend`. Channel names may contain
+/// `/`; a name that itself ends in `/history` or `/trend` must be percent-encoded
+/// (`%2Fhistory`).
 async fn channel(
     State(node): State<Arc<Node>>,
     caller: CallerExt,
     Path(rest): Path<String>,
     Query(q): Query<HistoryQuery>,
 ) -> Result<Response, ApiError> {
+    if let Some(ch) = rest.strip_suffix("/trend") {
+        validate_channel(ch).map_err(|e| ApiError::new(400, e.to_string()))?;
+        allow(&node, &caller, Action::History, ch)?;
+        if node.broker.peek(ch).await.map_err(|e| node.broker_error(e))?.is_none() {
+            return Err(ApiError::new(404, "unknown channel"));
+        }
+        let reply = crate::trend::read(&node, ch, q.window_s.unwrap_or(3600), q.step_s).await?;
+        return Ok(Json(reply).into_response());
+    }
     if let Some(ch) = rest.strip_suffix("/history") {
         validate_channel(ch).map_err(|e| ApiError::new(400, e.to_string()))?;
         allow(&node, &caller, Action::History, ch)?;

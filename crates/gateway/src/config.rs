@@ -115,7 +115,15 @@ pub struct Namespace {
     /// Unset: [`DEFAULT_CHANNEL_TTL_S`], except in the `pt` namespace (kept forever: a plant's
     /// tag set is fixed, and a valve that last changed a week ago must still show its value).
     pub channel_ttl_s: Option<u64>,
+    /// How far back each channel's trend of numeric values reaches (s); 0 keeps none. Unset:
+    /// an hour in the `pt` namespace, none elsewhere (see `switchboard_broker::trend`).
+    pub trend_window_s: Option<u64>,
+    /// Width of a trend bucket (s, at least 1).
+    pub trend_step_s: u64,
 }
+
+/// How far back a point channel's trend reaches unless its namespace says otherwise.
+pub const DEFAULT_TREND_WINDOW_S: u64 = 3600;
 
 /// How long an idle channel is kept unless its namespace says otherwise.
 pub const DEFAULT_CHANNEL_TTL_S: u64 = 3600;
@@ -182,6 +190,8 @@ impl Default for Namespace {
             presence: false,
             allow: crate::auth::Permissions::DEFAULT,
             channel_ttl_s: None,
+            trend_window_s: None,
+            trend_step_s: 1,
         }
     }
 }
@@ -205,8 +215,9 @@ impl Default for Transports {
 }
 
 impl Namespace {
+    /// The history policy without a trend ([`Config::history_policy`] adds it).
     pub fn history(&self) -> HistoryPolicy {
-        HistoryPolicy { size: self.history_size, ttl: Duration::from_secs(self.history_ttl_s) }
+        HistoryPolicy { size: self.history_size, ttl: Duration::from_secs(self.history_ttl_s), trend: None }
     }
 }
 
@@ -390,6 +401,22 @@ impl Config {
         Duration::from_secs(ns.channel_ttl_s.unwrap_or(default))
     }
 
+    /// What `channel` keeps: its namespace's history and trend.
+    pub fn history_policy(&self, channel: &str) -> HistoryPolicy {
+        let name = switchboard_protocol::namespace_of(channel);
+        let (name, ns) = match self.namespaces.get(name) {
+            Some(ns) => (name, ns),
+            None => ("", self.namespace("")),
+        };
+        let window = ns.trend_window_s.unwrap_or(if name == "pt" { DEFAULT_TREND_WINDOW_S } else { 0 });
+        let step = ns.trend_step_s.max(1);
+        let trend = (window > 0).then(|| switchboard_broker::TrendPolicy {
+            step_ms: step * 1000,
+            len: u32::try_from(window.div_ceil(step)).unwrap_or(u32::MAX),
+        });
+        HistoryPolicy { trend, ..ns.history() }
+    }
+
     /// Worker threads: the configured number, capped at the cores.
     pub fn worker_threads(&self) -> usize {
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -409,6 +436,8 @@ static DEFAULT_NAMESPACE: Namespace = Namespace {
     presence: false,
     allow: crate::auth::Permissions::DEFAULT,
     channel_ttl_s: None,
+    trend_window_s: None,
+    trend_step_s: 1,
 };
 
 /// Parses `N@HZ`.

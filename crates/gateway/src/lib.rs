@@ -8,6 +8,7 @@
 //! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out.
 //! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes.
 //! - [`sampling`]: per-subscription `max_rate_hz` and deadbands, beside the hub's fan-out.
+//! - [`trend`]: trend reads (`/api/channels/{ch}/trend`, the `trend` option of subscribe).
 //! - [`session`]: one client's commands and subscriptions, transport-free.
 //! - [`transport`]: the accepted connection (`transport::conn`, TLS in `transport::tls`), the
 //!   WebSocket handshake and connection task (`transport::ws`), Server-Sent Events
@@ -36,6 +37,7 @@ pub mod server;
 pub mod session;
 pub mod simulate;
 pub mod transport;
+pub mod trend;
 
 pub use config::Config;
 pub use node::Node;

@@ -172,8 +172,7 @@ impl Node {
         }
         // Data every subscriber can take, whatever its format (no silent empty deliveries).
         switchboard_protocol::message::check_data(data.get()).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
-        let ns = self.config.namespace(switchboard_protocol::namespace_of(channel));
-        Ok(Outgoing { channel: Arc::from(channel), data, policy: ns.history() })
+        Ok(Outgoing { channel: Arc::from(channel), data, policy: self.config.history_policy(channel) })
     }
 
     /// A receiver that turns true when the node starts shutting down.

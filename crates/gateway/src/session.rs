@@ -70,7 +70,13 @@ pub struct Session {
 }
 
 enum Outcome {
-    Ok { position: Position, last: Option<Publication>, recovered: Vec<Publication>, complete: bool },
+    Ok {
+        position: Position,
+        last: Option<Publication>,
+        recovered: Vec<Publication>,
+        complete: bool,
+        trend: Option<crate::trend::TrendReply>,
+    },
     Err(ErrorBody),
 }
 
@@ -102,6 +108,12 @@ async fn read_start(node: &Node, name: &str, req: &SubscribeRequest) -> Result<O
     let broker_err = |e| node.broker_error(e);
     let (mut position, mut recovered, mut complete) = (None, Vec::new(), true);
     let mut last = None;
+    // The trend is read first: the live stream continues it from the reply's position (a
+    // publication landing between the two reads is in `last`, not in a bucket).
+    let trend = match req.trend {
+        Some(t) => Some(crate::trend::read(node, name, t.window_s, t.step_s).await?),
+        None => None,
+    };
     // The last value is read before the history: the reply's position must be the later
     // read's, and only the history read returns everything up to its position. (Read the
     // other way round, publications landing between the two reads were covered by the reply's
@@ -127,7 +139,7 @@ async fn read_start(node: &Node, name: &str, req: &SubscribeRequest) -> Result<O
         complete = r.complete;
     }
     let position = position.ok_or_else(|| ApiError::new(code::INTERNAL, "no position"))?;
-    Ok(Outcome::Ok { position, last, recovered, complete })
+    Ok(Outcome::Ok { position, last, recovered, complete, trend })
 }
 
 impl Session {
@@ -609,6 +621,8 @@ impl Serialize for SubscribeReply<'_> {
             last: Option<Pub<'a>>,
             recovered: Vec<Pub<'a>>,
             complete: bool,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            trend: Option<&'a crate::trend::TrendReply>,
         }
         #[derive(Serialize)]
         struct ErrBody<'a> {
@@ -620,7 +634,7 @@ impl Serialize for SubscribeReply<'_> {
                 let mut m = s.serialize_map(Some(self.0.len()))?;
                 for (name, outcome) in self.0 {
                     match outcome {
-                        Outcome::Ok { position, last, recovered, complete } => m.serialize_entry(
+                        Outcome::Ok { position, last, recovered, complete, trend } => m.serialize_entry(
                             name,
                             &OkBody {
                                 epoch: &position.epoch,
@@ -628,6 +642,7 @@ impl Serialize for SubscribeReply<'_> {
                                 last: last.as_ref().map(|p| pub_of(name, p)),
                                 recovered: recovered.iter().map(|p| pub_of(name, p)).collect(),
                                 complete: *complete,
+                                trend: trend.as_ref(),
                             },
                         )?,
                         Outcome::Err(e) => m.serialize_entry(name, &ErrBody { error: e })?,

@@ -66,6 +66,19 @@ pub struct SubscribeRequest {
     /// sent; the first value and quality changes always are.
     #[serde(default)]
     pub deadband: Option<Deadband>,
+    /// Each channel's trend (point channels) in the reply, so a plot opens full.
+    #[serde(default)]
+    pub trend: Option<TrendOption>,
+}
+
+/// `"trend": {"window_s": 3600, "step_s": 1}`: the buckets of the last `window_s` seconds, each
+/// `step_s` wide (default: the namespace's step).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrendOption {
+    pub window_s: u64,
+    #[serde(default)]
+    pub step_s: Option<u64>,
 }
 
 /// A deadband: absolute (`{"abs": 0.5}`) or relative to the last value sent (`{"pct": 2}`).

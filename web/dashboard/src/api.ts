@@ -9,6 +9,15 @@ export interface ChannelInfo {
   epoch: string;
 }
 
+/** One bucket of a channel's trend: the values published in [t, t + step) (t in unix ms). */
+export interface TrendBucket {
+  t: number;
+  min: number;
+  max: number;
+  last: number;
+  n: number;
+}
+
 /** One page of `GET /api/channels`. */
 export interface ChannelPage {
   channels: ChannelInfo[];
@@ -56,6 +65,11 @@ export class Api {
     const q = new URLSearchParams({ prefix, limit: String(limit) });
     if (cursor) q.set('cursor', cursor);
     return json(await this.fetch(`/api/channels?${q}`));
+  }
+
+  /** The channel's trend over the last `windowS` seconds (`GET /api/channels/{ch}/trend`). */
+  async trend(channel: string, windowS: number): Promise<{ step_s: number; buckets: TrendBucket[] }> {
+    return json(await this.fetch(`/api/channels/${encodeURIComponent(channel)}/trend?window_s=${windowS}`));
   }
 
   /** The channel's latest publication's data, or undefined. */

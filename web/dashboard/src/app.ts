@@ -10,6 +10,7 @@ import { h } from './dom.js';
 import { WidgetForm } from './editor.js';
 import { DEFAULT_SIZE, ID_PATTERN, parseDashboard, WIDGET_TYPES, type DashboardSpec, type WidgetType } from './model.js';
 import type { Widget } from './widgets/index.js';
+import { TrendWidget } from './widgets/plots.js';
 
 /** One entry of the event log the page keeps for tests and troubleshooting. */
 export type LogEntry =
@@ -268,6 +269,23 @@ export class App {
     if (add.length === 0) return;
     const subs = this.client.subscribeMany(add);
     add.forEach((ch, i) => this.subs.set(ch, subs[i]));
+    void this.backfillTrends(new Set(add));
+  }
+
+  /** Trend widgets of newly subscribed channels open with the server's trend of their window. */
+  private async backfillTrends(channels: Set<string>): Promise<void> {
+    const trends = this.board.widgets.filter((w): w is TrendWidget => w instanceof TrendWidget && channels.has(w.spec.channel));
+    await Promise.all(
+      trends.map(async (w) => {
+        const window = Math.max(1, Math.round(Number(w.spec.options.window_s) || 60));
+        try {
+          w.backfill((await this.api.trend(w.spec.channel, window)).buckets);
+          this.board.request();
+        } catch {
+          /* a channel without a trend (or not yet published) fills live */
+        }
+      }),
+    );
   }
 
   private addWidget(type: WidgetType, channel = ''): Widget {
@@ -364,8 +382,12 @@ export class App {
   }
 
   /** The latest publication each widget applied (tests). */
-  widgetState(i: number): { type: string; channel: string; hasValue: boolean; offset: number; text: string } | null {
+  widgetState(
+    i: number,
+  ): { type: string; channel: string; hasValue: boolean; offset: number; text: string; points?: number } | null {
     const w = this.board.widgets[i];
-    return w ? { type: w.spec.type, channel: w.spec.channel, hasValue: w.hasValue, offset: w.offset, text: w.describe() } : null;
+    if (!w) return null;
+    const points = w instanceof TrendWidget ? w.points() : undefined;
+    return { type: w.spec.type, channel: w.spec.channel, hasValue: w.hasValue, offset: w.offset, text: w.describe(), points };
   }
 }

@@ -40,7 +40,8 @@ end
 
 /// Publishes a batch: KEYS meta, history for each item (a channel may repeat; its items get
 /// offsets in order); ARGV[1] a seed for new epochs, then per item: data, history size,
-/// history ttl ms, pub/sub channel, channel keep ms (0: forever). One `TIME` and one identity read for the whole batch.
+/// history ttl ms, pub/sub channel, channel keep ms (0: forever), trend (`step,len,value` or
+/// `''`). One `TIME` and one identity read for the whole batch.
 /// Returns `{epoch, offset, ...}`, one pair per item.
 ///
 /// On a Redis Cluster node the keys of many slots cannot be declared in one call, so they
@@ -66,6 +67,33 @@ if #KEYS == 0 then
   K = {}
   for i = 1, 2 * n do K[i] = ARGV[2 + i] end
   base = 2 + 2 * n
+end
+-- The trend (`P:{ch}:t`, beside the meta key): a hash of `len` fields, bucket index modulo
+-- len → "start min max last count"; `spec` is "step,len,value". It expires with the channel.
+local function trend(tkey, spec, hold, k, keep)
+  local step, len, vs = string.match(spec, '^(%d+),(%d+),(%S+)$')
+  step, len = tonumber(step), tonumber(len)
+  local v = tonumber(vs)
+  local b = ms - ms % step
+  local f = math.floor(b / step) % len
+  local cur = redis.call('HGET', tkey, f)
+  local nb
+  if cur then
+    local cb, mn, mx, n = string.match(cur, '^(%d+) (%S+) (%S+) %S+ (%d+)$')
+    if tonumber(cb) == b then
+      if v < tonumber(mn) then mn = vs end
+      if v > tonumber(mx) then mx = vs end
+      nb = b .. ' ' .. mn .. ' ' .. mx .. ' ' .. vs .. ' ' .. (tonumber(n) + 1)
+    end
+  end
+  redis.call('HSET', tkey, f, nb or (b .. ' ' .. vs .. ' ' .. vs .. ' ' .. vs .. ' 1'))
+  if hold then
+    redis.call('PEXPIRE', tkey, hold)
+  elseif k == 0 then
+    redis.call('PERSIST', tkey)
+  elseif keep > 0 and redis.call('PTTL', tkey) == -1 then
+    redis.call('PEXPIRE', tkey, math.min(2 * keep, 1e15))
+  end
 end
 local function one(i, meta, hist, a)
   local data, size, ttl, keep = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2], tonumber(ARGV[a + 4])
@@ -125,6 +153,10 @@ local function one(i, meta, hist, a)
   elseif k == 0 then
     redis.call('PERSIST', meta)
   end
+  local tr = ARGV[a + 5]
+  if tr ~= '' then
+    trend(string.sub(meta, 1, -2) .. 't', tr, hold, k, keep)
+  end
   redis.call('PUBLISH', ARGV[a + 3], 'p' .. epoch .. ' ' .. offset .. ' ' .. ms .. ' ' .. data)
   return epoch, offset
 end
@@ -132,7 +164,7 @@ local out = {}
 for i = 1, #K / 2 do
   local meta, hist = K[2 * i - 1], K[2 * i]
   if here(meta, hist) then
-    out[2 * i - 1], out[2 * i] = one(i, meta, hist, base + 1 + (i - 1) * 5)
+    out[2 * i - 1], out[2 * i] = one(i, meta, hist, base + 1 + (i - 1) * 6)
   else
     out[2 * i - 1], out[2 * i] = '', 0
   end

@@ -184,6 +184,37 @@ export class TrendWidget extends Widget {
     this.plotDirty = true;
   }
 
+  /** Points held for the plot. */
+  points(): number {
+    return this.end - this.start;
+  }
+
+  /** History from the server's trend (bucket starts in unix ms and their last values), put
+   * before the live values already shown: the plot opens full instead of filling over time. */
+  backfill(buckets: { t: number; last: number }[]): void {
+    const firstLive = this.end > this.start ? this.xs[this.start] : Infinity;
+    const old = buckets.filter((b) => Number.isFinite(b.last) && b.t / 1000 < firstLive);
+    if (old.length === 0) return;
+    const live = this.end - this.start;
+    const n = Math.min(old.length + live, TREND_POINTS * 2);
+    const keep = n - live;
+    const xs = new Float64Array(Math.max(64, n * 2));
+    const ys = new Float64Array(xs.length);
+    old.slice(old.length - keep).forEach((b, i) => {
+      xs[i] = b.t / 1000;
+      ys[i] = b.last;
+    });
+    xs.set(this.xs.subarray(this.start, this.end), keep);
+    ys.set(this.ys.subarray(this.start, this.end), keep);
+    this.xs = xs;
+    this.ys = ys;
+    this.start = 0;
+    this.end = n;
+    if (live === 0) this.last = old[old.length - 1].last;
+    this.plotDirty = true;
+    this.dirty = true;
+  }
+
   protected paint(): void {
     // The chart is uPlot's; the canvas only keeps the panel behind it.
   }

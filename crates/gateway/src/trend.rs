@@ -1,0 +1,47 @@
+//! Trend reads for clients: `GET /api/channels/{ch}/trend?window_s=&step_s=` and the `trend`
+//! option of subscribe. The buckets come from the broker (`switchboard_broker::trend`), read
+//! at the namespace's step and merged into wider ones when a coarser step is asked for.
+
+use serde::Serialize;
+use switchboard_broker::{now_ms, TrendBucket};
+use switchboard_protocol::code;
+
+use crate::node::{ApiError, Node};
+
+/// The longest window a read may ask for (a week).
+pub const MAX_WINDOW_S: u64 = 7 * 24 * 3600;
+
+/// What a trend read answers: `{"step_s", "buckets": [{"t", "min", "max", "last", "n"}]}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrendReply {
+    pub step_s: u64,
+    pub buckets: Vec<TrendBucket>,
+}
+
+/// Reads `channel`'s trend over the last `window_s` seconds in buckets of `step_s` (default
+/// and minimum: the namespace's step; a multiple of it otherwise). 400 naming the field for a
+/// bad value, 404 when the channel's namespace keeps no trend.
+pub async fn read(node: &Node, channel: &str, window_s: u64, step_s: Option<u64>) -> Result<TrendReply, ApiError> {
+    let bad = |m: String| ApiError::new(code::BAD_REQUEST, m);
+    let Some(policy) = node.config.history_policy(channel).trend else {
+        return Err(ApiError::new(
+            code::NOT_FOUND,
+            format!("{channel} keeps no trend (its namespace's trend_window_s is 0)"),
+        ));
+    };
+    if window_s == 0 || window_s > MAX_WINDOW_S {
+        return Err(bad(format!("window_s: {window_s} is not within 1..={MAX_WINDOW_S}")));
+    }
+    let stored = (policy.step_ms / 1000).max(1);
+    let step_s = step_s.unwrap_or(stored);
+    if step_s == 0 || !step_s.is_multiple_of(stored) || step_s > window_s {
+        return Err(bad(format!("step_s: {step_s} is not a multiple of the stored step ({stored} s) within window_s")));
+    }
+    let now = now_ms();
+    let step_ms = step_s * 1000;
+    // Whole buckets of the asked step, the current one included.
+    let since = (now - now % step_ms).saturating_sub((window_s.div_ceil(step_s) - 1) * step_ms);
+    let raw = node.broker.trend(channel, since).await.map_err(|e| node.broker_error(e))?;
+    let buckets = if step_s == stored { raw } else { switchboard_broker::trend::resample(raw, since, step_ms) };
+    Ok(TrendReply { step_s, buckets })
+}

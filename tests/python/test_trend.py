@@ -1,0 +1,66 @@
+"""Trend history on open (docs/protocol.md, "Trends"): point channels keep an hour of
+one-second buckets of min/max/last/count; `GET /api/channels/{ch}/trend` and the `trend` option
+of subscribe return them, so a plot opens full and continues live without a gap or duplicate.
+Driven with httpx and Python `websockets`."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from sb import WS, api_publish, ch_path, uniq
+
+
+def test_trend_reads_buckets_and_subscribe_opens_full_then_continues_live(server):
+    ch = uniq("pt:tr-")
+    c = httpx.Client(base_url=server.http_url, timeout=10, trust_env=False)
+    sent = []
+    for i in range(12):
+        v = float(i % 5) - 1.5
+        api_publish(server, ch, {"v": v, "q": "good"})
+        sent.append(v)
+        time.sleep(0.1)
+    api_publish(server, ch, {"v": "not a number"})  # left out of the trend
+    body = c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 60}).json()
+    assert body["step_s"] == 1
+    buckets = body["buckets"]
+    assert 1 <= len(buckets) <= 3 and sum(b["n"] for b in buckets) == 12, buckets
+    assert all(b["t"] % 1000 == 0 for b in buckets) and [b["t"] for b in buckets] == sorted(b["t"] for b in buckets)
+    assert min(b["min"] for b in buckets) == min(sent) and max(b["max"] for b in buckets) == max(sent)
+    assert buckets[-1]["last"] == sent[-1]
+    # Coarser buckets merge the stored ones.
+    coarse = c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 60, "step_s": 60}).json()
+    assert coarse["step_s"] == 60 and sum(b["n"] for b in coarse["buckets"]) == 12, coarse
+    # Subscribe with a trend: the reply holds the buckets; what follows arrives live, once.
+    with WS(server.ws_url) as ws:
+        r = ws.ok("subscribe", {"channels": [ch], "initial": True, "trend": {"window_s": 60}})["channels"][ch]
+        assert sum(b["n"] for b in r["trend"]["buckets"]) == 12 and r["trend"]["step_s"] == 1
+        assert r["last"]["data"] == {"v": "not a number"}
+        api_publish(server, ch, {"v": 42})
+        live = ws.pubs(ch, 1)
+        assert live[0]["data"] == {"v": 42} and live[0]["off"] == r["offset"] + 1
+        assert [m for m in ws.drain(0.3) if "pub" in m] == []
+    after = c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 60}).json()["buckets"]
+    assert sum(b["n"] for b in after) == 13 and after[-1]["last"] == 42
+    c.close()
+
+
+def test_trend_bad_queries_and_channels_without_a_trend(server):
+    c = httpx.Client(base_url=server.http_url, timeout=10, trust_env=False)
+    ch, room = uniq("pt:tb-"), uniq("room:tb-")
+    api_publish(server, ch, {"v": 1})
+    api_publish(server, room, {"text": "hi"})
+    for params, field in [({"window_s": 0}, "window_s"), ({"window_s": 10**9}, "window_s"),
+                          ({"window_s": 60, "step_s": 0}, "step_s"), ({"window_s": 60, "step_s": 120}, "step_s")]:
+        r = c.get(f"/api/channels/{ch_path(ch)}/trend", params=params)
+        assert r.status_code == 400 and field in r.text, (params, r.text)
+    assert c.get(f"/api/channels/{ch_path(uniq('pt:never-'))}/trend").status_code == 404
+    r = c.get(f"/api/channels/{ch_path(room)}/trend")
+    assert r.status_code == 404 and "keeps no trend" in r.text, r.text
+    with WS(server.ws_url) as ws:
+        r = ws.ok("subscribe", {"channels": [room], "trend": {"window_s": 60}})["channels"][room]
+        assert r["error"]["code"] == 404, r
+        r = ws.request("subscribe", {"channels": [ch], "trend": {"window": 60}})
+        assert r["error"]["code"] == 400 and "window" in r["error"]["message"], r
+    c.close()
