@@ -3,8 +3,10 @@
 # redis-server) under `switchboard bench soak` with its default load — 2,000 held subscribers
 # of a 1,000-point feed at 1 Hz, 1,000 new room channels a second published once and abandoned,
 # 50 connections a second opened and closed — sampling RSS and channel counts every 10 s.
-# Room channels are kept ROOM_TTL seconds (default 120) so that a steady state is reached
-# within the warm-up; everything else is the node's default configuration.
+# Room channels are kept ROOM_TTL seconds (default 120) and point trends reach back TREND_S
+# seconds (default 120) so that a steady state is reached within the warm-up; everything else
+# is the node's default configuration. The redis-server runs with `hz 50` (Redis's own setting
+# for how often it reclaims expired keys; DBSIZE counts expired keys until reclaimed).
 #
 #   scripts/bench-soak.sh OUT memory|redis [DURATION] [WARMUP]
 set -u
@@ -15,13 +17,26 @@ BROKER=${2:-memory}
 DURATION=${3:-30m}
 WARMUP=${4:-5m}
 ROOM_TTL=${ROOM_TTL:-120}
+TREND_S=${TREND_S:-120}
 mkdir -p "$OUT"
+cat > "$OUT/switchboard.toml" <<TOML
+[namespaces.pt]
+history_size = 0
+conflate = true
+channel_ttl_s = 0
+trend_window_s = $TREND_S
+
+[namespaces.room]
+client_publish = true
+presence = true
+channel_ttl_s = $ROOM_TTL
+TOML
 spare() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 redis_args=()
 RPID=
 if [ "$BROKER" = redis ]; then
     RPORT=$(spare)
-    redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no > "$OUT/redis.log" 2>&1 &
+    redis-server --port "$RPORT" --bind 127.0.0.1 --save "" --appendonly no --hz 50 > "$OUT/redis.log" 2>&1 &
     RPID=$!
     for _ in $(seq 1 50); do redis-cli -p "$RPORT" ping >/dev/null 2>&1 && break; sleep 0.1; done
     BROKER_URL="redis://127.0.0.1:$RPORT/0"
@@ -30,7 +45,7 @@ else
     BROKER_URL=memory
 fi
 PORT=$(spare)
-SWITCHBOARD_NAMESPACES__ROOM__CHANNEL_TTL_S=$ROOM_TTL "$BIN" serve --listen "127.0.0.1:$PORT" \
+"$BIN" serve --config "$OUT/switchboard.toml" --listen "127.0.0.1:$PORT" \
     --broker "$BROKER_URL" > "$OUT/server.out" 2> "$OUT/server.log" &
 SPID=$!
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null && break; sleep 0.1; done

@@ -109,9 +109,10 @@ local function one(i, meta, hist, a)
     offset = tonumber(m[2]) + 1
   end
   -- The stream lives its history ttl past the last publication, or the channel's keep when
-  -- history has no ttl.
+  -- history has no ttl or a longer one: a forgotten channel's history is never read again
+  -- (its next use starts a new epoch), so it must not outlive the channel.
   local t = tonumber(ttl)
-  if t == 0 then t = keep end
+  if t == 0 or (keep > 0 and keep < t) then t = keep end
   local x
   if size > 0 then
     redis.call('XADD', hist, 'MAXLEN', '~', size, offset .. '-0', 'd', data, 't', ms)
