@@ -24,7 +24,7 @@ for round in $(seq 1 "$ROUNDS"); do
                 config=(--config "$OUT/trend.toml")
             fi
             port=$(spare)
-            "$bin" serve "${config[@]}" --listen "127.0.0.1:$port" > /dev/null 2>&1 &
+            env -u SWITCHBOARD_BIN "$bin" serve "${config[@]}" --listen "127.0.0.1:$port" > /dev/null 2>&1 &
             spid=$!
             for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.1; done
             dir="$OUT/$build-$round"

@@ -45,7 +45,7 @@ else
     BROKER_URL=memory
 fi
 PORT=$(spare)
-"$BIN" serve --config "$OUT/switchboard.toml" --listen "127.0.0.1:$PORT" \
+env -u SWITCHBOARD_BIN "$BIN" serve --config "$OUT/switchboard.toml" --listen "127.0.0.1:$PORT" \
     --broker "$BROKER_URL" > "$OUT/server.out" 2> "$OUT/server.log" &
 SPID=$!
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null && break; sleep 0.1; done
