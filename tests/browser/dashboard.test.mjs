@@ -59,6 +59,25 @@ describe('dashboard', () => {
     await page.close();
   });
 
+  it('shows a value not updated within stale_s as stale with its age, fresh again on an update', async () => {
+    const publish = (v) =>
+      fetch(`${server.url}/api/publish`, { method: 'POST', body: JSON.stringify({ channel: 'stale.valve', data: { v } }) });
+    assert.ok((await publish(7)).ok);
+    const spec = {
+      title: 'Stale',
+      widgets: [{ type: 'value', channel: 'stale.valve', x: 0, y: 0, w: 6, h: 3, options: { stale_s: 1, units: 'bar' } }],
+    };
+    assert.ok((await fetch(`${server.url}/api/dashboards/stale`, { method: 'PUT', body: JSON.stringify(spec) })).ok);
+    const page = await newPage(browser);
+    await page.goto(`${server.url}/?dashboard=stale`);
+    await page.waitForFunction(() => (window.switchboardWidget(0)?.staleFor ?? 0) >= 1, null, { timeout: 8000 });
+    assert.equal((await page.evaluate(() => window.switchboardWidget(0))).text, '7 bar', 'the value stays shown');
+    assert.ok((await publish(8)).ok);
+    await page.waitForFunction(() => window.switchboardWidget(0)?.text === '8 bar' && window.switchboardWidget(0)?.staleFor === null);
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  });
+
   it('searches channels by prefix on the server and loads further pages on demand', async () => {
     const page = await newPage(browser);
     await page.goto(`${server.url}/`);

@@ -181,6 +181,8 @@ export class App {
   /** Starts the page: the dashboard named in the URL in run mode, else a new one in edit mode. */
   async start(): Promise<void> {
     void this.client.connect();
+    // Values not updated within their widget's `stale_s` turn stale (and their age ticks).
+    setInterval(() => this.board.checkStale(Date.now()), 1000);
     const params = new URLSearchParams(location.search);
     const id = params.get('dashboard');
     void this.refreshPicker();
@@ -384,10 +386,19 @@ export class App {
   /** The latest publication each widget applied (tests). */
   widgetState(
     i: number,
-  ): { type: string; channel: string; hasValue: boolean; offset: number; text: string; points?: number } | null {
+  ): {
+    type: string;
+    channel: string;
+    hasValue: boolean;
+    offset: number;
+    text: string;
+    points?: number;
+    staleFor: number | null;
+  } | null {
     const w = this.board.widgets[i];
     if (!w) return null;
     const points = w instanceof TrendWidget ? w.points() : undefined;
-    return { type: w.spec.type, channel: w.spec.channel, hasValue: w.hasValue, offset: w.offset, text: w.describe(), points };
+    const s = { type: w.spec.type, channel: w.spec.channel, hasValue: w.hasValue, offset: w.offset, text: w.describe() };
+    return { ...s, points, staleFor: w.staleFor };
   }
 }

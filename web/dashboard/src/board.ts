@@ -255,6 +255,13 @@ export class Board {
     if (applied > 0) this.request();
   }
 
+  /** Marks widgets whose value turned stale (or whose stale age changed) for a redraw. */
+  checkStale(now: number): void {
+    let changed = false;
+    for (const w of this.widgets) changed = w.checkStale(now) || changed;
+    if (changed) this.request();
+  }
+
   // -------------------------------------------------------------------------------------
   // Frames
 

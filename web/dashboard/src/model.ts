@@ -54,9 +54,16 @@ const field: OptionField = {
 
 /** The options each kind understands, in form order. */
 export const OPTION_FIELDS: Record<WidgetType, OptionField[]> = {
-  value: [label, { key: 'units', label: 'Units', kind: 'text' }, { key: 'decimals', label: 'Decimals', kind: 'number' }, field],
+  value: [
+    label,
+    { key: 'stale_s', label: 'Stale after (s)', kind: 'number', hint: 'empty: never' },
+    { key: 'units', label: 'Units', kind: 'text' },
+    { key: 'decimals', label: 'Decimals', kind: 'number' },
+    field,
+  ],
   led: [
     label,
+    { key: 'stale_s', label: 'Stale after (s)', kind: 'number', hint: 'empty: never' },
     { key: 'threshold', label: 'On above', kind: 'number', hint: 'empty: the value is a boolean' },
     { key: 'on_color', label: 'On colour', kind: 'text' },
     { key: 'off_color', label: 'Off colour', kind: 'text' },
@@ -64,6 +71,7 @@ export const OPTION_FIELDS: Record<WidgetType, OptionField[]> = {
   ],
   gauge: [
     label,
+    { key: 'stale_s', label: 'Stale after (s)', kind: 'number', hint: 'empty: never' },
     { key: 'min', label: 'Min', kind: 'number' },
     { key: 'max', label: 'Max', kind: 'number' },
     { key: 'units', label: 'Units', kind: 'text' },

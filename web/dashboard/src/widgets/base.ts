@@ -46,6 +46,10 @@ export abstract class Widget {
   offset = 0;
   /** Where the value's quality says it is not good. */
   quality: string | null = null;
+  /** When the latest value arrived (ms, `Date.now()`). */
+  updatedAt = 0;
+  /** Seconds since the latest value when it is older than the widget's `stale_s`, else null. */
+  staleFor: number | null = null;
   /** Whether paint() may draw outside the body (text); such widgets are clipped. */
   protected mayOverflow = true;
   protected label = '';
@@ -91,6 +95,8 @@ export abstract class Widget {
     const d = p.data as { q?: unknown } | null;
     this.quality = d && typeof d === 'object' && typeof d.q === 'string' && d.q !== 'good' ? d.q : null;
     this.offset = p.offset;
+    this.updatedAt = Date.now();
+    this.staleFor = null;
     this.take(this.extract(p.data), p);
     this.hasValue = true;
     this.dirty = true;
@@ -116,11 +122,38 @@ export abstract class Widget {
     }
   }
 
+  /** Updates `staleFor` from the clock; returns whether the body must be redrawn (it turned
+   * stale, fresh, or its age in whole seconds changed). */
+  checkStale(now: number): boolean {
+    const limit = optNum(this.spec.options.stale_s);
+    const age = this.hasValue && limit !== null && limit > 0 && now - this.updatedAt > limit * 1000
+      ? Math.floor((now - this.updatedAt) / 1000)
+      : null;
+    if (age === this.staleFor) return false;
+    this.staleFor = age;
+    this.dirty = true;
+    return true;
+  }
+
   /** Clears and redraws the body. */
   drawBody(ctx: CanvasRenderingContext2D, ox: number, oy: number): void {
     const b = this.body;
     ctx.fillStyle = THEME.panel;
     ctx.fillRect(b.x - ox, b.y - oy, b.w, b.h);
+    if (this.staleFor !== null && this.hasValue) {
+      // A value not updated within `stale_s`: drawn dimmed, with its age.
+      ctx.save();
+      ctx.globalAlpha = 0.45;
+      this.paint(ctx, b.x - ox, b.y - oy, b.w, b.h);
+      ctx.restore();
+      ctx.fillStyle = THEME.warn;
+      ctx.font = `10px ${THEME.font}`;
+      ctx.textAlign = 'right';
+      ctx.textBaseline = 'top';
+      ctx.fillText(`stale ${formatAge(this.staleFor)}`, b.x - ox + b.w - 2, b.y - oy + 1);
+      this.dirty = false;
+      return;
+    }
     if (!this.spec.channel) {
       this.drawNote(ctx, ox, oy, 'unbound');
     } else if (!this.hasValue) {
@@ -167,6 +200,14 @@ export abstract class Widget {
   describe(): string {
     return '';
   }
+}
+
+/** An age in seconds as people read it: 42 s, 5 min, 3 h, 2 d. */
+export function formatAge(s: number): string {
+  if (s < 120) return `${s} s`;
+  if (s < 7200) return `${Math.floor(s / 60)} min`;
+  if (s < 172_800) return `${Math.floor(s / 3600)} h`;
+  return `${Math.floor(s / 86_400)} d`;
 }
 
 /** Cuts `text` to roughly fit `width` pixels at `charW` pixels per character (no measuring:
