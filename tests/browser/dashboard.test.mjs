@@ -78,6 +78,41 @@ describe('dashboard', () => {
     await page.close();
   });
 
+  it('raises alarms past the limits, blinks until acknowledged, and lists them', async () => {
+    const publish = (v) =>
+      fetch(`${server.url}/api/publish`, { method: 'POST', body: JSON.stringify({ channel: 'alarm.temp', data: { v } }) });
+    assert.ok((await publish(5)).ok);
+    const spec = {
+      title: 'Alarms',
+      widgets: [{ type: 'value', channel: 'alarm.temp', x: 0, y: 0, w: 6, h: 3, options: { hi: 10, hihi: 20, label: 'Boiler' } }],
+    };
+    assert.ok((await fetch(`${server.url}/api/dashboards/alarms`, { method: 'PUT', body: JSON.stringify(spec) })).ok);
+    const page = await newPage(browser);
+    await page.goto(`${server.url}/?dashboard=alarms`);
+    const state = () => page.evaluate(() => window.switchboardWidget(0));
+    await page.waitForFunction(() => window.switchboardWidget(0)?.text === '5');
+    assert.equal((await state()).alarm, null);
+    assert.equal(await page.isVisible('#alarms'), false, 'no alarm, no list');
+    await publish(15);
+    await page.waitForFunction(() => window.switchboardWidget(0)?.alarm === 'hi');
+    assert.equal((await state()).unacked, true);
+    await page.waitForFunction(() => document.querySelectorAll('#alarm-list li.hi.unacked').length === 1);
+    // Getting worse raises it again; a click on the row acknowledges.
+    await publish(25);
+    await page.waitForFunction(() => window.switchboardWidget(0)?.alarm === 'hihi');
+    await page.waitForFunction(() => document.querySelector('#alarm-list li.hihi.unacked') !== null);
+    assert.match(await page.textContent('#alarm-count'), /1 alarm, 1 unacknowledged/);
+    await page.click('#alarm-list li');
+    await page.waitForFunction(() => window.switchboardWidget(0)?.unacked === false);
+    await page.waitForFunction(() => document.querySelector('#alarm-list li.hihi:not(.unacked)') !== null);
+    // Back within limits: the acknowledged alarm clears and the list goes.
+    await publish(7);
+    await page.waitForFunction(() => window.switchboardWidget(0)?.alarm === null);
+    await page.waitForFunction(() => document.querySelector('#alarms').hidden === true);
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  });
+
   it('searches channels by prefix on the server and loads further pages on demand', async () => {
     const page = await newPage(browser);
     await page.goto(`${server.url}/`);

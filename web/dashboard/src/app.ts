@@ -5,6 +5,7 @@
 import { Client, type Subscription } from 'switchboard-sdk';
 import { Api, type DashboardSummary } from './api.js';
 import { Board } from './board.js';
+import { AlarmList } from './alarms.js';
 import { ChannelBrowser } from './channels.js';
 import { h } from './dom.js';
 import { WidgetForm } from './editor.js';
@@ -58,6 +59,7 @@ export class App {
   private readonly titleInput: HTMLInputElement;
   private readonly form: WidgetForm;
   private readonly browser: ChannelBrowser;
+  private readonly alarms: AlarmList;
   private readonly datalist: HTMLDataListElement;
 
   constructor(root: HTMLElement) {
@@ -111,7 +113,8 @@ export class App {
     this.side = h('aside', { className: 'side', id: 'side' }, [dashSection, addSection, this.form.el, this.browser.el, this.datalist]);
 
     const main = h('main', { className: 'main' }, [this.side]);
-    root.append(this.bar, main);
+    this.alarms = new AlarmList();
+    root.append(this.bar, this.alarms.el, main);
     this.board = new Board(main);
     // The board's frame drives the SDK's delivery: one pass per animation frame for both.
     const token = accessToken();
@@ -181,8 +184,12 @@ export class App {
   /** Starts the page: the dashboard named in the URL in run mode, else a new one in edit mode. */
   async start(): Promise<void> {
     void this.client.connect();
-    // Values not updated within their widget's `stale_s` turn stale (and their age ticks).
-    setInterval(() => this.board.checkStale(Date.now()), 1000);
+    // Values not updated within their widget's `stale_s` turn stale (and their age ticks);
+    // unacknowledged alarms blink; the alarm list follows.
+    setInterval(() => {
+      this.board.tick(Date.now());
+      this.alarms.update(this.board.widgets);
+    }, 500);
     const params = new URLSearchParams(location.search);
     const id = params.get('dashboard');
     void this.refreshPicker();
@@ -394,11 +401,13 @@ export class App {
     text: string;
     points?: number;
     staleFor: number | null;
+    alarm: string | null;
+    unacked: boolean;
   } | null {
     const w = this.board.widgets[i];
     if (!w) return null;
     const points = w instanceof TrendWidget ? w.points() : undefined;
     const s = { type: w.spec.type, channel: w.spec.channel, hasValue: w.hasValue, offset: w.offset, text: w.describe() };
-    return { ...s, points, staleFor: w.staleFor };
+    return { ...s, points, staleFor: w.staleFor, alarm: w.alarm, unacked: w.unacked };
   }
 }

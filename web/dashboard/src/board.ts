@@ -255,10 +255,21 @@ export class Board {
     if (applied > 0) this.request();
   }
 
-  /** Marks widgets whose value turned stale (or whose stale age changed) for a redraw. */
-  checkStale(now: number): void {
+  /** Phase of the blinking of unacknowledged alarms. */
+  private blinkOn = true;
+
+  /** Twice a second: values that turned stale (or whose stale age changed) and unacknowledged
+   * alarms (blinking) are redrawn. */
+  tick(now: number): void {
+    this.blinkOn = !this.blinkOn;
     let changed = false;
-    for (const w of this.widgets) changed = w.checkStale(now) || changed;
+    for (const w of this.widgets) {
+      changed = w.checkStale(now) || changed;
+      if (w.unacked) {
+        w.dirty = true;
+        changed = true;
+      }
+    }
     if (changed) this.request();
   }
 
@@ -332,7 +343,7 @@ export class Board {
       ctx.fillRect(0, 0, this.view.w, this.view.h);
       for (const w of this.visible) {
         w.drawFrame(ctx, ox, oy);
-        w.drawBody(ctx, ox, oy);
+        w.drawBody(ctx, ox, oy, this.blinkOn);
       }
       return false;
     }
@@ -344,7 +355,7 @@ export class Board {
       const w = vis[(this.drawCursor + i) % n];
       if (!w.dirty) continue;
       if (drawn >= this.drawBudget) break;
-      w.drawBody(ctx, ox, oy);
+      w.drawBody(ctx, ox, oy, this.blinkOn);
       drawn++;
     }
     if (n > 0) this.drawCursor = (this.drawCursor + i) % n;

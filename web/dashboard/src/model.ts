@@ -56,6 +56,10 @@ const field: OptionField = {
 export const OPTION_FIELDS: Record<WidgetType, OptionField[]> = {
   value: [
     label,
+    { key: 'lolo', label: 'LoLo', kind: 'number', hint: 'alarm at or below' },
+    { key: 'lo', label: 'Lo', kind: 'number', hint: 'warning at or below' },
+    { key: 'hi', label: 'Hi', kind: 'number', hint: 'warning at or above' },
+    { key: 'hihi', label: 'HiHi', kind: 'number', hint: 'alarm at or above' },
     { key: 'stale_s', label: 'Stale after (s)', kind: 'number', hint: 'empty: never' },
     { key: 'units', label: 'Units', kind: 'text' },
     { key: 'decimals', label: 'Decimals', kind: 'number' },
@@ -71,6 +75,10 @@ export const OPTION_FIELDS: Record<WidgetType, OptionField[]> = {
   ],
   gauge: [
     label,
+    { key: 'lolo', label: 'LoLo', kind: 'number', hint: 'alarm at or below' },
+    { key: 'lo', label: 'Lo', kind: 'number', hint: 'warning at or below' },
+    { key: 'hi', label: 'Hi', kind: 'number', hint: 'warning at or above' },
+    { key: 'hihi', label: 'HiHi', kind: 'number', hint: 'alarm at or above' },
     { key: 'stale_s', label: 'Stale after (s)', kind: 'number', hint: 'empty: never' },
     { key: 'min', label: 'Min', kind: 'number' },
     { key: 'max', label: 'Max', kind: 'number' },

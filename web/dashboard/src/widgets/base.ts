@@ -50,6 +50,13 @@ export abstract class Widget {
   updatedAt = 0;
   /** Seconds since the latest value when it is older than the widget's `stale_s`, else null. */
   staleFor: number | null = null;
+  /** The alarm the latest value is in (its `lolo`/`lo`/`hi`/`hihi` options), or null. */
+  alarm: Alarm | null = null;
+  /** An alarm came (or got worse) and nobody acknowledged it yet: the widget blinks. */
+  unacked = false;
+  /** The value that raised the alarm, and when (ms). */
+  alarmValue: unknown = null;
+  alarmSince = 0;
   /** Whether paint() may draw outside the body (text); such widgets are clipped. */
   protected mayOverflow = true;
   protected label = '';
@@ -97,7 +104,9 @@ export abstract class Widget {
     this.offset = p.offset;
     this.updatedAt = Date.now();
     this.staleFor = null;
-    this.take(this.extract(p.data), p);
+    const value = this.extract(p.data);
+    this.take(value, p);
+    this.checkAlarm(value);
     this.hasValue = true;
     this.dirty = true;
     return true;
@@ -122,6 +131,34 @@ export abstract class Widget {
     }
   }
 
+  /** Sets the alarm state of a new value against the widget's limits. */
+  private checkAlarm(value: unknown): void {
+    const o = this.spec.options;
+    const v = num(value, NaN);
+    let alarm: Alarm | null = null;
+    if (!Number.isNaN(v)) {
+      const lim = (k: string) => optNum(o[k]);
+      const [lolo, lo, hi, hihi] = [lim('lolo'), lim('lo'), lim('hi'), lim('hihi')];
+      if (hihi !== null && v >= hihi) alarm = 'hihi';
+      else if (lolo !== null && v <= lolo) alarm = 'lolo';
+      else if (hi !== null && v >= hi) alarm = 'hi';
+      else if (lo !== null && v <= lo) alarm = 'lo';
+    }
+    if (alarm !== null && severity(alarm) > severity(this.alarm)) {
+      this.unacked = true;
+      this.alarmSince = Date.now();
+    }
+    if (alarm !== null) this.alarmValue = value;
+    this.alarm = alarm;
+  }
+
+  /** Acknowledges the alarm: the widget stops blinking (and stays coloured while in alarm). */
+  acknowledge(): void {
+    if (!this.unacked) return;
+    this.unacked = false;
+    this.dirty = true;
+  }
+
   /** Updates `staleFor` from the clock; returns whether the body must be redrawn (it turned
    * stale, fresh, or its age in whole seconds changed). */
   checkStale(now: number): boolean {
@@ -135,10 +172,11 @@ export abstract class Widget {
     return true;
   }
 
-  /** Clears and redraws the body. */
-  drawBody(ctx: CanvasRenderingContext2D, ox: number, oy: number): void {
+  /** Clears and redraws the body. `blinkOn`: the phase of unacknowledged alarms' blinking. */
+  drawBody(ctx: CanvasRenderingContext2D, ox: number, oy: number, blinkOn = true): void {
     const b = this.body;
-    ctx.fillStyle = THEME.panel;
+    const alarmColor = this.alarm === null ? null : this.alarm === 'hi' || this.alarm === 'lo' ? THEME.warn : THEME.bad;
+    ctx.fillStyle = alarmColor !== null && (!this.unacked || blinkOn) ? shade(alarmColor) : THEME.panel;
     ctx.fillRect(b.x - ox, b.y - oy, b.w, b.h);
     if (this.staleFor !== null && this.hasValue) {
       // A value not updated within `stale_s`: drawn dimmed, with its age.
@@ -200,6 +238,18 @@ export abstract class Widget {
   describe(): string {
     return '';
   }
+}
+
+/** Alarm states of a value against its widget's limits. */
+export type Alarm = 'lolo' | 'lo' | 'hi' | 'hihi';
+
+function severity(a: Alarm | null): number {
+  return a === null ? 0 : a === 'hi' || a === 'lo' ? 1 : 2;
+}
+
+/** A dark tint of an alarm colour for the body's background. */
+function shade(color: string): string {
+  return `${color}40`;
 }
 
 /** An age in seconds as people read it: 42 s, 5 min, 3 h, 2 d. */
