@@ -113,6 +113,51 @@ describe('dashboard', () => {
     await page.close();
   });
 
+  it('operator controls publish after a confirmation and show a refusal', async () => {
+    const spec = {
+      title: 'Controls',
+      widgets: [
+        { type: 'control', channel: 'room:ctl.setpoint', x: 0, y: 0, w: 8, h: 4, options: { control: 'setpoint', min: 0, max: 100 } },
+        { type: 'control', channel: 'room:ctl.pump', x: 8, y: 0, w: 8, h: 4, options: { control: 'toggle' } },
+        { type: 'control', channel: 'pt:ctl.valve', x: 16, y: 0, w: 8, h: 4, options: { control: 'button', value: 1 } },
+      ],
+    };
+    assert.ok((await fetch(`${server.url}/api/dashboards/controls`, { method: 'PUT', body: JSON.stringify(spec) })).ok);
+    const page = await newPage(browser);
+    const questions = [];
+    let answer = false;
+    page.on('dialog', (d) => {
+      questions.push(d.message());
+      void (answer ? d.accept() : d.dismiss());
+    });
+    await page.goto(`${server.url}/?dashboard=controls`);
+    await page.waitForSelector('.control-input');
+    // Declined: nothing is sent.
+    await page.fill('.control-input', '42.5');
+    await page.click('.control >> nth=0 >> text=Set');
+    await sleep(300);
+    assert.equal((await page.evaluate(() => window.switchboardWidget(0))).hasValue, false);
+    assert.match(questions[0], /Send 42\.5 to room:ctl\.setpoint\?/);
+    // Confirmed: the setpoint is published and comes back as the widget's value.
+    answer = true;
+    await page.click('.control >> nth=0 >> text=Set');
+    await page.waitForFunction(() => window.switchboardWidget(0)?.text === '42.50');
+    const last = await (await fetch(`${server.url}/api/channels/room:ctl.setpoint`)).json();
+    assert.equal(last.last.data.v, 42.5);
+    // Out of range: refused in the page, with the range.
+    await page.fill('.control-input', '500');
+    await page.click('.control >> nth=0 >> text=Set');
+    await page.waitForFunction(() => /within 0/.test(window.switchboardWidget(0)?.error ?? ''));
+    // A toggle sends the opposite of what it shows.
+    await page.click('.control >> nth=1 >> button');
+    await page.waitForFunction(() => window.switchboardWidget(1)?.text === 'true');
+    // A namespace where clients may not publish: the server's refusal is shown on the widget.
+    await page.click('.control >> nth=2 >> button');
+    await page.waitForFunction(() => /refused: .*publish/.test(window.switchboardWidget(2)?.error ?? ''));
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  });
+
   it('searches channels by prefix on the server and loads further pages on demand', async () => {
     const page = await newPage(browser);
     await page.goto(`${server.url}/`);

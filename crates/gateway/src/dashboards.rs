@@ -61,6 +61,8 @@ pub enum WidgetKind {
     Trend,
     Spectrum,
     Scatter,
+    /// An operator control (button, toggle, setpoint) that publishes to its channel.
+    Control,
 }
 
 /// One widget: its kind, the channel it shows (`""` while unbound), its place and size in grid

@@ -11,6 +11,7 @@ import { h } from './dom.js';
 import { WidgetForm } from './editor.js';
 import { DEFAULT_SIZE, ID_PATTERN, parseDashboard, WIDGET_TYPES, type DashboardSpec, type WidgetType } from './model.js';
 import type { Widget } from './widgets/index.js';
+import { ControlWidget } from './widgets/control.js';
 import { TrendWidget } from './widgets/plots.js';
 
 /** One entry of the event log the page keeps for tests and troubleshooting. */
@@ -126,6 +127,7 @@ export class App {
       getToken: token ? () => accessToken() ?? '' : undefined,
     });
 
+    ControlWidget.publish = (channel, data) => this.client.publish(channel, data);
     this.titleInput.addEventListener('input', () => {
       this.dashboard.title = this.titleInput.value;
       this.titleView.textContent = this.dashboard.title;
@@ -400,6 +402,7 @@ export class App {
     offset: number;
     text: string;
     points?: number;
+    error?: string;
     staleFor: number | null;
     alarm: string | null;
     unacked: boolean;
@@ -407,7 +410,8 @@ export class App {
     const w = this.board.widgets[i];
     if (!w) return null;
     const points = w instanceof TrendWidget ? w.points() : undefined;
+    const error = w instanceof ControlWidget ? w.errorText() : undefined;
     const s = { type: w.spec.type, channel: w.spec.channel, hasValue: w.hasValue, offset: w.offset, text: w.describe() };
-    return { ...s, points, staleFor: w.staleFor, alarm: w.alarm, unacked: w.unacked };
+    return { ...s, points, error, staleFor: w.staleFor, alarm: w.alarm, unacked: w.unacked };
   }
 }

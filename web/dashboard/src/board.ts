@@ -375,7 +375,7 @@ export class Board {
     let i = 0;
     for (; i < n; i++) {
       const w = vis[(this.trendCursor + i) % n];
-      if (w.spec.type !== 'trend') continue;
+      if (w.spec.type !== 'trend' && w.spec.type !== 'control') continue;
       if (!w.domDirty() && w.attached()) continue;
       if (done >= most || performance.now() > deadline) {
         left = true;

@@ -1,6 +1,6 @@
 // Dashboards as stored by the server (`/api/dashboards/{id}`), and widget defaults.
 
-export const WIDGET_TYPES = ['value', 'led', 'gauge', 'trend', 'spectrum', 'scatter'] as const;
+export const WIDGET_TYPES = ['value', 'led', 'gauge', 'trend', 'spectrum', 'scatter', 'control'] as const;
 export type WidgetType = (typeof WIDGET_TYPES)[number];
 
 /** Widget options; every key is optional and kind-specific (see OPTION_FIELDS). */
@@ -35,6 +35,7 @@ export const DEFAULT_SIZE: Record<WidgetType, { w: number; h: number }> = {
   trend: { w: 16, h: 8 },
   spectrum: { w: 16, h: 8 },
   scatter: { w: 8, h: 8 },
+  control: { w: 8, h: 4 },
 };
 
 export interface OptionField {
@@ -103,6 +104,16 @@ export const OPTION_FIELDS: Record<WidgetType, OptionField[]> = {
     label,
     { key: 'x_channel', label: 'X channel', kind: 'channel', hint: 'empty: x is the previous value' },
     { key: 'points', label: 'Points kept', kind: 'number' },
+    field,
+  ],
+  control: [
+    label,
+    { key: 'control', label: 'Kind', kind: 'text', hint: 'button, toggle or setpoint' },
+    { key: 'value', label: 'Sends', kind: 'text', hint: 'button: the value sent (default true)' },
+    { key: 'button_label', label: 'Button', kind: 'text' },
+    { key: 'min', label: 'Min', kind: 'number', hint: 'setpoint' },
+    { key: 'max', label: 'Max', kind: 'number', hint: 'setpoint' },
+    { key: 'units', label: 'Units', kind: 'text' },
     field,
   ],
 };

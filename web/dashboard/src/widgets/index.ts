@@ -2,6 +2,7 @@ import type { WidgetSpec } from '../model.js';
 import type { Widget } from './base.js';
 import { GaugeWidget, LedWidget, ValueWidget } from './simple.js';
 import { ScatterWidget, SpectrumWidget, TrendWidget } from './plots.js';
+import { ControlWidget } from './control.js';
 
 export { Widget, THEME } from './base.js';
 export type { Rect } from './base.js';
@@ -26,5 +27,7 @@ function construct(spec: WidgetSpec): Widget {
       return new SpectrumWidget(spec);
     case 'scatter':
       return new ScatterWidget(spec);
+    case 'control':
+      return new ControlWidget(spec);
   }
 }
