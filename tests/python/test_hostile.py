@@ -458,3 +458,35 @@ def test_hostile_publish_flood_gets_429_and_others_keep_publishing(strict_server
         bystander.check()
     finally:
         bystander.close()
+
+
+def test_hostile_pretty_printed_data_breaks_no_transport(server, bystander):
+    """Regression: a publication with raw line breaks (any pretty-printed body) was kept verbatim,
+    cutting SSE `initial` events, long-poll batches and WebSocket replies that carried it. Data
+    is stored and sent on one line; the value is unchanged."""
+    from sse_client import SSE
+    from test_poll import Poller
+
+    ch = uniq("room:pretty-")
+    body = '{"channel": "%s",\r\n "data": {"a":\n 1, "s": "x\\ny"}}' % ch
+    r = http("POST", server.http_url + "/api/publish", raw=body.encode())
+    assert r.status == 200, r.body
+    want = {"a": 1, "s": "x\ny"}
+    with WS(server.ws_url) as ws:
+        got = ws.ok("subscribe", {"channels": [ch], "initial": True})["channels"][ch]["last"]["data"]
+        assert got == want
+        h = ws.ok("history", {"channel": ch, "limit": 10})
+        assert [p["data"] for p in h["publications"]] == [want]
+    sse = SSE(server.http_url + f"/sse?channels={ch}&initial=true")
+    try:
+        e = sse.next_event("message")
+        assert e.json()["pub"]["data"] == want and "\n" not in e.data
+    finally:
+        sse.close()
+    p = Poller(server)
+    try:
+        reply = p.request("subscribe", {"channels": [ch], "initial": True})
+        assert reply["ok"]["channels"][ch]["last"]["data"] == want
+    finally:
+        p.close()
+    bystander.check()

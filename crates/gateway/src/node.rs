@@ -32,6 +32,21 @@ impl ApiError {
     }
 }
 
+/// Published data as stored and sent: on one line. Every transport frames messages by line
+/// (SSE `data:` lines, long-poll batches, WebSocket frames of several messages), so a
+/// pretty-printed publication kept verbatim would cut every reply and batch that carries it.
+/// Valid JSON has raw line breaks only between tokens (inside strings they are escaped), so
+/// they become spaces and nothing else changes; data without any is passed through untouched.
+fn one_line(data: Data) -> Data {
+    let text = data.get();
+    if !text.bytes().any(|b| b == b'\n' || b == b'\r') {
+        return data;
+    }
+    let flat: String = text.chars().map(|c| if c == '\n' || c == '\r' { ' ' } else { c }).collect();
+    // Still the same JSON value (only whitespace changed).
+    serde_json::value::RawValue::from_string(flat).map(Arc::new).unwrap_or(data)
+}
+
 /// One gateway node.
 pub struct Node {
     pub config: Config,
@@ -172,6 +187,7 @@ impl Node {
         }
         // Data every subscriber can take, whatever its format (no silent empty deliveries).
         switchboard_protocol::message::check_data(data.get()).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
+        let data = one_line(data);
         Ok(Outgoing { channel: Arc::from(channel), data, policy: self.config.history_policy(channel) })
     }
 
@@ -256,5 +272,21 @@ impl Node {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_publication_data_is_kept_on_one_line() {
+        let raw = |s: &str| Arc::new(serde_json::value::RawValue::from_string(s.into()).unwrap());
+        let d = one_line(raw("{\"a\":\r\n 1,\n\"s\": \"x\\ny\"}"));
+        assert_eq!(d.get(), "{\"a\":   1, \"s\": \"x\\ny\"}");
+        let v: serde_json::Value = serde_json::from_str(d.get()).unwrap();
+        assert_eq!(v, serde_json::json!({"a": 1, "s": "x\ny"}));
+        let same = raw("[1,2]");
+        assert!(Arc::ptr_eq(&one_line(same.clone()), &same), "untouched when already one line");
     }
 }
