@@ -490,3 +490,25 @@ def test_hostile_pretty_printed_data_breaks_no_transport(server, bystander):
     finally:
         p.close()
     bystander.check()
+
+
+def test_hostile_poll_timeouts_out_of_range_never_panic(server, bystander):
+    """Regression: `GET /poll/{id}?timeout=inf` (or 1e20) panicked converting the seconds."""
+    from test_poll import Poller
+
+    for t in ["inf", "1e20", "1e308"]:
+        r = http("GET", server.http_url + f"/poll/{'0' * 32}?timeout={t}")
+        assert r.status == 404, (t, r.status, r.body)
+    p = Poller(server)
+    try:
+        ch = uniq("room:poll-inf-")
+        p.request("subscribe", {"channels": [ch]})
+        api_publish(server, ch, 1)
+        r = p.http.get(f"{p.base}/poll/{p.id}", params={"timeout": "inf", "ack": p.seq})
+        assert r.status_code == 200 and any("pub" in m for m in r.json()["messages"]), r.text
+    finally:
+        p.close()
+    for t in ["-1", "nan", "x"]:
+        r = http("GET", server.http_url + f"/poll/{'0' * 32}?timeout={t}")
+        assert r.status == 400 and b"timeout" in r.body, (t, r.body)
+    bystander.check()

@@ -200,8 +200,12 @@ impl Session {
 
     /// When the transport must call [`check_deadline`](Self::check_deadline) next.
     pub fn deadline(&self) -> Option<SystemTime> {
-        let expiry =
-            self.identity.expires.map(|exp| UNIX_EPOCH + Duration::from_secs(exp.saturating_add(self.auth.leeway_s())));
+        // A token's `exp` is the client's number: an expiry beyond what the clock can hold
+        // means no deadline, never an overflow.
+        let expiry = self
+            .identity
+            .expires
+            .and_then(|exp| UNIX_EPOCH.checked_add(Duration::from_secs(exp.saturating_add(self.auth.leeway_s()))));
         match (self.first_message_by, expiry) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -719,6 +723,13 @@ mod tests {
             command(&mut s, &wire, serde_json::json!({"id": 6, "refresh": {"token": token("ann", exp + 60)}})).await;
         assert_eq!(r["ok"]["expires"], exp + 60);
         assert_eq!(s.deadline(), Some(UNIX_EPOCH + Duration::from_secs(exp + 60)));
+        assert_eq!(s.check_deadline(), None);
+        // Regression: an `exp` past what the clock can hold overflowed the deadline (a panic
+        // in the connection's task); now it is no deadline at all.
+        let far = u64::MAX - 10;
+        let r = command(&mut s, &wire, serde_json::json!({"id": 7, "refresh": {"token": token("ann", far)}})).await;
+        assert_eq!(r["ok"]["expires"], far);
+        assert_eq!(s.deadline(), None);
         assert_eq!(s.check_deadline(), None);
     }
 

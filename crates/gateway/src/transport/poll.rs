@@ -101,7 +101,8 @@ fn ack_and_timeout(q: Option<&str>, max: Duration) -> Result<(Option<u64>, Durat
             if s.is_nan() || s < 0.0 {
                 return Err(error(code::BAD_REQUEST, "timeout: expected seconds"));
             }
-            Duration::from_secs_f64(s).min(max)
+            // Any number of seconds, however large (`inf`, `1e20`), is at most the maximum.
+            Duration::try_from_secs_f64(s).map_or(max, |d| d.min(max))
         }
     };
     Ok((ack, timeout))
