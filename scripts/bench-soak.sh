@@ -3,7 +3,7 @@
 # redis-server) under `switchboard bench soak` with its default load — 2,000 held subscribers
 # of a 1,000-point feed at 1 Hz, 1,000 new room channels a second published once and abandoned,
 # 50 connections a second opened and closed — sampling RSS and channel counts every 10 s.
-# Room channels are kept ROOM_TTL seconds (default 120) and point trends reach back TREND_S
+# Room channels are kept ROOM_TTL seconds (default 90) and point trends reach back TREND_S
 # seconds (default 120) so that a steady state is reached within the warm-up; everything else
 # is the node's default configuration. The redis-server runs with `hz 50` (Redis's own setting
 # for how often it reclaims expired keys; DBSIZE counts expired keys until reclaimed).
@@ -16,7 +16,7 @@ OUT=${1:?out directory}
 BROKER=${2:-memory}
 DURATION=${3:-30m}
 WARMUP=${4:-5m}
-ROOM_TTL=${ROOM_TTL:-120}
+ROOM_TTL=${ROOM_TTL:-90}
 TREND_S=${TREND_S:-120}
 mkdir -p "$OUT"
 cat > "$OUT/switchboard.toml" <<TOML

@@ -365,6 +365,14 @@ impl Broker for MemoryBroker {
         }
         let mut forgotten = 0;
         let mut table = self.streams.write();
+        // Churn leaves tombstones in the hash map; when they use up its room while it is more
+        // than half full, it doubles — late and all at once, hours into a steady load. Keeping
+        // twice the room from the first sweep on makes such a map clean itself in place
+        // instead, so its memory is reached early and then stays.
+        let len = table.map.len();
+        if table.map.capacity() < 2 * len {
+            table.map.reserve(len);
+        }
         for ch in candidates {
             let still_idle = table.map.get(&ch).is_some_and(|s| idle(&ch, s));
             // Present clients keep a channel (presence outlives subscriptions on some transports).
