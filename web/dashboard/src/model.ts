@@ -53,22 +53,28 @@ const field: OptionField = {
   hint: 'path into the data; default: v when present, else the whole value',
 };
 
+/** Alarm limits of the widgets that show one number (value, gauge). */
+const alarmLimits: OptionField[] = [
+  { key: 'lolo', label: 'LoLo', kind: 'number', hint: 'alarm at or below' },
+  { key: 'lo', label: 'Lo', kind: 'number', hint: 'warning at or below' },
+  { key: 'hi', label: 'Hi', kind: 'number', hint: 'warning at or above' },
+  { key: 'hihi', label: 'HiHi', kind: 'number', hint: 'alarm at or above' },
+];
+const stale: OptionField = { key: 'stale_s', label: 'Stale after (s)', kind: 'number', hint: 'empty: never' };
+
 /** The options each kind understands, in form order. */
 export const OPTION_FIELDS: Record<WidgetType, OptionField[]> = {
   value: [
     label,
-    { key: 'lolo', label: 'LoLo', kind: 'number', hint: 'alarm at or below' },
-    { key: 'lo', label: 'Lo', kind: 'number', hint: 'warning at or below' },
-    { key: 'hi', label: 'Hi', kind: 'number', hint: 'warning at or above' },
-    { key: 'hihi', label: 'HiHi', kind: 'number', hint: 'alarm at or above' },
-    { key: 'stale_s', label: 'Stale after (s)', kind: 'number', hint: 'empty: never' },
+    ...alarmLimits,
+    stale,
     { key: 'units', label: 'Units', kind: 'text' },
     { key: 'decimals', label: 'Decimals', kind: 'number' },
     field,
   ],
   led: [
     label,
-    { key: 'stale_s', label: 'Stale after (s)', kind: 'number', hint: 'empty: never' },
+    stale,
     { key: 'threshold', label: 'On above', kind: 'number', hint: 'empty: the value is a boolean' },
     { key: 'on_color', label: 'On colour', kind: 'text' },
     { key: 'off_color', label: 'Off colour', kind: 'text' },
@@ -76,11 +82,8 @@ export const OPTION_FIELDS: Record<WidgetType, OptionField[]> = {
   ],
   gauge: [
     label,
-    { key: 'lolo', label: 'LoLo', kind: 'number', hint: 'alarm at or below' },
-    { key: 'lo', label: 'Lo', kind: 'number', hint: 'warning at or below' },
-    { key: 'hi', label: 'Hi', kind: 'number', hint: 'warning at or above' },
-    { key: 'hihi', label: 'HiHi', kind: 'number', hint: 'alarm at or above' },
-    { key: 'stale_s', label: 'Stale after (s)', kind: 'number', hint: 'empty: never' },
+    ...alarmLimits,
+    stale,
     { key: 'min', label: 'Min', kind: 'number' },
     { key: 'max', label: 'Max', kind: 'number' },
     { key: 'units', label: 'Units', kind: 'text' },
