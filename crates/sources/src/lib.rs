@@ -1,0 +1,103 @@
+//! Sources: plant data in. A source connects to a system the plant already runs (an MQTT
+//! broker, an OPC UA server), turns what it receives into points and publishes them through the
+//! node's own publish path; a namespace may name a source for writes, so a permitted publish to
+//! one of its channels becomes a write to the device.
+//!
+//! # Layout
+//! - this file: the [`SourceConfig`] of `[[sources]]`, the [`Sink`] a source publishes into, the
+//!   [`Write`] requests it serves, its [`SourceStats`], and [`Sources`], the running set.
+//! - `mqtt`: the MQTT source (one file per source kind beside this interface).
+//! - `sparkplug`: Sparkplug B payloads of the MQTT source.
+//! - `opcua`: the OPC UA source.
+//!
+//! # Contract
+//! A source publishes each value once, in the order it received them per channel, with the
+//! time the device gave it (`t`, unix milliseconds) when it gave one, and marks a value it can
+//! no longer vouch for (connection lost, device dead) with `q: "bad"` rather than leaving the
+//! last good value standing. In a cluster each source runs on one node at a time (a lease
+//! held through the broker); the others stand by.
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+use switchboard_broker::Data;
+
+/// Where a source's points go: the node's publish path (validation, limits, the broker). One
+/// result per item, in order; an `Err` carries the reason the node refused the item.
+#[async_trait::async_trait]
+pub trait Sink: Send + Sync + 'static {
+    async fn publish_batch(&self, items: Vec<(String, Data)>) -> Vec<Result<(), String>>;
+}
+
+/// A client's publish to a channel of a namespace whose writes go to a source; the source
+/// answers once the device accepted or refused it.
+#[derive(Debug)]
+pub struct Write {
+    pub channel: String,
+    pub data: Data,
+    pub reply: tokio::sync::oneshot::Sender<Result<(), WriteError>>,
+}
+
+/// Why a write did not reach the device or was not accepted by it.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum WriteError {
+    /// The device (or the MQTT broker) said no; the text is its reason.
+    #[error("device refused the write: {0}")]
+    Refused(String),
+    /// The source is not connected, or the device did not answer in time.
+    #[error("source unavailable: {0}")]
+    Unavailable(String),
+    /// The channel does not map to anything the source can write, or the value has the wrong form.
+    #[error("not writable: {0}")]
+    NotWritable(String),
+}
+
+/// Counters of one source, rendered by the node's metrics.
+#[derive(Debug, Default)]
+pub struct SourceStats {
+    /// Messages (MQTT) or value changes (OPC UA) received.
+    pub messages: AtomicU64,
+    /// Points published into channels.
+    pub points: AtomicU64,
+    /// Payloads that could not be decoded (counted and logged, never fatal).
+    pub decode_errors: AtomicU64,
+    /// Connected to the upstream system now.
+    pub connected: AtomicBool,
+    /// This node holds the source's lease (runs it) now.
+    pub active: AtomicBool,
+    pub reconnects: AtomicU64,
+    pub writes_ok: AtomicU64,
+    pub writes_failed: AtomicU64,
+}
+
+/// One running source as the node sees it.
+#[derive(Debug, Clone)]
+pub struct SourceHandle {
+    pub name: String,
+    pub kind: &'static str,
+    pub stats: Arc<SourceStats>,
+}
+
+pub mod mqtt;
+pub mod opcua;
+pub mod sparkplug;
+
+/// One `[[sources]]` entry; `kind` picks the variant, every other key belongs to it and unknown
+/// keys are errors naming the key.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum SourceConfig {
+    Mqtt(mqtt::MqttConfig),
+    Opcua(opcua::OpcuaConfig),
+}
+
+/// What a running source is given: where to publish, its counters, the writes routed to it and
+/// when to stop (node shutdown, or its lease moved to another node).
+pub struct SourceCtx {
+    pub name: String,
+    pub sink: Arc<dyn Sink>,
+    pub stats: Arc<SourceStats>,
+    pub writes: tokio::sync::mpsc::Receiver<Write>,
+    /// Turns true when the source must stop.
+    pub stop: tokio::sync::watch::Receiver<bool>,
+}

@@ -1,0 +1,1 @@
+//! Sparkplug B payloads (placeholder until written).
