@@ -347,6 +347,22 @@ def test_auth_refresh_extends_and_expiry_disconnects_4001(auth_server):
 # ------------------------------------------------------------------------------ Basic, API keys, origins
 
 
+def test_auth_basic_user_in_connect_command(auth_server):
+    # Browsers cannot set Authorization on a WebSocket handshake: the sign-in form of the
+    # dashboard sends the user and password in `connect`, with the same grants as a header.
+    with AuthWS(auth_server.ws_url) as ws:
+        assert ws.ok("connect", {"user": "grace", "password": PASSWORD})["user"] == "grace"
+        proves_access(auth_server, ws, uniq("basic."))
+        other = uniq("other.")
+        assert ws.subscribe([other])["channels"][other]["error"]["code"] == 403, "grants apply"
+    with AuthWS(auth_server.ws_url) as ws:
+        ws.send({"id": 1, "connect": {"user": "grace", "password": "wrong"}})
+        assert "password" in assert_closed_4001(ws)
+    with AuthWS(auth_server.ws_url) as ws:
+        ws.send({"id": 1, "connect": {"user": "grace", "password": PASSWORD, "token": token()}})
+        assert "either a token or a user" in assert_closed_4001(ws)
+
+
 def test_auth_basic_users_with_grants(auth_server):
     with AuthWS(auth_server.ws_url, headers=basic("grace", PASSWORD)) as ws:
         proves_access(auth_server, ws, uniq("basic."))

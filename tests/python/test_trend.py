@@ -32,6 +32,9 @@ def test_trend_reads_buckets_and_subscribe_opens_full_then_continues_live(server
     # Coarser buckets merge the stored ones.
     coarse = c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 60, "step_s": 60}).json()
     assert coarse["step_s"] == 60 and sum(b["n"] for b in coarse["buckets"]) == 12, coarse
+    # A step between multiples of the stored one (1 s by default) is rounded up, and said so.
+    odd = c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 60, "step_s": 7}).json()
+    assert odd["step_s"] == 7 and sum(b["n"] for b in odd["buckets"]) == 12, odd
     # Subscribe with a trend: the reply holds the buckets; what follows arrives live, once.
     with WS(server.ws_url) as ws:
         r = ws.ok("subscribe", {"channels": [ch], "initial": True, "trend": {"window_s": 60}})["channels"][ch]
@@ -63,4 +66,22 @@ def test_trend_bad_queries_and_channels_without_a_trend(server):
         assert r["error"]["code"] == 404, r
         r = ws.request("subscribe", {"channels": [ch], "trend": {"window": 60}})
         assert r["error"]["code"] == 400 and "window" in r["error"]["message"], r
+    c.close()
+
+
+def test_trend_step_is_rounded_up_to_the_stored_step(start_server):
+    # A namespace storing 5 s buckets: a client asking for 7 s buckets gets 10 s ones, told so
+    # in the reply, over HTTP and in the subscribe reply.
+    srv = start_server(env={"SWITCHBOARD_NAMESPACES__PT__TREND_STEP_S": "5"})
+    c = httpx.Client(base_url=srv.http_url, timeout=10, trust_env=False)
+    ch = uniq("pt:step-")
+    for v in range(3):
+        api_publish(srv, ch, {"v": v})
+    r = c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 60, "step_s": 7}).json()
+    assert r["step_s"] == 10 and sum(b["n"] for b in r["buckets"]) == 3, r
+    assert all(b["t"] % 10_000 == 0 for b in r["buckets"]), r
+    with WS(srv.ws_url) as ws:
+        got = ws.ok("subscribe", {"channels": [ch], "trend": {"window_s": 60, "step_s": 3}})["channels"][ch]
+        assert got["trend"]["step_s"] == 5 and sum(b["n"] for b in got["trend"]["buckets"]) == 3, got
+    assert c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 4, "step_s": 3}).status_code == 400
     c.close()

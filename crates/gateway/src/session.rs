@@ -28,7 +28,7 @@ use switchboard_protocol::{
 };
 
 use crate::auth::limits::Bucket;
-use crate::auth::{Action, Auth, Identity, Method};
+use crate::auth::{Action, Auth, AuthFailure, Identity, Method};
 use crate::node::{ApiError, Node};
 use crate::outbox::{Outbox, Pushed};
 use crate::sampling::{PointView, Sampling};
@@ -67,6 +67,9 @@ pub struct Session {
     first_message_by: Option<SystemTime>,
     /// Publishes per second (none when the client is exempt from rate limits).
     publish_rate: Option<Bucket>,
+    /// The client's address when it is subject to per-address limits (password checks of
+    /// `connect`).
+    limited_ip: Option<std::net::IpAddr>,
 }
 
 enum Outcome {
@@ -160,6 +163,7 @@ impl Session {
             identity: Identity::anonymous(),
             first_message_by: None,
             publish_rate,
+            limited_ip: None,
         };
         session.set_identity(None);
         session
@@ -192,6 +196,12 @@ impl Session {
         if exempt {
             self.publish_rate = None;
         }
+    }
+
+    /// The client's address when it is subject to per-address limits: a password sent in
+    /// `connect` is charged to it (`limits.password_checks_per_ip_per_s`).
+    pub fn set_limited_ip(&mut self, ip: Option<std::net::IpAddr>) {
+        self.limited_ip = ip;
     }
 
     pub fn identity(&self) -> &Identity {
@@ -311,8 +321,16 @@ impl Session {
                 if let Some(name) = req.name {
                     tracing::debug!(client = %self.client, name = %name.chars().take(64).collect::<String>(), "connect");
                 }
-                if let Some(token) = req.token {
-                    self.connect_token(&token)?;
+                match (req.token, req.user, req.password) {
+                    (Some(token), None, None) => self.connect_token(&token)?,
+                    (None, Some(user), Some(password)) => self.connect_password(user, password).await?,
+                    (None, None, None) => {}
+                    _ => {
+                        return Err(CloseReason::new(
+                            close::INVALID_TOKEN,
+                            "connect takes either a token or a user and a password",
+                        ))
+                    }
                 }
                 #[derive(Serialize)]
                 struct Connected<'a> {
@@ -363,6 +381,30 @@ impl Session {
         };
         if !self.identity.is_anonymous() && verified.user != self.identity.user {
             return Err(CloseReason::new(close::INVALID_TOKEN, "token is for another user"));
+        }
+        self.set_identity(Some(verified));
+        Ok(())
+    }
+
+    /// `connect` with a Basic user's name and password: checked as a handshake's `Authorization:
+    /// Basic` would be (same cache and per-address limit); a refusal closes with 4001 (4029
+    /// when the address made too many attempts).
+    async fn connect_password(&mut self, user: String, password: String) -> Result<(), CloseReason> {
+        if !self.auth.enabled() {
+            return Ok(());
+        }
+        let verified = match self.auth.verify_password(user, password, self.limited_ip).await {
+            Ok(v) => v,
+            Err(AuthFailure::RateLimited) => {
+                return Err(CloseReason::new(close::TOO_MANY, AuthFailure::RateLimited.to_string()))
+            }
+            Err(e) => {
+                tracing::debug!(client = %self.client, reason = %e, "connect password refused");
+                return Err(CloseReason::new(close::INVALID_TOKEN, e.to_string()));
+            }
+        };
+        if !self.identity.is_anonymous() && verified.user != self.identity.user {
+            return Err(CloseReason::new(close::INVALID_TOKEN, "credentials are for another user"));
         }
         self.set_identity(Some(verified));
         Ok(())

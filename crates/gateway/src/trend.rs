@@ -19,7 +19,7 @@ pub struct TrendReply {
 }
 
 /// Reads `channel`'s trend over the last `window_s` seconds in buckets of `step_s` (default
-/// and minimum: the namespace's step; a multiple of it otherwise). 400 naming the field for a
+/// and minimum: the namespace's step; rounded up to a multiple of it otherwise). 400 naming the field for a
 /// bad value, 404 when the channel's namespace keeps no trend.
 pub async fn read(node: &Node, channel: &str, window_s: u64, step_s: Option<u64>) -> Result<TrendReply, ApiError> {
     let bad = |m: String| ApiError::new(code::BAD_REQUEST, m);
@@ -33,9 +33,15 @@ pub async fn read(node: &Node, channel: &str, window_s: u64, step_s: Option<u64>
         return Err(bad(format!("window_s: {window_s} is not within 1..={MAX_WINDOW_S}")));
     }
     let stored = (policy.step_ms / 1000).max(1);
-    let step_s = step_s.unwrap_or(stored);
-    if step_s == 0 || !step_s.is_multiple_of(stored) || step_s > window_s {
-        return Err(bad(format!("step_s: {step_s} is not a multiple of the stored step ({stored} s) within window_s")));
+    // A step between multiples of the stored one is rounded up to the next (the reply says
+    // which): a client need not know the namespace's step to ask for about N buckets.
+    let step_s = match step_s {
+        None => stored,
+        Some(0) => return Err(bad("step_s: 0 is not a step".into())),
+        Some(s) => s.div_ceil(stored).saturating_mul(stored),
+    };
+    if step_s > window_s {
+        return Err(bad(format!("step_s: {step_s} (a multiple of the stored step, {stored} s) exceeds window_s")));
     }
     let now = now_ms();
     let step_ms = step_s * 1000;

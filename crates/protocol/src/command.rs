@@ -38,12 +38,30 @@ pub enum CommandBody {
     Invalid(String),
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// `connect`: a token, or the user name and password of a Basic user (for browsers, which
+/// cannot set `Authorization` on a WebSocket handshake), and a name for logs.
+#[derive(Default, Deserialize)]
 pub struct ConnectRequest {
     #[serde(default)]
     pub token: Option<String>,
     #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default)]
     pub name: Option<String>,
+}
+
+/// Never prints the token or the password.
+impl std::fmt::Debug for ConnectRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectRequest")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("name", &self.name)
+            .finish()
+    }
 }
 
 /// Unknown fields are refused (400 naming the field): a client asking for an option this

@@ -47,16 +47,31 @@ async function json<T>(r: Response): Promise<T> {
 }
 
 export class Api {
-  /** `token`: sent as `Authorization: Bearer` when the server requires credentials. */
+  /** `authorization`: the `Authorization` header value when signed in (Bearer or Basic). */
   constructor(
     private readonly base = '',
-    private readonly token: () => string | null = () => null,
+    private readonly authorization: () => string | null = () => null,
   ) {}
 
+  /**
+   * Whether the server accepts `authorization` ('' for none): null when it does, else the
+   * server's reason (a 401 or 429 of `GET /api/info`).
+   */
+  static async check(base: string, authorization: string): Promise<string | null> {
+    const r = await fetch(`${base}/api/info`, authorization ? { headers: { authorization } } : {});
+    if (r.ok) return null;
+    try {
+      await json(r);
+    } catch (e) {
+      return (e as Error).message;
+    }
+    return `${r.status}`;
+  }
+
   private fetch(path: string, init: RequestInit = {}): Promise<Response> {
-    const t = this.token();
+    const a = this.authorization();
     const headers = new Headers(init.headers);
-    if (t) headers.set('authorization', `Bearer ${t}`);
+    if (a) headers.set('authorization', a);
     return fetch(`${this.base}${path}`, { ...init, headers });
   }
 
@@ -68,8 +83,8 @@ export class Api {
   }
 
   /** The channel's trend over the last `windowS` seconds (`GET /api/channels/{ch}/trend`). */
-  async trend(channel: string, windowS: number): Promise<{ step_s: number; buckets: TrendBucket[] }> {
-    return json(await this.fetch(`/api/channels/${encodeURIComponent(channel)}/trend?window_s=${windowS}`));
+  async trend(channel: string, windowS: number, stepS = 1): Promise<{ step_s: number; buckets: TrendBucket[] }> {
+    return json(await this.fetch(`/api/channels/${encodeURIComponent(channel)}/trend?window_s=${windowS}&step_s=${stepS}`));
   }
 
   /** The channel's latest publication's data, or undefined. */

@@ -3,16 +3,17 @@
 // (the board with widget boxes, plus the side panel).
 
 import { Client, type Subscription } from 'switchboard-sdk';
-import { Api, type DashboardSummary } from './api.js';
+import { Api, type DashboardSummary, type TrendBucket } from './api.js';
 import { Board } from './board.js';
 import { AlarmList } from './alarms.js';
 import { ChannelBrowser } from './channels.js';
 import { h } from './dom.js';
+import { Login } from './login.js';
 import { WidgetForm } from './editor.js';
 import { DEFAULT_SIZE, ID_PATTERN, parseDashboard, WIDGET_TYPES, type DashboardSpec, type WidgetType } from './model.js';
 import type { Widget } from './widgets/index.js';
 import { ControlWidget } from './widgets/control.js';
-import { TrendWidget } from './widgets/plots.js';
+import { TrendWidget, trendStep } from './widgets/plots.js';
 
 /** One entry of the event log the page keeps for tests and troubleshooting. */
 export type LogEntry =
@@ -23,25 +24,12 @@ export type LogEntry =
   | { type: 'subscribeError'; channel: string; code: number; message: string };
 
 const LOG_SIZE = 5000;
-const TOKEN_KEY = 'switchboard.token';
-
-/**
- * The token for servers with authentication: `#token=<jwt>` in the page URL (a fragment never
- * reaches the server or its logs) is moved to session storage and removed from the address bar.
- */
-function accessToken(): string | null {
-  const m = /(?:^|[#&])token=([^&]+)/.exec(location.hash);
-  if (m) {
-    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
-    history.replaceState(null, '', location.pathname + location.search);
-  }
-  return sessionStorage.getItem(TOKEN_KEY);
-}
 
 export class App {
   readonly client: Client;
   readonly board: Board;
-  private readonly api = new Api('', accessToken);
+  private readonly login = new Login((authorization) => Api.check('', authorization));
+  private readonly api = new Api('', () => this.login.authorization());
   private readonly subs = new Map<string, Subscription>();
   private readonly log: LogEntry[] = [];
   private dashboard: DashboardSpec = { title: 'Untitled', widgets: [] };
@@ -53,6 +41,8 @@ export class App {
   private readonly side: HTMLElement;
   private readonly titleView: HTMLElement;
   private readonly conn: HTMLElement;
+  private readonly who: HTMLElement;
+  private readonly signOut: HTMLButtonElement;
   private readonly status: HTMLElement;
   private readonly picker: HTMLSelectElement;
   private readonly editButton: HTMLButtonElement;
@@ -69,12 +59,20 @@ export class App {
     this.picker = h('select', { id: 'dashboard-picker', title: 'open a saved dashboard' });
     this.editButton = h('button', { type: 'button', id: 'edit-toggle', textContent: 'Edit' });
     this.status = h('span', { className: 'status', id: 'status' });
+    this.who = h('span', { className: 'who', id: 'who' });
+    this.signOut = h('button', { type: 'button', id: 'sign-out', className: 'hidden', textContent: 'Sign out' });
+    this.signOut.addEventListener('click', () => {
+      this.login.signOut();
+      location.reload();
+    });
     this.bar = h('header', { className: 'bar' }, [
       h('span', { className: 'brand', textContent: 'Switchboard' }),
       this.picker,
       this.titleView,
       this.status,
       this.conn,
+      this.who,
+      this.signOut,
       this.editButton,
     ]);
 
@@ -115,19 +113,21 @@ export class App {
 
     const main = h('main', { className: 'main' }, [this.side]);
     this.alarms = new AlarmList();
-    root.append(this.bar, this.alarms.el, main);
+    root.append(this.bar, this.alarms.el, main, this.login.el);
     this.board = new Board(main);
     // The board's frame drives the SDK's delivery: one pass per animation frame for both.
-    const token = accessToken();
     this.client = new Client({
       url: location.origin,
       name: 'switchboard-dashboard',
       schedule: this.board.scheduler,
-      // Asked again before each reconnect, so a token replaced in storage is picked up.
-      getToken: token ? () => accessToken() ?? '' : undefined,
+      // Asked again before each reconnect, so credentials entered in the sign-in form since
+      // are used.
+      getToken: () => this.login.bearer(),
+      credentials: () => this.login.basic() ?? { user: '', password: '' },
     });
 
     ControlWidget.publish = (channel, data) => this.client.publish(channel, data);
+    TrendWidget.fetchTrend = async (channel, windowS, stepS) => (await this.api.trend(channel, windowS, stepS)).buckets;
     this.titleInput.addEventListener('input', () => {
       this.dashboard.title = this.titleInput.value;
       this.titleView.textContent = this.dashboard.title;
@@ -166,7 +166,12 @@ export class App {
       this.conn.dataset.state = state;
     });
     c.on('connected', (e) => this.record({ type: 'connected', client: e.client, reconnects: e.reconnects }));
-    c.on('disconnected', (e) => this.record({ type: 'disconnected', code: e.code, reason: e.reason }));
+    c.on('disconnected', (e) => {
+      this.record({ type: 'disconnected', code: e.code, reason: e.reason });
+      // Refused or expired credentials: sign in again, then reconnect (subscriptions resume
+      // from their positions).
+      if (e.code === 4001) void this.signIn(`signed out: ${e.reason}`).then(() => void this.client.connect());
+    });
     c.on('gap', (g) => this.record({ type: 'gap', channel: g.channel, from: g.from, to: g.to, epochChanged: g.epochChanged }));
     c.on('subscribeError', (e) =>
       this.record({ type: 'subscribeError', channel: e.channel, code: e.error.code, message: e.error.message }),
@@ -185,6 +190,10 @@ export class App {
 
   /** Starts the page: the dashboard named in the URL in run mode, else a new one in edit mode. */
   async start(): Promise<void> {
+    // A server that wants credentials says so on any API call (401); sign in first.
+    const refused = await Api.check('', this.login.authorization() ?? '').catch(() => null);
+    if (refused !== null) await this.signIn(this.login.signedIn() ? refused : '');
+    this.showWho();
     void this.client.connect();
     // Values not updated within their widget's `stale_s` turn stale (and their age ticks);
     // unacknowledged alarms blink; the alarm list follows.
@@ -200,6 +209,24 @@ export class App {
       this.newDashboard();
       this.setEditing(true);
     }
+  }
+
+  /** Shows the sign-in form until the server accepts what is entered (one form at a time). */
+  private signingIn: Promise<void> | null = null;
+  private signIn(why: string): Promise<void> {
+    if (!this.signingIn) {
+      this.client.close();
+      this.signingIn = this.login.ask(why).then(() => {
+        this.signingIn = null;
+        this.showWho();
+      });
+    }
+    return this.signingIn;
+  }
+
+  private showWho(): void {
+    this.who.textContent = this.login.who();
+    this.signOut.classList.toggle('hidden', !this.login.signedIn());
   }
 
   async open(id: string, edit: boolean): Promise<void> {
@@ -278,19 +305,45 @@ export class App {
     }
     const add = channels.filter((ch) => !this.subs.has(ch));
     if (add.length === 0) return;
-    const subs = this.client.subscribeMany(add);
-    add.forEach((ch, i) => this.subs.set(ch, subs[i]));
-    void this.backfillTrends(new Set(add));
+    // Point channels shown by trends are subscribed with the `trend` option: the trend of the
+    // widest window comes in the subscribe reply, in one round trip for all of them, and live
+    // values continue it without a gap. One subscribe per window.
+    const fresh = new Set(add);
+    const widest = new Map<string, number>();
+    for (const w of this.board.widgets) {
+      const ch = w.spec.channel;
+      if (w instanceof TrendWidget && fresh.has(ch) && ch.startsWith('pt:')) widest.set(ch, Math.max(widest.get(ch) ?? 0, w.windowS()));
+    }
+    const byWindow = new Map<number, string[]>();
+    for (const [ch, win] of widest) byWindow.set(win, [...(byWindow.get(win) ?? []), ch]);
+    for (const [win, chs] of byWindow) {
+      const subs = this.client.subscribeMany(chs, { trend: { windowS: win, stepS: trendStep(win) } });
+      chs.forEach((ch, i) => {
+        this.subs.set(ch, subs[i]);
+        subs[i].on('subscribed', (ev) => {
+          if (ev.trend) this.backfill(ch, ev.trend.buckets);
+        });
+      });
+    }
+    const rest = add.filter((ch) => !widest.has(ch));
+    const subs = this.client.subscribeMany(rest);
+    rest.forEach((ch, i) => this.subs.set(ch, subs[i]));
+    void this.backfillOverHttp(new Set(rest));
   }
 
-  /** Trend widgets of newly subscribed channels open with the server's trend of their window. */
-  private async backfillTrends(channels: Set<string>): Promise<void> {
+  private backfill(channel: string, buckets: TrendBucket[]): void {
+    for (const w of this.board.widgets) if (w instanceof TrendWidget && w.spec.channel === channel) w.backfill(buckets);
+    this.board.request();
+  }
+
+  /** Trends of other channels (namespaces configured with a trend) ask the HTTP API. */
+  private async backfillOverHttp(channels: Set<string>): Promise<void> {
     const trends = this.board.widgets.filter((w): w is TrendWidget => w instanceof TrendWidget && channels.has(w.spec.channel));
     await Promise.all(
       trends.map(async (w) => {
-        const window = Math.max(1, Math.round(Number(w.spec.options.window_s) || 60));
         try {
-          w.backfill((await this.api.trend(w.spec.channel, window)).buckets);
+          const win = w.windowS();
+          w.backfill((await this.api.trend(w.spec.channel, win, trendStep(win))).buckets);
           this.board.request();
         } catch {
           /* a channel without a trend (or not yet published) fills live */
@@ -402,6 +455,7 @@ export class App {
     offset: number;
     text: string;
     points?: number;
+    view?: { windowS: number; paused: boolean; zoom: [number, number] | null };
     error?: string;
     staleFor: number | null;
     alarm: string | null;
@@ -410,8 +464,9 @@ export class App {
     const w = this.board.widgets[i];
     if (!w) return null;
     const points = w instanceof TrendWidget ? w.points() : undefined;
+    const view = w instanceof TrendWidget ? w.viewState() : undefined;
     const error = w instanceof ControlWidget ? w.errorText() : undefined;
     const s = { type: w.spec.type, channel: w.spec.channel, hasValue: w.hasValue, offset: w.offset, text: w.describe() };
-    return { ...s, points, error, staleFor: w.staleFor, alarm: w.alarm, unacked: w.unacked };
+    return { ...s, points, view, error, staleFor: w.staleFor, alarm: w.alarm, unacked: w.unacked };
   }
 }

@@ -35,6 +35,12 @@ import { fallbackTransport, type TransportName } from './fallback.js';
 import type { EventSourceConstructor } from './sse.js';
 import type { FetchLike } from './poll.js';
 
+/** A Basic user of the server's users file. */
+export interface Credentials {
+  user: string;
+  password: string;
+}
+
 export interface ClientOptions {
   /** The server: `http://host:port`, `ws://host:port/ws` or `host:port`. */
   url: string;
@@ -44,6 +50,11 @@ export interface ClientOptions {
   token?: string;
   /** Called before each connection for a fresh token; wins over `token`. */
   getToken?: () => string | Promise<string>;
+  /**
+   * A Basic user's name and password, sent in the `connect` command of each connection (a
+   * browser cannot set `Authorization` on a WebSocket handshake). Used when no token is given.
+   */
+  credentials?: Credentials | (() => Credentials | Promise<Credentials>);
   /** Application name sent with `connect`. */
   name?: string;
   /** The transport (default: WebSocket, falling back to SSE, then long-polling). */
@@ -88,6 +99,10 @@ export interface SubscribeOptions {
   maxRateHz?: number;
   /** Server-side deadband: numeric values that moved less are not sent. */
   deadband?: { abs: number } | { pct: number };
+  /** The channel's trend over the last `windowS` seconds (buckets of `stepS`) comes with the
+   * `subscribed` event, up to the position live publications continue from: a trend plot
+   * opens full without a gap or duplicate. Asked again on each resubscription. */
+  trend?: { windowS: number; stepS?: number };
 }
 
 export interface HistoryOptions {
@@ -141,7 +156,7 @@ interface Entry {
   early: WirePub[];
   /** The latest publication delivered, for handles added later with `initial`. */
   latest: Publication | null;
-  /** The sampling asked for (`max_rate_hz`, `deadband`), as JSON; '' for none. */
+  /** The options asked for per command (`max_rate_hz`, `deadband`, `trend`), as JSON; '' for none. */
   sampling: string;
 }
 
@@ -458,8 +473,13 @@ export class Client implements SubscriptionOwner {
   private async onTransportOpen(transport: Transport, gen: number): Promise<void> {
     this.lastRx = Date.now();
     let token: string | undefined;
+    let creds: Credentials | undefined;
     try {
       token = this.opts.getToken ? await this.opts.getToken() : this.opts.token;
+      const c = this.opts.credentials;
+      if (!token && c) creds = typeof c === 'function' ? await c() : c;
+      // An empty user means none (a provider with nothing to give yet).
+      if (!creds?.user) creds = undefined;
     } catch (e) {
       this.events.emit('error', asError(e));
       transport.close(1000, 'no token');
@@ -473,7 +493,8 @@ export class Client implements SubscriptionOwner {
     {
       const id = this.allocId();
       const reply = this.expect(id, this.opts.commandTimeoutMs ?? 10_000, () => {});
-      transport.send([{ id, connect: { token, name: this.opts.name } }]);
+      const body = creds ? { user: creds.user, password: creds.password } : { token: token || undefined };
+      transport.send([{ id, connect: { ...body, name: this.opts.name } }]);
       try {
         const r = (await reply) as ReplyBodies['connect'];
         info = { client: r.client, node: r.node, pingS: r.ping_s || 25 };
@@ -825,6 +846,7 @@ export class Client implements SubscriptionOwner {
       e.position = now;
     }
     const ev: SubscribedEvent = { channel: e.channel, position: { ...now }, resubscribed, recovered };
+    if (r.trend) ev.trend = r.trend;
     this.events.emit('subscribed', ev);
     for (const h of e.handles) h.emit('subscribed', ev);
     const early = e.early;
@@ -916,8 +938,13 @@ function asError(e: unknown): Error {
 
 /** The wire form of a subscription's sampling options, as a key ('' when none). */
 function samplingKey(opts: SubscribeOptions): string {
-  const o: { max_rate_hz?: number; deadband?: { abs: number } | { pct: number } } = {};
+  const o: CommandBodies['subscribe'] = { channels: [] };
   if (opts.maxRateHz !== undefined) o.max_rate_hz = opts.maxRateHz;
   if (opts.deadband !== undefined) o.deadband = opts.deadband;
+  if (opts.trend !== undefined) {
+    o.trend = { window_s: opts.trend.windowS };
+    if (opts.trend.stepS !== undefined) o.trend.step_s = opts.trend.stepS;
+  }
+  delete (o as { channels?: string[] }).channels;
   return Object.keys(o).length > 0 ? JSON.stringify(o) : '';
 }

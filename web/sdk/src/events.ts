@@ -1,7 +1,7 @@
 // Events the client emits.
 
 import type { FrameBatch } from './batcher.js';
-import type { Position, PresenceEvent, SwitchboardError } from './types.js';
+import type { Position, PresenceEvent, SwitchboardError, TrendReply } from './types.js';
 
 export type ClientState = 'idle' | 'connecting' | 'connected' | 'disconnected' | 'closed';
 
@@ -28,6 +28,8 @@ export interface SubscribedEvent {
   resubscribed: boolean;
   /** Publications delivered from recovery (the missed ones). */
   recovered: number;
+  /** The channel's trend up to `position`, when the subscription asked for one (`trend`). */
+  trend?: TrendReply;
 }
 
 /**

@@ -6,7 +6,7 @@
 //   await client.connect();
 
 export { Client } from './client.js';
-export type { ClientOptions, SubscribeOptions, HistoryOptions, HistoryResult, ClientStats } from './client.js';
+export type { ClientOptions, Credentials, SubscribeOptions, HistoryOptions, HistoryResult, ClientStats } from './client.js';
 export { Subscription } from './subscription.js';
 export type { SubscriptionEvents, SubscriptionState } from './subscription.js';
 export type {
@@ -34,4 +34,4 @@ export { fallbackTransport, DEFAULT_TRANSPORTS } from './fallback.js';
 export type { FallbackOptions, TransportName } from './fallback.js';
 export type { WebSocketConstructor, WebSocketLike, WebSocketTransportOptions } from './websocket.js';
 export { SwitchboardError, LocalCode } from './types.js';
-export type { Position, Publication, PresenceClient, PresenceEvent, ErrorBody } from './types.js';
+export type { Position, Publication, PresenceClient, PresenceEvent, ErrorBody, TrendBucket, TrendReply } from './types.js';

@@ -27,6 +27,21 @@ export interface ErrorBody {
 }
 
 /** One channel's entry of a subscribe reply. */
+/** One bucket of a channel's trend: the numeric values published in [t, t + step) (t: unix ms). */
+export interface TrendBucket {
+  t: number;
+  min: number;
+  max: number;
+  last: number;
+  n: number;
+}
+
+/** A channel's downsampled trend (`GET /api/channels/{ch}/trend`, the `trend` subscribe option). */
+export interface TrendReply {
+  step_s: number;
+  buckets: TrendBucket[];
+}
+
 export type WireChannelResult =
   | {
       epoch: string;
@@ -34,12 +49,13 @@ export type WireChannelResult =
       last?: WirePub | null;
       recovered?: WirePub[];
       complete?: boolean;
+      trend?: TrendReply;
     }
   | { error: ErrorBody };
 
 /** A command body by command name (client → server). */
 export interface CommandBodies {
-  connect: { token?: string; name?: string };
+  connect: { token?: string; user?: string; password?: string; name?: string };
   subscribe: {
     channels: string[];
     initial?: boolean;
@@ -48,6 +64,8 @@ export interface CommandBodies {
     max_rate_hz?: number;
     /** Numeric values that moved less than the band from the last one sent are not sent. */
     deadband?: { abs: number } | { pct: number };
+    /** Return the channel's trend over this window in the reply (point channels). */
+    trend?: { window_s: number; step_s?: number };
   };
   unsubscribe: { channels: string[] };
   publish: { channel: string; data: unknown };

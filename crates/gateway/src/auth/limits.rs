@@ -86,6 +86,13 @@ pub struct IpGuard {
     ip: IpAddr,
 }
 
+impl IpGuard {
+    /// The address whose slot this is.
+    pub fn ip(&self) -> IpAddr {
+        self.ip
+    }
+}
+
 impl Drop for IpGuard {
     fn drop(&mut self) {
         let mut t = self.limiter.per_ip.lock();

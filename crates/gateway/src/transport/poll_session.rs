@@ -224,6 +224,7 @@ impl Polls {
         let mut session = Session::new(node.clone(), outbox.clone());
         session.set_identity(identity);
         session.set_rate_exempt(exempt);
+        session.set_limited_ip(slot.as_ref().map(|g| g.ip()));
         Ok(Arc::new(PollSession {
             id: id.to_string(),
             wire,

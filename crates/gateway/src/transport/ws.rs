@@ -395,6 +395,7 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
     let mut session = Session::new(node.clone(), outbox.clone());
     session.set_identity(admitted.identity.ok().flatten());
     session.set_rate_exempt(admitted.exempt);
+    session.set_limited_ip(_slot.as_ref().and_then(|g| g.as_ref().map(|g| g.ip())));
     let mut reader = FrameReader { max: max_frame, partial: Vec::new(), fragments: None, started: None };
     let message_timeout = Duration::from_secs(node.config.limits.handshake_timeout_s);
     let mut events = Vec::new();

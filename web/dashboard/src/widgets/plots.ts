@@ -137,10 +137,31 @@ function clockLabels(_u: uPlot, splits: number[]): string[] {
   });
 }
 
-/** Most points a trend keeps (older ones also fall out of its time window). */
+/** Most live points a trend keeps (older ones also fall out of its time window). */
 const TREND_POINTS = 2000;
 
+/** Time windows offered by a trend's selector, seconds. */
+export const TREND_WINDOWS = [60, 300, 900, 3600, 8 * 3600];
+
+/** About this many buckets are asked of the server for a window (its step is derived). */
+const TREND_BUCKETS = 1000;
+
+/** The server's trend of a channel over a window: what a trend backfills with. */
+export type TrendFetcher = (channel: string, windowS: number, stepS: number) => Promise<{ t: number; last: number }[]>;
+
+/** The step to ask the server for, for about `TREND_BUCKETS` buckets over `windowS`. */
+export function trendStep(windowS: number): number {
+  return Math.max(1, Math.ceil(windowS / TREND_BUCKETS));
+}
+
+function windowLabel(s: number): string {
+  return s % 3600 === 0 ? `${s / 3600}h` : s % 60 === 0 ? `${s / 60}m` : `${s}s`;
+}
+
 export class TrendWidget extends Widget {
+  /** Reads the server's trend when the operator widens the window (set by the app). */
+  static fetchTrend: TrendFetcher = () => Promise.resolve([]);
+
   // Values live in one linear buffer (grown on demand up to twice the kept size); when its end
   // is reached the live part moves to the front. uPlot gets subarray views, so a redraw
   // allocates nothing.
@@ -153,6 +174,23 @@ export class TrendWidget extends Widget {
   private plotDirty = false;
   private last = NaN;
   private size = { w: 0, h: 0 };
+  /** The window chosen in the selector (not saved); null: the widget's `window_s`. */
+  private chosenWindow: number | null = null;
+  /** Paused: live values are kept but the plot stands still. */
+  private paused = false;
+  /** The zoomed time range (unix s), set by dragging over the plot; implies paused. */
+  private zoom: [number, number] | null = null;
+  private toolbar: { select: HTMLSelectElement; pause: HTMLButtonElement; state: HTMLElement } | null = null;
+
+  /** The time window shown, seconds. */
+  windowS(): number {
+    return this.chosenWindow ?? Math.max(1, num(this.spec.options.window_s, 60));
+  }
+
+  /** Trend controls' state (tests). */
+  viewState(): { windowS: number; paused: boolean; zoom: [number, number] | null } {
+    return { windowS: this.windowS(), paused: this.paused, zoom: this.zoom ? [...this.zoom] : null };
+  }
 
   protected take(value: unknown, p: Publication): void {
     const v = num(value, NaN);
@@ -178,10 +216,30 @@ export class TrendWidget extends Widget {
     this.xs[this.end] = t;
     this.ys[this.end] = v;
     this.end++;
-    const window = num(this.spec.options.window_s, 60);
-    while (this.start < this.end - 1 && (this.xs[this.start] < t - window || this.end - this.start > TREND_POINTS)) this.start++;
+    const window = this.windowS();
+    while (this.start < this.end - 1 && this.xs[this.start] < t - window) this.start++;
+    if (this.end - this.start > TREND_POINTS) this.compact();
     this.last = v;
     this.plotDirty = true;
+  }
+
+  /** Halves the resolution of the older half of the points (each pair keeps its max, then its
+   * min, alternately, so the envelope survives): a window of a fast point keeps its whole span
+   * in a bounded number of points instead of dropping its oldest part. */
+  private compact(): void {
+    const n = this.end - this.start;
+    const half = Math.floor(n / 2) & ~1;
+    let w = this.start;
+    for (let r = this.start, k = 0; r < this.start + half; r += 2, k++) {
+      const a = this.ys[r];
+      const b = this.ys[r + 1];
+      this.xs[w] = this.xs[r];
+      this.ys[w] = k % 2 === 0 ? Math.max(a, b) : Math.min(a, b);
+      w++;
+    }
+    this.xs.copyWithin(w, this.start + half, this.end);
+    this.ys.copyWithin(w, this.start + half, this.end);
+    this.end = w + (n - half);
   }
 
   /** Points held for the plot. */
@@ -247,8 +305,10 @@ export class TrendWidget extends Widget {
       width: Math.max(10, b.w),
       height: Math.max(10, b.h),
       legend: { show: false },
-      cursor: { show: false },
-      select: { show: false, left: 0, top: 0, width: 0, height: 0 },
+      // Dragging across the plot zooms into that time range (and pauses).
+      cursor: { show: true, x: false, y: false, points: { show: false }, drag: { x: true, y: false, setScale: false } },
+      select: { show: true, left: 0, top: 0, width: 0, height: 0 },
+      hooks: { setSelect: [(u: uPlot) => this.selected(u)] },
       scales: {
         x: { time: true },
         y: min !== null && max !== null ? { range: [min, max] } : { auto: true },
@@ -266,8 +326,98 @@ export class TrendWidget extends Widget {
     this.placeElement();
     layer.appendChild(el);
     this.plot = new uPlot(this.plotOptions(), this.data(), el);
+    if (this.zoom) this.plot.setScale('x', { min: this.zoom[0], max: this.zoom[1] });
     this.size = { w: this.body.w, h: this.body.h };
     this.plotDirty = false;
+    this.addToolbar(el);
+  }
+
+  /** Window selector, pause/live button and the paused/zoomed badge, over the plot's corner. */
+  private addToolbar(el: HTMLElement): void {
+    if (this.body.w < 140 || this.body.h < 60) return;
+    const select = document.createElement('select');
+    select.className = 'trend-window';
+    select.title = 'time window';
+    const windows = [...new Set([...TREND_WINDOWS, Math.max(1, num(this.spec.options.window_s, 60))])].sort((a, b) => a - b);
+    for (const w of windows) {
+      const o = document.createElement('option');
+      o.value = String(w);
+      o.textContent = windowLabel(w);
+      select.append(o);
+    }
+    select.value = String(this.windowS());
+    select.addEventListener('change', () => this.setWindow(Number(select.value)));
+    const pause = document.createElement('button');
+    pause.type = 'button';
+    pause.className = 'trend-pause';
+    pause.addEventListener('click', () => (this.paused ? this.resume() : this.pause()));
+    const state = document.createElement('span');
+    state.className = 'trend-state';
+    const bar = document.createElement('div');
+    bar.className = 'trend-tools';
+    bar.append(state, select, pause);
+    el.append(bar);
+    // A double click anywhere on the plot returns to the live view.
+    el.addEventListener('dblclick', () => this.resume());
+    this.toolbar = { select, pause, state };
+    this.showTools();
+  }
+
+  private showTools(): void {
+    const t = this.toolbar;
+    if (!t) return;
+    t.pause.textContent = this.paused ? '▶' : '❚❚';
+    t.pause.title = this.paused ? 'back to live' : 'pause';
+    t.state.textContent = this.zoom ? 'zoomed' : this.paused ? 'paused' : '';
+    this.el?.classList.toggle('held', this.paused);
+  }
+
+  /** Shows the last `s` seconds; a wider window than held is backfilled from the server. */
+  setWindow(s: number): void {
+    const before = this.windowS();
+    this.chosenWindow = s;
+    if (this.end > this.start) {
+      const newest = this.xs[this.end - 1];
+      while (this.start < this.end - 1 && this.xs[this.start] < newest - s) this.start++;
+    }
+    if (s > before) {
+      void TrendWidget.fetchTrend(this.spec.channel, s, trendStep(s)).then(
+        (b) => this.backfill(b),
+        () => {},
+      );
+    }
+    this.zoom = null;
+    this.plot?.setScale('x', { min: Date.now() / 1000 - s, max: Date.now() / 1000 });
+    this.plotDirty = true;
+    this.showTools();
+  }
+
+  pause(): void {
+    this.paused = true;
+    this.showTools();
+  }
+
+  /** Back to the live view: zoom reset, plot following the newest values. */
+  resume(): void {
+    this.paused = false;
+    this.zoom = null;
+    this.plotDirty = true;
+    this.showTools();
+  }
+
+  /** Zooms into `[from, to]` (unix s); the plot holds still until resumed. */
+  zoomTo(from: number, to: number): void {
+    if (!(to > from)) return;
+    this.zoom = [from, to];
+    this.paused = true;
+    this.plot?.setScale('x', { min: from, max: to });
+    this.showTools();
+  }
+
+  private selected(u: uPlot): void {
+    const sel = u.select;
+    if (sel.width > 4) this.zoomTo(u.posToVal(sel.left, 'x'), u.posToVal(sel.left + sel.width, 'x'));
+    if (sel.width > 0) u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
   }
 
   override attached(): boolean {
@@ -279,6 +429,7 @@ export class TrendWidget extends Widget {
     this.plot = null;
     this.el?.remove();
     this.el = null;
+    this.toolbar = null;
   }
 
   private resizePlot(): void {
@@ -296,7 +447,7 @@ export class TrendWidget extends Widget {
   }
 
   override domDirty(): boolean {
-    return this.plotDirty && this.plot !== null;
+    return this.plotDirty && this.plot !== null && !this.paused;
   }
 
   override renderDom(): void {

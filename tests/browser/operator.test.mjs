@@ -1,0 +1,155 @@
+// The control room operator's side of the dashboard in Debian's Chromium: signing in with the
+// form (a Basic user, a JWT, a wrong password), signing out, and a trend's window selector,
+// pause and zoom, with the trend opening full from the subscribe reply.
+
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { createHmac } from 'node:crypto';
+import { mkdirSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { allValues, BIN, launch, newPage, OUT, Server, sleep } from './harness.mjs';
+
+const SECRET = 'operator-test-secret-of-32-bytes-or-more';
+const PASSWORD = 'correct horse battery staple';
+
+function jwt(sub) {
+  const b64 = (o) => Buffer.from(JSON.stringify(o)).toString('base64url');
+  const head = b64({ alg: 'HS256', typ: 'JWT' });
+  const claims = b64({ sub, exp: Math.floor(Date.now() / 1000) + 600 });
+  return `${head}.${claims}.${createHmac('sha256', SECRET).update(`${head}.${claims}`).digest('base64url')}`;
+}
+
+const basic = (user, password) => `Basic ${Buffer.from(`${user}:${password}`).toString('base64')}`;
+
+let browser;
+
+before(async () => {
+  mkdirSync(OUT, { recursive: true });
+  browser = await launch();
+});
+
+after(async () => {
+  await browser?.close();
+});
+
+describe('sign-in form', () => {
+  let server;
+  before(async () => {
+    const users = join(mkdtempSync(join(tmpdir(), 'sb-users-')), 'users');
+    execFileSync(BIN, ['user', 'add', 'olga', '--users', users], { input: `${PASSWORD}\n`, env: { PATH: process.env.PATH } });
+    server = await new Server({ args: ['--simulate', '8@4', '--users', users], env: { SWITCHBOARD_JWT_SECRET: SECRET } }).start();
+    const body = JSON.stringify({ title: 'Signed in', widgets: [{ type: 'value', channel: 'pt:sim.0', x: 0, y: 0, w: 8, h: 4 }] });
+    const put = await fetch(`${server.url}/api/dashboards/signed`, { method: 'PUT', body, headers: { authorization: basic('olga', PASSWORD) } });
+    assert.equal(put.status, 201);
+  });
+  after(async () => {
+    await server?.stop();
+  });
+
+  it('asks a Basic user to sign in, refuses a wrong password visibly, then goes live; sign out asks again', async () => {
+    const page = await newPage(browser);
+    await page.goto(`${server.url}/?dashboard=signed`);
+    await page.waitForSelector('#login-overlay:not(.hidden)');
+    await page.fill('#login-user', 'olga');
+    await page.fill('#login-password', 'not the password');
+    await page.click('#login-submit');
+    await page.waitForFunction(() => /bad user name or password/.test(document.querySelector('#login-message')?.textContent ?? ''));
+    assert.equal(await page.isVisible('#login-overlay'), true, 'still asking');
+
+    await page.fill('#login-password', PASSWORD);
+    await page.click('#login-submit');
+    await page.waitForSelector('#login-overlay', { state: 'hidden' });
+    await allValues(page, 1);
+    assert.equal(await page.textContent('#title-view'), 'Signed in', 'the dashboard was read with the credentials');
+    assert.equal(await page.textContent('#who'), 'olga');
+    // The password is not kept anywhere a script or a reload could find it.
+    assert.equal(await page.evaluate(() => JSON.stringify(sessionStorage).includes('horse')), false);
+
+    await page.click('#sign-out');
+    await page.waitForSelector('#login-overlay:not(.hidden)');
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  });
+
+  it('signs in with a token pasted into the form (kept for reloads of the tab)', async () => {
+    const page = await newPage(browser);
+    await page.goto(`${server.url}/?dashboard=signed`);
+    await page.waitForSelector('#login-overlay:not(.hidden)');
+    await page.fill('#login-token', 'not.a.token');
+    await page.click('#login-submit');
+    await page.waitForFunction(() => (document.querySelector('#login-message')?.textContent ?? '') !== '' &&
+      !/signing in/.test(document.querySelector('#login-message').textContent));
+    assert.equal(await page.isVisible('#login-overlay'), true, 'a bad token is refused');
+    await page.fill('#login-token', jwt('ana'));
+    await page.click('#login-submit');
+    await page.waitForSelector('#login-overlay', { state: 'hidden' });
+    await allValues(page, 1);
+    assert.equal(await page.textContent('#who'), 'ana');
+    await page.reload();
+    await allValues(page, 1);
+    assert.equal(await page.isVisible('#login-overlay'), false, 'the token survives a reload of the tab');
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  });
+});
+
+describe('trend controls', () => {
+  let server;
+  before(async () => {
+    server = await new Server({ args: ['--simulate', '8@5'] }).start();
+    const spec = {
+      title: 'Trend controls',
+      widgets: [{ type: 'trend', channel: 'pt:sim.0', x: 0, y: 0, w: 24, h: 10, options: { window_s: 60 } }],
+    };
+    assert.ok((await fetch(`${server.url}/api/dashboards/trendctl`, { method: 'PUT', body: JSON.stringify(spec) })).ok);
+    // Seconds of history for the trend to open with.
+    await sleep(6000);
+  });
+  after(async () => {
+    await server?.stop();
+  });
+
+  it('opens full from the subscribe reply, then selects a window, pauses, zooms and returns to live', async () => {
+    const page = await newPage(browser);
+    const trendRequests = [];
+    page.on('request', (r) => r.url().includes('/trend?') && trendRequests.push(r.url()));
+    await page.goto(`${server.url}/?dashboard=trendctl`);
+    // Five seconds of buckets arrive with the subscription, before live values could make that many.
+    await page.waitForFunction(() => (window.switchboardWidget(0)?.points ?? 0) >= 5, null, { timeout: 5000 });
+    assert.deepEqual(trendRequests, [], 'the trend came in the subscribe reply, not over HTTP');
+    const w = () => page.evaluate(() => window.switchboardWidget(0));
+    assert.deepEqual((await w()).view, { windowS: 60, paused: false, zoom: null });
+
+    // A wider window asks the server for its trend.
+    await page.hover('.trend');
+    await page.selectOption('.trend-window', '300');
+    assert.equal((await w()).view.windowS, 300);
+    await sleep(300);
+    assert.ok(trendRequests.some((u) => u.includes('window_s=300')), `window 300 read: ${trendRequests}`);
+
+    // Pause: values keep arriving, the plot holds still.
+    await page.click('.trend-pause');
+    assert.equal((await w()).view.paused, true);
+    assert.equal(await page.textContent('.trend-state'), 'paused');
+    const held = (await w()).points;
+    await page.waitForFunction((n) => window.switchboardWidget(0).points > n, held);
+    await page.click('.trend-pause');
+    assert.equal((await w()).view.paused, false);
+
+    // Drag across the plot: zoomed into that range, paused; a double click returns to live.
+    const over = await page.locator('.trend .u-over').boundingBox();
+    await page.mouse.move(over.x + over.width * 0.3, over.y + over.height / 2);
+    await page.mouse.down();
+    await page.mouse.move(over.x + over.width * 0.6, over.y + over.height / 2, { steps: 5 });
+    await page.mouse.up();
+    const zoomed = (await w()).view;
+    assert.ok(zoomed.zoom && zoomed.zoom[1] > zoomed.zoom[0] && zoomed.paused, JSON.stringify(zoomed));
+    assert.equal(await page.textContent('.trend-state'), 'zoomed');
+    await page.mouse.dblclick(over.x + over.width / 2, over.y + over.height / 2);
+    assert.deepEqual((await w()).view, { windowS: 300, paused: false, zoom: null });
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  });
+});
