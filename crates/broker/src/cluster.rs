@@ -569,6 +569,15 @@ impl Broker for ClusterBroker {
             && futures_util::future::join_all(nodes.iter().map(|n| n.ready())).await.into_iter().all(|r| r)
     }
 
+    /// On the primary serving the slot of the lease's name (its key's hash tag).
+    async fn lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, BrokerError> {
+        self.shared.on_owner(name, |n| async move { n.lease(name, holder, ttl).await }).await
+    }
+
+    async fn lease_release(&self, name: &str, holder: &str) -> Result<(), BrokerError> {
+        self.shared.on_owner(name, |n| async move { n.lease_release(name, holder).await }).await
+    }
+
     async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {
         let nodes = self.shared.all_nodes();
         ClusterInfo::merge(futures_util::future::join_all(nodes.iter().map(|n| n.cluster())).await)

@@ -341,6 +341,23 @@ pub trait Broker: Send + Sync + 'static {
     async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {
         Ok(None)
     }
+
+    /// Takes or renews the lease `name` for `holder` for `ttl`: true when `holder` holds it
+    /// now (it was free, expired, or already held by `holder`, whose ttl starts again), false
+    /// when another holder does. Nodes run a plant data source only while they hold its lease,
+    /// so in a cluster each source runs on one node at a time. A single-node broker (the
+    /// default) grants every lease.
+    async fn lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, BrokerError> {
+        let _ = (name, holder, ttl);
+        Ok(true)
+    }
+
+    /// Gives the lease `name` up if `holder` holds it, so another node takes it at once instead
+    /// of after its ttl. The default does nothing.
+    async fn lease_release(&self, name: &str, holder: &str) -> Result<(), BrokerError> {
+        let _ = (name, holder);
+        Ok(())
+    }
 }
 
 /// Unix time in milliseconds.

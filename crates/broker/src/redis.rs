@@ -15,6 +15,7 @@
 //!   pipelines whatever is in flight together.
 //! - Presence is a sorted set per channel with an expiry per client, refreshed by the node that
 //!   holds the client; a dead node's clients expire and leave (the sweep publishes the leave).
+//! - Leases (`redis::lease`): which node runs each plant data source.
 //! - A heartbeat registers the node (`/api/info` node count) and its subscription counts
 //!   (cluster-wide subscriber figures in `/api/channels`).
 //!
@@ -24,6 +25,7 @@
 //! [`crate::cluster::ClusterBroker`] for each primary.
 
 mod endpoint;
+mod lease;
 mod link;
 mod listing;
 mod scripts;
@@ -166,6 +168,7 @@ pub(crate) struct Inner {
     /// pipelined on it.
     commands: Commands,
     scripts: Scripts,
+    leases: lease::Leases,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
     node_id: OnceLock<String>,
     /// How long an idle channel's keys are kept (none set: forever).
@@ -254,6 +257,7 @@ impl RedisBroker {
             endpoint,
             commands: Commands::new(),
             scripts: Scripts::new(cluster),
+            leases: lease::Leases::new(),
             handler: OnceLock::new(),
             node_id: OnceLock::new(),
             keep: OnceLock::new(),
@@ -352,8 +356,10 @@ impl Inner {
             let ttl_ms = u64::try_from(item.policy.ttl.as_millis()).unwrap_or(u64::MAX);
             call.arg(item.data.get()).arg(item.policy.size).arg(ttl_ms).arg(self.keys.pubsub(&item.channel));
             call.arg(self.keep_ms(&item.channel));
-            match (item.policy.trend, item.policy.trend.and_then(|_| crate::trend::numeric_value(item.data.get()))) {
-                (Some(t), Some(v)) => call.arg(format!("{},{},{v:?}", t.step_ms.max(1), t.len.max(1))),
+            match (item.policy.trend, item.policy.trend.and_then(|_| crate::trend::sample(item.data.get()))) {
+                (Some(t), Some((v, at))) => {
+                    call.arg(format!("{},{},{v:?},{}", t.step_ms.max(1), t.len.max(1), at.unwrap_or(0)))
+                }
                 _ => call.arg(""),
             };
         }
@@ -578,6 +584,14 @@ impl Broker for RedisBroker {
             redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(|e| inner.failed(e))
         };
         matches!(tokio::time::timeout(Duration::from_secs(1), ping).await, Ok(Ok(_)))
+    }
+
+    async fn lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, BrokerError> {
+        self.inner.lease(name, holder, ttl).await
+    }
+
+    async fn lease_release(&self, name: &str, holder: &str) -> Result<(), BrokerError> {
+        self.inner.lease_release(name, holder).await
     }
 
     async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {

@@ -162,6 +162,15 @@ impl Broker for ShardedRedisBroker {
 
     /// Every node registers on every shard; a channel's subscriber counts live on its shard.
     /// A shard that cannot be reached is left out of the figures.
+    /// On the shard the lease's name hashes to, as a channel of that name would.
+    async fn lease(&self, name: &str, holder: &str, ttl: std::time::Duration) -> Result<bool, BrokerError> {
+        self.shard(name).lease(name, holder, ttl).await
+    }
+
+    async fn lease_release(&self, name: &str, holder: &str) -> Result<(), BrokerError> {
+        self.shard(name).lease_release(name, holder).await
+    }
+
     async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {
         ClusterInfo::merge(futures_util::future::join_all(self.shards.iter().map(|s| s.cluster())).await)
     }

@@ -5,7 +5,9 @@
 //!
 //! # Layout
 //! - this file: the [`SourceConfig`] of `[[sources]]`, the [`Sink`] a source publishes into, the
-//!   [`Write`] requests it serves, its [`SourceStats`], and [`Sources`], the running set.
+//!   [`Write`] requests it serves, its [`SourceStats`], and the running set.
+//! - `running`: [`Sources`], the running set: one supervisor per source that takes the
+//!   source's lease, runs it while the lease holds, and routes writes to it.
 //! - `mqtt`: the MQTT source (one file per source kind beside this interface).
 //! - `sparkplug`: Sparkplug B payloads of the MQTT source.
 //! - `opcua`: the OPC UA source.
@@ -68,6 +70,8 @@ pub struct SourceStats {
     pub reconnects: AtomicU64,
     pub writes_ok: AtomicU64,
     pub writes_failed: AtomicU64,
+    /// Points the node refused (a channel limit, a too-large value).
+    pub refused: AtomicU64,
 }
 
 /// One running source as the node sees it.
@@ -80,7 +84,10 @@ pub struct SourceHandle {
 
 pub mod mqtt;
 pub mod opcua;
+mod running;
 pub mod sparkplug;
+
+pub use running::{Lease, Sources};
 
 /// One `[[sources]]` entry; `kind` picks the variant, every other key belongs to it and unknown
 /// keys are errors naming the key.
@@ -89,6 +96,42 @@ pub mod sparkplug;
 pub enum SourceConfig {
     Mqtt(mqtt::MqttConfig),
     Opcua(opcua::OpcuaConfig),
+}
+
+impl SourceConfig {
+    pub fn name(&self) -> &str {
+        match self {
+            SourceConfig::Mqtt(c) => &c.name,
+            SourceConfig::Opcua(c) => &c.name,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SourceConfig::Mqtt(_) => "mqtt",
+            SourceConfig::Opcua(_) => "opcua",
+        }
+    }
+
+    /// Checks what can be checked without connecting; the message names the key.
+    pub fn check(&self) -> Result<(), String> {
+        let name = self.name();
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')) {
+            return Err(format!("name: {name:?} is not 1 or more of [A-Za-z0-9_.-]"));
+        }
+        match self {
+            SourceConfig::Mqtt(c) => c.check(),
+            SourceConfig::Opcua(_) => Ok(()),
+        }
+    }
+
+    /// Runs the source until `ctx.stop` turns true.
+    pub async fn run(self, ctx: SourceCtx) {
+        match self {
+            SourceConfig::Mqtt(c) => mqtt::run(c, ctx).await,
+            SourceConfig::Opcua(c) => opcua::run(c, ctx).await,
+        }
+    }
 }
 
 /// What a running source is given: where to publish, its counters, the writes routed to it and
