@@ -112,6 +112,13 @@ async fn a_trend_keeps_numeric_values_in_buckets(b: Arc<dyn Broker>) {
     assert!(b.trend("pt:no-trend", 0).await.unwrap().is_empty());
     assert!(b.trend("pt:never", 0).await.unwrap().is_empty());
     assert!(b.peek("pt:never").await.unwrap().is_none(), "a trend read creates nothing");
+    // A point with its own time within reach lands in that time's bucket (a late source
+    // value), before the buckets of values published at arrival.
+    let late = crate::now_ms() - 20_000;
+    b.publish("pt:trend", data(&format!(r#"{{"v": 42, "t": {late}}}"#)), policy).await.unwrap();
+    let t = b.trend("pt:trend", 0).await.unwrap();
+    assert_eq!(t.first().map(|x| (x.t, x.last, x.n)), Some((late - late % 1000, 42.0, 1)), "{t:?}");
+    assert!(t.windows(2).all(|w| w[0].t < w[1].t), "{t:?}");
 }
 
 async fn paging_lists_each_channel_once_while_channels_are_created(b: Arc<dyn Broker>) {

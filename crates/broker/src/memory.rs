@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::trend::{numeric_value, TrendRing};
+use crate::trend::{sample, TrendRing};
 use crate::{
     now_ms, Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelSummary, ClientInfo, Data,
     HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket, UNPUBLISHED_KEEP,
@@ -176,8 +176,8 @@ impl MemoryBroker {
             s.history.clear();
         }
         if let Some(policy) = policy.trend {
-            if let Some(v) = numeric_value(publication.data.get()) {
-                s.trend.get_or_insert_default().record(policy, now, v);
+            if let Some((v, t)) = sample(publication.data.get()) {
+                s.trend.get_or_insert_default().record(policy, policy.placement(now, t), v);
             }
         }
         if let Some(h) = self.handler.get() {

@@ -51,21 +51,48 @@ impl TrendBucket {
     }
 }
 
+impl TrendPolicy {
+    /// How far back the trend reaches (ms).
+    pub fn reach_ms(&self) -> u64 {
+        self.step_ms.max(1).saturating_mul(u64::from(self.len))
+    }
+
+    /// When a value counts for the trend: the point's own time `t` (a device's source
+    /// timestamp, values a source delivers late after a reconnect) when it lies within the
+    /// trend's reach and not ahead of `now_ms`, else `now_ms` (a device clock ahead of the
+    /// node's, or no `t`).
+    pub fn placement(&self, now_ms: u64, t: Option<u64>) -> u64 {
+        match t {
+            Some(t) if t <= now_ms && t + self.reach_ms() > now_ms => t,
+            _ => now_ms,
+        }
+    }
+}
+
 /// The numeric value a trend records of a publication: a point's `v`, or the data itself when
 /// it is a number. `None` for anything else (such publications leave the trend as it is).
 pub fn numeric_value(data: &str) -> Option<f64> {
+    sample(data).map(|(v, _)| v)
+}
+
+/// A publication's numeric value (as [`numeric_value`]) and, for a point, its own time `t`
+/// (unix ms) when it has a whole, non-negative one.
+pub fn sample(data: &str) -> Option<(f64, Option<u64>)> {
     #[derive(serde::Deserialize)]
     struct Point<'a> {
         #[serde(default, borrow)]
         v: Option<&'a serde_json::value::RawValue>,
+        #[serde(default, borrow)]
+        t: Option<&'a serde_json::value::RawValue>,
     }
     let text = data.trim_start();
-    let v = if text.starts_with('{') {
-        serde_json::from_str::<Point<'_>>(text).ok()?.v?.get().parse::<f64>().ok()?
+    let (v, t) = if text.starts_with('{') {
+        let p = serde_json::from_str::<Point<'_>>(text).ok()?;
+        (p.v?.get().parse::<f64>().ok()?, p.t.and_then(|t| t.get().parse::<u64>().ok()))
     } else {
-        text.trim_end().parse::<f64>().ok()?
+        (text.trim_end().parse::<f64>().ok()?, None)
     };
-    v.is_finite().then_some(v)
+    v.is_finite().then_some((v, t))
 }
 
 /// Buckets of `step` starting at or after `since_ms`, oldest first, each `step` wide (a
@@ -90,18 +117,23 @@ pub struct TrendRing {
 }
 
 impl TrendRing {
-    /// Records `v` published at `now_ms` and drops buckets older than the policy's reach.
-    pub fn record(&mut self, policy: TrendPolicy, now_ms: u64, v: f64) {
+    /// Records `v` at `at_ms` (see [`TrendPolicy::placement`]) and drops buckets older than
+    /// the policy's reach from the newest. A value for an earlier bucket (a late source value)
+    /// goes into that bucket, in order; appending stays the common, O(1) case.
+    pub fn record(&mut self, policy: TrendPolicy, at_ms: u64, v: f64) {
         let step = policy.step_ms.max(1);
-        let t = now_ms - now_ms % step;
+        let t = at_ms - at_ms % step;
         match self.buckets.back_mut() {
             Some(last) if last.t == t => last.add(v),
-            // A clock that went back lands in the newest bucket rather than out of order.
-            Some(last) if last.t > t => last.add(v),
+            Some(last) if last.t > t => match self.buckets.binary_search_by_key(&t, |b| b.t) {
+                Ok(i) => self.buckets[i].add(v),
+                Err(i) => self.buckets.insert(i, TrendBucket::new(t, v)),
+            },
             _ => self.buckets.push_back(TrendBucket::new(t, v)),
         }
-        let reach = step.saturating_mul(u64::from(policy.len));
-        while self.buckets.front().is_some_and(|b| b.t + reach <= t) {
+        let newest = self.buckets.back().map_or(t, |b| b.t);
+        let reach = policy.reach_ms();
+        while self.buckets.front().is_some_and(|b| b.t + reach <= newest) {
             self.buckets.pop_front();
         }
     }
@@ -142,5 +174,22 @@ mod tests {
         r.record(p, 13_600, 4.0);
         let coarse = resample(r.since(0), 0, 5000);
         assert_eq!(coarse, vec![TrendBucket { t: 10_000, min: 2.0, max: 5.0, last: 4.0, n: 3 },]);
+        // A late value lands in its own (earlier) bucket, in order.
+        r.record(p, 12_200, 9.0);
+        let ts: Vec<u64> = r.since(0).map(|b| b.t).collect();
+        assert_eq!(ts, vec![11_000, 12_000, 13_000]);
+    }
+
+    #[test]
+    fn trend_places_a_value_at_its_own_time_within_reach() {
+        let p = TrendPolicy { step_ms: 1000, len: 60 };
+        assert_eq!(sample(r#"{"v": 1, "t": 1700000000123}"#), Some((1.0, Some(1_700_000_000_123))));
+        assert_eq!(sample(r#"{"v": 1, "t": -5}"#), Some((1.0, None)));
+        assert_eq!(sample("2"), Some((2.0, None)));
+        let now = 1_000_000;
+        assert_eq!(p.placement(now, Some(now - 30_000)), now - 30_000, "within the minute it keeps");
+        assert_eq!(p.placement(now, Some(now - 60_000)), now, "out of reach: arrival time");
+        assert_eq!(p.placement(now, Some(now + 5)), now, "ahead of the node's clock: arrival time");
+        assert_eq!(p.placement(now, None), now);
     }
 }

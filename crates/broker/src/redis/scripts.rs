@@ -40,7 +40,7 @@ end
 
 /// Publishes a batch: KEYS meta, history for each item (a channel may repeat; its items get
 /// offsets in order); ARGV[1] a seed for new epochs, then per item: data, history size,
-/// history ttl ms, pub/sub channel, channel keep ms (0: forever), trend (`step,len,value` or
+/// history ttl ms, pub/sub channel, channel keep ms (0: forever), trend (`step,len,value,t` or
 /// `''`). One `TIME` and one identity read for the whole batch.
 /// Returns `{epoch, offset, ...}`, one pair per item.
 ///
@@ -69,12 +69,15 @@ if #KEYS == 0 then
   base = 2 + 2 * n
 end
 -- The trend (`P:{ch}:t`, beside the meta key): a hash of `len` fields, bucket index modulo
--- len → "start min max last count"; `spec` is "step,len,value". It expires with the channel.
+-- len → "start min max last count"; `spec` is "step,len,value,t" (t: the point's own time, 0
+-- for none; used when within reach and not ahead of now). It expires with the channel.
 local function trend(tkey, spec, hold, k, keep)
-  local step, len, vs = string.match(spec, '^(%d+),(%d+),(%S+)$')
+  local step, len, vs, ts = string.match(spec, '^(%d+),(%d+),([^,]+),(%d+)$')
   step, len = tonumber(step), tonumber(len)
   local v = tonumber(vs)
-  local b = ms - ms % step
+  local at = tonumber(ts)
+  if at == 0 or at > ms or at + step * len <= ms then at = ms end
+  local b = at - at % step
   local f = math.floor(b / step) % len
   local cur = redis.call('HGET', tkey, f)
   local nb
