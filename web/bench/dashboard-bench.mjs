@@ -5,7 +5,7 @@
 //
 //   node web/bench/dashboard-bench.mjs --widgets 100,1000,10000 [--rate 24000] [--duration 30]
 //        [--viewport 1920x1080] [--bin target/release/switchboard] [--out web/bench/out]
-//        [--screenshot docs/img/dashboard-1000.png]
+//        [--screenshot docs/img/dashboard-1000.png] [--trends 200 --trend-window 3600]
 //
 // Widget i is bound to channel pt:sim.<i>, whose kind follows i % 4 as in the server's simulator
 // (random walk, sine, boolean, 64-bin spectrum): value and gauge on walks, trend and scatter on
@@ -16,6 +16,12 @@
 // next slice of channels, so updates arrive evenly spread like a real plant's.
 // --feed sim: the server's `--simulate N@HZ`, which publishes every channel at once per tick
 // (bursts; at 10,000 channels and 2.4 Hz the page has nothing to draw between bursts).
+//
+// --trends K: K widgets on numeric channels (from the first) are trends, instead of one in
+// eight; --trend-window S gives them an S-second window, and before the page opens each trend
+// channel gets S seconds of history, one value per second with its own past time `t` (the
+// server files such values in their trend buckets), so every trend opens with a full window.
+// "All values" then also waits for every trend to have received its server-side trend.
 
 import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -40,6 +46,8 @@ function parseArgs(argv) {
     screenshot: '',
     chromium: '/usr/bin/chromium',
     feed: 'api',
+    trends: -1,
+    'trend-window': 10,
   };
   for (let i = 2; i < argv.length; i++) {
     const k = argv[i].replace(/^--/, '');
@@ -52,8 +60,14 @@ function parseArgs(argv) {
   return a;
 }
 
-/** The widget for channel index i (see the header). */
-function widgetType(i) {
+/** The widget for channel index i (see the header); with `trends` ≥ 0, the first that many
+ * numeric channels (i % 4 of 0 or 1) carry trends and no other widget is one. */
+function widgetType(i, trends = -1) {
+  if (trends >= 0) {
+    if (i % 4 <= 1 && Math.floor(i / 4) * 2 + (i % 4) < trends) return 'trend';
+    const t = widgetType(i);
+    return t === 'trend' ? 'value' : t;
+  }
   switch (i % 8) {
     case 0:
       return 'value';
@@ -72,17 +86,17 @@ function widgetType(i) {
 }
 
 /** N widgets of 6×3 grid cells, row by row across the viewport's width. */
-function benchDashboard(n, viewportW) {
+function benchDashboard(n, viewportW, trends = -1, trendWindow = 10) {
   const w = 6;
   const h = 3;
   const cols = Math.max(1, Math.floor(viewportW / (w * 20)));
   const widgets = [];
   for (let i = 0; i < n; i++) {
-    const type = widgetType(i);
+    const type = widgetType(i, trends);
     const options = { label: `sim.${i}` };
     if (type === 'gauge') Object.assign(options, { min: 0, max: 80 });
     if (type === 'spectrum') Object.assign(options, { min: 0, max: 50 });
-    if (type === 'trend') Object.assign(options, { window_s: 10 });
+    if (type === 'trend') Object.assign(options, { window_s: trendWindow });
     widgets.push({ type, channel: `pt:sim.${i}`, x: (i % cols) * w, y: Math.floor(i / cols) * h, w, h, options });
   }
   return { title: `Benchmark: ${n} widgets`, widgets };
@@ -152,6 +166,30 @@ function startFeed(url, n, rate) {
   return stop;
 }
 
+/**
+ * Publishes `seconds` of history to each channel: one value per second with its own time `t`
+ * in the past, in batches through the HTTP API. Returns the count published.
+ */
+async function backfillHistory(url, channels, seconds) {
+  const now = Date.now();
+  let published = 0;
+  let batch = [];
+  const send = async () => {
+    const r = await fetch(`${url}/api/publish`, { method: 'POST', body: JSON.stringify({ batch }) });
+    if (!r.ok) throw new Error(`backfill publish: ${r.status} ${await r.text()}`);
+    await r.arrayBuffer();
+    published += batch.length;
+    batch = [];
+  };
+  for (let s = seconds - 1; s > 0; s--) {
+    const t = now - s * 1000;
+    for (const ch of channels) batch.push({ channel: ch, data: { v: Math.round(Math.sin(t / 60_000 + ch.length) * 1e4) / 1e3, t, q: 'good' } });
+    if (batch.length >= 5000) await send();
+  }
+  if (batch.length > 0) await send();
+  return published;
+}
+
 async function startServer(bin, args) {
   const env = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('SWITCHBOARD_')));
   const proc = spawn(bin, args, { stdio: ['ignore', 'pipe', 'inherit'], env });
@@ -204,6 +242,15 @@ async function runOne(browser, opts, n) {
     '--web-dir',
     join(repo, 'web/dashboard/dist'),
   ]);
+  const dashboard = benchDashboard(n, vw, opts.trends, opts['trend-window']);
+  const trendChannels = dashboard.widgets.filter((w) => w.type === 'trend').map((w) => w.channel);
+  let backfilled = 0;
+  let backfillMs = 0;
+  if (opts.trends >= 0) {
+    const b0 = Date.now();
+    backfilled = await backfillHistory(url, trendChannels, opts['trend-window']);
+    backfillMs = Date.now() - b0;
+  }
   const stopFeed = opts.feed === 'sim' ? async () => null : startFeed(url, n, hz * n);
   // Every channel has a value before the page opens (the simulator publishes all at its first
   // tick; the API feed needs one round).
@@ -214,7 +261,7 @@ async function runOne(browser, opts, n) {
   page.on('pageerror', (e) => errors.push(e.message));
   try {
     const id = `bench-${n}`;
-    const put = await fetch(`${url}/api/dashboards/${id}`, { method: 'PUT', body: JSON.stringify(benchDashboard(n, vw)) });
+    const put = await fetch(`${url}/api/dashboards/${id}`, { method: 'PUT', body: JSON.stringify(dashboard) });
     if (!put.ok) throw new Error(`saving the dashboard: ${put.status} ${await put.text()}`);
     // Warm up once (the browser's first renderer and the app's code), as a returning user's
     // browser would be; the measured navigation follows.
@@ -226,7 +273,9 @@ async function runOne(browser, opts, n) {
     const allValuesMs = await page.waitForFunction(
       (count) => {
         const s = window.switchboardStats?.();
-        return s && s.widgets === count && s.widgetsWithValue === count ? performance.now() : false;
+        return s && s.widgets === count && s.widgetsWithValue === count && s.trendsBackfilled === s.trends
+          ? performance.now()
+          : false;
       },
       n,
       { polling: 'raf', timeout: 60_000 },
@@ -263,6 +312,19 @@ async function runOne(browser, opts, n) {
       simHz: hz,
       viewport: opts.viewport,
       feed: opts.feed,
+      trends: trendChannels.length,
+      trendWindowS: opts['trend-window'],
+      historyPublished: backfilled,
+      historyPublishMs: backfillMs,
+      trendPointsMin: await page.evaluate(() => {
+        let min = Infinity;
+        for (let i = 0; ; i++) {
+          const w = window.switchboardWidget(i);
+          if (!w) break;
+          if (w.type === 'trend') min = Math.min(min, w.points ?? 0);
+        }
+        return Number.isFinite(min) ? min : null;
+      }),
       allValuesMs: Math.round(firstAll),
       allValuesWallMs: wallToAll,
       updatesPerS: Math.round((s1.updatesApplied - s0.updatesApplied) / dt),

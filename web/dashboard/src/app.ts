@@ -10,7 +10,7 @@ import { ChannelBrowser } from './channels.js';
 import { h } from './dom.js';
 import { Login } from './login.js';
 import { WidgetForm } from './editor.js';
-import { DEFAULT_SIZE, ID_PATTERN, parseDashboard, WIDGET_TYPES, type DashboardSpec, type WidgetType } from './model.js';
+import { CELL, DEFAULT_SIZE, ID_PATTERN, parseDashboard, WIDGET_TYPES, type DashboardSpec, type WidgetType } from './model.js';
 import type { Widget } from './widgets/index.js';
 import { ControlWidget } from './widgets/control.js';
 import { TrendWidget, trendStep } from './widgets/plots.js';
@@ -306,18 +306,25 @@ export class App {
     const add = channels.filter((ch) => !this.subs.has(ch));
     if (add.length === 0) return;
     // Point channels shown by trends are subscribed with the `trend` option: the trend of the
-    // widest window comes in the subscribe reply, in one round trip for all of them, and live
-    // values continue it without a gap. One subscribe per window.
+    // widest window (at the resolution of its widest plot) comes in the subscribe reply, in
+    // one round trip for all of them, and live values continue it without a gap. One
+    // subscribe per window and step.
     const fresh = new Set(add);
-    const widest = new Map<string, number>();
+    const widest = new Map<string, { win: number; px: number }>();
     for (const w of this.board.widgets) {
       const ch = w.spec.channel;
-      if (w instanceof TrendWidget && fresh.has(ch) && ch.startsWith('pt:')) widest.set(ch, Math.max(widest.get(ch) ?? 0, w.windowS()));
+      if (!(w instanceof TrendWidget) || !fresh.has(ch) || !ch.startsWith('pt:')) continue;
+      const was = widest.get(ch) ?? { win: 0, px: 0 };
+      widest.set(ch, { win: Math.max(was.win, w.windowS()), px: Math.max(was.px, w.spec.w * CELL) });
     }
-    const byWindow = new Map<number, string[]>();
-    for (const [ch, win] of widest) byWindow.set(win, [...(byWindow.get(win) ?? []), ch]);
-    for (const [win, chs] of byWindow) {
-      const subs = this.client.subscribeMany(chs, { trend: { windowS: win, stepS: trendStep(win) } });
+    const groups = new Map<string, string[]>();
+    for (const [ch, { win, px }] of widest) {
+      const key = `${win}:${trendStep(win, px)}`;
+      groups.set(key, [...(groups.get(key) ?? []), ch]);
+    }
+    for (const [key, chs] of groups) {
+      const [win, step] = key.split(':').map(Number);
+      const subs = this.client.subscribeMany(chs, { trend: { windowS: win, stepS: step } });
       chs.forEach((ch, i) => {
         this.subs.set(ch, subs[i]);
         subs[i].on('subscribed', (ev) => {
@@ -343,7 +350,7 @@ export class App {
       trends.map(async (w) => {
         try {
           const win = w.windowS();
-          w.backfill((await this.api.trend(w.spec.channel, win, trendStep(win))).buckets);
+          w.backfill((await this.api.trend(w.spec.channel, win, trendStep(win, w.spec.w * CELL))).buckets);
           this.board.request();
         } catch {
           /* a channel without a trend (or not yet published) fills live */

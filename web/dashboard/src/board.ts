@@ -24,6 +24,9 @@ export interface BoardStats {
   updatesApplied: number;
   framesRendered: number;
   widgetsVisible: number;
+  /** Trend widgets, and those that received their server-side trend (backfill). */
+  trends: number;
+  trendsBackfilled: number;
 }
 
 /** Time per frame given to trend (uPlot) redraws and chart creation, ms. */
@@ -63,6 +66,7 @@ export class Board {
   private dpr = 1;
   private visible: Widget[] = [];
   private trendCursor = 0;
+  private recheck: ReturnType<typeof setTimeout> | null = null;
   /** Widget redraws allowed in one frame, adapted to the measured frame interval. */
   private drawBudget = 400;
   private drawCursor = 0;
@@ -130,6 +134,8 @@ export class Board {
       updatesApplied: this.updatesApplied,
       framesRendered: this.framesRendered,
       widgetsVisible: this.visible.length,
+      trends: this.widgets.filter((w) => w.spec.type === 'trend').length,
+      trendsBackfilled: this.widgets.filter((w) => w.backfilled).length,
     };
   }
 
@@ -373,10 +379,14 @@ export class Board {
     let done = 0;
     let left = false;
     let i = 0;
+    let pending = false;
     for (; i < n; i++) {
       const w = vis[(this.trendCursor + i) % n];
       if (w.spec.type !== 'trend' && w.spec.type !== 'control') continue;
-      if (!w.domDirty() && w.attached()) continue;
+      if (!w.domDirty() && w.attached()) {
+        pending ||= w.domPending();
+        continue;
+      }
       if (done >= most || performance.now() > deadline) {
         left = true;
         break;
@@ -386,6 +396,14 @@ export class Board {
       done++;
     }
     this.trendCursor = (this.trendCursor + i) % n;
+    // Trends holding news back for their redraw rate get a frame later even when nothing else
+    // arrives (the last value of a point that went quiet is drawn).
+    if (pending && !left && !this.recheck) {
+      this.recheck = setTimeout(() => {
+        this.recheck = null;
+        this.request();
+      }, 100);
+    }
     return left;
   }
 

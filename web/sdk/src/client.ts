@@ -162,6 +162,8 @@ interface Entry {
 
 const NO_RECONNECT_CODES = new Set([4003, 4010]);
 const MAX_CHANNELS_PER_SUBSCRIBE = 5_000;
+/** Channels per subscribe that asks for trends (replies of up to ~70 KB per channel). */
+const TREND_CHANNELS_PER_SUBSCRIBE = 10;
 const MAX_U32 = 0xffff_ffff;
 
 export class Client implements SubscriptionOwner {
@@ -681,9 +683,13 @@ export class Client implements SubscriptionOwner {
     for (const e of pending) groups.set(e.sampling, [...(groups.get(e.sampling) ?? []), e]);
     for (const [sampling, due] of groups) {
       const recoverBytes = (e: Entry) => (e.position ? e.position.epoch.length + e.channel.length + 40 : 0);
+      // A trend makes each channel's reply large (up to ~1,000 buckets): fewer channels per
+      // subscribe keep every reply well within the server's per-connection queue bound.
+      const most = sampling.includes('"trend"') ? TREND_CHANNELS_PER_SUBSCRIBE : MAX_CHANNELS_PER_SUBSCRIBE;
       for (const chunk of this.chunkChannels(
         due.map((e) => e.channel),
         (ch) => recoverBytes(this.entries.get(ch)!),
+        most,
       )) {
         const id = this.allocId();
         const recover: Record<string, Position> = {};
@@ -730,14 +736,14 @@ export class Client implements SubscriptionOwner {
     }
   }
 
-  private chunkChannels(channels: string[], extra: (ch: string) => number): string[][] {
+  private chunkChannels(channels: string[], extra: (ch: string) => number, most = MAX_CHANNELS_PER_SUBSCRIBE): string[][] {
     const budget = this.opts.maxSubscribeBytes ?? 40_000;
     const out: string[][] = [];
     let chunk: string[] = [];
     let bytes = 0;
     for (const ch of channels) {
       const size = ch.length + 4 + extra(ch);
-      if (chunk.length > 0 && (bytes + size > budget || chunk.length >= MAX_CHANNELS_PER_SUBSCRIBE)) {
+      if (chunk.length > 0 && (bytes + size > budget || chunk.length >= most)) {
         out.push(chunk);
         chunk = [];
         bytes = 0;

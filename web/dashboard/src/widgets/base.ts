@@ -41,6 +41,8 @@ export abstract class Widget {
   hasValue = false;
   /** The body must be redrawn. */
   dirty = true;
+  /** A trend that received the server's trend of its window (see `TrendWidget.backfill`). */
+  backfilled = false;
   visible = false;
   /** Offset of the latest publication applied. */
   offset = 0;
@@ -228,6 +230,11 @@ export abstract class Widget {
     return true;
   }
   detach(): void {}
+  /** Whether `renderDom` will have work later (news held back by a redraw rate). */
+  domPending(): boolean {
+    return false;
+  }
+
   /** Whether `renderDom` has work; trends redraw under the frame's time budget. */
   domDirty(): boolean {
     return false;

@@ -143,15 +143,17 @@ const TREND_POINTS = 2000;
 /** Time windows offered by a trend's selector, seconds. */
 export const TREND_WINDOWS = [60, 300, 900, 3600, 8 * 3600];
 
-/** About this many buckets are asked of the server for a window (its step is derived). */
+/** Most buckets asked of the server for a window (its step is derived from the count). */
 const TREND_BUCKETS = 1000;
 
 /** The server's trend of a channel over a window: what a trend backfills with. */
 export type TrendFetcher = (channel: string, windowS: number, stepS: number) => Promise<{ t: number; last: number }[]>;
 
-/** The step to ask the server for, for about `TREND_BUCKETS` buckets over `windowS`. */
-export function trendStep(windowS: number): number {
-  return Math.max(1, Math.ceil(windowS / TREND_BUCKETS));
+/** The step to ask the server for over `windowS`: about a bucket per pixel of a plot
+ * `widthPx` wide (60 … `TREND_BUCKETS` of them) — more would not show. */
+export function trendStep(windowS: number, widthPx: number): number {
+  const buckets = Math.max(60, Math.min(TREND_BUCKETS, Math.round(widthPx)));
+  return Math.max(1, Math.ceil(windowS / buckets));
 }
 
 function windowLabel(s: number): string {
@@ -250,6 +252,7 @@ export class TrendWidget extends Widget {
   /** History from the server's trend (bucket starts in unix ms and their last values), put
    * before the live values already shown: the plot opens full instead of filling over time. */
   backfill(buckets: { t: number; last: number }[]): void {
+    this.backfilled = true;
     const firstLive = this.end > this.start ? this.xs[this.start] : Infinity;
     const old = buckets.filter((b) => Number.isFinite(b.last) && b.t / 1000 < firstLive);
     if (old.length === 0) return;
@@ -381,7 +384,7 @@ export class TrendWidget extends Widget {
       while (this.start < this.end - 1 && this.xs[this.start] < newest - s) this.start++;
     }
     if (s > before) {
-      void TrendWidget.fetchTrend(this.spec.channel, s, trendStep(s)).then(
+      void TrendWidget.fetchTrend(this.spec.channel, s, trendStep(s, this.body.w)).then(
         (b) => this.backfill(b),
         () => {},
       );
@@ -446,14 +449,30 @@ export class TrendWidget extends Widget {
     return [this.xs.subarray(this.start, this.end), this.ys.subarray(this.start, this.end)];
   }
 
-  override domDirty(): boolean {
+  /** When the plot was last redrawn (performance.now()). */
+  private drawnAt = 0;
+
+  /**
+   * A redraw is due when the plot has news and time has moved the x axis by a pixel since
+   * the last one: a 60 s window 300 px wide redraws 5 times a second, however fast its point
+   * changes — faster redraws would change what is seen by less than a pixel, and a board of
+   * many trends spends its frames on them.
+   */
+  override domPending(): boolean {
     return this.plotDirty && this.plot !== null && !this.paused;
+  }
+
+  override domDirty(): boolean {
+    if (!this.plotDirty || this.plot === null || this.paused) return false;
+    const msPerPixel = (this.windowS() * 1000) / Math.max(1, this.body.w);
+    return performance.now() - this.drawnAt >= Math.min(1000, msPerPixel);
   }
 
   override renderDom(): void {
     const plot = this.plot;
     if (!plot) return;
     this.plotDirty = false;
+    this.drawnAt = performance.now();
     plot.batch(() => plot.setData(this.data()));
   }
 
