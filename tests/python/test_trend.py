@@ -85,3 +85,63 @@ def test_trend_step_is_rounded_up_to_the_stored_step(start_server):
         assert got["trend"]["step_s"] == 5 and sum(b["n"] for b in got["trend"]["buckets"]) == 3, got
     assert c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 4, "step_s": 3}).status_code == 400
     c.close()
+
+
+def _redis(tmp_path):
+    """A real redis-server on a spare loopback port (stopped by PID by the caller)."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"redis://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("redis-server did not start")
+
+
+def test_trend_survives_a_node_restart_with_redis_and_continues_across_a_reconnect(start_server, tmp_path):
+    # A client follows a point's trend on node A; A is killed; publications continue through
+    # node B; the client reconnects to B with its position and the trend option: the trend
+    # holds every value from before and during the outage (B serves what A filed), the
+    # missed publications are recovered once, and live values follow — no gap, no duplicate.
+    redis, url = _redis(tmp_path)
+    try:
+        # Point channels keep no history by default (the latest value is their recovery);
+        # this node keeps some, so that the missed publications can be replayed.
+        env = {"SWITCHBOARD_NAMESPACES__PT__HISTORY_SIZE": "100"}
+        a = start_server("--broker", url, env=env)
+        b = start_server("--broker", url, env=env)
+        ch = uniq("pt:rtr-")
+        for v in range(5):
+            api_publish(a, ch, {"v": v})
+        with WS(a.ws_url) as ws:
+            r = ws.ok("subscribe", {"channels": [ch], "trend": {"window_s": 60}})["channels"][ch]
+            assert sum(x["n"] for x in r["trend"]["buckets"]) == 5, r
+            api_publish(a, ch, {"v": 5})
+            seen = ws.pubs(ch, 1)
+            pos = {"epoch": r["epoch"], "offset": seen[-1]["off"]}
+        a.kill()
+        for v in (6, 7):
+            api_publish(b, ch, {"v": v})
+        with WS(b.ws_url) as ws:
+            r = ws.ok("subscribe", {"channels": [ch], "recover": {ch: pos}, "trend": {"window_s": 60}})["channels"][ch]
+            assert r["complete"] is True and r["epoch"] == pos["epoch"], r
+            assert [p["data"]["v"] for p in r["recovered"]] == [6, 7], r
+            assert sum(x["n"] for x in r["trend"]["buckets"]) == 8 and r["trend"]["buckets"][-1]["last"] == 7, r
+            api_publish(b, ch, {"v": 8})
+            live = ws.pubs(ch, 1)
+            assert live[0]["data"] == {"v": 8} and live[0]["off"] == r["offset"] + 1, (live, r)
+            assert [m for m in ws.drain(0.3) if "pub" in m] == []
+    finally:
+        redis.kill()
+        redis.wait()
