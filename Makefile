@@ -30,7 +30,8 @@ redis-deps:
 	@command -v redis-server >/dev/null || apt-get install -y redis-server
 	@command -v openssl >/dev/null || apt-get install -y openssl
 
-rust-test: build redis-deps
+# The OPC UA source's tests run a real OPC UA server from the test virtualenv (asyncua).
+rust-test: build redis-deps py-deps
 	$(CARGO) test --workspace --locked
 
 black-box: build python-test node-test

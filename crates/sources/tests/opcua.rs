@@ -1,0 +1,419 @@
+//! The OPC UA source against a real OPC UA server: `tests/python/opcua_server.py` (the
+//! third-party `asyncua` package) started on a spare loopback port from the virtualenv that
+//! `make py-deps` builds (`.venv` at the repository root), stopped by PID.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use switchboard_broker::Data;
+use switchboard_sources::opcua::{self, OpcuaConfig};
+use switchboard_sources::{Sink, SourceCtx, SourceStats, Write, WriteError};
+use tokio::sync::{mpsc, oneshot, watch};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The Python of the test virtualenv; `make py-deps` (which `make rust-test` runs first)
+/// creates it with asyncua.
+fn python() -> PathBuf {
+    let py = repo_root().join(".venv/bin/python");
+    assert!(py.exists(), "{} missing: run `make py-deps` (creates .venv with asyncua)", py.display());
+    py
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// A running `opcua_server.py`, killed (by PID) when dropped.
+struct OpcServer {
+    child: Child,
+    port: u16,
+    extra: Vec<String>,
+}
+
+impl OpcServer {
+    fn start(port: u16, extra: &[&str]) -> OpcServer {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut child = Command::new(python())
+            .arg(repo_root().join("tests/python/opcua_server.py"))
+            .arg("--port")
+            .arg(port.to_string())
+            .args(&extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start opcua_server.py");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            for _ in lines {}
+        });
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) if line.starts_with("ready ") => {}
+            other => {
+                let _ = child.kill();
+                panic!("opcua_server.py did not start: {other:?}");
+            }
+        }
+        OpcServer { child, port, extra }
+    }
+
+    fn restart(&mut self) {
+        self.stop();
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        *self = OpcServer::start(self.port, &extra);
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn url(&self) -> String {
+        format!("opc.tcp://127.0.0.1:{}/switchboard/", self.port)
+    }
+}
+
+impl Drop for OpcServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Collects every publication; accepts all.
+#[derive(Default)]
+struct VecSink {
+    items: Mutex<Vec<(String, Value)>>,
+}
+
+#[async_trait::async_trait]
+impl Sink for VecSink {
+    async fn publish_batch(&self, items: Vec<(String, Data)>) -> Vec<Result<(), String>> {
+        let mut all = self.items.lock().expect("lock");
+        let n = items.len();
+        for (ch, data) in items {
+            all.push((ch, serde_json::from_str(data.get()).expect("points are JSON")));
+        }
+        vec![Ok(()); n]
+    }
+}
+
+impl VecSink {
+    fn on(&self, channel: &str) -> Vec<Value> {
+        let all = self.items.lock().expect("lock");
+        all.iter().filter(|(c, _)| c == channel).map(|(_, v)| v.clone()).collect()
+    }
+    fn len(&self) -> usize {
+        self.items.lock().expect("lock").len()
+    }
+}
+
+/// A running source with its sink, stats, write sender and stop switch.
+struct Running {
+    sink: Arc<VecSink>,
+    stats: Arc<SourceStats>,
+    writes: mpsc::Sender<Write>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn start(cfg: serde_json::Value) -> Running {
+    let cfg: OpcuaConfig = serde_json::from_value(cfg).expect("config");
+    cfg.check().expect("config checks");
+    let sink = Arc::new(VecSink::default());
+    let stats = Arc::new(SourceStats::default());
+    let (writes, writes_rx) = mpsc::channel(16);
+    let (stop, stop_rx) = watch::channel(false);
+    let ctx = SourceCtx {
+        name: cfg.name.clone(),
+        sink: sink.clone(),
+        stats: stats.clone(),
+        writes: writes_rx,
+        stop: stop_rx,
+    };
+    let task = tokio::spawn(opcua::run(cfg, ctx));
+    Running { sink, stats, writes, stop, task }
+}
+
+impl Running {
+    async fn write(&self, channel: &str, data: &str) -> Result<(), WriteError> {
+        let (reply, rx) = oneshot::channel();
+        let data: Data = Arc::new(serde_json::value::RawValue::from_string(data.into()).expect("JSON"));
+        self.writes.send(Write { channel: channel.into(), data, reply }).await.expect("source runs");
+        tokio::time::timeout(Duration::from_secs(10), rx).await.expect("write answered").expect("reply")
+    }
+
+    async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        tokio::time::timeout(Duration::from_secs(10), self.task).await.expect("source stops").expect("no panic");
+    }
+}
+
+async fn wait_for(what: &str, secs: u64, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as i64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opcua_browse_values_arrive_with_source_timestamps_and_quality() {
+    let server = OpcServer::start(free_port(), &[]);
+    let src = start(serde_json::json!({
+        "name": "plc", "url": server.url(), "browse": "Objects/Plant", "sampling_ms": 50, "publishing_ms": 100,
+    }));
+    wait_for("five temperatures", 20, || src.sink.on("pt:Line1.Temp").len() >= 5).await;
+    wait_for("level", 5, || !src.sink.on("pt:Line1.Level").is_empty()).await;
+    let temps = src.sink.on("pt:Line1.Temp");
+    let now = now_ms();
+    for p in &temps {
+        let t = p["t"].as_i64().expect("t");
+        assert!((now - 30_000..=now + 1000).contains(&t), "source timestamp {t} not near now {now}");
+        assert_eq!(p["q"], "good");
+        assert!(p["v"].as_f64().is_some_and(|v| (14.9..=25.1).contains(&v)), "{p}");
+    }
+    // The server stamps each write: the source timestamps differ from value to value.
+    assert!(temps.windows(2).all(|w| w[0]["t"].as_i64() <= w[1]["t"].as_i64()));
+    assert!(temps.first().map(|p| &p["t"]) != temps.last().map(|p| &p["t"]));
+    assert_eq!(src.sink.on("pt:Line1.Level")[0]["q"], "uncertain");
+    assert_eq!(src.sink.on("pt:Line1.Level")[0]["v"], 42.5);
+    assert_eq!(src.sink.on("pt:Line1.Mode")[0]["v"], "auto");
+    assert_eq!(src.sink.on("pt:Line1.Serial")[0]["v"], "SN-0001");
+    assert!(src.sink.on("pt:Line1.Running")[0]["v"].is_boolean());
+    assert_eq!(src.sink.on("pt:Line1.Setpoint")[0]["v"], 50.0);
+    assert_eq!(src.sink.on("pt:Line1.Count")[0]["v"], 7);
+    assert!(src.stats.connected.load(Ordering::Relaxed));
+    assert!(src.stats.messages.load(Ordering::Relaxed) >= 11);
+    assert_eq!(src.stats.decode_errors.load(Ordering::Relaxed), 0);
+    src.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opcua_listed_nodes_use_their_identifier_in_the_channel() {
+    let server = OpcServer::start(free_port(), &[]);
+    let src = start(serde_json::json!({
+        "name": "plc", "url": server.url(), "channel": "pt:plc1.{name}",
+        "nodes": ["ns=2;s=Line1.Temp", "ns=2;s=Line1.Mode", "ns=2;s=NoSuchNode"],
+    }));
+    wait_for("temperature", 20, || !src.sink.on("pt:plc1.Line1.Temp").is_empty()).await;
+    wait_for("mode", 5, || !src.sink.on("pt:plc1.Line1.Mode").is_empty()).await;
+    let channels: std::collections::BTreeSet<String> =
+        src.sink.items.lock().expect("lock").iter().map(|(c, _)| c.clone()).collect();
+    // The unknown node is refused by the server and logged; nothing is published for it.
+    assert!(channels.iter().all(|c| c == "pt:plc1.Line1.Temp" || c == "pt:plc1.Line1.Mode"), "{channels:?}");
+    src.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opcua_server_restart_marks_points_bad_then_resumes() {
+    let mut server = OpcServer::start(free_port(), &[]);
+    let src = start(serde_json::json!({
+        "name": "plc", "url": server.url(), "browse": "Objects/Plant/Line1", "sampling_ms": 50, "publishing_ms": 100,
+    }));
+    wait_for("temperatures", 20, || src.sink.on("pt:Temp").len() >= 3).await;
+    let before = src.sink.len();
+    server.stop();
+    wait_for("bad marks", 20, || src.sink.on("pt:Mode").iter().any(|p| p["q"] == "bad")).await;
+    assert!(!src.stats.connected.load(Ordering::Relaxed));
+    // Every subscribed point once, with its last value kept.
+    let bad: Vec<(String, Value)> =
+        src.sink.items.lock().expect("lock")[before..].iter().filter(|(_, p)| p["q"] == "bad").cloned().collect();
+    assert_eq!(bad.len(), 7, "{bad:?}");
+    let mode_bad = bad.iter().find(|(c, _)| c == "pt:Mode").expect("mode marked bad");
+    assert_eq!(mode_bad.1["v"], "auto");
+    // Writes while disconnected are answered, not queued.
+    assert!(matches!(src.write("pt:Setpoint", r#"{"v":1}"#).await, Err(WriteError::Unavailable(_))));
+
+    let marked = src.sink.len();
+    server.restart();
+    wait_for("values after the restart", 40, || {
+        src.sink.items.lock().expect("lock")[marked..].iter().any(|(c, p)| c == "pt:Temp" && p["q"] == "good")
+    })
+    .await;
+    assert!(src.stats.connected.load(Ordering::Relaxed));
+    assert_eq!(src.stats.reconnects.load(Ordering::Relaxed), 1);
+    // Nothing was marked bad twice for one outage.
+    let bad_after = src.sink.items.lock().expect("lock")[marked..].iter().filter(|(_, p)| p["q"] == "bad").count();
+    assert_eq!(bad_after, 0);
+    src.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opcua_writes_are_converted_and_refusals_carry_the_device_status() {
+    let server = OpcServer::start(free_port(), &[]);
+    let src = start(serde_json::json!({
+        "name": "plc", "url": server.url(), "browse": "Objects/Plant", "sampling_ms": 50, "publishing_ms": 100,
+    }));
+    wait_for("setpoint", 20, || !src.sink.on("pt:Line1.Setpoint").is_empty()).await;
+
+    // Float node, JSON number from a dashboard control: accepted, and the new value comes back.
+    assert_eq!(src.write("pt:Line1.Setpoint", r#"{"v":61.5,"t":1}"#).await, Ok(()));
+    wait_for("setpoint 61.5", 10, || src.sink.on("pt:Line1.Setpoint").iter().any(|p| p["v"] == 61.5)).await;
+    // Int32 node: a whole number is converted, a fraction is not.
+    assert_eq!(src.write("pt:Line1.Count", "12").await, Ok(()));
+    wait_for("count 12", 10, || src.sink.on("pt:Line1.Count").iter().any(|p| p["v"] == 12)).await;
+    let e = src.write("pt:Line1.Count", r#"{"v":12.5}"#).await;
+    assert!(matches!(&e, Err(WriteError::NotWritable(m)) if m.contains("Int32")), "{e:?}");
+    // Read-only node: the server's refusal, with its status.
+    let e = src.write("pt:Line1.Serial", r#"{"v":"SN-9"}"#).await;
+    assert!(matches!(&e, Err(WriteError::Refused(m)) if m == "BadUserAccessDenied" || m == "BadNotWritable"), "{e:?}");
+    // A channel without a node behind it.
+    let e = src.write("pt:Line1.Nothing", "1").await;
+    assert!(matches!(e, Err(WriteError::NotWritable(_))), "{e:?}");
+    assert_eq!(src.stats.writes_ok.load(Ordering::Relaxed), 2);
+    assert_eq!(src.stats.writes_failed.load(Ordering::Relaxed), 3);
+    src.shutdown().await;
+}
+
+/// A self-signed certificate (DER) and key (PEM) made with openssl, for an application URI.
+fn make_cert(dir: &Path, name: &str, uri: &str) -> (PathBuf, PathBuf) {
+    let key = dir.join(format!("{name}.pem"));
+    let pem_cert = dir.join(format!("{name}.cert.pem"));
+    let der = dir.join(format!("{name}.der"));
+    let ok = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-sha256", "-subj"])
+        .arg(format!("/CN={name}"))
+        .arg("-addext")
+        .arg(format!("subjectAltName=URI:{uri},DNS:localhost,IP:127.0.0.1"))
+        .args(["-addext", "keyUsage=critical,digitalSignature,nonRepudiation,keyEncipherment,dataEncipherment"])
+        .args(["-addext", "extendedKeyUsage=serverAuth,clientAuth"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&pem_cert)
+        .stderr(Stdio::null())
+        .status()
+        .expect("openssl runs")
+        .success();
+    assert!(ok, "openssl req failed");
+    let ok = Command::new("openssl")
+        .args(["x509", "-outform", "der", "-in"])
+        .arg(&pem_cert)
+        .arg("-out")
+        .arg(&der)
+        .status()
+        .expect("openssl runs")
+        .success();
+    assert!(ok, "openssl x509 failed");
+    (der, key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opcua_basic256sha256_connects_to_a_trusted_server_only() {
+    let dir = std::env::temp_dir().join(format!("sb-opcua-certs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let (server_cert, server_key) = make_cert(&dir, "server", "urn:switchboard:test-server");
+    let (client_cert, client_key) = make_cert(&dir, "client", "urn:switchboard:source:secure");
+    let (other_cert, _) = make_cert(&dir, "other", "urn:switchboard:other");
+    let server = OpcServer::start(
+        free_port(),
+        &["--cert", server_cert.to_str().expect("utf-8"), "--key", server_key.to_str().expect("utf-8")],
+    );
+    let cfg = |trust: &Path| {
+        serde_json::json!({
+            "name": "secure", "url": server.url(), "security": "basic256sha256",
+            "certificate": client_cert, "private_key": client_key, "trust_server": trust,
+            "nodes": ["ns=2;s=Line1.Temp"],
+        })
+    };
+    let src = start(cfg(&server_cert));
+    wait_for("encrypted values", 30, || !src.sink.on("pt:Line1.Temp").is_empty()).await;
+    src.shutdown().await;
+
+    // Another certificate trusted: the server's is not, nothing connects.
+    let src = start(cfg(&other_cert));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!src.stats.connected.load(Ordering::Relaxed));
+    assert_eq!(src.sink.len(), 0);
+    src.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// CPU seconds (user + system) a process has used so far, from /proc/<pid>/stat.
+fn cpu_secs(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
+    // Fields after the command name (which may hold spaces) start at state; utime and stime
+    // are fields 14 and 15 of the line, in clock ticks (100 per second on Linux).
+    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let ticks: f64 = fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
+    ticks / 100.0
+}
+
+/// Counts points; keeps nothing.
+#[derive(Default)]
+struct CountSink {
+    n: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl Sink for CountSink {
+    async fn publish_batch(&self, items: Vec<(String, Data)>) -> Vec<Result<(), String>> {
+        self.n.fetch_add(items.len() as u64, Ordering::Relaxed);
+        vec![Ok(()); items.len()]
+    }
+}
+
+/// Ingest benchmark (not part of the suite): N variables changing at H Hz on the asyncua
+/// server, subscribed by browse; prints values/s received and the CPU of this process (the
+/// source and a counting sink) and of the server. Bounded by OPCUA_BENCH_SECS.
+///
+/// OPCUA_BENCH_POINTS=1000 OPCUA_BENCH_HZ=10 OPCUA_BENCH_SECS=30 \
+///   cargo test --release -p switchboard-sources --test opcua -- --ignored --nocapture opcua_bench
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run by hand, see the doc comment"]
+async fn opcua_bench_ingest() {
+    let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (points, hz, secs) = (env("OPCUA_BENCH_POINTS", 1000), env("OPCUA_BENCH_HZ", 10), env("OPCUA_BENCH_SECS", 30));
+    let server = OpcServer::start(free_port(), &["--points", &points.to_string(), "--hz", &hz.to_string()]);
+    let server_pid = server.child.id().to_string();
+    let cfg: OpcuaConfig = serde_json::from_value(serde_json::json!({
+        "name": "bench", "url": server.url(), "browse": "Objects/Plant/Bench",
+        "sampling_ms": 1000 / hz.max(1) / 2, "publishing_ms": 100,
+    }))
+    .expect("config");
+    let sink = Arc::new(CountSink::default());
+    let stats = Arc::new(SourceStats::default());
+    let (_writes, writes_rx) = mpsc::channel(1);
+    let (stop, stop_rx) = watch::channel(false);
+    let ctx =
+        SourceCtx { name: "bench".into(), sink: sink.clone(), stats: stats.clone(), writes: writes_rx, stop: stop_rx };
+    let task = tokio::spawn(opcua::run(cfg, ctx));
+    wait_for("the first values", 60, || sink.n.load(Ordering::Relaxed) >= points).await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // warm-up
+    let (n0, c0, s0, t0) = (sink.n.load(Ordering::Relaxed), cpu_secs("self"), cpu_secs(&server_pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let (n1, c1, s1, el) = (sink.n.load(Ordering::Relaxed), cpu_secs("self"), cpu_secs(&server_pid), t0.elapsed());
+    let rate = (n1 - n0) as f64 / el.as_secs_f64();
+    let cpu = (c1 - c0) / el.as_secs_f64();
+    println!(
+        "opcua ingest: {points} variables at {hz} Hz for {:.1} s: {rate:.0} values/s published \
+         (offered {}), source CPU {:.1} % of one core = {:.2} µs per value; server CPU {:.1} %; \
+         decode errors {}, dropped notifications none logged",
+        el.as_secs_f64(),
+        points * hz,
+        cpu * 100.0,
+        (c1 - c0) * 1e6 / (n1 - n0).max(1) as f64,
+        (s1 - s0) / el.as_secs_f64() * 100.0,
+        stats.decode_errors.load(Ordering::Relaxed),
+    );
+    let _ = stop.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+}

@@ -1,0 +1,117 @@
+"""A real OPC UA server for the OPC UA source's tests, built on the third-party `asyncua` package.
+
+    .venv/bin/python tests/python/opcua_server.py --port 4840 [--cert server.der --key server.pem]
+        [--points 1000 --hz 10]
+
+Address space (namespace `urn:switchboard:test`, its index is printed at start):
+
+    Objects/Plant/Line1/Temp      Double, 20 + 5·sin(t), written every 100 ms (source timestamp)
+    Objects/Plant/Line1/Running   Boolean, toggles every 2 s
+    Objects/Plant/Line1/Mode      String "auto"
+    Objects/Plant/Line1/Level     Double 42.5 with status UncertainLastUsableValue
+    Objects/Plant/Line1/Setpoint  Float 50.0, writable
+    Objects/Plant/Line1/Count     Int32 7, writable
+    Objects/Plant/Line1/Serial    String "SN-0001", read-only
+    Objects/Plant/Bench/P0000...  (--points N) Double, all written at --hz
+
+Node ids are strings named after the path below Plant: `ns=<idx>;s=Line1.Temp`. With --cert and
+--key the server offers Basic256Sha256 SignAndEncrypt beside None. It prints one line
+`ready <port> <namespace index>` on stdout once it listens, and runs until killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import time
+from datetime import datetime, timezone
+
+from asyncua import Server, ua
+
+NAMESPACE = "urn:switchboard:test"
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--cert", help="server certificate (DER) for Basic256Sha256")
+    ap.add_argument("--key", help="server private key (PEM) for Basic256Sha256")
+    ap.add_argument("--points", type=int, default=0, help="extra Double variables under Plant/Bench")
+    ap.add_argument("--hz", type=float, default=10.0, help="update rate of the --points variables")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    server = Server()
+    await server.init()
+    server.set_endpoint(f"opc.tcp://127.0.0.1:{args.port}/switchboard/")
+    server.set_server_name("Switchboard test server")
+    await server.set_application_uri("urn:switchboard:test-server")
+    if args.cert:
+        await server.load_certificate(args.cert)
+        await server.load_private_key(args.key)
+        server.set_security_policy([
+            ua.SecurityPolicyType.NoSecurity,
+            ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt,
+        ])
+    else:
+        server.set_security_policy([ua.SecurityPolicyType.NoSecurity])
+
+    idx = await server.register_namespace(NAMESPACE)
+    plant = await server.nodes.objects.add_object(ua.NodeId("Plant", idx), ua.QualifiedName("Plant", idx))
+    line = await plant.add_object(ua.NodeId("Line1", idx), ua.QualifiedName("Line1", idx))
+
+    async def var(name: str, value, vtype: ua.VariantType):
+        return await line.add_variable(ua.NodeId(f"Line1.{name}", idx), ua.QualifiedName(name, idx),
+                                       ua.Variant(value, vtype))
+
+    temp = await var("Temp", 20.0, ua.VariantType.Double)
+    running = await var("Running", True, ua.VariantType.Boolean)
+    await var("Mode", "auto", ua.VariantType.String)
+    level = await var("Level", 42.5, ua.VariantType.Double)
+    setpoint = await var("Setpoint", 50.0, ua.VariantType.Float)
+    count = await var("Count", 7, ua.VariantType.Int32)
+    await var("Serial", "SN-0001", ua.VariantType.String)
+    await setpoint.set_writable()
+    await count.set_writable()
+
+    bench = []
+    if args.points:
+        folder = await plant.add_object(ua.NodeId("Bench", idx), ua.QualifiedName("Bench", idx))
+        for i in range(args.points):
+            name = f"P{i:04d}"
+            bench.append(await folder.add_variable(ua.NodeId(f"Bench.{name}", idx),
+                                                   ua.QualifiedName(name, idx),
+                                                   ua.Variant(0.0, ua.VariantType.Double)))
+
+    def dv(value, vtype, status=ua.StatusCodes.Good) -> ua.DataValue:
+        now = datetime.now(timezone.utc)
+        return ua.DataValue(ua.Variant(value, vtype), StatusCode=ua.StatusCode(status),
+                            SourceTimestamp=now, ServerTimestamp=now)
+
+    async with server:
+        await level.write_value(dv(42.5, ua.VariantType.Double, ua.StatusCodes.UncertainLastUsableValue))
+        print(f"ready {args.port} {idx}", flush=True)
+        tick = 0
+        bench_period = 1.0 / args.hz if args.hz > 0 else 0
+        next_bench = time.monotonic()
+        while True:
+            await asyncio.sleep(0.1)
+            tick += 1
+            await temp.write_value(dv(20.0 + 5.0 * math.sin(tick / 10.0), ua.VariantType.Double))
+            if tick % 20 == 0:
+                await running.write_value(dv(tick % 40 == 0, ua.VariantType.Boolean))
+            if bench and time.monotonic() >= next_bench:
+                next_bench += bench_period
+                # Server-side writes straight into the address space: cheap enough for
+                # thousands of variables per tick.
+                for i, node in enumerate(bench):
+                    await server.write_attribute_value(node.nodeid, dv(float(tick + i), ua.VariantType.Double))
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
