@@ -93,19 +93,40 @@ async fn publish(
     match body {
         PublishBody { channel: Some(channel), data: Some(data), batch: None } => {
             allow_publish(&node, &caller, &channel)?;
+            if let Some(source) = crate::sources::write_source(&node, &channel) {
+                let reply = crate::sources::write(&node, source, &channel, Arc::new(data)).await?;
+                return Ok(Json(reply).into_response());
+            }
             let pos = node.publish(&channel, Arc::new(data)).await?;
             Ok(Json(Published { offset: pos.offset, epoch: &pos.epoch }).into_response())
         }
         PublishBody { channel: None, data: None, batch: Some(batch) } => {
-            let items = batch.into_iter().map(|p| (p.channel, Arc::new(p.data))).collect();
-            let results = crate::auth::http::publish_batch(&node, &caller, items).await;
-            let results: Vec<serde_json::Value> = results
+            let items: Vec<(String, switchboard_broker::Data)> =
+                batch.into_iter().map(|p| (p.channel, Arc::new(p.data))).collect();
+            // Items of namespaces written to a source are writes, one after the other.
+            let (writes, publishes): (Vec<_>, Vec<_>) = items
                 .into_iter()
-                .map(|r| match r {
+                .enumerate()
+                .partition(|(_, (ch, _))| crate::sources::write_source(&node, ch).is_some());
+            let mut results: Vec<Option<serde_json::Value>> = vec![None; writes.len() + publishes.len()];
+            let error = |e: ApiError| serde_json::json!({"error": {"code": e.code, "message": e.message}});
+            for (i, (channel, data)) in writes {
+                let source = crate::sources::write_source(&node, &channel).unwrap_or_default();
+                let written = match allow_publish(&node, &caller, &channel) {
+                    Ok(()) => crate::sources::write(&node, source, &channel, data).await,
+                    Err(e) => Err(e),
+                };
+                results[i] = Some(written.unwrap_or_else(error));
+            }
+            let (at, items): (Vec<usize>, Vec<_>) = publishes.into_iter().unzip();
+            let published = crate::auth::http::publish_batch(&node, &caller, items).await;
+            for (i, r) in at.into_iter().zip(published) {
+                results[i] = Some(match r {
                     Ok(pos) => serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}),
-                    Err(e) => serde_json::json!({"error": {"code": e.code, "message": e.message}}),
-                })
-                .collect();
+                    Err(e) => error(e),
+                });
+            }
+            let results: Vec<serde_json::Value> = results.into_iter().map(Option::unwrap_or_default).collect();
             Ok(Json(serde_json::json!({ "results": results })).into_response())
         }
         _ => Err(ApiError::new(400, "expected {\"channel\", \"data\"} or {\"batch\": [...]}")),
@@ -281,6 +302,21 @@ async fn info(State(node): State<Arc<Node>>) -> Response {
         "broker": node.broker.kind(),
         "workers": node.config.worker_threads(),
     });
+    // Plant data sources and whether this node runs each one now (it holds its lease).
+    if let Some(sources) = node.sources.get() {
+        body["sources"] = sources
+            .handles()
+            .iter()
+            .map(|h| {
+                serde_json::json!({
+                    "name": h.name,
+                    "kind": h.kind,
+                    "active": h.stats.active.load(Relaxed),
+                    "connected": h.stats.connected.load(Relaxed),
+                })
+            })
+            .collect();
+    }
     // Figures of the whole cluster, from a shared broker (absent with the memory broker).
     match node.broker.cluster().await {
         Ok(Some(c)) => {
@@ -311,7 +347,8 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
 async fn metrics(State(node): State<Arc<Node>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        node.metrics.render(node.hub.channel_count(), node.broker.channel_count()),
+        node.metrics.render(node.hub.channel_count(), node.broker.channel_count())
+            + &crate::metrics::render_sources(&node.sources.get().map(|s| s.handles()).unwrap_or_default()),
     )
         .into_response()
 }

@@ -50,6 +50,11 @@ pub struct Config {
     /// SSE and long-polling: how long a poll is held, when idle poll sessions expire, SSE
     /// heartbeats.
     pub transports: Transports,
+    /// `[[sources]]`: plant data sources (MQTT, OPC UA) that feed channels (docs/sources.md).
+    pub sources: Vec<switchboard_sources::SourceConfig>,
+    /// How long a node's lease on a source lasts without renewal (s): in a cluster, how soon
+    /// another node takes a dead node's sources over.
+    pub source_lease_ttl_s: u64,
     /// What `auth` and `tls` name, loaded and checked by [`Config::load`].
     #[serde(skip)]
     pub security: crate::auth::Security,
@@ -120,6 +125,10 @@ pub struct Namespace {
     pub trend_window_s: Option<u64>,
     /// Width of a trend bucket (s, at least 1).
     pub trend_step_s: u64,
+    /// The source (a `[[sources]]` name) that a permitted publish to a channel of this
+    /// namespace is written to, instead of being published: the reply says whether the
+    /// device accepted it.
+    pub write_source: Option<String>,
 }
 
 /// How far back a point channel's trend reaches unless its namespace says otherwise.
@@ -152,6 +161,8 @@ impl Default for Config {
             auth: crate::auth::AuthConfig::default(),
             tls: crate::transport::tls::TlsConfig::default(),
             transports: Transports::default(),
+            sources: Vec::new(),
+            source_lease_ttl_s: 5,
             security: crate::auth::Security::default(),
         }
     }
@@ -192,6 +203,7 @@ impl Default for Namespace {
             channel_ttl_s: None,
             trend_window_s: None,
             trend_step_s: 1,
+            write_source: None,
         }
     }
 }
@@ -322,7 +334,7 @@ impl Config {
         }
         config.validate()?;
         config.security = crate::auth::Security {
-            auth: std::sync::Arc::new(crate::auth::Auth::build(&config.auth, &config.limits)?),
+            auth: std::sync::Arc::new(crate::auth::Auth::build(&config.auth, &config.limits, config.listen_addr()?.ip())?),
             tls: crate::transport::tls::load(&config.tls)?,
         };
         Ok(config)
@@ -355,11 +367,13 @@ impl Config {
             ("transports.poll_timeout_s", self.transports.poll_timeout_s as usize),
             ("transports.poll_session_ttl_s", self.transports.poll_session_ttl_s as usize),
             ("transports.sse_heartbeat_s", self.transports.sse_heartbeat_s as usize),
+            ("source_lease_ttl_s", self.source_lease_ttl_s as usize),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{key}: must be greater than 0")));
             }
         }
+        self.validate_sources()?;
         if l.max_frame_bytes < 125 {
             return Err(ConfigError("limits.max_frame_bytes: must be at least 125".into()));
         }
@@ -368,6 +382,27 @@ impl Config {
                 "listen: {} is beyond loopback and no authentication is configured (--jwt-secret, --jwt-public-key, --jwks or --users); pass --allow-anonymous to serve anyway",
                 self.listen
             )));
+        }
+        Ok(())
+    }
+
+    /// Each source's settings, unique names, and every namespace's `write_source` naming one.
+    fn validate_sources(&self) -> Result<(), ConfigError> {
+        let mut names = std::collections::HashSet::new();
+        for (i, source) in self.sources.iter().enumerate() {
+            source.check().map_err(|e| ConfigError(format!("sources[{i}].{e}")))?;
+            if !names.insert(source.name()) {
+                return Err(ConfigError(format!("sources[{i}].name: {:?} is used twice", source.name())));
+            }
+        }
+        for (ns, options) in &self.namespaces {
+            if let Some(w) = &options.write_source {
+                if !names.contains(w.as_str()) {
+                    return Err(ConfigError(format!(
+                        "namespaces.{ns}.write_source: no source named {w:?} in [[sources]]"
+                    )));
+                }
+            }
         }
         Ok(())
     }
@@ -438,6 +473,7 @@ static DEFAULT_NAMESPACE: Namespace = Namespace {
     channel_ttl_s: None,
     trend_window_s: None,
     trend_step_s: 1,
+    write_source: None,
 };
 
 /// Parses `N@HZ`.
@@ -560,6 +596,30 @@ mod tests {
         assert!(e.0.contains("listen") && e.0.contains("--allow-anonymous"), "{e}");
         let e = Config::load(None, vec![], &[("simulate", toml::Value::String("ten".into()))]).unwrap_err();
         assert!(e.0.contains("simulate"), "{e}");
+    }
+
+    #[test]
+    fn config_sources_are_checked_and_write_source_must_name_one() {
+        let dir = std::env::temp_dir().join(format!("sbcfg-src-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let load = |text: &str| {
+            let path = dir.join("s.toml");
+            std::fs::write(&path, text).unwrap();
+            Config::load(Some(&path), vec![], &[])
+        };
+        let mqtt =
+            "[[sources]]\nkind = \"mqtt\"\nname = \"plant\"\nurl = \"mqtt://127.0.0.1:1883\"\ntopics = [\"plant/#\"]\n";
+        let c = load(&format!("{mqtt}[namespaces.pt]\nwrite_source = \"plant\"\n")).unwrap();
+        assert_eq!(c.sources.len(), 1);
+        assert_eq!(c.namespace("pt").write_source.as_deref(), Some("plant"));
+        let e = load(&format!("{mqtt}[namespaces.pt]\nwrite_source = \"plc\"\n")).unwrap_err();
+        assert!(e.0.contains("namespaces.pt.write_source"), "{e}");
+        let e = load(&mqtt.replace("mqtt://", "http://")).unwrap_err();
+        assert!(e.0.starts_with("sources[0].url"), "{e}");
+        let e = load(&mqtt.replace("topics", "topicz")).unwrap_err();
+        assert!(e.0.contains("sources") && e.0.contains("topicz"), "{e}");
+        let e = load(&format!("{mqtt}{mqtt}")).unwrap_err();
+        assert!(e.0.contains("used twice"), "{e}");
     }
 
     #[test]

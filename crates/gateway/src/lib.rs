@@ -22,6 +22,9 @@
 //!   built web app served at `/`.
 //! - [`metrics`]: counters and the delivery-lag histogram, rendered for Prometheus.
 //! - [`simulate`]: the built-in point simulator (`--simulate N@HZ`).
+//! - [`sources`]: plant data sources (`[[sources]]`: MQTT, OPC UA) started under their
+//!   leases and publishing through the node; write-back of publishes to `write_source`
+//!   namespaces.
 //! - [`server`]: the accept loop and [`server::run`], the whole node as a blocking call.
 
 pub mod api;
@@ -36,6 +39,7 @@ pub mod sampling;
 pub mod server;
 pub mod session;
 pub mod simulate;
+pub mod sources;
 pub mod transport;
 pub mod trend;
 

@@ -162,6 +162,49 @@ impl Metrics {
     }
 }
 
+/// Prometheus text of the plant data sources: per-source counters labelled `source` and
+/// `kind` (empty when none is configured).
+pub fn render_sources(sources: &[switchboard_sources::SourceHandle]) -> String {
+    let mut out = String::new();
+    if sources.is_empty() {
+        return out;
+    }
+    type Field = fn(&switchboard_sources::SourceStats) -> u64;
+    let series: [(&str, &str, &str, Field); 9] = [
+        ("source_messages_total", "counter", "Messages (MQTT) or value changes (OPC UA) a source received.", |s| {
+            s.messages.load(Relaxed)
+        }),
+        ("source_points_total", "counter", "Points a source published into channels.", |s| s.points.load(Relaxed)),
+        ("source_decode_errors_total", "counter", "Payloads or values a source could not decode.", |s| {
+            s.decode_errors.load(Relaxed)
+        }),
+        ("source_refused_total", "counter", "Points of a source the node refused (limits).", |s| {
+            s.refused.load(Relaxed)
+        }),
+        ("source_reconnects_total", "counter", "Reconnections of a source to its upstream system.", |s| {
+            s.reconnects.load(Relaxed)
+        }),
+        ("source_writes_total", "counter", "Writes a source's device accepted.", |s| s.writes_ok.load(Relaxed)),
+        ("source_writes_failed_total", "counter", "Writes refused, unanswered or not sent.", |s| {
+            s.writes_failed.load(Relaxed)
+        }),
+        ("source_connected", "gauge", "1 while a source is connected to its upstream system.", |s| {
+            s.connected.load(Relaxed) as u64
+        }),
+        ("source_active", "gauge", "1 while this node runs a source (holds its lease).", |s| {
+            s.active.load(Relaxed) as u64
+        }),
+    ];
+    for (name, kind, help, field) in series {
+        let _ = writeln!(out, "# HELP switchboard_{name} {help}\n# TYPE switchboard_{name} {kind}");
+        for h in sources {
+            let _ =
+                writeln!(out, "switchboard_{name}{{source=\"{}\",kind=\"{}\"}} {}", h.name, h.kind, field(&h.stats));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

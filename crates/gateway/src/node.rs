@@ -54,6 +54,8 @@ pub struct Node {
     pub broker: Arc<dyn Broker>,
     pub hub: Arc<Hub>,
     pub metrics: Arc<Metrics>,
+    /// The plant data sources (`[[sources]]`), once started (`crate::sources::start`).
+    pub sources: std::sync::OnceLock<switchboard_sources::Sources>,
     /// Open connections by id, for heartbeats and shutdown. Touched once per connect and
     /// disconnect, never on the delivery path.
     conns: Mutex<HashMap<u64, Arc<Outbox>>>,
@@ -77,6 +79,7 @@ impl Node {
             broker,
             hub,
             metrics,
+            sources: std::sync::OnceLock::new(),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),

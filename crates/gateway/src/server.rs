@@ -93,6 +93,7 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
         let node = Node::new(config, broker);
         node.spawn_heartbeats();
         node.spawn_channel_sweeper();
+        crate::sources::start(&node);
         if let Some(sim) = simulate {
             let (n, hz) = crate::config::parse_simulate(&sim).map_err(anyhow::Error::msg)?;
             crate::simulate::spawn(node.clone(), n, hz);
@@ -111,6 +112,7 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
         let accept = tokio::spawn(accept_loop(node.clone(), listener));
         wait_for_signal().await;
         node.shutdown(SHUTDOWN_GRACE).await;
+        crate::sources::stopped(&node, Duration::from_secs(2)).await;
         accept.abort();
         tracing::info!("stopped");
         Ok::<(), anyhow::Error>(())

@@ -450,6 +450,12 @@ impl Session {
                 return Err(ApiError::new(code::LIMIT, format!("more than {rate} publishes per second")));
             }
         }
+        // A namespace written to a plant data source: the reply is the device's answer.
+        if let Some(source) = crate::sources::write_source(&self.node, &req.channel) {
+            let reply = crate::sources::write(&self.node, source, &req.channel, Arc::new(req.data)).await?;
+            self.ok(id, &reply);
+            return Ok(());
+        }
         let pos = self.node.publish(&req.channel, Arc::new(req.data)).await?;
         self.ok(id, &serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}));
         Ok(())

@@ -8,6 +8,11 @@ pub const CONFLICT: u16 = 409;
 pub const TOO_LARGE: u16 = 413;
 pub const LIMIT: u16 = 429;
 pub const INTERNAL: u16 = 500;
+/// A write to a plant data source that the device (or its MQTT broker / OPC UA server) refused.
+pub const DEVICE_REFUSED: u16 = 502;
+/// A write to a plant data source that could not be made now: the source is not connected,
+/// runs on another node of the cluster, or the device did not answer in time.
+pub const UNAVAILABLE: u16 = 503;
 
 /// Close codes. 1000 and 1009 are RFC 6455's; the 4xxx codes are Switchboard's.
 pub mod close {

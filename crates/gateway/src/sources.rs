@@ -1,0 +1,76 @@
+//! The node's side of plant data sources (`[[sources]]`, docs/sources.md): the [`Sink`] they
+//! publish through, starting them under their leases, and write-back — a permitted publish to
+//! a channel of a namespace with `write_source` goes to that source instead of the broker.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use switchboard_broker::Data;
+use switchboard_protocol::code;
+use switchboard_sources::{Lease, Sink, Sources, WriteError};
+
+use crate::node::{ApiError, Node};
+
+/// Publishes a source's points through [`Node::publish_batch`]: the same validation, limits
+/// and broker as any publisher. Holds the node weakly: the node owns its sources.
+struct NodeSink(Weak<Node>);
+
+#[async_trait::async_trait]
+impl Sink for NodeSink {
+    async fn publish_batch(&self, items: Vec<(String, Data)>) -> Vec<Result<(), String>> {
+        let Some(node) = self.0.upgrade() else {
+            return items.iter().map(|_| Err("the node stopped".to_string())).collect();
+        };
+        let results = node.publish_batch(items).await;
+        results.into_iter().map(|r| r.map(drop).map_err(|e| e.to_string())).collect()
+    }
+}
+
+/// Starts the configured sources (none: nothing runs). Each runs only while this node holds
+/// its lease in the broker; they stop when the node stops.
+pub fn start(node: &Arc<Node>) {
+    if node.config.sources.is_empty() {
+        return;
+    }
+    let lease = Lease {
+        broker: node.broker.clone(),
+        holder: node.id.clone(),
+        ttl: Duration::from_secs(node.config.source_lease_ttl_s),
+    };
+    let sink: Arc<dyn Sink> = Arc::new(NodeSink(Arc::downgrade(node)));
+    let sources = Sources::start(node.config.sources.clone(), sink, lease, node.stopping());
+    let _ = node.sources.set(sources);
+}
+
+/// Waits (up to `limit`) until no source runs on this node: a stopping node gives its leases
+/// back before the process exits, so another node starts the sources at once.
+pub async fn stopped(node: &Node, limit: Duration) {
+    let Some(sources) = node.sources.get() else { return };
+    let deadline = tokio::time::Instant::now() + limit;
+    while sources.handles().iter().any(|h| h.stats.active.load(Relaxed)) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The supervisors release their leases right after their sources stop.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// The source writes to `channel` go to, if its namespace names one.
+pub fn write_source<'a>(node: &'a Node, channel: &str) -> Option<&'a str> {
+    node.config.namespace(switchboard_protocol::namespace_of(channel)).write_source.as_deref()
+}
+
+/// Writes a publication (already permitted) to `source` and waits for the device's answer:
+/// `{"written": true, "source": name}`, or 502 (the device refused), 503 (not available here
+/// or now), 400 (not a writable channel or value).
+pub async fn write(node: &Node, source: &str, channel: &str, data: Data) -> Result<serde_json::Value, ApiError> {
+    switchboard_protocol::validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+    let sources =
+        node.sources.get().ok_or_else(|| ApiError::new(code::UNAVAILABLE, "the node's sources are not running"))?;
+    match sources.write(source, channel, data).await {
+        Ok(()) => Ok(serde_json::json!({"written": true, "source": source})),
+        Err(e @ WriteError::Refused(_)) => Err(ApiError::new(code::DEVICE_REFUSED, e.to_string())),
+        Err(e @ WriteError::Unavailable(_)) => Err(ApiError::new(code::UNAVAILABLE, e.to_string())),
+        Err(e @ WriteError::NotWritable(_)) => Err(ApiError::new(code::BAD_REQUEST, e.to_string())),
+    }
+}
