@@ -169,6 +169,28 @@ describe('subscriptions', () => {
   });
 });
 
+describe('trends', () => {
+  it('brings the trend in the subscribed event, then live values continue it once', async () => {
+    const ch = unique('pt:sdk-trend.');
+    for (const v of [1, 4, 2]) await server.publish(ch, { v });
+    const { c, got, subscribed } = client();
+    await c.connect();
+    c.subscribe(ch, { trend: { windowS: 60, stepS: 7 } });
+    await until(() => subscribed.some((s) => s.channel === ch), 'subscribed');
+    const ev = subscribed.find((s) => s.channel === ch)!;
+    expect(ev.trend!.step_s).toBe(7);
+    const b = ev.trend!.buckets;
+    expect(b.reduce((n, x) => n + x.n, 0)).toBe(3);
+    expect(Math.min(...b.map((x) => x.min))).toBe(1);
+    expect(Math.max(...b.map((x) => x.max))).toBe(4);
+    expect(b[b.length - 1].last).toBe(2);
+    await until(() => (got.get(ch) ?? []).length === 1, 'the initial value');
+    await server.publish(ch, { v: 9 });
+    await until(() => (got.get(ch) ?? []).some((p) => (p.data as { v: number }).v === 9), 'live value');
+    expect((got.get(ch) ?? []).map((p) => p.offset).join(',')).toBe('3,4');
+  });
+});
+
 describe('per-frame delivery', () => {
   it('gives point channels their latest value per frame and other channels every publication', async () => {
     // A default-namespace channel treated as a point channel by the client: the server sends
