@@ -47,6 +47,8 @@ function parseArgs(argv) {
     chromium: '/usr/bin/chromium',
     feed: 'api',
     trends: -1,
+    // Another build of the app (e.g. an earlier commit's) to compare against.
+    'web-dir': join(repo, 'web/dashboard/dist'),
     'trend-window': 10,
   };
   for (let i = 2; i < argv.length; i++) {
@@ -240,7 +242,7 @@ async function runOne(browser, opts, n) {
     '--data-dir',
     data,
     '--web-dir',
-    join(repo, 'web/dashboard/dist'),
+    opts['web-dir'],
   ]);
   const dashboard = benchDashboard(n, vw, opts.trends, opts['trend-window']);
   const trendChannels = dashboard.widgets.filter((w) => w.type === 'trend').map((w) => w.channel);
