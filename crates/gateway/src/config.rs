@@ -325,7 +325,15 @@ impl Config {
             let path: Vec<String> = dotted.split('.').map(str::to_string).collect();
             set_path(&mut table, &path, value.clone()).map_err(|e| ConfigError(format!("{dotted}: {e}")))?;
         }
-        // Namespaces given in the file start from the built-in defaults of that namespace.
+        // Namespaces given in the file start from the built-in defaults of that namespace: a
+        // `[namespaces.pt]` that sets only `history_size` keeps pt's conflation.
+        if let Some(toml::Value::Table(given)) = table.get_mut("namespaces") {
+            for (name, key, value) in BUILT_IN_NAMESPACE_KEYS.iter() {
+                if let Some(toml::Value::Table(ns)) = given.get_mut(*name) {
+                    ns.entry(key.to_string()).or_insert_with(|| value.clone());
+                }
+            }
+        }
         let mut config: Config = serde_path_to_error::deserialize(toml::Value::Table(table))
             .map_err(|e| ConfigError(format!("{}: {}", e.path(), e.inner().message().trim())))?;
         let defaults = Config::default();
@@ -334,7 +342,11 @@ impl Config {
         }
         config.validate()?;
         config.security = crate::auth::Security {
-            auth: std::sync::Arc::new(crate::auth::Auth::build(&config.auth, &config.limits, config.listen_addr()?.ip())?),
+            auth: std::sync::Arc::new(crate::auth::Auth::build(
+                &config.auth,
+                &config.limits,
+                config.listen_addr()?.ip(),
+            )?),
             tls: crate::transport::tls::load(&config.tls)?,
         };
         Ok(config)
@@ -463,6 +475,32 @@ impl Config {
     }
 }
 
+/// What the built-in namespaces set beyond [`DEFAULT_NAMESPACE`] (as in [`Config::default`]),
+/// kept when a configuration names one of them.
+static BUILT_IN_NAMESPACE_KEYS: std::sync::LazyLock<Vec<(&str, &str, toml::Value)>> = std::sync::LazyLock::new(|| {
+    let defaults = Config::default();
+    let mut keys = Vec::new();
+    for name in ["pt", "room"] {
+        let ns = defaults.namespace(name);
+        if ns.history_size != DEFAULT_NAMESPACE.history_size {
+            keys.push((name, "history_size", toml::Value::Integer(ns.history_size as i64)));
+        }
+        if ns.history_ttl_s != DEFAULT_NAMESPACE.history_ttl_s {
+            keys.push((name, "history_ttl_s", toml::Value::Integer(ns.history_ttl_s as i64)));
+        }
+        for (key, on, default) in [
+            ("conflate", ns.conflate, DEFAULT_NAMESPACE.conflate),
+            ("client_publish", ns.client_publish, DEFAULT_NAMESPACE.client_publish),
+            ("presence", ns.presence, DEFAULT_NAMESPACE.presence),
+        ] {
+            if on != default {
+                keys.push((name, key, toml::Value::Boolean(on)));
+            }
+        }
+    }
+    keys
+});
+
 static DEFAULT_NAMESPACE: Namespace = Namespace {
     history_size: 100,
     history_ttl_s: 300,
@@ -583,6 +621,8 @@ mod tests {
         assert_eq!(c.limits.max_connections, 6);
         assert_eq!(c.limits.max_subscriptions, 7);
         assert_eq!(c.namespace("pt").history_size, 3);
+        assert!(c.namespace("pt").conflate, "a built-in namespace keeps what it is not told");
+        assert_eq!(c.namespace("pt").history_ttl_s, 0);
         assert!(c.namespace("chat").client_publish);
     }
 
