@@ -185,6 +185,67 @@ pub fn origin_allowed(origin: Option<&str>, host: Option<&str>, allowed: &[Strin
     })
 }
 
+/// Whether a request's `Host` header names this node (DNS rebinding, docs/security.md).
+///
+/// A page on a name the attacker controls can make that name resolve to this node's address
+/// (a loopback node included); the browser then treats the node as same-origin with the page
+/// and sends no `Origin` on reads. Its `Host` header still carries the attacker's name, so a
+/// node accepts only names that are its own:
+///
+/// - no `Host` header (HTTP/1.0 tools): allowed — browsers always send one;
+/// - `localhost` (and `*.localhost`, which browsers resolve to loopback themselves): allowed;
+/// - an IP literal (`127.0.0.1`, `[::1]`): a rebinding needs a name, so an address is never
+///   one; allowed when it is the bound address, any loopback address on a loopback node, or
+///   any address on a node bound to all interfaces (`0.0.0.0`, `[::]`);
+/// - any other name: only when listed in `names` (`auth.hosts`; `*` allows every name).
+///
+/// The port is ignored: a rebinding page can use the node's port as well.
+pub fn host_allowed(host: Option<&str>, bound: std::net::IpAddr, names: &[String]) -> bool {
+    let Some(host) = host else { return true };
+    let Some(name) = host_name(host) else { return false };
+    if names.iter().any(|n| n == "*" || host_name(n).is_some_and(|n| n.eq_ignore_ascii_case(name))) {
+        return true;
+    }
+    let ip = name.strip_prefix('[').and_then(|n| n.strip_suffix(']')).unwrap_or(name);
+    if let Ok(ip) = ip.parse::<std::net::IpAddr>() {
+        let ip = canonical_ip(ip);
+        let bound = canonical_ip(bound);
+        return bound.is_unspecified() || ip == bound || (bound.is_loopback() && ip.is_loopback());
+    }
+    let lower = name.to_ascii_lowercase();
+    lower == "localhost" || lower.ends_with(".localhost")
+}
+
+/// The host part of a `Host` value (`name`, `name:port`, `[v6]`, `[v6]:port`), without a
+/// trailing dot; `None` when it is not a plausible host.
+fn host_name(host: &str) -> Option<&str> {
+    let host = host.trim();
+    let name = if host.starts_with('[') {
+        let end = host.find(']')?;
+        let rest = &host[end + 1..];
+        if !(rest.is_empty() || rest.strip_prefix(':').is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit()))) {
+            return None;
+        }
+        &host[..=end]
+    } else {
+        match host.rsplit_once(':') {
+            Some((n, p)) if p.bytes().all(|b| b.is_ascii_digit()) => n,
+            Some(_) => return None,
+            None => host,
+        }
+    };
+    let name = name.strip_suffix('.').unwrap_or(name);
+    (!name.is_empty() && !name.contains(['/', '@', ' ', '\\'])).then_some(name)
+}
+
+/// IPv4-mapped IPv6 addresses compare as the IPv4 address they carry.
+fn canonical_ip(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
 fn normalize(origin: &str) -> String {
     match origin.split_once("://") {
         Some((scheme, authority)) => format!("{}://{}", scheme, strip_default_port(scheme, authority)),
@@ -249,6 +310,36 @@ mod tests {
         assert_eq!(token_from_query("a=1&token=x%2Ey"), Some(Ok(Credential::Bearer("x.y".into()))));
         assert_eq!(token_from_query("a=1"), None);
         assert_eq!(token_from_query("token=%zz"), Some(Err(MalformedCredential::NotText)));
+    }
+
+    #[test]
+    fn credentials_host_rebinding() {
+        let lo: std::net::IpAddr = "127.0.0.1".parse().unwrap();
+        let none: Vec<String> = vec![];
+        for ok in [
+            None,
+            Some("127.0.0.1:8700"),
+            Some("localhost:1"),
+            Some("LOCALHOST."),
+            Some("[::1]:8700"),
+            Some("127.3.4.5"),
+        ] {
+            assert!(host_allowed(ok, lo, &none), "{ok:?}");
+        }
+        for bad in ["evil.test:8700", "evil.test", "10.0.0.1:8700", "localhost.evil.test", "", ":80", "a b", "[::1"] {
+            assert!(!host_allowed(Some(bad), lo, &none), "{bad:?}");
+        }
+        let public: std::net::IpAddr = "192.0.2.7".parse().unwrap();
+        assert!(host_allowed(Some("192.0.2.7:443"), public, &none));
+        assert!(!host_allowed(Some("192.0.2.8"), public, &none));
+        assert!(!host_allowed(Some("gw.example.com"), public, &none));
+        let names = vec!["gw.example.com".to_string()];
+        assert!(host_allowed(Some("GW.example.com.:8700"), public, &names));
+        let any: std::net::IpAddr = "0.0.0.0".parse().unwrap();
+        assert!(host_allowed(Some("10.1.2.3:8700"), any, &none));
+        assert!(host_allowed(Some("[::ffff:10.1.2.3]"), any, &none));
+        assert!(!host_allowed(Some("switchboard:8700"), any, &none));
+        assert!(host_allowed(Some("whatever"), any, &["*".to_string()]));
     }
 
     #[test]

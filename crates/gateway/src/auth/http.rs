@@ -2,6 +2,10 @@
 //! authentication is on; Basic works too).
 //!
 //! [`guard`] runs in front of every route:
+//! - a request whose `Host` is not one of this node's names is refused 403, whatever its
+//!   route (WebSocket handshakes, SSE, long-polling, the API, the dashboard) but health,
+//!   readiness and metrics: a page on a rebound name (DNS rebinding) reaches the node as
+//!   same-origin, and only its `Host` gives it away ([`super::credentials::host_allowed`]);
 //! - requests that change state (any method but GET / HEAD / OPTIONS) from a browser page of
 //!   another origin are refused 403, so a web page cannot make a visitor's browser publish
 //!   (cross-site request forgery with cached Basic credentials, or against a loopback node);
@@ -42,6 +46,15 @@ fn error(status: StatusCode, message: &str) -> Response {
 /// The middleware; see the module docs.
 pub async fn guard(State(node): State<Arc<Node>>, mut req: Request, next: Next) -> Response {
     let auth = node.config.security.auth.clone();
+    let open = matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
+    let host = req.headers().get(header::HOST).map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    if !open && !auth.host_allowed(host) {
+        tracing::debug!(host = host.unwrap_or(""), "request for a foreign Host refused");
+        return error(
+            StatusCode::FORBIDDEN,
+            "host not allowed: this node answers only to its own address names (add the name to auth.hosts)",
+        );
+    }
     if !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
         let h = req.headers();
         let origin = h.get(header::ORIGIN).and_then(|v| v.to_str().ok());

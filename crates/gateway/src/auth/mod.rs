@@ -12,7 +12,8 @@
 //! - [`apikey`]: hashed API keys for the HTTP API.
 //! - [`limits`]: per-address connection and handshake limits, per-key publish rates, and the
 //!   client address behind trusted proxies.
-//! - [`http`]: the HTTP API middleware (401 / 403, `Origin` checks on writes).
+//! - [`http`]: the middleware in front of every route: `Host` checks (DNS rebinding), `Origin`
+//!   checks on writes, HTTP API credentials (401 / 403).
 //!
 //! Secrets never leave this module in a printable form: [`Secret`] and
 //! [`credentials::Credential`] redact themselves in `Debug`, error texts never quote a token,
@@ -102,6 +103,11 @@ pub struct AuthConfig {
     /// Origins allowed to open browser WebSockets and to send writes to the HTTP API; empty
     /// means same-origin only, `*` any.
     pub allowed_origins: StringList,
+    /// Host names of this node besides its listen address (`gw.example.com`; `*` any): a
+    /// request whose `Host` names anything else is refused 403 (DNS rebinding). Checked when
+    /// set, and always when `allowed_origins` is empty; see
+    /// [`credentials::host_allowed`].
+    pub hosts: StringList,
     /// Proxies whose `X-Forwarded-For` / `X-Real-IP` give the client address (IPs or CIDR).
     pub trusted_proxies: StringList,
     /// Patterns per user, for users whose credentials carry none (Basic users, tokens without
@@ -219,6 +225,11 @@ pub struct Auth {
     users: Option<Arc<Users>>,
     api_keys: apikey::ApiKeys,
     allowed_origins: Vec<String>,
+    /// `auth.hosts`, and whether `Host` is checked at all (see [`Auth::host_allowed`]).
+    hosts: Vec<String>,
+    check_host: bool,
+    /// The listen address's IP, for the `Host` check.
+    bound: IpAddr,
     trusted_proxies: Vec<Net>,
     grants: HashMap<String, Patterns>,
     pub limiter: Arc<Limiter>,
@@ -295,6 +306,9 @@ impl Default for Auth {
             users: None,
             api_keys: apikey::ApiKeys::default(),
             allowed_origins: Vec::new(),
+            hosts: Vec::new(),
+            check_host: true,
+            bound: IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             trusted_proxies: Vec::new(),
             grants: HashMap::new(),
             limiter: Arc::new(Limiter::new(l.max_connections_per_ip, l.handshakes_per_ip_per_s, 0, 1)),
@@ -307,7 +321,8 @@ impl Default for Auth {
 
 impl Auth {
     /// Loads every file the configuration names and checks every value; errors name the key.
-    pub fn build(c: &AuthConfig, limits: &Limits) -> Result<Auth, ConfigError> {
+    /// `listen` is the node's listen address, for the `Host` check.
+    pub fn build(c: &AuthConfig, limits: &Limits, listen: IpAddr) -> Result<Auth, ConfigError> {
         let err = |key: &str, msg: String| ConfigError(format!("auth.{key}: {msg}"));
         let jwt = JwtVerifier::new(
             c.jwt_secret.as_ref().map(|s| s.0.as_str()),
@@ -341,6 +356,11 @@ impl Auth {
                 ));
             }
         }
+        for (i, h) in c.hosts.0.iter().enumerate() {
+            if h.is_empty() || h.contains("://") || h.contains('/') {
+                return Err(err(&format!("hosts[{i}]"), format!("{h:?} is not a host name (like gw.example.com)")));
+            }
+        }
         let mut grants = HashMap::new();
         for (user, g) in &c.grants {
             let parse = |what: &str, list: &Option<Vec<String>>| {
@@ -366,6 +386,9 @@ impl Auth {
             users,
             api_keys,
             allowed_origins: c.allowed_origins.0.clone(),
+            hosts: c.hosts.0.clone(),
+            check_host: c.allowed_origins.0.is_empty() || !c.hosts.0.is_empty(),
+            bound: listen,
             trusted_proxies,
             grants,
             limiter: Arc::new(limiter),
@@ -407,6 +430,13 @@ impl Auth {
 
     pub fn origin_allowed(&self, origin: Option<&str>, host: Option<&str>) -> bool {
         credentials::origin_allowed(origin, host, &self.allowed_origins)
+    }
+
+    /// Whether a request's `Host` names this node (DNS rebinding): checked when `auth.hosts`
+    /// is set or no origin allow-list is (a node with an allow-list and no `hosts` keeps
+    /// accepting any `Host`, as before the check existed).
+    pub fn host_allowed(&self, host: Option<&str>) -> bool {
+        !self.check_host || credentials::host_allowed(host, self.bound, &self.hosts)
     }
 
     /// Verifies a token (handshake, `connect`, `refresh`, HTTP).
@@ -570,7 +600,7 @@ mod tests {
 
     fn enabled() -> Auth {
         let c = AuthConfig { jwt_secret: Some(Secret("x".repeat(32))), ..AuthConfig::default() };
-        Auth::build(&c, &Limits::default()).unwrap()
+        Auth::build(&c, &Limits::default(), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)).unwrap()
     }
 
     #[test]
@@ -608,7 +638,7 @@ mod tests {
             ..AuthConfig::default()
         };
         assert!(!format!("{c:?}").contains("s3cr3t"));
-        let a = Auth::build(&c, &Limits::default()).unwrap();
+        let a = Auth::build(&c, &Limits::default(), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)).unwrap();
         assert!(!format!("{a:?}").contains("s3cr3t"));
     }
 

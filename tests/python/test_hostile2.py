@@ -1,0 +1,126 @@
+"""Hostile input, second round (docs/security.md, "Threat model"): DNS rebinding, reply buffering,
+poll sessions after their close, presence amplification. Each case runs against the real binary
+with a bystander — a healthy subscriber on its own channel that must keep receiving every
+publication, complete and in order — and checks the SPEC code the attacker gets."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+import sb
+from sb import WS, api_publish, http, uniq
+
+
+def raw_request(server: sb.Server, head: str, body: bytes = b"", timeout: float = 5.0) -> tuple[int, bytes]:
+    """Sends one request as written (`head` without its blank line) and returns the status and
+    the rest of the response (read until the server closes or `timeout`)."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=timeout)
+    try:
+        s.sendall(head.encode() + b"\r\n\r\n" + body)
+        data = b""
+        deadline = time.monotonic() + timeout
+        while b"\r\n\r\n" not in data and time.monotonic() < deadline:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        status = int(data.split(b" ", 2)[1])
+        s.settimeout(0.5)
+        try:
+            while len(data) < 65536:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except (socket.timeout, OSError):
+            pass
+        return status, data
+    finally:
+        s.close()
+
+
+# ------------------------------------------------------------------------------- DNS rebinding
+
+
+def _foreign_host_requests(server: sb.Server, host: str) -> dict:
+    ch = uniq("room:rebind-")
+    body = json.dumps({"channel": ch, "data": 1}).encode()
+    return {
+        "publish": (
+            f"POST /api/publish HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close",
+            body,
+        ),
+        "listing": (f"GET /api/channels HTTP/1.1\r\nHost: {host}\r\nConnection: close", b""),
+        "ws": (
+            f"GET /ws HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13",
+            b"",
+        ),
+        "sse": (f"GET /sse?channels={ch} HTTP/1.1\r\nHost: {host}\r\nAccept: text/event-stream\r\nConnection: close",
+                b""),
+        "poll": (f"POST /poll HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close", b""),
+        "dashboard": (f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close", b""),
+    }
+
+
+def test_hostile_dns_rebinding_foreign_host_is_refused_403(server, bystander):
+    """Regression: with no origin allow-list an `Origin` equal to `Host` was accepted and `Host`
+    never checked, so a page on a name rebound to 127.0.0.1 could publish (and read) on a
+    loopback node. A node without an allow-list answers only to its own address names."""
+    for host in [f"evil.test:{server.port}", "evil.test", f"localhost.evil.test:{server.port}"]:
+        for what, (head, body) in _foreign_host_requests(server, host).items():
+            status, resp = raw_request(server, head, body)
+            assert status == 403, (host, what, status, resp[:300])
+            if what != "ws":
+                assert b"host not allowed" in resp, (what, resp[:300])
+    # Nothing was published by the refused request.
+    assert http("GET", server.http_url + "/api/channels?prefix=room:rebind-").json()["channels"] == []
+    # Health, readiness and metrics carry no channel data and stay open to any name.
+    for path in ["/healthz", "/readyz", "/metrics"]:
+        status, _ = raw_request(server, f"GET {path} HTTP/1.1\r\nHost: evil.test\r\nConnection: close")
+        assert status == 200, path
+    bystander.check()
+
+
+def test_hostile_dns_rebinding_own_names_are_accepted(server, bystander):
+    ch = uniq("room:own-")
+    body = json.dumps({"channel": ch, "data": 1}).encode()
+    for host in [f"127.0.0.1:{server.port}", f"localhost:{server.port}", "LOCALHOST.", f"[::1]:{server.port}",
+                 "127.0.0.2", "app.localhost"]:
+        status, resp = raw_request(
+            server,
+            f"POST /api/publish HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close",
+            body,
+        )
+        assert status == 200, (host, resp[:300])
+    # HTTP/1.0 without a Host header: not a browser, accepted (docs/security.md).
+    status, resp = raw_request(server, "GET /api/info HTTP/1.0")
+    assert status == 200, resp[:300]
+    # WebSocket handshake with the node's own name.
+    status, resp = raw_request(
+        server,
+        f"GET /ws HTTP/1.1\r\nHost: localhost:{server.port}\r\nOrigin: http://localhost:{server.port}\r\n"
+        "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        "Sec-WebSocket-Version: 13",
+    )
+    assert status == 101, resp[:300]
+    bystander.check()
+
+
+def test_hostile_dns_rebinding_configured_host_names(start_server):
+    srv = start_server(env={"SWITCHBOARD_AUTH__HOSTS": "gw.example.test, other.example.test"})
+    b = sb.Bystander(srv)
+    try:
+        for host, want in [("gw.example.test:8700", 200), ("OTHER.example.test", 200), ("evil.test", 403),
+                           (f"127.0.0.1:{srv.port}", 200)]:
+            status, resp = raw_request(srv, f"GET /api/channels HTTP/1.1\r\nHost: {host}\r\nConnection: close")
+            assert status == want, (host, resp[:300])
+        b.check()
+    finally:
+        b.close()
