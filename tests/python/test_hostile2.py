@@ -124,3 +124,61 @@ def test_hostile_dns_rebinding_configured_host_names(start_server):
         b.check()
     finally:
         b.close()
+
+
+# ------------------------------------------------------------------------------ reply buffering
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_hostile_pipelined_history_without_reading_is_closed_4008_with_bounded_memory(server, bystander):
+    """Regression: replies, pongs and presence frames bypassed `max_pending_bytes` and the read
+    loop kept reading while the outbox was blocked, so a client pipelining `history` (100
+    publications of 60 KB each: 6 MB per reply) without reading made the node queue without
+    bound. Everything queued counts; the client is closed 4008 and stops being read."""
+    import threading
+
+    ch = uniq("big.")
+    blob = "x" * 60_000
+    for i in range(100):
+        api_publish(server, ch, {"i": i, "blob": blob})
+    before = rss_kb(server.pid)
+    raw = sb.RawWS("127.0.0.1", server.port)
+    sent = [0]
+
+    def pipeline():
+        try:
+            for i in range(3000):
+                raw.send_json({"id": i + 1, "history": {"channel": ch, "limit": 100}})
+                sent[0] += 1
+        except OSError:
+            pass  # closed by the server, or stuck: it stopped reading (back-pressure)
+
+    t = threading.Thread(target=pipeline, daemon=True)
+    t.start()
+    peak = before
+    # Read within the server's close grace (3 s) so its close frame is not lost to a reset.
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        peak = max(peak, rss_kb(server.pid))
+        time.sleep(0.05)
+    growth_mb = (peak - before) / 1024
+    assert growth_mb < 200, f"RSS grew {growth_mb:.0f} MB ({sent[0]} commands sent)"
+    raw.sock.settimeout(10)
+    code, _why = raw.read_until_close(lambda m: None, timeout=20)
+    assert code == 4008, (code, _why)
+    metrics = http("GET", server.http_url + "/metrics").text
+    assert any(line.startswith("switchboard_slow_consumer_disconnects_total 1") for line in metrics.splitlines())
+    raw.close()
+    t.join(timeout=15)
+    bystander.check()
+    # The node still answers history to a client that reads.
+    with WS(server.ws_url) as ws:
+        assert len(ws.ok("history", {"channel": ch, "limit": 100})["publications"]) == 100
+    bystander.check()

@@ -8,9 +8,14 @@
 //! write. Only when the socket is full does the connection's own task take over, waiting for
 //! writability.
 //!
-//! Memory is bounded: non-conflated bytes past `max_pending` close the connection with 4008
-//! (the client reconnects and recovers from history); conflated channels keep at most one
-//! pending frame each, the latest (its predecessor is replaced in place).
+//! Memory is bounded: everything queued counts — publications, replies, presence events,
+//! pings and pongs — and a push past `max_pending` closes the connection with 4008 (the client
+//! reconnects and recovers from history); only a reply on an empty queue may exceed the bound
+//! alone, so one large legitimate reply (a subscribe with thousands of `initial` values) goes
+//! through while a client pipelining commands without reading is closed at its second.
+//! Conflated channels keep at most one pending frame each, the latest (its predecessor is
+//! replaced in place). [`Outbox::is_full`] tells the connection task to stop reading from a
+//! client whose queue is full (back-pressure on its commands).
 //!
 //! Concurrency: all state is behind one `parking_lot::Mutex`, held for the duration of a
 //! non-blocking write call. It is per connection, so contention is limited to a fan-out and
@@ -93,7 +98,7 @@ enum Item {
 struct OutState {
     queue: VecDeque<Item>,
     latest: HashMap<Arc<str>, Delivery>,
-    /// Unwritten bytes of non-conflated items.
+    /// Unwritten bytes of queued items (everything but conflated values).
     pending: usize,
     /// A chunk being written, with what is still to go.
     current: Bytes,
@@ -173,8 +178,7 @@ impl Outbox {
             let len = d.frame.bytes.len();
             if st.pending + len > self.max_pending {
                 drop(st);
-                self.metrics.slow_consumers.fetch_add(1, Relaxed);
-                self.close(switchboard_protocol::code::close::SLOW_CONSUMER, "slow consumer", true);
+                self.slow_consumer();
                 return Pushed::Dropped;
             }
             st.pending += len;
@@ -188,37 +192,55 @@ impl Outbox {
         self.schedule(&mut st)
     }
 
-    /// Queues a reply or other message that belongs to no channel.
+    /// Queues a reply or other message that belongs to no channel (may exceed the bound
+    /// alone, on an empty queue).
     pub fn push_message(&self, payload: &[u8]) -> Pushed {
         let frame = Frame::message(self.format, payload);
-        let mut st = self.state.lock();
-        if st.closing || st.dead {
-            return Pushed::Dropped;
-        }
-        st.pending += frame.bytes.len();
-        st.queue.push_back(Item::Message { frame, channel: None, offset: 0, born: None });
-        self.schedule(&mut st)
+        self.push_item(Item::Message { frame, channel: None, offset: 0, born: None }, true)
     }
 
     /// Queues a pre-built frame shared by many connections (presence events).
     pub fn push_frame(&self, frame: &Frame) -> Pushed {
+        self.push_item(Item::Message { frame: frame.clone(), channel: None, offset: 0, born: None }, false)
+    }
+
+    /// Queues a control frame (ping, pong).
+    pub fn push_control(&self, frame: Bytes) -> Pushed {
+        self.push_item(Item::Control(frame), false)
+    }
+
+    /// Queues `item` within the bound; past it, closes with 4008. `lone_ok`: on an empty
+    /// queue it is taken whatever its size (replies).
+    fn push_item(&self, item: Item, lone_ok: bool) -> Pushed {
+        let len = match &item {
+            Item::Message { frame, .. } => frame.bytes.len(),
+            Item::Control(b) => b.len(),
+            Item::Latest(_) => 0,
+        };
         let mut st = self.state.lock();
         if st.closing || st.dead {
             return Pushed::Dropped;
         }
-        st.pending += frame.bytes.len();
-        st.queue.push_back(Item::Message { frame: frame.clone(), channel: None, offset: 0, born: None });
+        if st.pending + len > self.max_pending && !(lone_ok && st.pending == 0) {
+            drop(st);
+            self.slow_consumer();
+            return Pushed::Dropped;
+        }
+        st.pending += len;
+        st.queue.push_back(item);
         self.schedule(&mut st)
     }
 
-    /// Queues a control frame (ping).
-    pub fn push_control(&self, frame: Bytes) -> Pushed {
-        let mut st = self.state.lock();
-        if st.closing || st.dead {
-            return Pushed::Dropped;
-        }
-        st.queue.push_back(Item::Control(frame));
-        self.schedule(&mut st)
+    fn slow_consumer(&self) {
+        self.metrics.slow_consumers.fetch_add(1, Relaxed);
+        self.close(switchboard_protocol::code::close::SLOW_CONSUMER, "slow consumer", true);
+    }
+
+    /// The queue holds half the bound or more and the socket takes no more: the connection
+    /// task stops reading the client's commands until it drains.
+    pub fn is_full(&self) -> bool {
+        let st = self.state.lock();
+        st.blocked && st.pending + st.current.len() >= self.max_pending / 2
     }
 
     fn schedule(&self, st: &mut OutState) -> Pushed {
@@ -318,7 +340,10 @@ impl Outbox {
                     delivered += 1;
                     Some((d.frame, false))
                 }
-                Item::Control(b) => Some((Frame { bytes: b, header_len: 0 }, true)),
+                Item::Control(b) => {
+                    st.pending = st.pending.saturating_sub(b.len());
+                    Some((Frame { bytes: b, header_len: 0 }, true))
+                }
             }
         };
         let Some(first) = take(st, first) else { return self.next_chunk(st) };
@@ -441,6 +466,11 @@ impl Outbox {
             }
         }
         if let Some(frame) = reply {
+            if st.pending > 0 && st.pending + frame.bytes.len() > self.max_pending {
+                drop(st);
+                self.slow_consumer();
+                return;
+            }
             st.pending += frame.bytes.len();
             let at = mark.min(st.queue.len());
             st.queue.insert(at, Item::Message { frame, channel: None, offset: 0, born: None });
@@ -672,6 +702,34 @@ pub(crate) mod tests {
         // Only the frame in flight when the socket filled is completed; the backlog is dropped.
         assert_eq!(msgs.len(), 2, "in-flight publication + disconnect");
         assert_eq!(msgs[0]["pub"]["off"], 1);
+    }
+
+    #[test]
+    fn outbox_replies_pongs_and_presence_count_against_the_bound() {
+        // Regression: only publications were counted, so a client pipelining large `history`
+        // commands (or pings) without reading made the node queue without bound.
+        let big = format!("{{\"id\":1,\"ok\":\"{}\"}}", "x".repeat(30_000));
+        for kind in ["reply", "pong", "presence"] {
+            let wire = TestWire::open(0);
+            let ob = outbox(&wire, 10_000);
+            // One large reply on an empty queue is taken whatever its size.
+            let _ = ob.push_message(big.as_bytes());
+            ob.flush();
+            assert!(!ob.is_closing() && ob.is_full());
+            let presence = Frame::message(Format::Json, br#"{"join":{"ch":"a","client":"c","user":""}}"#);
+            for _ in 0..1000 {
+                let _ = match kind {
+                    "reply" => ob.push_message(b"{\"id\":2,\"ok\":{}}"),
+                    "pong" => ob.push_control(Bytes::from(websocket::encode_frame(Opcode::Pong, b"0123456789"))),
+                    _ => ob.push_frame(&presence),
+                };
+                assert!(ob.backlog().0 < 40_000 + 10_000, "{kind}");
+            }
+            assert!(ob.is_closing(), "{kind}");
+            *wire.room.lock() = usize::MAX;
+            ob.flush_blocked();
+            assert_eq!(wire.messages().last().unwrap()["disconnect"]["code"], 4008, "{kind}");
+        }
     }
 
     #[test]

@@ -8,6 +8,10 @@
 //! credentials and full per-address slots still upgrade and then close with 4001 / 4029, so
 //! that browsers, which never see the HTTP status of a failed handshake, learn why.
 //!
+//! Back-pressure: while the connection's outbox is full (the client does not read what it
+//! asked for), the task stops reading its commands; everything queued counts against
+//! `max_pending_bytes`, past which the connection closes with 4008 (`outbox`).
+//!
 //! The task holds no read buffer while idle: reads land in a stack buffer, and only a partial
 //! frame is kept between reads. That keeps an idle connection to a few hundred bytes of heap.
 
@@ -429,12 +433,15 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
             timer = next.map(|d| Box::pin(tokio::time::sleep_until(instant_of(d))));
         }
         let blocked = outbox.is_blocked() || socket.tls_pending();
-        let buffered = socket.buffered();
+        // Back-pressure: while the client's queue is full (it does not read), its commands are
+        // not read either; they wait in the kernel's buffers and then in the client's.
+        let full = outbox.is_full();
+        let buffered = socket.buffered() && !full;
         let wake = tokio::select! {
             _ = outbox.notified() => Wake::Other,
             _ = socket.tls_notified() => Wake::Other,
             r = socket.tcp().writable(), if blocked => if r.is_ok() { Wake::Writable } else { break },
-            r = socket.tcp().readable(), if !buffered => if r.is_ok() { Wake::Read } else { break },
+            r = socket.tcp().readable(), if !buffered && !full => if r.is_ok() { Wake::Read } else { break },
             _ = std::future::ready(()), if buffered => Wake::Read,
             _ = async { match timer.as_mut() { Some(t) => t.as_mut().await, None => std::future::pending().await } } => Wake::Deadline,
             _ = stop.changed() => Wake::Other,
@@ -491,6 +498,10 @@ fn close_with(node: &Node, session: &Session, reason: CloseReason) {
 
 async fn handle_events(session: &mut Session, events: &mut Vec<Event>) -> Result<(), CloseReason> {
     for ev in events.drain(..) {
+        if session.outbox().is_closing() {
+            // Closed meanwhile (slow consumer, say): the rest of the read goes unanswered.
+            continue;
+        }
         match ev {
             Event::Message(op, payload) => {
                 let expected = match session.outbox().format {
