@@ -7,7 +7,7 @@ BIN := target/release/switchboard
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo build test fmt-check lint rust-test black-box py-deps node-deps python-test node-test bench clean redis-deps fuzz-build web-deps web-build web-test browser-deps browser-test bench-dashboard
+.PHONY: demo build test fmt-check lint rust-test black-box py-deps node-deps python-test node-test bench clean redis-deps fuzz-build web-deps web-build web-test browser-deps browser-test bench-dashboard mqtt-deps
 
 build: web-build
 	$(CARGO) build --release --locked -p switchboard
@@ -59,7 +59,13 @@ tests/node/node_modules/.package-lock.json: tests/node/package-lock.json
 
 node-deps: tests/node/node_modules/.package-lock.json
 
-python-test: py-deps
+# The MQTT source tests start a real mosquitto on a spare loopback port (mosquitto_sub checks
+# writes); install it when missing.
+mqtt-deps:
+	@command -v mosquitto >/dev/null || command -v /usr/sbin/mosquitto >/dev/null || apt-get install -y mosquitto mosquitto-clients
+	@command -v mosquitto_sub >/dev/null || apt-get install -y mosquitto-clients
+
+python-test: py-deps mqtt-deps redis-deps
 	SWITCHBOARD_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q tests/python
 
 node-test: node-deps
