@@ -114,6 +114,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         Scenario::Sessions(a) => scenario::sessions::run(a),
         Scenario::Soak(a) => scenario::soak::run(a),
         Scenario::Report(a) => compare::run(a),
-        Scenario::Worker { config } => worker::worker_main(&config),
+        Scenario::Worker { config } => scenario::worker_main(&config),
     }
 }

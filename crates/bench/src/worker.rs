@@ -15,6 +15,7 @@
 //! The coordinator adds the histograms exactly ([`crate::histogram::Latency::merge`]).
 
 use std::cell::{Cell, RefCell};
+use std::future::Future;
 use std::process::Stdio;
 use std::rc::Rc;
 use std::time::Duration;
@@ -29,7 +30,6 @@ use tokio::time::Instant;
 use crate::accounting::Tally;
 use crate::histogram::Latency;
 use crate::progress::Progress;
-use crate::scenario::{broadcast, connect, dashboard, echo, limit, rooms, sessions, soak, streams};
 
 /// The environment variable carrying the auth token from the coordinator to its workers.
 pub const TOKEN_ENV: &str = "SWITCHBOARD_BENCH_TOKEN";
@@ -41,21 +41,6 @@ pub fn token() -> Option<String> {
 
 /// Distinct failure reasons a worker counts ([`WorkerCtx::failed_for`]).
 pub const MAX_REASONS: usize = 16;
-
-/// What one worker process does; the JSON argument of `bench worker`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum WorkerConfig {
-    Limit(limit::LimitWorker),
-    Broadcast(broadcast::BroadcastWorker),
-    Echo(echo::EchoWorker),
-    Rooms(rooms::RoomsWorker),
-    Streams(streams::StreamsWorker),
-    Dashboard(dashboard::DashboardWorker),
-    Connect(connect::ConnectWorker),
-    Sessions(sessions::SessionsWorker),
-    Soak(soak::SoakWorker),
-}
 
 /// A running worker's counters, as reported in progress lines.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -250,40 +235,26 @@ impl WorkerCtx {
     }
 }
 
-/// Entry point of `bench worker <json>`; returns the process exit code.
-pub fn worker_main(config: &str) -> anyhow::Result<i32> {
-    let cfg: WorkerConfig = serde_json::from_str(config).context("worker config")?;
+/// Runs the body of one worker process: `conns` connections to settle before `ready`, and
+/// `body` (a scenario's worker half) on a single-threaded runtime beside the stdin watcher
+/// and the progress ticker. Sends the final report once `body` returns. Which scenario runs
+/// is decided above this engine, by `scenario::worker_main`: scenarios use the worker
+/// machinery, never the other way round.
+pub fn serve<F, Fut>(conns: usize, body: F) -> anyhow::Result<i32>
+where
+    F: FnOnce(Rc<WorkerCtx>) -> Fut,
+    Fut: Future<Output = ()>,
+{
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async move {
-        let target = match &cfg {
-            WorkerConfig::Limit(c) => c.conns,
-            WorkerConfig::Broadcast(c) => c.conns,
-            WorkerConfig::Echo(c) => c.conns,
-            WorkerConfig::Rooms(c) => c.conns,
-            WorkerConfig::Streams(c) => c.conns,
-            WorkerConfig::Dashboard(c) => c.conns,
-            WorkerConfig::Connect(c) => c.conns,
-            WorkerConfig::Sessions(c) => c.conns,
-            WorkerConfig::Soak(c) => c.conns,
-        } as u64;
-        let ctx = WorkerCtx::new(target);
-        if target == 0 {
+        let ctx = WorkerCtx::new(conns as u64);
+        if conns == 0 {
             ctx.check_ready();
         }
         tokio::task::spawn_local(watch_stdin(ctx.clone()));
         tokio::task::spawn_local(tick(ctx.clone()));
-        match cfg {
-            WorkerConfig::Limit(c) => limit::run_worker(c, ctx.clone()).await,
-            WorkerConfig::Broadcast(c) => broadcast::run_worker(c, ctx.clone()).await,
-            WorkerConfig::Echo(c) => echo::run_worker(c, ctx.clone()).await,
-            WorkerConfig::Rooms(c) => rooms::run_worker(c, ctx.clone()).await,
-            WorkerConfig::Streams(c) => streams::run_worker(c, ctx.clone()).await,
-            WorkerConfig::Dashboard(c) => dashboard::run_worker(c, ctx.clone()).await,
-            WorkerConfig::Connect(c) => connect::run_worker(c, ctx.clone()).await,
-            WorkerConfig::Sessions(c) => sessions::run_worker(c, ctx.clone()).await,
-            WorkerConfig::Soak(c) => soak::run_worker(c, ctx.clone()).await,
-        }
+        body(ctx.clone()).await;
         ctx.stop();
         ctx.emit(&WorkerMsg::Final(Box::new(ctx.final_report())));
     });
@@ -364,9 +335,10 @@ pub struct Merged {
 }
 
 impl Pool {
-    /// Starts one worker per config. `token`, if any, reaches the workers through the
-    /// environment ([`TOKEN_ENV`]), not the command line, which every user can read.
-    pub fn spawn(configs: &[WorkerConfig], token: Option<&str>) -> anyhow::Result<Pool> {
+    /// Starts one worker per config (the JSON argument of `bench worker`, a scenario's
+    /// `WorkerConfig`). `token`, if any, reaches the workers through the environment
+    /// ([`TOKEN_ENV`]), not the command line, which every user can read.
+    pub fn spawn<C: Serialize>(configs: &[C], token: Option<&str>) -> anyhow::Result<Pool> {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut pool = Pool {
             children: Vec::new(),
@@ -382,7 +354,7 @@ impl Pool {
 
     /// Starts more workers into a running pool (a phase that begins once the first workers
     /// are ready). They take the next indexes of [`Pool::workers`].
-    pub fn add(&mut self, configs: &[WorkerConfig], token: Option<&str>) -> anyhow::Result<()> {
+    pub fn add<C: Serialize>(&mut self, configs: &[C], token: Option<&str>) -> anyhow::Result<()> {
         let exe = std::env::current_exe().context("locating the bench executable")?;
         for cfg in configs {
             let i = self.workers.len();

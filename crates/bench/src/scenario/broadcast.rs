@@ -33,10 +33,10 @@ use crate::progress::{Progress, Rate};
 use crate::report::{
     pace_criteria, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
 };
-use crate::scenario::{conclude, coordinator_runtime, ms};
+use crate::scenario::{conclude, coordinator_runtime, ms, WorkerConfig};
 use crate::search::Search;
 use crate::transport::{Conn, Transport};
-use crate::worker::{Pool, WorkerConfig, WorkerCtx};
+use crate::worker::{Pool, WorkerCtx};
 
 /// `switchboard bench broadcast`
 #[derive(Debug, Clone, clap::Args)]

@@ -39,8 +39,8 @@ use crate::report::{
     rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
 };
 use crate::scenario::broadcast::subscribe_reply;
-use crate::scenario::{conclude, coordinator_runtime};
-use crate::worker::{Pool, WorkerConfig, WorkerCtx};
+use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
+use crate::worker::{Pool, WorkerCtx};
 
 /// `switchboard bench connect`
 #[derive(Debug, Clone, clap::Args)]

@@ -42,8 +42,8 @@ use crate::report::{pace_criteria, BenchResult, Connections, Criterion, ServerSt
 use crate::scenario::streams::feed::{
     completion, run_ticks, FeedConn, FeedWorker, Points, TickPublisher, Ticks, DEFAULT_SUBSCRIBE_CHUNK,
 };
-use crate::scenario::{conclude, coordinator_runtime};
-use crate::worker::{Pool, WorkerConfig, WorkerCtx};
+use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
+use crate::worker::{Pool, WorkerCtx};
 
 /// `switchboard bench dashboard`
 #[derive(Debug, Clone, clap::Args)]

@@ -33,8 +33,8 @@ use crate::progress::{Progress, Rate};
 use crate::report::{
     rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
 };
-use crate::scenario::{conclude, coordinator_runtime};
-use crate::worker::{Pool, WorkerConfig, WorkerCtx};
+use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
+use crate::worker::{Pool, WorkerCtx};
 
 /// What the far end speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]

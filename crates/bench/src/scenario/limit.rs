@@ -31,8 +31,8 @@ use crate::progress::{Progress, Rate};
 use crate::report::{
     rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
 };
-use crate::scenario::{conclude, coordinator_runtime};
-use crate::worker::{Pool, WorkerConfig, WorkerCtx};
+use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
+use crate::worker::{Pool, WorkerCtx};
 
 /// Smallest frame that holds the timestamped payload.
 pub const MIN_SIZE: usize = 32;

@@ -42,9 +42,9 @@ use crate::report::{
     p99_criterion, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
 };
 use crate::scenario::streams::feed::{encode, parse_subscribe_ok, payload, Incoming, Points, Subscribed};
-use crate::scenario::{conclude, coordinator_runtime};
+use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
 use crate::transport::{Conn, ConnStream, Transport};
-use crate::worker::{Pool, WorkerConfig, WorkerCtx};
+use crate::worker::{Pool, WorkerCtx};
 
 /// Iterations when neither `--iterations` nor `--duration` is given: the original script ran
 /// at least 100.

@@ -53,8 +53,8 @@ use crate::probe::{Memory, ProcessProbe};
 use crate::progress::{Progress, Rate};
 use crate::report::{rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats};
 use crate::scenario::broadcast::subscribe_reply;
-use crate::scenario::{conclude, coordinator_runtime};
-use crate::worker::{Pool, WorkerConfig, WorkerCtx};
+use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
+use crate::worker::{Pool, WorkerCtx};
 
 /// Handshakes in flight per worker process while a cell connects.
 const CONCURRENCY: usize = 200;

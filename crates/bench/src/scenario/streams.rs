@@ -47,9 +47,9 @@ use crate::progress::Progress;
 use crate::report::{
     pace_criteria, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
 };
-use crate::scenario::{conclude, coordinator_runtime};
+use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
 use crate::search::Search;
-use crate::worker::{Pool, WorkerConfig, WorkerCtx};
+use crate::worker::{Pool, WorkerCtx};
 use feed::{completion, run_ticks, FeedConn, FeedWorker, Points, TickPublisher, Ticks, DEFAULT_SUBSCRIBE_CHUNK};
 
 /// Deliveries per second one single-threaded worker process reads comfortably; above that the
