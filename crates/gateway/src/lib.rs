@@ -24,7 +24,7 @@
 //! - [`simulate`]: the built-in point simulator (`--simulate N@HZ`).
 //! - [`sources`]: plant data sources (`[[sources]]`: MQTT, OPC UA) started under their
 //!   leases and publishing through the node; write-back of publishes to `write_source`
-//!   namespaces.
+//!   namespaces; `sources::demo`, the demo's optional MQTT path (mosquitto when installed).
 //! - [`server`]: the accept loop and [`server::run`], the whole node as a blocking call.
 
 pub mod api;

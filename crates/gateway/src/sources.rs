@@ -12,6 +12,8 @@ use switchboard_sources::{Lease, Sink, Sources, WriteError};
 
 use crate::node::{ApiError, Node};
 
+pub mod demo;
+
 /// Publishes a source's points through [`Node::publish_batch`]: the same validation, limits
 /// and broker as any publisher. Holds the node weakly: the node owns its sources.
 struct NodeSink(Weak<Node>);

@@ -9,8 +9,7 @@
 //!   counted, logged at debug, never fatal. Empty payloads (retained-message deletions) are
 //!   ignored.
 //! - Channels: the `channel` template with `{topic}` replaced by the topic, `/` turned into `.`.
-//! - The connection: QoS `qos` (1 by default) subscriptions, made again after every connect
-//!   that did not resume the session; reconnects with jittered exponential backoff (0.5 s to
+//! - The connection: QoS `qos` (1 by default) subscriptions, made again after every connect; reconnects with jittered exponential backoff (0.5 s to
 //!   30 s). When the connection drops every channel the source fed gets its last value again
 //!   with `q: "bad"`; fresh values follow once it is back.
 //! - Points go to the sink in batches: whatever arrived within [`BATCH_WAIT`] of the first,
@@ -344,11 +343,12 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
                     connected_once = true;
                     backoff = Duration::from_millis(500);
                     tracing::info!(source = %name, session_present = ack.session_present, "MQTT connected");
-                    if !ack.session_present {
-                        let filters = conn.cfg.topics.iter().map(|t| SubscribeFilter::new(t.clone(), qos(conn.cfg.qos)));
-                        if let Err(e) = client.try_subscribe_many(filters) {
-                            tracing::warn!(source = %name, "MQTT subscribe not sent: {e}");
-                        }
+                    // Subscribed on every connect, even when the broker says it kept the
+                    // session: a broker restarted without persistence, or one that reports a
+                    // session it does not have, would otherwise leave the source deaf.
+                    let filters = conn.cfg.topics.iter().map(|t| SubscribeFilter::new(t.clone(), qos(conn.cfg.qos)));
+                    if let Err(e) = client.try_subscribe_many(filters) {
+                        tracing::warn!(source = %name, "MQTT subscribe not sent: {e}");
                     }
                 }
                 Ok(Event::Incoming(Incoming::SubAck(ack))) => {

@@ -320,8 +320,10 @@ fn main() -> ExitCode {
                 overrides.push(("web_dir", path_value(v)));
             }
             match load(None, &overrides) {
-                Ok(config) => {
+                Ok(mut config) => {
                     use switchboard_gateway::dashboards::{install_demo, DEMO_ID};
+                    // With mosquitto installed, plant data over MQTT too (quietly absent otherwise).
+                    let _mqtt = switchboard_gateway::sources::demo::start(&mut config);
                     // The demo still serves without its dashboard (e.g. a read-only directory).
                     if let Err(e) = install_demo(&config.data_dir) {
                         eprintln!(
