@@ -182,3 +182,52 @@ def test_hostile_pipelined_history_without_reading_is_closed_4008_with_bounded_m
     with WS(server.ws_url) as ws:
         assert len(ws.ok("history", {"channel": ch, "limit": 100})["publications"]) == 100
     bystander.check()
+
+
+# ------------------------------------------------------------------ poll sessions after a close
+
+
+def test_hostile_poll_session_closed_4008_is_released_for_good(start_server):
+    """Regression: after a 4008 (or 4001) close with no poll waiting, the sweeper released the
+    session but left it live, so a later `POST /poll/{id}` subscribed and joined presence again
+    and nothing ever released that: a ghost presence member. Now the POST gets 404, the
+    presence list holds only real members, and the next poll still gets the disconnect."""
+    from test_poll import Poller
+
+    srv = start_server(env={"SWITCHBOARD_MAX_PENDING_BYTES": "16384"})
+    b = sb.Bystander(srv)
+    room = uniq("room:ghost-")
+    watcher = WS(srv.ws_url)
+    try:
+        watcher.subscribe([room])
+        me = watcher.ok("presence", {"channel": room})["clients"][0]["client"]
+        watcher.drain()
+        p = Poller(srv)
+        assert p.request("subscribe", {"channels": [room]})["ok"]["channels"][room]["offset"] == 0
+        joined = watcher.recv_where(lambda m: "join" in m and m["join"]["client"] != me)
+        member = joined["join"]["client"]
+        # Nobody polls while 40 KB arrive: past the bound, the session closes 4008.
+        for i in range(40):
+            api_publish(srv, room, {"i": i, "pad": "x" * 1000})
+        left = watcher.recv_where(lambda m: "leave" in m, timeout=10)
+        assert left["leave"]["client"] == member
+        r = p.send({"id": 1, "subscribe": {"channels": [room]}})
+        assert r.status_code == 404, r.text
+        r = p.send({"id": 2, "subscribe": {"channels": [uniq("room:other-")]}})
+        assert r.status_code == 404, r.text
+        time.sleep(1.5)
+        clients = http("GET", srv.http_url + f"/api/presence/{room}").json()["clients"]
+        assert [c["client"] for c in clients] == [me], clients
+        assert not any("join" in m for m in watcher.drain()), "a ghost joined"
+        # The next poll still learns why, and the one after gets 404.
+        r = p.http.get(f"{p.base}/poll/{p.id}", params={"timeout": 1})
+        assert r.status_code == 200, r.text
+        discs = [m["disconnect"] for m in r.json()["messages"] if "disconnect" in m]
+        assert discs and discs[0]["code"] == 4008, r.text
+        assert p.http.get(f"{p.base}/poll/{p.id}", params={"timeout": 1}).status_code == 404
+        p.close()
+        b.check()
+    finally:
+        watcher.close()
+        b.close()
+

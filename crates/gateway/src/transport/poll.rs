@@ -417,6 +417,11 @@ pub(crate) async fn sweep_task(polls: std::sync::Weak<Polls>) {
                         polls.finish(&s, &mut live, code).await;
                     }
                 } else if let Ok(mut live) = s.live.try_lock() {
+                    if !s.cleaned.load(Relaxed) {
+                        // Released for good: no node may take the record over (and subscribe
+                        // again); the live copy stays only to hand the disconnect to a poll.
+                        let _ = polls.store.remove(&s.id).await;
+                    }
                     polls.release(&s, &mut live).await;
                     if idle >= polls.ttl.as_secs() {
                         polls.finish(&s, &mut live, code).await;

@@ -494,6 +494,11 @@ impl Polls {
         if s.state.load(Relaxed) != LIVE {
             return Ok(false);
         }
+        if s.cleaned.load(Relaxed) || s.wire.closed().is_some() {
+            // Closed (4008, 4001, ...): only its disconnect is left for the next poll. Running
+            // commands would subscribe and join presence again with nothing left to undo it.
+            return Err(error(code::NOT_FOUND, "unknown or expired session"));
+        }
         let token = if self.store.shared() {
             let store_err = |e: poll_store::StoreError| error(code::INTERNAL, e.to_string());
             let Some(t) = self.store.lock(&s.id, LOCK_WAIT).await.map_err(store_err)? else {
