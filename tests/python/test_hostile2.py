@@ -231,3 +231,48 @@ def test_hostile_poll_session_closed_4008_is_released_for_good(start_server):
         watcher.close()
         b.close()
 
+
+
+# ------------------------------------------------------------------------ presence amplification
+
+
+def test_hostile_presence_churn_gets_429_and_members_see_bounded_events(start_server):
+    """Regression: subscribe/unsubscribe of a presence channel were not rate-limited, so one
+    frame alternating them sent join/leave events × members. Joins are limited per connection
+    (`limits.presence_changes_per_connection_per_s`; leaves follow joins): the rest get 429."""
+    srv = start_server(env={"SWITCHBOARD_EXEMPT_LOOPBACK": "false",
+                            "SWITCHBOARD_PRESENCE_CHANGES_PER_CONNECTION_PER_S": "5"})
+    b = sb.Bystander(srv)
+    room = uniq("room:churn-")
+    member = WS(srv.ws_url)
+    attacker = WS(srv.ws_url)
+    try:
+        member.subscribe([room])
+        member.drain()
+        n = 200
+        cmds = []
+        for i in range(n):
+            cmds.append(json.dumps({"id": 2 * i + 1, "subscribe": {"channels": [room]}}))
+            cmds.append(json.dumps({"id": 2 * i + 2, "unsubscribe": {"channels": [room]}}))
+        attacker.send_raw("\n".join(cmds))
+        replies = {}
+        deadline = time.monotonic() + 15
+        while len(replies) < 2 * n and time.monotonic() < deadline:
+            m = attacker.recv_where(lambda m: "id" in m, timeout=10)
+            replies[m["id"]] = m
+        subs = [replies[2 * i + 1] for i in range(n)]
+        limited = [r for r in subs if r["ok"]["channels"][room].get("error", {}).get("code") == 429]
+        joined = [r for r in subs if "error" not in r["ok"]["channels"][room]]
+        assert len(limited) > n // 2, f"{len(limited)} of {n} subscribes limited"
+        assert 1 <= len(joined) <= 30, len(joined)
+        events = [m for m in member.drain(quiet=1.0) if "join" in m or "leave" in m]
+        assert len(events) <= 2 * len(joined) and len(events) <= 60, len(events)
+        # The member and its stream are fine, and a later join (after the rate refilled) works.
+        b.check()
+        time.sleep(1.0)
+        ok = attacker.ok("subscribe", {"channels": [room]})["channels"][room]
+        assert "error" not in ok, ok
+    finally:
+        attacker.close()
+        member.close()
+        b.close()

@@ -4,7 +4,8 @@
 //! # Layout
 //! - this file: the [`Broker`] trait, the [`BrokerHandler`] a node registers to receive
 //!   publications, and the value types they exchange.
-//! - [`memory`]: [`MemoryBroker`], the embedded single-node default.
+//! - [`memory`]: [`MemoryBroker`], the embedded single-node default (`memory/presence.rs`: its
+//!   presence table, indexed per channel and client).
 //! - [`redis`]: [`RedisBroker`], the cluster broker: every node shares one Redis, publications
 //!   reach the other nodes over Redis pub/sub, history and presence live in Redis.
 //! - [`sharded`]: [`ShardedRedisBroker`], channels spread over several independent Redis

@@ -3,6 +3,8 @@
 //! with an offset from before the restart learns `complete: false` instead of silently missing
 //! publications.
 
+mod presence;
+
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, OnceLock};
@@ -82,12 +84,12 @@ struct Table {
 /// stream's `Mutex` is held across offset assignment, history append and the handler's
 /// `on_publication` (which only enqueues), which is what makes those one atomic step. The
 /// handler's `after_publications` (socket writes) runs after the stream lock is released.
-/// Lock order: `streams` table, then one stream, then `presence`.
+/// Lock order: `streams` table, then one stream, then a `presence` shard.
 pub struct MemoryBroker {
     streams: RwLock<Table>,
     /// The most channels held at once; creating one more fails with [`BrokerError::Full`].
     max_channels: usize,
-    presence: Mutex<HashMap<Arc<str>, Vec<ClientInfo>>>,
+    presence: presence::PresenceTable,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
 }
 
@@ -108,7 +110,7 @@ impl MemoryBroker {
         MemoryBroker {
             streams: RwLock::default(),
             max_channels: max,
-            presence: Mutex::default(),
+            presence: presence::PresenceTable::default(),
             handler: OnceLock::new(),
         }
     }
@@ -275,13 +277,8 @@ impl Broker for MemoryBroker {
     }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {
-        {
-            let mut map = self.presence.lock();
-            let list = map.entry(Arc::from(channel)).or_default();
-            if list.iter().any(|c| c.client == info.client) {
-                return Ok(());
-            }
-            list.push(info.clone());
+        if !self.presence.add(channel, info.clone()) {
+            return Ok(());
         }
         if let Some(h) = self.handler.get() {
             h.on_presence(channel, &info, true);
@@ -291,15 +288,7 @@ impl Broker for MemoryBroker {
     }
 
     async fn presence_remove(&self, channel: &str, client: &str) -> Result<(), BrokerError> {
-        let removed = {
-            let mut map = self.presence.lock();
-            let Some(list) = map.get_mut(channel) else { return Ok(()) };
-            let removed = list.iter().position(|c| c.client == client).map(|i| list.swap_remove(i));
-            if list.is_empty() {
-                map.remove(channel);
-            }
-            removed
-        };
+        let removed = self.presence.remove(channel, client);
         if let (Some(info), Some(h)) = (removed, self.handler.get()) {
             h.on_presence(channel, &info, false);
             h.after_publications();
@@ -308,7 +297,7 @@ impl Broker for MemoryBroker {
     }
 
     async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError> {
-        Ok(self.presence.lock().get(channel).cloned().unwrap_or_default())
+        Ok(self.presence.members(channel))
     }
 
     /// In name order from the cursor (the last name of the previous page): a walk of the name
@@ -376,7 +365,7 @@ impl Broker for MemoryBroker {
         for ch in candidates {
             let still_idle = table.map.get(&ch).is_some_and(|s| idle(&ch, s));
             // Present clients keep a channel (presence outlives subscriptions on some transports).
-            if still_idle && !self.presence.lock().contains_key(&ch) {
+            if still_idle && !self.presence.contains(&ch) {
                 table.map.remove(&ch);
                 table.names.remove(&ch);
                 forgotten += 1;

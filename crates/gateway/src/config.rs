@@ -82,6 +82,10 @@ pub struct Limits {
     pub handshakes_per_ip_per_s: usize,
     /// Publishes per second on one connection (bursts of twice this pass); more get error 429.
     pub publishes_per_connection_per_s: usize,
+    /// Presence joins per second on one connection — subscribes of channels in presence
+    /// namespaces (bursts of twice this pass); more get error 429 for those channels. Leaves
+    /// follow joins, so they are bounded too.
+    pub presence_changes_per_connection_per_s: usize,
     /// Publications per second with one API key over the HTTP API; more get 429.
     pub publishes_per_api_key_per_s: usize,
     /// Password checks (Argon2, tens of milliseconds each) per second for one client address;
@@ -181,6 +185,7 @@ impl Default for Limits {
             max_connections_per_ip: 1000,
             handshakes_per_ip_per_s: 50,
             publishes_per_connection_per_s: 100,
+            presence_changes_per_connection_per_s: 20,
             publishes_per_api_key_per_s: 10_000,
             password_checks_per_ip_per_s: 5,
             handshake_timeout_s: 10,
@@ -233,7 +238,7 @@ impl Namespace {
     }
 }
 
-const LIMIT_KEYS: [&str; 16] = [
+const LIMIT_KEYS: [&str; 17] = [
     "max_connections",
     "max_subscriptions",
     "max_frame_bytes",
@@ -244,6 +249,7 @@ const LIMIT_KEYS: [&str; 16] = [
     "max_connections_per_ip",
     "handshakes_per_ip_per_s",
     "publishes_per_connection_per_s",
+    "presence_changes_per_connection_per_s",
     "publishes_per_api_key_per_s",
     "password_checks_per_ip_per_s",
     "handshake_timeout_s",
@@ -372,6 +378,7 @@ impl Config {
             ("limits.max_connections_per_ip", l.max_connections_per_ip),
             ("limits.handshakes_per_ip_per_s", l.handshakes_per_ip_per_s),
             ("limits.publishes_per_connection_per_s", l.publishes_per_connection_per_s),
+            ("limits.presence_changes_per_connection_per_s", l.presence_changes_per_connection_per_s),
             ("limits.publishes_per_api_key_per_s", l.publishes_per_api_key_per_s),
             ("limits.password_checks_per_ip_per_s", l.password_checks_per_ip_per_s),
             ("limits.handshake_timeout_s", l.handshake_timeout_s as usize),

@@ -11,14 +11,14 @@
 //! an unauthenticated client, the token's expiry) and closes it with what
 //! [`Session::check_deadline`] returns (4001).
 
+mod reply;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
-use serde_json::value::RawValue;
 use switchboard_broker::{ClientInfo, Position, Publication};
 use switchboard_protocol::code::{self, close};
 use switchboard_protocol::command::{HistoryRequest, PublishRequest, SubscribeRequest};
@@ -32,6 +32,7 @@ use crate::auth::{Action, Auth, AuthFailure, Identity, Method};
 use crate::node::{ApiError, Node};
 use crate::outbox::{Outbox, Pushed};
 use crate::sampling::{PointView, Sampling};
+use reply::{failed_code, pub_of, SubscribeReply};
 
 /// Why a connection must close (sent as `disconnect` + close frame).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +68,9 @@ pub struct Session {
     first_message_by: Option<SystemTime>,
     /// Publishes per second (none when the client is exempt from rate limits).
     publish_rate: Option<Bucket>,
+    /// Presence joins per second (none when exempt): each is an event to every member, so a
+    /// client subscribing and unsubscribing in a loop would amplify its churn to all of them.
+    presence_rate: Option<Bucket>,
     /// The client's address when it is subject to per-address limits (password checks of
     /// `connect`).
     limited_ip: Option<std::net::IpAddr>,
@@ -150,6 +154,8 @@ impl Session {
         let client = format!("{}-{}", node.id, outbox.id);
         let auth = node.config.security.auth.clone();
         let publish_rate = Some(Bucket::full(node.config.limits.publishes_per_connection_per_s as f64, Instant::now()));
+        let presence_rate =
+            Some(Bucket::full(node.config.limits.presence_changes_per_connection_per_s as f64, Instant::now()));
         let mut session = Session {
             node,
             outbox,
@@ -163,6 +169,7 @@ impl Session {
             identity: Identity::anonymous(),
             first_message_by: None,
             publish_rate,
+            presence_rate,
             limited_ip: None,
         };
         session.set_identity(None);
@@ -190,11 +197,12 @@ impl Session {
         }
     }
 
-    /// Lifts the per-connection publish rate (clients on exempt addresses, see
+    /// Lifts the per-connection publish and presence rates (clients on exempt addresses, see
     /// `limits.exempt_loopback`).
     pub fn set_rate_exempt(&mut self, exempt: bool) {
         if exempt {
             self.publish_rate = None;
+            self.presence_rate = None;
         }
     }
 
@@ -616,6 +624,12 @@ impl Session {
         }
         self.node.hub_has_room(name)?;
         let ns = self.node.config.namespace(namespace_of(name));
+        if let (true, Some(bucket)) = (ns.presence, &mut self.presence_rate) {
+            let rate = self.node.config.limits.presence_changes_per_connection_per_s;
+            if !bucket.take(rate as f64, Instant::now()) {
+                return Err(ApiError::new(code::LIMIT, format!("more than {rate} presence joins per second")));
+            }
+        }
         let ch: Arc<str> = Arc::from(name);
         self.node.hub.add(&ch, &self.outbox, ns.conflate, sampling);
         self.pending.insert(ch.clone());
@@ -646,66 +660,6 @@ impl Session {
         for ch in subs {
             self.unsubscribe(&ch).await;
         }
-    }
-}
-
-fn failed_code(failed: &[&(String, Outcome)]) -> u16 {
-    match failed.first() {
-        Some((_, Outcome::Err(e))) => e.code,
-        _ => code::BAD_REQUEST,
-    }
-}
-
-fn pub_of<'a>(ch: &'a str, p: &'a Publication) -> Pub<'a> {
-    let data: &RawValue = &p.data;
-    Pub { ch, off: p.offset, data: Data(data) }
-}
-
-/// Serializes `{"channels": {name: result, ...}}` in request order.
-struct SubscribeReply<'a>(&'a [(String, Outcome)]);
-
-impl Serialize for SubscribeReply<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        #[derive(Serialize)]
-        struct OkBody<'a> {
-            epoch: &'a str,
-            offset: u64,
-            last: Option<Pub<'a>>,
-            recovered: Vec<Pub<'a>>,
-            complete: bool,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            trend: Option<&'a crate::trend::TrendReply>,
-        }
-        #[derive(Serialize)]
-        struct ErrBody<'a> {
-            error: &'a ErrorBody,
-        }
-        struct Channels<'a>(&'a [(String, Outcome)]);
-        impl Serialize for Channels<'_> {
-            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let mut m = s.serialize_map(Some(self.0.len()))?;
-                for (name, outcome) in self.0 {
-                    match outcome {
-                        Outcome::Ok { position, last, recovered, complete, trend } => m.serialize_entry(
-                            name,
-                            &OkBody {
-                                epoch: &position.epoch,
-                                offset: position.offset,
-                                last: last.as_ref().map(|p| pub_of(name, p)),
-                                recovered: recovered.iter().map(|p| pub_of(name, p)).collect(),
-                                complete: *complete,
-                                trend: trend.as_ref(),
-                            },
-                        )?,
-                        Outcome::Err(e) => m.serialize_entry(name, &ErrBody { error: e })?,
-                    }
-                }
-                m.end()
-            }
-        }
-        let mut m = s.serialize_map(Some(1))?;
-        m.serialize_entry("channels", &Channels(self.0))?;
-        m.end()
     }
 }
 
