@@ -30,6 +30,12 @@ pub struct CpuSample {
 }
 
 impl CpuSample {
+    /// [`CpuSample::seconds_until`] when both samples were taken (`None` without `--server-pid`
+    /// or when `/proc` could not be read).
+    pub fn between(from: &Option<CpuSample>, to: &Option<CpuSample>) -> Option<f64> {
+        Some(from.as_ref()?.seconds_until(to.as_ref()?))
+    }
+
     /// CPU seconds between two samples. Uses the per-thread nanosecond counters when every
     /// thread of the first sample is still alive at the second (a thread that exited took its
     /// counter with it; threads that appeared in between count in full); otherwise the

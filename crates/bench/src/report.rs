@@ -4,11 +4,13 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use crate::accounting::MessageCounts;
 use crate::chart;
+use crate::common::rfc3339;
 use crate::histogram::{Latency, LatencySummary};
+use crate::progress::Progress;
 
 /// `result.json`. Field names and nesting are the contract of SPEC §8; anything a scenario
 /// wants to add goes under `extra`.
@@ -36,6 +38,14 @@ pub struct Connections {
     pub target: u64,
     pub established: u64,
     pub failed: u64,
+}
+
+impl Connections {
+    /// `target` connections of which `established` came up and `failed` were refused: the ones
+    /// that never settled either way count as failed too.
+    pub fn settled(target: u64, established: u64, failed: u64) -> Connections {
+        Connections { target, established, failed: failed + target.saturating_sub(established + failed) }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -81,6 +91,11 @@ pub struct Criterion {
 impl Criterion {
     pub fn new(check: impl Into<String>, ok: bool, observed: impl Into<String>) -> Self {
         Criterion { check: check.into(), ok, observed: observed.into() }
+    }
+
+    /// Every worker process sent its final report (`missing` did not).
+    pub fn workers_reported(missing: usize) -> Self {
+        Criterion::new("every worker reported", missing == 0, format!("{missing} missing"))
     }
 }
 
@@ -134,7 +149,131 @@ pub fn p99_criterion(p99_ms: Option<f64>, max_p99_ms: f64) -> Criterion {
     )
 }
 
+/// The one assembly of a [`BenchResult`] that every scenario ends with. A scenario gives what
+/// it measured, its criteria and its own extras; the figures that all runs report alike (server
+/// CPU and peak RSS, the RSS per connection or why there is none, worker processes, the load
+/// generator's memory, errors) go under the same `extra` names every time. `pass` is left
+/// false until [`BenchResult::conclude`] decides it.
+#[derive(Debug)]
+#[must_use]
+pub struct ResultBuilder {
+    result: BenchResult,
+}
+
+impl ResultBuilder {
+    /// The measured phase: its length, connections, messages and delivery rate.
+    pub fn measured(mut self, duration_s: f64, connections: Connections, messages: MessageCounts, per_s: f64) -> Self {
+        self.result.duration_s = duration_s;
+        self.result.connections = connections;
+        self.result.messages = messages;
+        self.result.throughput = Throughput { deliveries_per_s: per_s };
+        self
+    }
+
+    pub fn latency(mut self, latency: LatencySummary) -> Self {
+        self.result.latency_ms = latency;
+        self
+    }
+
+    pub fn criteria(mut self, criteria: Vec<Criterion>) -> Self {
+        self.result.criteria = criteria;
+        self
+    }
+
+    /// The scenario's own figures.
+    pub fn extra(mut self, extra: Map<String, Value>) -> Self {
+        self.result.extra.extend(extra);
+        self
+    }
+
+    /// Server CPU seconds of the measured phase and peak RSS (`None`: not sampled).
+    pub fn server(mut self, cpu_s: Option<f64>, rss_peak_bytes: Option<u64>) -> Self {
+        self.result.server.cpu_s = cpu_s;
+        self.result.server.rss_peak_bytes = rss_peak_bytes;
+        self
+    }
+
+    /// The server's RSS before connecting and once connected (`rss_before_bytes`,
+    /// `rss_connected_bytes`).
+    pub fn rss_sampled(mut self, before: Option<u64>, connected: Option<u64>) -> Self {
+        self.result.extra.insert("rss_before_bytes".into(), json!(before));
+        self.result.extra.insert("rss_connected_bytes".into(), json!(connected));
+        self
+    }
+
+    /// The RSS per connection, or the note saying why there is none (`rss_note`); as
+    /// [`rss_per_connection`] returns them.
+    pub fn rss_per_connection(mut self, (per_conn, note): (Option<f64>, Option<String>)) -> Self {
+        self.result.server.rss_per_connection_bytes = per_conn;
+        if let Some(note) = note {
+            self.result.extra.insert("rss_note".into(), json!(note));
+        }
+        self
+    }
+
+    /// Worker processes generating the load.
+    pub fn procs(mut self, procs: usize) -> Self {
+        self.result.extra.insert("procs".into(), json!(procs));
+        self
+    }
+
+    /// The load generator's peak RSS, its worker processes together.
+    pub fn load_generator_rss(mut self, bytes: u64) -> Self {
+        self.result.extra.insert("load_generator_rss_peak_bytes".into(), json!(bytes));
+        self
+    }
+
+    /// The errors seen (`errors`, left out when there are none).
+    pub fn errors<E: Serialize>(mut self, errors: &[E]) -> Self {
+        if !errors.is_empty() {
+            self.result.extra.insert("errors".into(), json!(errors));
+        }
+        self
+    }
+
+    pub fn build(self) -> BenchResult {
+        self.result
+    }
+
+    /// [`ResultBuilder::build`], then [`BenchResult::conclude`].
+    pub fn conclude(self, latency: &Latency, out: &Path, progress: &mut Progress) -> anyhow::Result<i32> {
+        self.build().conclude(latency, out, progress)
+    }
+}
+
 impl BenchResult {
+    /// Starts the result of a run of `scenario` with `params`, started at `started_us` (µs
+    /// since the epoch).
+    pub fn builder(scenario: &str, params: Value, started_us: u64) -> ResultBuilder {
+        ResultBuilder {
+            result: BenchResult {
+                scenario: scenario.into(),
+                params,
+                started: rfc3339(started_us),
+                duration_s: 0.0,
+                connections: Connections::default(),
+                messages: MessageCounts::default(),
+                throughput: Throughput::default(),
+                latency_ms: Latency::new().summary(),
+                server: ServerStats::default(),
+                pass: false,
+                criteria: Vec::new(),
+                extra: Map::new(),
+            },
+        }
+    }
+
+    /// Decides pass/fail, writes the output files, prints the summary table; returns the exit
+    /// code (0 pass, 1 fail).
+    pub fn conclude(mut self, latency: &Latency, out: &Path, progress: &mut Progress) -> anyhow::Result<i32> {
+        self.decide();
+        progress.finish_line();
+        self.write(out, latency)?;
+        print!("{}", self.table());
+        println!("results in {}", out.display());
+        Ok(if self.pass { 0 } else { 1 })
+    }
+
     /// Sets `pass` from the criteria: all must hold, and there must be at least one.
     pub fn decide(&mut self) {
         self.pass = !self.criteria.is_empty() && self.criteria.iter().all(|c| c.ok);

@@ -26,14 +26,12 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::accounting::{BurstTally, Delivery, MessageCounts, OffsetSet};
 use crate::chart::{LineChart, Point, Series};
-use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, PaceArgs, WireFormat};
+use crate::common::{source_addr, split, unix_micros, CommonArgs, PaceArgs, WireFormat};
 use crate::histogram::Latency;
-use crate::probe::{Memory, ProcessProbe};
+use crate::probe::{CpuSample, Memory, ProcessProbe};
 use crate::progress::{Progress, Rate};
-use crate::report::{
-    pace_criteria, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
-};
-use crate::scenario::{conclude, coordinator_runtime, ms, WorkerConfig};
+use crate::report::{pace_criteria, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion};
+use crate::scenario::{coordinator_runtime, ms, WorkerConfig};
 use crate::search::Search;
 use crate::transport::{Conn, Transport};
 use crate::worker::{Pool, WorkerCtx};
@@ -307,7 +305,7 @@ async fn coordinate(args: BroadcastArgs) -> anyhow::Result<i32> {
     if !args.search {
         let o = run_once(&args, args.subs, &mut progress).await?;
         write_bursts(&out, &o.bursts)?;
-        return conclude(o.result, &o.latency, &out, &mut progress);
+        return o.result.conclude(&o.latency, &out, &mut progress);
     }
     let mut steps = Vec::new();
     let mut points = Vec::new();
@@ -345,7 +343,7 @@ async fn coordinate(args: BroadcastArgs) -> anyhow::Result<i32> {
     chosen.result.params["search"] = json!(true);
     write_bursts(&out, &chosen.bursts)?;
     std::fs::write(out.join("search.svg"), search_chart(points, args.period).svg())?;
-    conclude(chosen.result, &chosen.latency, &out, &mut progress)
+    chosen.result.conclude(&chosen.latency, &out, &mut progress)
 }
 
 /// `--search` steps: the slowest burst's completion time per subscriber count, against the
@@ -500,17 +498,10 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
         }
     }
 
-    let connections = Connections {
-        target: subs as u64,
-        established,
-        failed: t.failed + (subs as u64).saturating_sub(established + t.failed),
-    };
+    let connections = Connections::settled(subs as u64, established, t.failed);
     let messages = MessageCounts::from_tally(plan.len() as u64, expected, t);
     let span_us = t.last_arrival_us.saturating_sub(first_publish_us).max(1);
-    let cpu_s = match (&cpu0, &cpu1) {
-        (Some(a), Some(b)) => Some(a.seconds_until(b)),
-        _ => None,
-    };
+    let cpu_s = CpuSample::between(&cpu0, &cpu1);
     let mut criteria = standard_criteria(&connections, t.dropped, &messages);
     criteria.push(Criterion::new(
         "every publish accepted",
@@ -522,14 +513,13 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
         late == 0,
         format!("{late} of {bursts} bursts late or incomplete"),
     ));
-    criteria.push(Criterion::new("every worker reported", merged.missing == 0, format!("{} missing", merged.missing)));
+    criteria.push(Criterion::workers_reported(merged.missing));
     let (max_late_ms, max_p99_ms) = args.pace.bounds(args.period * 1000.0);
     let latency = merged.latency.summary();
     criteria.extend(pace_criteria(late_max_us as f64 / 1000.0, max_late_ms, latency.p99, max_p99_ms));
 
     let completions: Vec<f64> = plan.iter().filter_map(|b| b.completion_ms).collect();
     let mut extra = Map::new();
-    extra.insert("procs".into(), json!(configs.len()));
     extra.insert("dropped".into(), json!(t.dropped));
     let mut publish_errors: Vec<&str> = Vec::new();
     for e in plan.iter().filter_map(|b| b.error.as_deref()) {
@@ -557,44 +547,35 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
         "server_cpu_us_per_delivery".into(),
         json!(cpu_s.filter(|_| t.received > 0 && args.also_targets.is_empty()).map(|c| c * 1e6 / t.received as f64)),
     );
-    extra.insert("rss_before_bytes".into(), json!(mem_before.map(|m| m.rss)));
-    extra.insert("rss_connected_bytes".into(), json!(mem_connected.map(|m| m.rss)));
     let cs = merged.connect.summary();
     extra.insert("subscribe_ms_p50".into(), json!(cs.p50));
     extra.insert("subscribe_ms_p99".into(), json!(cs.p99));
     extra.insert("subscribe_ms_max".into(), json!(cs.max));
-    extra.insert("load_generator_rss_peak_bytes".into(), json!(merged.rss_peak_bytes));
     extra.insert("bursts".into(), serde_json::to_value(&plan).unwrap_or(Value::Null));
-    if !t.errors.is_empty() {
-        extra.insert("errors".into(), json!(t.errors));
-    }
-    let (rss_per_conn, rss_note) = if args.also_targets.is_empty() {
-        rss_per_connection(mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss), established)
+    let (before, connected) = (mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss));
+    let rss_per_conn = if args.also_targets.is_empty() {
+        rss_per_connection(before, connected, established)
     } else {
         (None, Some("--server-pid samples one node of several: no per-delivery or per-connection figure".to_string()))
     };
-    if let Some(note) = rss_note {
-        extra.insert("rss_note".into(), json!(note));
-    }
-    let result = BenchResult {
-        scenario: "broadcast".into(),
-        params: json!({
-            "subs": subs, "period_s": args.period, "bursts": bursts, "channel": args.channel,
-            "format": args.format, "procs": configs.len(), "target": args.common.target,
-            "also_targets": args.also_targets,
-            "transport": args.transport, "max_p99_ms": max_p99_ms, "max_publish_late_ms": max_late_ms,
-        }),
-        started: rfc3339(started),
-        duration_s: span_us as f64 / 1e6,
-        connections,
-        messages,
-        throughput: Throughput { deliveries_per_s: t.received as f64 * 1e6 / span_us as f64 },
-        latency_ms: latency,
-        server: ServerStats { cpu_s, rss_peak_bytes: mem_end.map(|m| m.hwm), rss_per_connection_bytes: rss_per_conn },
-        pass: false,
-        criteria,
-        extra,
-    };
+    let params = json!({
+        "subs": subs, "period_s": args.period, "bursts": bursts, "channel": args.channel,
+        "format": args.format, "procs": configs.len(), "target": args.common.target,
+        "also_targets": args.also_targets,
+        "transport": args.transport, "max_p99_ms": max_p99_ms, "max_publish_late_ms": max_late_ms,
+    });
+    let result = BenchResult::builder("broadcast", params, started)
+        .measured(span_us as f64 / 1e6, connections, messages, t.received as f64 * 1e6 / span_us as f64)
+        .latency(latency)
+        .server(cpu_s, mem_end.map(|m| m.hwm))
+        .rss_sampled(before, connected)
+        .rss_per_connection(rss_per_conn)
+        .procs(configs.len())
+        .load_generator_rss(merged.rss_peak_bytes)
+        .errors(&t.errors)
+        .criteria(criteria)
+        .extra(extra)
+        .build();
     Ok(Outcome { result, latency: merged.latency, bursts: plan })
 }
 

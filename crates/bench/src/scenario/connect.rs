@@ -32,14 +32,12 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::accounting::MessageCounts;
-use crate::common::{instant_of, rfc3339, source_addr, unix_micros, CommonArgs, WireFormat};
-use crate::probe::ProcessProbe;
+use crate::common::{instant_of, source_addr, unix_micros, CommonArgs, WireFormat};
+use crate::probe::{CpuSample, ProcessProbe};
 use crate::progress::{Progress, Rate};
-use crate::report::{
-    rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
-};
+use crate::report::{rss_per_connection, standard_criteria, BenchResult, Connections, Criterion};
 use crate::scenario::broadcast::subscribe_reply;
-use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
+use crate::scenario::{coordinator_runtime, WorkerConfig};
 use crate::worker::{Pool, WorkerCtx};
 
 /// `switchboard bench connect`
@@ -260,23 +258,15 @@ async fn coordinate(args: ConnectArgs) -> anyhow::Result<i32> {
     let merged = pool.finish(Duration::from_secs(30), &mut progress).await?;
     let t = &merged.tally;
 
-    let connections = Connections {
-        target: n as u64,
-        established: t.established,
-        failed: t.failed + (n as u64).saturating_sub(t.established + t.failed),
-    };
+    let connections = Connections::settled(n as u64, t.established, t.failed);
     let messages = MessageCounts::from_tally(t.sent, t.sent, t);
     let achieved = achieved_rate(t.established, start_us, t.last_arrival_us);
     let storm_s = t.last_arrival_us.saturating_sub(start_us) as f64 / 1e6;
-    let cpu_s = match (&cpu0, &cpu1) {
-        (Some(a), Some(b)) => Some(a.seconds_until(b)),
-        _ => None,
-    };
+    let cpu_s = CpuSample::between(&cpu0, &cpu1);
     let mut criteria = standard_criteria(&connections, t.dropped, &messages);
-    criteria.push(Criterion::new("every worker reported", merged.missing == 0, format!("{} missing", merged.missing)));
+    criteria.push(Criterion::workers_reported(merged.missing));
     let hs = merged.connect.summary();
     let mut extra = Map::new();
-    extra.insert("procs".into(), json!(configs.len()));
     extra.insert("rate_target_per_s".into(), json!(args.rate));
     extra.insert("handshakes_per_s".into(), json!(achieved));
     extra.insert("storm_s".into(), json!(storm_s));
@@ -289,41 +279,29 @@ async fn coordinate(args: ConnectArgs) -> anyhow::Result<i32> {
         "server_cpu_us_per_connection".into(),
         json!(cpu_s.filter(|_| t.established > 0).map(|c| c * 1e6 / t.established as f64)),
     );
-    extra.insert("rss_before_bytes".into(), json!(mem_before.map(|m| m.rss)));
-    extra.insert("rss_connected_bytes".into(), json!(mem_connected.map(|m| m.rss)));
-    extra.insert("load_generator_rss_peak_bytes".into(), json!(merged.rss_peak_bytes));
     if !t.failure_reasons.is_empty() {
         extra.insert("failure_reasons".into(), serde_json::to_value(&t.failure_reasons).unwrap_or(Value::Null));
     }
-    if !t.errors.is_empty() {
-        extra.insert("errors".into(), json!(t.errors));
-    }
-    let (rss_per_conn, rss_note) =
-        rss_per_connection(mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss), established_at_storm);
-    if let Some(note) = rss_note {
-        extra.insert("rss_note".into(), json!(note));
-    }
-    let result = BenchResult {
-        scenario: "connect".into(),
-        params: json!({
-            "conns": n, "rate": args.rate, "channel": args.channel, "format": args.format,
-            "timeout_s": args.timeout, "hold_s": hold, "procs": configs.len(), "target": args.common.target,
-        }),
-        started: rfc3339(started),
-        duration_s: storm_s,
-        connections,
-        messages,
-        throughput: Throughput { deliveries_per_s: achieved.unwrap_or(0.0) },
-        latency_ms: merged.latency.summary(),
-        server: ServerStats { cpu_s, rss_peak_bytes: mem_end.map(|m| m.hwm), rss_per_connection_bytes: rss_per_conn },
-        pass: false,
-        criteria,
-        extra,
-    };
+    let (before, connected) = (mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss));
+    let params = json!({
+        "conns": n, "rate": args.rate, "channel": args.channel, "format": args.format,
+        "timeout_s": args.timeout, "hold_s": hold, "procs": configs.len(), "target": args.common.target,
+    });
+    let result = BenchResult::builder("connect", params, started)
+        .measured(storm_s, connections, messages, achieved.unwrap_or(0.0))
+        .latency(merged.latency.summary())
+        .server(cpu_s, mem_end.map(|m| m.hwm))
+        .rss_sampled(before, connected)
+        .rss_per_connection(rss_per_connection(before, connected, established_at_storm))
+        .procs(configs.len())
+        .load_generator_rss(merged.rss_peak_bytes)
+        .errors(&t.errors)
+        .criteria(criteria)
+        .extra(extra);
     for (reason, count) in &t.failure_reasons {
         progress.note(&format!("failed: {count} × {reason}"));
     }
-    conclude(result, &merged.latency, &out, &mut progress)
+    result.conclude(&merged.latency, &out, &mut progress)
 }
 
 #[cfg(test)]

@@ -35,14 +35,14 @@ use switchboard_client::HttpApi;
 use tokio::time::Instant;
 
 use crate::accounting::{BurstTally, MessageCounts};
-use crate::common::{rfc3339, unix_micros, CommonArgs, PaceArgs, WireFormat};
-use crate::probe::ProcessProbe;
+use crate::common::{unix_micros, CommonArgs, PaceArgs, WireFormat};
+use crate::probe::{CpuSample, ProcessProbe};
 use crate::progress::Progress;
-use crate::report::{pace_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput};
+use crate::report::{pace_criteria, BenchResult, Connections, Criterion};
 use crate::scenario::streams::feed::{
     completion, run_ticks, FeedConn, FeedWorker, Points, TickPublisher, Ticks, DEFAULT_SUBSCRIBE_CHUNK,
 };
-use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
+use crate::scenario::{coordinator_runtime, WorkerConfig};
 use crate::worker::{Pool, WorkerCtx};
 
 /// `switchboard bench dashboard`
@@ -221,10 +221,7 @@ async fn coordinate(args: DashboardArgs) -> anyhow::Result<i32> {
         Connections { target: 1, established: t.established, failed: t.failed.max(u64::from(t.established == 0)) };
     let window_s = ticks as f64 / args.hz;
     let span_s = window_s.max(t.last_arrival_us.saturating_sub(log.start_us) as f64 / 1e6);
-    let cpu_s = match (&cpu0, &cpu1) {
-        (Some(a), Some(b)) => Some(a.seconds_until(b)),
-        _ => None,
-    };
+    let cpu_s = CpuSample::between(&cpu0, &cpu1);
     let load_ms = (t.established > 0).then(|| merged.connect.max_us() as f64 / 1000.0);
     let mut criteria = vec![
         Criterion::new(
@@ -253,7 +250,7 @@ async fn coordinate(args: DashboardArgs) -> anyhow::Result<i32> {
                 initial.rejected + log.rejected
             ),
         ),
-        Criterion::new("every worker reported", merged.missing == 0, format!("{} missing", merged.missing)),
+        Criterion::workers_reported(merged.missing),
     ];
     let (max_late_ms, max_p99_ms) = args.pace.bounds(1000.0 / args.hz);
     let latency = merged.latency.summary();
@@ -275,30 +272,21 @@ async fn coordinate(args: DashboardArgs) -> anyhow::Result<i32> {
         "server_cpu_us_per_delivery".into(),
         json!(cpu_s.filter(|_| t.received > 0).map(|c| c * 1e6 / t.received as f64)),
     );
-    extra.insert("load_generator_rss_peak_bytes".into(), json!(merged.rss_peak_bytes));
     let errors: Vec<&String> = t.errors.iter().chain(&initial.errors).chain(&log.errors).collect();
-    if !errors.is_empty() {
-        extra.insert("errors".into(), json!(errors));
-    }
-    let result = BenchResult {
-        scenario: "dashboard".into(),
-        params: json!({
-            "widgets": w, "hz": args.hz, "duration_s": window_s, "prefix": args.prefix,
-            "subscribe_chunk": args.subscribe_chunk, "batch": args.batch, "format": args.format,
-            "target": args.common.target, "max_p99_ms": max_p99_ms, "max_publish_late_ms": max_late_ms,
-        }),
-        started: rfc3339(started),
-        duration_s: span_s,
-        connections,
-        messages: m,
-        throughput: Throughput { deliveries_per_s: t.received as f64 / span_s },
-        latency_ms: latency,
-        server: ServerStats { cpu_s, rss_peak_bytes: mem_end.map(|m| m.hwm), rss_per_connection_bytes: None },
-        pass: false,
-        criteria,
-        extra,
-    };
-    conclude(result, &merged.latency, &out, &mut progress)
+    let params = json!({
+        "widgets": w, "hz": args.hz, "duration_s": window_s, "prefix": args.prefix,
+        "subscribe_chunk": args.subscribe_chunk, "batch": args.batch, "format": args.format,
+        "target": args.common.target, "max_p99_ms": max_p99_ms, "max_publish_late_ms": max_late_ms,
+    });
+    BenchResult::builder("dashboard", params, started)
+        .measured(span_s, connections, m, t.received as f64 / span_s)
+        .latency(latency)
+        .server(cpu_s, mem_end.map(|m| m.hwm))
+        .load_generator_rss(merged.rss_peak_bytes)
+        .errors(&errors)
+        .criteria(criteria)
+        .extra(extra)
+        .conclude(&merged.latency, &out, &mut progress)
 }
 
 #[cfg(test)]

@@ -27,13 +27,11 @@ use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::accounting::MessageCounts;
-use crate::common::{instant_of, rfc3339, source_addr, split, unix_micros, CommonArgs, WireFormat};
-use crate::probe::ProcessProbe;
+use crate::common::{instant_of, source_addr, split, unix_micros, CommonArgs, WireFormat};
+use crate::probe::{CpuSample, ProcessProbe};
 use crate::progress::{Progress, Rate};
-use crate::report::{
-    rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
-};
-use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
+use crate::report::{rss_per_connection, standard_criteria, BenchResult, Connections, Criterion};
+use crate::scenario::{coordinator_runtime, WorkerConfig};
 use crate::worker::{Pool, WorkerCtx};
 
 /// What the far end speaks.
@@ -297,23 +295,15 @@ async fn coordinate(args: EchoArgs) -> anyhow::Result<i32> {
     let merged = pool.finish(Duration::from_secs(30), &mut progress).await?;
     let t = &merged.tally;
 
-    let connections = Connections {
-        target: n as u64,
-        established: t.established,
-        failed: t.failed + (n as u64).saturating_sub(t.established + t.failed),
-    };
+    let connections = Connections::settled(n as u64, t.established, t.failed);
     let messages = MessageCounts::from_tally(t.sent, t.sent, t);
     let window_s = (send_until_us - start_us) as f64 / 1e6;
     let mut criteria = standard_criteria(&connections, t.dropped, &messages);
-    criteria.push(Criterion::new("every worker reported", merged.missing == 0, format!("{} missing", merged.missing)));
+    criteria.push(Criterion::workers_reported(merged.missing));
     criteria.push(Criterion::new("replies received", t.received > 0, format!("{} replies", t.received)));
-    let cpu_s = match (&cpu0, &cpu1) {
-        (Some(a), Some(b)) => Some(a.seconds_until(b)),
-        _ => None,
-    };
+    let cpu_s = CpuSample::between(&cpu0, &cpu1);
     let cs = merged.connect.summary();
     let mut extra = Map::new();
-    extra.insert("procs".into(), json!(configs.len()));
     extra.insert("connect_ms_p50".into(), json!(cs.p50));
     extra.insert("connect_ms_p99".into(), json!(cs.p99));
     extra.insert("connect_ms_max".into(), json!(cs.max));
@@ -323,35 +313,23 @@ async fn coordinate(args: EchoArgs) -> anyhow::Result<i32> {
         "server_cpu_us_per_reply".into(),
         json!(cpu_s.filter(|_| t.received > 0).map(|c| c * 1e6 / t.received as f64)),
     );
-    extra.insert("rss_before_bytes".into(), json!(mem_before.map(|m| m.rss)));
-    extra.insert("rss_connected_bytes".into(), json!(mem_connected.map(|m| m.rss)));
-    extra.insert("load_generator_rss_peak_bytes".into(), json!(merged.rss_peak_bytes));
-    if !t.errors.is_empty() {
-        extra.insert("errors".into(), json!(t.errors));
-    }
-    let (rss_per_conn, rss_note) =
-        rss_per_connection(mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss), established_at_ramp);
-    if let Some(note) = rss_note {
-        extra.insert("rss_note".into(), json!(note));
-    }
-    let result = BenchResult {
-        scenario: "echo".into(),
-        params: json!({
-            "conns": n, "rate": args.rate, "ramp": args.ramp, "duration_s": duration, "drain_s": args.drain,
-            "protocol": args.protocol, "format": args.format, "procs": configs.len(), "target": args.common.target,
-        }),
-        started: rfc3339(started),
-        duration_s: window_s,
-        connections,
-        messages,
-        throughput: Throughput { deliveries_per_s: t.received as f64 / window_s },
-        latency_ms: merged.latency.summary(),
-        server: ServerStats { cpu_s, rss_peak_bytes: mem_end.map(|m| m.hwm), rss_per_connection_bytes: rss_per_conn },
-        pass: false,
-        criteria,
-        extra,
-    };
-    conclude(result, &merged.latency, &out, &mut progress)
+    let (before, connected) = (mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss));
+    let params = json!({
+        "conns": n, "rate": args.rate, "ramp": args.ramp, "duration_s": duration, "drain_s": args.drain,
+        "protocol": args.protocol, "format": args.format, "procs": configs.len(), "target": args.common.target,
+    });
+    BenchResult::builder("echo", params, started)
+        .measured(window_s, connections, messages, t.received as f64 / window_s)
+        .latency(merged.latency.summary())
+        .server(cpu_s, mem_end.map(|m| m.hwm))
+        .rss_sampled(before, connected)
+        .rss_per_connection(rss_per_connection(before, connected, established_at_ramp))
+        .procs(configs.len())
+        .load_generator_rss(merged.rss_peak_bytes)
+        .errors(&t.errors)
+        .criteria(criteria)
+        .extra(extra)
+        .conclude(&merged.latency, &out, &mut progress)
 }
 
 #[cfg(test)]

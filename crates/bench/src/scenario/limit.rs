@@ -28,10 +28,8 @@ use crate::accounting::MessageCounts;
 use crate::common::{source_addr, split, unix_micros, CommonArgs};
 use crate::probe::{open_file_limit, self_cpu_seconds, thread_cpu_ns, ProcessProbe};
 use crate::progress::{Progress, Rate};
-use crate::report::{
-    rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
-};
-use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
+use crate::report::{rss_per_connection, standard_criteria, BenchResult, Connections, Criterion};
+use crate::scenario::{coordinator_runtime, WorkerConfig};
 use crate::worker::{Pool, WorkerCtx};
 
 /// Smallest frame that holds the timestamped payload.
@@ -404,11 +402,7 @@ async fn coordinate(args: LimitArgs, size: usize) -> anyhow::Result<i32> {
     let mem_end = me.memory().ok();
 
     let t = &merged.tally;
-    let connections = Connections {
-        target: m as u64,
-        established: t.established,
-        failed: t.failed + (m as u64).saturating_sub(t.established + t.failed),
-    };
+    let connections = Connections::settled(m as u64, t.established, t.failed);
     let messages = MessageCounts::from_tally(st.writes, expected, t);
     let span_us = t.last_arrival_us.saturating_sub(st.started_us).max(1);
     let deliveries_per_s = t.received as f64 * 1e6 / span_us as f64;
@@ -418,7 +412,7 @@ async fn coordinate(args: LimitArgs, size: usize) -> anyhow::Result<i32> {
         _ => None,
     };
     let mut criteria = standard_criteria(&connections, t.dropped, &messages);
-    criteria.push(Criterion::new("every worker reported", merged.missing == 0, format!("{} missing", merged.missing)));
+    criteria.push(Criterion::workers_reported(merged.missing));
     criteria.push(Criterion::new("every write succeeded", st.errors == 0, format!("{} failed writes", st.errors)));
     let mut extra = Map::new();
     extra.insert("frame_bytes".into(), json!(size));
@@ -428,36 +422,19 @@ async fn coordinate(args: LimitArgs, size: usize) -> anyhow::Result<i32> {
     extra.insert("write_phase_s".into(), json!(st.ended_us.saturating_sub(st.started_us) as f64 / 1e6));
     extra.insert("partial_writes".into(), json!(st.partial));
     extra.insert("throughput_mib_per_s".into(), json!(t.bytes as f64 / 1048576.0 * 1e6 / span_us as f64));
-    extra.insert("procs".into(), json!(configs.len()));
-    extra.insert("load_generator_rss_peak_bytes".into(), json!(merged.rss_peak_bytes));
     extra.insert("connect_ms_p99".into(), json!(merged.connect.summary().p99));
-    if !t.errors.is_empty() {
-        extra.insert("errors".into(), json!(t.errors));
-    }
-    let (rss_per_conn, rss_note) =
-        rss_per_connection(mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss), t.established);
-    if let Some(note) = rss_note {
-        extra.insert("rss_note".into(), json!(note));
-    }
-    let result = BenchResult {
-        scenario: "limit".into(),
-        params: json!({"subs": m, "size": size, "messages": args.messages, "procs": configs.len()}),
-        started: crate::common::rfc3339(started),
-        duration_s: span_us as f64 / 1e6,
-        connections,
-        messages,
-        throughput: Throughput { deliveries_per_s },
-        latency_ms: merged.latency.summary(),
-        server: ServerStats {
-            cpu_s: Some(st.cpu_ns as f64 / 1e9),
-            rss_peak_bytes: mem_end.map(|m| m.hwm),
-            rss_per_connection_bytes: rss_per_conn,
-        },
-        pass: false,
-        criteria,
-        extra,
-    };
-    conclude(result, &merged.latency, &out, &mut progress)
+    let params = json!({"subs": m, "size": size, "messages": args.messages, "procs": configs.len()});
+    BenchResult::builder("limit", params, started)
+        .measured(span_us as f64 / 1e6, connections, messages, deliveries_per_s)
+        .latency(merged.latency.summary())
+        .server(Some(st.cpu_ns as f64 / 1e9), mem_end.map(|m| m.hwm))
+        .rss_per_connection(rss_per_connection(mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss), t.established))
+        .procs(configs.len())
+        .load_generator_rss(merged.rss_peak_bytes)
+        .errors(&t.errors)
+        .criteria(criteria)
+        .extra(extra)
+        .conclude(&merged.latency, &out, &mut progress)
 }
 
 #[cfg(test)]

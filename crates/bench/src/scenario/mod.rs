@@ -1,6 +1,6 @@
 //! The scenarios of SPEC §8, one file each, sharing the worker, histogram and report
 //! machinery. A scenario has a coordinator half (`run`: spawn workers, drive the measured
-//! phase, build the [`BenchResult`]) and a worker half (`run_worker`).
+//! phase, build the [`crate::report::BenchResult`]) and a worker half (`run_worker`).
 //!
 //! The scenarios sit above [`crate::worker`], the engine they share: the worker configs of all
 //! scenarios ([`WorkerConfig`]) and the dispatch of a worker process to its scenario
@@ -16,14 +16,8 @@ pub mod sessions;
 pub mod soak;
 pub mod streams;
 
-use std::path::Path;
-
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
-
-use crate::histogram::Latency;
-use crate::progress::Progress;
-use crate::report::BenchResult;
 
 /// What one worker process does; the JSON argument of `bench worker`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -80,22 +74,6 @@ pub fn worker_main(config: &str) -> anyhow::Result<i32> {
 /// requests, and must leave the cores to the server and the workers.
 pub(crate) fn coordinator_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
-}
-
-/// Decides pass/fail, writes the output files, prints the summary table; returns the exit
-/// code (0 pass, 1 fail).
-pub(crate) fn conclude(
-    mut result: BenchResult,
-    latency: &Latency,
-    out: &Path,
-    progress: &mut Progress,
-) -> anyhow::Result<i32> {
-    result.decide();
-    progress.finish_line();
-    result.write(out, latency)?;
-    print!("{}", result.table());
-    println!("results in {}", out.display());
-    Ok(if result.pass { 0 } else { 1 })
 }
 
 /// Microseconds as milliseconds, for JSON extras.

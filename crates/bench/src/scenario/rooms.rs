@@ -35,14 +35,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::accounting::{BurstTally, Delivery, MessageCounts, OffsetSet};
-use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, WireFormat, MAX_CONNS_PER_PROC};
-use crate::probe::ProcessProbe;
+use crate::common::{source_addr, split, unix_micros, CommonArgs, WireFormat, MAX_CONNS_PER_PROC};
+use crate::probe::{CpuSample, ProcessProbe};
 use crate::progress::{Progress, Rate};
-use crate::report::{
-    p99_criterion, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
-};
+use crate::report::{p99_criterion, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion};
 use crate::scenario::streams::feed::{encode, parse_subscribe_ok, payload, Incoming, Points, Subscribed};
-use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
+use crate::scenario::{coordinator_runtime, WorkerConfig};
 use crate::transport::{Conn, ConnStream, Transport};
 use crate::worker::{Pool, WorkerCtx};
 
@@ -524,32 +522,24 @@ async fn coordinate(args: RoomsArgs) -> anyhow::Result<i32> {
     let merged = pool.finish(Duration::from_secs(30), &mut progress).await?;
     let t = &merged.tally;
 
-    let connections = Connections {
-        target: conns as u64,
-        established: t.established,
-        failed: t.failed + (conns as u64).saturating_sub(t.established + t.failed),
-    };
+    let connections = Connections::settled(conns as u64, t.established, t.failed);
     let messages = MessageCounts::from_tally(t.sent, expected, t);
     let receivers = (rooms * (members - 1)) as u64;
     let incomplete = (0..iterations as usize).filter(|k| t.bursts.get(*k).map_or(0, |b| b.count) < receivers).count();
     let span_us = t.last_arrival_us.saturating_sub(start_us).max(1);
-    let cpu_s = match (&cpu0, &cpu1) {
-        (Some(a), Some(b)) => Some(a.seconds_until(b)),
-        _ => None,
-    };
+    let cpu_s = CpuSample::between(&cpu0, &cpu1);
     let mut criteria = standard_criteria(&connections, t.dropped, &messages);
     criteria.push(Criterion::new(
         "every room published every iteration",
         t.sent == publications,
         format!("{}/{publications} publications sent", t.sent),
     ));
-    criteria.push(Criterion::new("every worker reported", merged.missing == 0, format!("{} missing", merged.missing)));
+    criteria.push(Criterion::workers_reported(merged.missing));
     let l = merged.latency.summary();
     let max_p99_ms = args.max_p99_ms.unwrap_or(if args.pause > 0.0 { args.pause } else { args.timeout } * 1000.0);
     criteria.push(p99_criterion(l.p99, max_p99_ms));
 
     let mut extra = Map::new();
-    extra.insert("procs".into(), json!(configs.len()));
     extra.insert("clients".into(), json!(conns));
     extra.insert("latency_mean_ms".into(), json!(l.mean));
     extra.insert("latency_median_ms".into(), json!(l.p50));
@@ -560,41 +550,29 @@ async fn coordinate(args: RoomsArgs) -> anyhow::Result<i32> {
         "server_cpu_us_per_delivery".into(),
         json!(cpu_s.filter(|_| t.received > 0).map(|c| c * 1e6 / t.received as f64)),
     );
-    extra.insert("rss_before_bytes".into(), json!(mem_before.map(|m| m.rss)));
-    extra.insert("rss_connected_bytes".into(), json!(mem_connected.map(|m| m.rss)));
     let cs = merged.connect.summary();
     extra.insert("join_ms_p50".into(), json!(cs.p50));
     extra.insert("join_ms_p99".into(), json!(cs.p99));
     extra.insert("join_ms_max".into(), json!(cs.max));
-    extra.insert("load_generator_rss_peak_bytes".into(), json!(merged.rss_peak_bytes));
-    if !t.errors.is_empty() {
-        extra.insert("errors".into(), json!(t.errors));
-    }
-    let (rss_per_conn, rss_note) =
-        rss_per_connection(mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss), t.established);
-    if let Some(note) = rss_note {
-        extra.insert("rss_note".into(), json!(note));
-    }
-    let result = BenchResult {
-        scenario: "rooms".into(),
-        params: json!({
-            "rooms": rooms, "members": members, "pause_s": args.pause, "iterations": iterations,
-            "timeout_s": args.timeout, "prefix": args.prefix, "format": args.format,
-            "procs": configs.len(), "target": args.common.target, "transport": args.transport,
-            "max_p99_ms": max_p99_ms,
-        }),
-        started: rfc3339(started),
-        duration_s: span_us as f64 / 1e6,
-        connections,
-        messages,
-        throughput: Throughput { deliveries_per_s: t.received as f64 * 1e6 / span_us as f64 },
-        latency_ms: l,
-        server: ServerStats { cpu_s, rss_peak_bytes: mem_end.map(|m| m.hwm), rss_per_connection_bytes: rss_per_conn },
-        pass: false,
-        criteria,
-        extra,
-    };
-    conclude(result, &merged.latency, &out, &mut progress)
+    let (before, connected) = (mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss));
+    let params = json!({
+        "rooms": rooms, "members": members, "pause_s": args.pause, "iterations": iterations,
+        "timeout_s": args.timeout, "prefix": args.prefix, "format": args.format,
+        "procs": configs.len(), "target": args.common.target, "transport": args.transport,
+        "max_p99_ms": max_p99_ms,
+    });
+    BenchResult::builder("rooms", params, started)
+        .measured(span_us as f64 / 1e6, connections, messages, t.received as f64 * 1e6 / span_us as f64)
+        .latency(l)
+        .server(cpu_s, mem_end.map(|m| m.hwm))
+        .rss_sampled(before, connected)
+        .rss_per_connection(rss_per_connection(before, connected, t.established))
+        .procs(configs.len())
+        .load_generator_rss(merged.rss_peak_bytes)
+        .errors(&t.errors)
+        .criteria(criteria)
+        .extra(extra)
+        .conclude(&merged.latency, &out, &mut progress)
 }
 
 #[cfg(test)]

@@ -47,13 +47,13 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::accounting::{Delivery, MessageCounts, OffsetSet, Tally};
 use crate::chart::{LineChart, Point, Series};
-use crate::common::{instant_of, rfc3339, source_addr, split, unix_micros, CommonArgs, WireFormat};
+use crate::common::{instant_of, source_addr, split, unix_micros, CommonArgs, WireFormat};
 use crate::histogram::{Latency, LatencySummary};
-use crate::probe::{Memory, ProcessProbe};
+use crate::probe::{CpuSample, Memory, ProcessProbe};
 use crate::progress::{Progress, Rate};
-use crate::report::{rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats};
+use crate::report::{rss_per_connection, standard_criteria, BenchResult, Connections, Criterion};
 use crate::scenario::broadcast::subscribe_reply;
-use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
+use crate::scenario::{coordinator_runtime, WorkerConfig};
 use crate::worker::{Pool, WorkerCtx};
 
 /// Handshakes in flight per worker process while a cell connects.
@@ -499,7 +499,7 @@ async fn coordinate(mut args: SessionsArgs) -> anyhow::Result<i32> {
         idle.is_empty(),
         if idle.is_empty() { format!("{} cells", cells.len()) } else { format!("none in {}", idle.join(", ")) },
     ));
-    criteria.push(Criterion::new("every worker reported", missing == 0, format!("{missing} missing")));
+    criteria.push(Criterion::workers_reported(missing));
     let best = cells.iter().map(|c| c.exchanges_per_s).fold(0.0, f64::max);
     let headline = cells.iter().filter(|c| c.workers == args.workers[0]).max_by_key(|c| c.sessions);
     let cpu_s: Option<f64> = cells.iter().map(|c| c.server_cpu_s).sum();
@@ -512,37 +512,25 @@ async fn coordinate(mut args: SessionsArgs) -> anyhow::Result<i32> {
     if args.workers.iter().any(|&w| w > cores) {
         extra.insert("workers_note".into(), json!(format!("the server caps --workers at the {cores} cores")));
     }
-    if !total.errors.is_empty() {
-        extra.insert("errors".into(), json!(total.errors));
-    }
-    let result = BenchResult {
-        scenario: "sessions".into(),
-        params: json!({
-            "sessions": args.sessions, "workers": args.workers, "exchange": args.exchange,
-            "duration_s": duration, "format": args.format, "server_bin": bin.display().to_string(),
-            "server_args": args.server_args,
-        }),
-        started: rfc3339(started),
-        duration_s: cells.iter().map(|c| c.window_s).sum(),
-        connections,
-        messages,
-        throughput: crate::report::Throughput { deliveries_per_s: best },
-        latency_ms: latency.summary(),
-        server: ServerStats {
-            cpu_s,
-            rss_peak_bytes: rss_peak,
-            rss_per_connection_bytes: headline.and_then(|c| c.rss_per_session_bytes),
-        },
-        pass: false,
-        criteria,
-        extra,
-    };
+    let params = json!({
+        "sessions": args.sessions, "workers": args.workers, "exchange": args.exchange,
+        "duration_s": duration, "format": args.format, "server_bin": bin.display().to_string(),
+        "server_args": args.server_args,
+    });
+    let result = BenchResult::builder("sessions", params, started)
+        .measured(cells.iter().map(|c| c.window_s).sum(), connections, messages, best)
+        .latency(latency.summary())
+        .server(cpu_s, rss_peak)
+        .rss_per_connection((headline.and_then(|c| c.rss_per_session_bytes), None))
+        .errors(&total.errors)
+        .criteria(criteria)
+        .extra(extra);
     std::fs::write(out.join("sessions.csv"), cells_csv(&cells))?;
     let (rate_chart, rss_chart) = charts(&cells, &args.workers);
     std::fs::write(out.join("sessions.svg"), rate_chart.svg())?;
     std::fs::write(out.join("sessions-rss.svg"), rss_chart.svg())?;
     progress.note(&matrix(&cells, &args.sessions, &args.workers));
-    conclude(result, &latency, &out, &mut progress)
+    result.conclude(&latency, &out, &mut progress)
 }
 
 #[allow(clippy::too_many_arguments)] // one cell's coordinates and the shared probes
@@ -607,10 +595,7 @@ async fn run_cell(
     let end = instant_of(until_us + DRAIN_MS * 1000) + Duration::from_secs(5);
     pool.run_until(end, progress, &mut status, Pool::all_ended).await;
     let cpu1 = probe.cpu_sample().ok();
-    samples.cpu_s = match (&cpu0, &cpu1) {
-        (Some(a), Some(b)) => Some(a.seconds_until(b)),
-        _ => None,
-    };
+    samples.cpu_s = CpuSample::between(&cpu0, &cpu1);
     let merged = pool.finish(Duration::from_secs(10), progress).await?;
     let cell = Cell::new(workers, sessions, configs.len(), &merged.tally, &merged.latency.summary(), &samples);
     Ok((cell, merged))

@@ -40,14 +40,12 @@ use tokio::time::Instant;
 
 use crate::accounting::MessageCounts;
 use crate::chart::{LineChart, Point, Series};
-use crate::common::{rfc3339, source_addr, split, unix_micros, CommonArgs, PaceArgs, WireFormat};
+use crate::common::{source_addr, split, unix_micros, CommonArgs, PaceArgs, WireFormat};
 use crate::histogram::Latency;
-use crate::probe::ProcessProbe;
+use crate::probe::{CpuSample, ProcessProbe};
 use crate::progress::Progress;
-use crate::report::{
-    pace_criteria, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
-};
-use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
+use crate::report::{pace_criteria, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion};
+use crate::scenario::{coordinator_runtime, WorkerConfig};
 use crate::search::Search;
 use crate::worker::{Pool, WorkerCtx};
 use feed::{completion, run_ticks, FeedConn, FeedWorker, Points, TickPublisher, Ticks, DEFAULT_SUBSCRIBE_CHUNK};
@@ -219,7 +217,7 @@ async fn coordinate(args: StreamsArgs) -> anyhow::Result<i32> {
         return search(args, &out, &mut progress).await;
     }
     let (result, latency) = run_once(&args, &mut progress).await?;
-    conclude(result, &latency, &out, &mut progress)
+    result.conclude(&latency, &out, &mut progress)
 }
 
 /// The p99 bound of a `--search` step unless `--max-p99-ms` is given.
@@ -302,7 +300,7 @@ async fn search(args: StreamsArgs, out: &std::path::Path, progress: &mut Progres
     }
     .svg();
     std::fs::write(out.join("search.svg"), svg)?;
-    conclude(result, &latency, out, progress)
+    result.conclude(&latency, out, progress)
 }
 
 /// One run at `args.points`: the result (not yet decided) and its latency histogram.
@@ -383,18 +381,11 @@ async fn run_once(args: &StreamsArgs, progress: &mut Progress) -> anyhow::Result
     let merged = pool.finish(Duration::from_secs(30), progress).await?;
     let t = &merged.tally;
 
-    let connections = Connections {
-        target: conns as u64,
-        established: t.established,
-        failed: t.failed + (conns as u64).saturating_sub(t.established + t.failed),
-    };
+    let connections = Connections::settled(conns as u64, t.established, t.failed);
     let messages = MessageCounts::from_tally(log.accepted_total(), expected, t);
     let window_s = ticks as f64 / args.hz;
     let span_s = window_s.max(t.last_arrival_us.saturating_sub(log.start_us) as f64 / 1e6);
-    let cpu_s = match (&cpu0, &cpu1) {
-        (Some(a), Some(b)) => Some(a.seconds_until(b)),
-        _ => None,
-    };
+    let cpu_s = CpuSample::between(&cpu0, &cpu1);
     let done = completion(&log, &t.bursts, 0, users as u64, args.hz);
     let mut criteria = standard_criteria(&connections, t.dropped, &messages);
     criteria.push(Criterion::new(
@@ -402,13 +393,12 @@ async fn run_once(args: &StreamsArgs, progress: &mut Progress) -> anyhow::Result
         log.rejected == 0,
         format!("{} accepted, {} rejected", log.accepted_total(), log.rejected),
     ));
-    criteria.push(Criterion::new("every worker reported", merged.missing == 0, format!("{} missing", merged.missing)));
+    criteria.push(Criterion::workers_reported(merged.missing));
     let (max_late_ms, max_p99_ms) = args.pace.bounds(1000.0 / args.hz);
     let latency = merged.latency.summary();
     criteria.extend(pace_criteria(log.late_max_us as f64 / 1000.0, max_late_ms, latency.p99, max_p99_ms));
 
     let mut extra = Map::new();
-    extra.insert("procs".into(), json!(configs.len()));
     extra.insert("mode".into(), json!(args.mode));
     extra.insert("subscriptions".into(), json!(users * k));
     extra.insert("channels".into(), json!(format!("{}0 .. {}{}", args.prefix, args.prefix, k - 1)));
@@ -426,42 +416,32 @@ async fn run_once(args: &StreamsArgs, progress: &mut Progress) -> anyhow::Result
         json!(cpu_s.filter(|_| t.received > 0).map(|c| c * 1e6 / t.received as f64)),
     );
     extra.insert("server_cpu_percent".into(), json!(cpu_s.map(|c| c * 100.0 / span_s)));
-    extra.insert("rss_before_bytes".into(), json!(mem_before.map(|m| m.rss)));
-    extra.insert("rss_connected_bytes".into(), json!(mem_connected.map(|m| m.rss)));
-    let (rss_per_conn, rss_note) =
-        rss_per_connection(mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss), t.established);
-    extra.insert("rss_per_subscription_bytes".into(), json!(rss_per_conn.map(|b| b / subs_per_conn as f64)));
-    if let Some(note) = rss_note {
-        extra.insert("rss_note".into(), json!(note));
-    }
+    let (before, connected) = (mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss));
+    let rss_per_conn = rss_per_connection(before, connected, t.established);
+    extra.insert("rss_per_subscription_bytes".into(), json!(rss_per_conn.0.map(|b| b / subs_per_conn as f64)));
     let cs = merged.connect.summary();
     extra.insert("subscribe_ms_p50".into(), json!(cs.p50));
     extra.insert("subscribe_ms_p99".into(), json!(cs.p99));
     extra.insert("subscribe_ms_max".into(), json!(cs.max));
-    extra.insert("load_generator_rss_peak_bytes".into(), json!(merged.rss_peak_bytes));
     let errors: Vec<&String> = t.errors.iter().chain(&log.errors).collect();
-    if !errors.is_empty() {
-        extra.insert("errors".into(), json!(errors));
-    }
-    let result = BenchResult {
-        scenario: "streams".into(),
-        params: json!({
-            "users": users, "points": k, "hz": args.hz, "mode": args.mode, "duration_s": window_s,
-            "prefix": args.prefix, "subscribe_chunk": args.subscribe_chunk, "batch": args.batch,
-            "format": args.format, "procs": configs.len(), "target": args.common.target,
-            "transport": args.transport, "max_p99_ms": max_p99_ms, "max_publish_late_ms": max_late_ms,
-        }),
-        started: rfc3339(started),
-        duration_s: span_s,
-        connections,
-        messages,
-        throughput: Throughput { deliveries_per_s: t.received as f64 / span_s },
-        latency_ms: latency,
-        server: ServerStats { cpu_s, rss_peak_bytes: mem_end.map(|m| m.hwm), rss_per_connection_bytes: rss_per_conn },
-        pass: false,
-        criteria,
-        extra,
-    };
+    let params = json!({
+        "users": users, "points": k, "hz": args.hz, "mode": args.mode, "duration_s": window_s,
+        "prefix": args.prefix, "subscribe_chunk": args.subscribe_chunk, "batch": args.batch,
+        "format": args.format, "procs": configs.len(), "target": args.common.target,
+        "transport": args.transport, "max_p99_ms": max_p99_ms, "max_publish_late_ms": max_late_ms,
+    });
+    let result = BenchResult::builder("streams", params, started)
+        .measured(span_s, connections, messages, t.received as f64 / span_s)
+        .latency(latency)
+        .server(cpu_s, mem_end.map(|m| m.hwm))
+        .rss_sampled(before, connected)
+        .rss_per_connection(rss_per_conn)
+        .procs(configs.len())
+        .load_generator_rss(merged.rss_peak_bytes)
+        .errors(&errors)
+        .criteria(criteria)
+        .extra(extra)
+        .build();
     Ok((result, merged.latency))
 }
 

@@ -47,11 +47,11 @@ use switchboard_client::HttpApi;
 use tokio::time::Instant;
 
 use crate::common::{instant_of, parse_seconds, split, unix_micros, CommonArgs};
-use crate::probe::ProcessProbe;
+use crate::probe::{CpuSample, ProcessProbe};
 use crate::progress::{Progress, Rate};
 use crate::scenario::connect::deal;
 use crate::scenario::streams::feed::Points;
-use crate::scenario::{conclude, coordinator_runtime, WorkerConfig};
+use crate::scenario::{coordinator_runtime, WorkerConfig};
 use crate::worker::{Pool, Snapshot};
 use load::Live;
 use outcome::Observed;
@@ -343,17 +343,14 @@ async fn coordinate(args: SoakArgs) -> anyhow::Result<i32> {
         samples: samples.into_inner(),
         sampler_errors: sampler.errors.clone(),
         counts_redis_keys: sampler.counts_redis_keys(),
-        cpu_s: match (&cpu0, &cpu1) {
-            (Some(a), Some(b)) => Some(a.seconds_until(b)),
-            _ => None,
-        },
+        cpu_s: CpuSample::between(&cpu0, &cpu1),
         rss_before: mem_before.map(|m| m.rss),
         rss_connected: mem_connected.map(|m| m.rss),
         rss_peak: mem_end.map(|m| m.hwm),
         established_at_start,
     };
     let (result, latency) = outcome::result(&args, observed, &out)?;
-    conclude(result, &latency, &out, &mut progress)
+    result.conclude(&latency, &out, &mut progress)
 }
 
 #[cfg(test)]

@@ -10,11 +10,8 @@ use super::sample::{drift, pct, Drift, Sample};
 use super::SoakArgs;
 use crate::accounting::MessageCounts;
 use crate::chart::{Panel, Point, Series, TimeChart};
-use crate::common::rfc3339;
 use crate::histogram::Latency;
-use crate::report::{
-    rss_per_connection, standard_criteria, BenchResult, Connections, Criterion, ServerStats, Throughput,
-};
+use crate::report::{rss_per_connection, standard_criteria, BenchResult, Connections, Criterion};
 use crate::worker::Merged;
 
 /// Everything the coordinator saw.
@@ -190,7 +187,7 @@ pub fn result(args: &SoakArgs, o: Observed, out: &Path) -> anyhow::Result<(Bench
         ),
     ));
     let missing = o.held.missing + o.churn.missing;
-    criteria.push(Criterion::new("every worker reported", missing == 0, format!("{missing} missing")));
+    criteria.push(Criterion::workers_reported(missing));
     let figure = ChannelFigure::choose(&o.samples, o.counts_redis_keys);
     let rss_sampled = args.common.server_pid.is_some();
     criteria.extend(drift_criteria(&o.samples, args.warmup, args.max_drift_pct, rss_sampled, figure));
@@ -199,7 +196,6 @@ pub fn result(args: &SoakArgs, o: Observed, out: &Path) -> anyhow::Result<(Bench
     let channel_drift = figure.map(|f| drift(&o.samples, args.warmup, |s| f.value(s)));
     let baseline = o.samples.iter().find(|s| s.t_s >= args.warmup);
     let mut extra = Map::new();
-    extra.insert("procs".into(), json!(o.hold_procs));
     extra.insert("churn_procs".into(), json!(o.churn_procs));
     extra.insert("subscriptions".into(), json!(o.plan.subs * o.plan.points_per_sub));
     extra.insert("samples".into(), serde_json::to_value(&o.samples)?);
@@ -224,13 +220,6 @@ pub fn result(args: &SoakArgs, o: Observed, out: &Path) -> anyhow::Result<(Bench
     let ss = o.held.connect.summary();
     extra.insert("subscribe_ms_p50".into(), json!(ss.p50));
     extra.insert("subscribe_ms_p99".into(), json!(ss.p99));
-    extra.insert("rss_before_bytes".into(), json!(o.rss_before));
-    extra.insert("rss_connected_bytes".into(), json!(o.rss_connected));
-    let (rss_per_conn, rss_note) = rss_per_connection(o.rss_before, o.rss_connected, o.established_at_start);
-    if let Some(note) = rss_note {
-        extra.insert("rss_note".into(), json!(note));
-    }
-    extra.insert("load_generator_rss_peak_bytes".into(), json!(o.held.rss_peak_bytes + o.churn.rss_peak_bytes));
     let errors: Vec<&String> = t
         .errors
         .iter()
@@ -239,34 +228,30 @@ pub fn result(args: &SoakArgs, o: Observed, out: &Path) -> anyhow::Result<(Bench
         .chain(&o.rooms.errors)
         .chain(&o.sampler_errors)
         .collect();
-    if !errors.is_empty() {
-        extra.insert("errors".into(), json!(errors));
-    }
 
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("soak.svg"), chart(&o.samples, args, figure).svg())?;
 
     let load_s = o.load_s.max(1e-9);
-    let result = BenchResult {
-        scenario: "soak".into(),
-        params: json!({
-            "subs": o.plan.subs, "points": o.plan.points.count, "points_per_sub": o.plan.points_per_sub,
-            "prefix": o.plan.points.prefix, "hz": args.hz, "new_channels": args.new_channels, "churn": args.churn,
-            "duration_s": args.duration_s(), "warmup_s": args.warmup, "sample_s": args.sample,
-            "max_drift_pct": args.max_drift_pct, "churn_timeout_s": args.churn_timeout,
-            "redis": args.redis.as_deref().map(redact), "procs": o.hold_procs, "target": args.common.target,
-        }),
-        started: rfc3339(o.started_us),
-        duration_s: o.load_s,
-        connections,
-        messages,
-        throughput: Throughput { deliveries_per_s: t.received as f64 / load_s },
-        latency_ms: o.held.latency.summary(),
-        server: ServerStats { cpu_s: o.cpu_s, rss_peak_bytes: o.rss_peak, rss_per_connection_bytes: rss_per_conn },
-        pass: false,
-        criteria,
-        extra,
-    };
+    let params = json!({
+        "subs": o.plan.subs, "points": o.plan.points.count, "points_per_sub": o.plan.points_per_sub,
+        "prefix": o.plan.points.prefix, "hz": args.hz, "new_channels": args.new_channels, "churn": args.churn,
+        "duration_s": args.duration_s(), "warmup_s": args.warmup, "sample_s": args.sample,
+        "max_drift_pct": args.max_drift_pct, "churn_timeout_s": args.churn_timeout,
+        "redis": args.redis.as_deref().map(redact), "procs": o.hold_procs, "target": args.common.target,
+    });
+    let result = BenchResult::builder("soak", params, o.started_us)
+        .measured(o.load_s, connections, messages, t.received as f64 / load_s)
+        .latency(o.held.latency.summary())
+        .server(o.cpu_s, o.rss_peak)
+        .rss_sampled(o.rss_before, o.rss_connected)
+        .rss_per_connection(rss_per_connection(o.rss_before, o.rss_connected, o.established_at_start))
+        .procs(o.hold_procs)
+        .load_generator_rss(o.held.rss_peak_bytes + o.churn.rss_peak_bytes)
+        .errors(&errors)
+        .criteria(criteria)
+        .extra(extra)
+        .build();
     Ok((result, o.held.latency))
 }
 
