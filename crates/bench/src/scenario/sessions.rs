@@ -27,9 +27,11 @@
 //! `sessions-rss.svg` (RSS per session). The top-level `throughput` is the best cell;
 //! `server.rss_per_connection_bytes` is the largest session count at the first worker count.
 //! `--target` and `--server-pid` are not used: the servers are the tool's own.
+//!
+//! Here: the flags, the worker half (the sessions' exchange loops) and the coordinator;
+//! [`cells`] holds the table and its forms, [`server`] the servers the tool starts.
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -40,21 +42,25 @@ use serde_json::{json, Map, Value};
 use switchboard_client::connect::{handshake, ConnectOptions};
 use switchboard_client::frame::for_each_message;
 use switchboard_protocol::Format;
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::accounting::{Delivery, MessageCounts, OffsetSet, Tally};
-use crate::chart::{LineChart, Point, Series};
 use crate::common::{instant_of, source_addr, split, unix_micros, CommonArgs, WireFormat};
-use crate::histogram::{Latency, LatencySummary};
+use crate::histogram::Latency;
 use crate::probe::{CpuSample, Memory, ProcessProbe};
 use crate::progress::{Progress, Rate};
-use crate::report::{rss_per_connection, standard_criteria, BenchResult, Connections, Criterion};
+use crate::report::{standard_criteria, BenchResult, Connections, Criterion};
 use crate::scenario::broadcast::subscribe_reply;
 use crate::scenario::{coordinator_runtime, WorkerConfig};
 use crate::worker::{Pool, WorkerCtx};
+
+mod cells;
+mod server;
+
+pub use cells::Cell;
+use cells::{cells_csv, charts, fmt_bytes, matrix, table_object, Samples};
+use server::ServerProc;
 
 /// Handshakes in flight per worker process while a cell connects.
 const CONCURRENCY: usize = 200;
@@ -276,151 +282,7 @@ impl CountPublication for Tally {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The servers under test.
-
-/// A server started by the tool; killed on drop if not stopped.
-struct ServerProc {
-    child: Child,
-    pid: u32,
-    addr: String,
-    /// Kept open so the server's later stdout writes do not fail.
-    _stdout: Lines<BufReader<ChildStdout>>,
-}
-
-/// The address in the server's `switchboard listening on http://ADDR` line.
-fn parse_listening(line: &str) -> Option<&str> {
-    let addr = line.trim().strip_prefix("switchboard listening on http://")?;
-    (!addr.is_empty()).then_some(addr)
-}
-
-/// The last few lines of a server log, for an error message.
-fn log_tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(3)..].join(" | ")
-}
-
-impl ServerProc {
-    async fn start(bin: &Path, workers: usize, extra: &[String], log: &Path) -> anyhow::Result<ServerProc> {
-        let stderr = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        let mut child = Command::new(bin)
-            .args(["serve", "--listen", "127.0.0.1:0", "--workers", &workers.to_string()])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting the server {}", bin.display()))?;
-        let pid = child.id().context("the server exited at once")?;
-        let mut lines = BufReader::new(child.stdout.take().context("server stdout")?).lines();
-        let wait = async {
-            while let Some(line) = lines.next_line().await? {
-                if let Some(addr) = parse_listening(&line) {
-                    return Ok(addr.to_string());
-                }
-            }
-            bail!("the server exited before listening (its log: {})", log.display())
-        };
-        let addr = match tokio::time::timeout(Duration::from_secs(15), wait).await {
-            Ok(Ok(addr)) => addr,
-            Ok(Err(e)) => bail!("{e}: {}", log_tail(log)),
-            Err(_) => bail!("the server did not print its address within 15 s (its log: {})", log.display()),
-        };
-        Ok(ServerProc { child, pid, addr, _stdout: lines })
-    }
-
-    /// SIGTERM to its PID, then SIGKILL if it has not exited within 5 s.
-    async fn stop(mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.pid.to_string()]).status().await;
-        if tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await.is_err() {
-            let _ = self.child.kill().await;
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // Coordinator.
-
-/// One cell of the table.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Cell {
-    pub workers: usize,
-    pub sessions: usize,
-    pub procs: usize,
-    pub established: u64,
-    pub failed: u64,
-    pub dropped: u64,
-    pub sent: u64,
-    pub received: u64,
-    pub lost: u64,
-    pub duplicated: u64,
-    /// Exchanges completed per second over all sessions.
-    pub exchanges_per_s: f64,
-    pub window_s: f64,
-    pub rtt_ms_p50: Option<f64>,
-    pub rtt_ms_p99: Option<f64>,
-    pub server_cpu_s: Option<f64>,
-    pub server_cpu_us_per_exchange: Option<f64>,
-    pub rss_baseline_bytes: Option<u64>,
-    pub rss_connected_bytes: Option<u64>,
-    pub rss_running_bytes: Option<u64>,
-    /// (RSS while running − baseline) / sessions.
-    pub rss_per_session_bytes: Option<f64>,
-    /// (RSS once connected and subscribed, before exchanging − baseline) / sessions.
-    pub rss_per_idle_session_bytes: Option<f64>,
-    /// Not every session was connected when the exchange phase began.
-    pub started_late: bool,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub errors: Vec<String>,
-}
-
-/// What was measured around one cell, in the coordinator.
-#[derive(Debug, Clone, Copy, Default)]
-struct Samples {
-    baseline: Option<u64>,
-    connected: Option<u64>,
-    running: Option<u64>,
-    cpu_s: Option<f64>,
-    start_us: u64,
-    until_us: u64,
-    started_late: bool,
-}
-
-impl Cell {
-    fn new(workers: usize, sessions: usize, procs: usize, t: &Tally, rtt: &LatencySummary, s: &Samples) -> Cell {
-        let m = MessageCounts::from_tally(t.sent, t.sent, t);
-        // The phase ends when sending stops; the last responses may come a little later.
-        let end = t.last_arrival_us.max(s.until_us);
-        let window_s = end.saturating_sub(s.start_us) as f64 / 1e6;
-        let per_session = |after: Option<u64>| rss_per_connection(s.baseline, after, sessions as u64).0;
-        Cell {
-            workers,
-            sessions,
-            procs,
-            established: t.established,
-            failed: t.failed + (sessions as u64).saturating_sub(t.established + t.failed),
-            dropped: t.dropped,
-            sent: m.sent,
-            received: m.received,
-            lost: m.lost,
-            duplicated: m.duplicated,
-            exchanges_per_s: if window_s > 0.0 { t.received as f64 / window_s } else { 0.0 },
-            window_s,
-            rtt_ms_p50: rtt.p50,
-            rtt_ms_p99: rtt.p99,
-            server_cpu_s: s.cpu_s,
-            server_cpu_us_per_exchange: s.cpu_s.filter(|_| t.received > 0).map(|c| c * 1e6 / t.received as f64),
-            rss_baseline_bytes: s.baseline,
-            rss_connected_bytes: s.connected,
-            rss_running_bytes: s.running,
-            rss_per_session_bytes: per_session(s.running.or(s.connected)),
-            rss_per_idle_session_bytes: per_session(s.connected),
-            started_late: s.started_late,
-            errors: t.errors.clone(),
-        }
-    }
-}
 
 pub fn run(args: SessionsArgs) -> anyhow::Result<i32> {
     if args.sessions.is_empty() || args.sessions.contains(&0) || args.workers.is_empty() || args.workers.contains(&0) {
@@ -601,222 +463,10 @@ async fn run_cell(
     Ok((cell, merged))
 }
 
-/// `{"w1": {"s10": {...}}}`: the table keyed so that `result.csv` flattens it into columns.
-fn table_object(cells: &[Cell]) -> Value {
-    let mut table = Map::new();
-    for c in cells {
-        let row = table.entry(format!("w{}", c.workers)).or_insert_with(|| json!({}));
-        row[format!("s{}", c.sessions)] = json!({
-            "exchanges_per_s": c.exchanges_per_s,
-            "rtt_ms_p99": c.rtt_ms_p99,
-            "rss_per_session_bytes": c.rss_per_session_bytes,
-        });
-    }
-    Value::Object(table)
-}
-
-/// One row per cell.
-fn cells_csv(cells: &[Cell]) -> String {
-    let opt = |v: Option<f64>| v.map(|x| format!("{x:.3}")).unwrap_or_default();
-    let optu = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_default();
-    let mut s = String::from(
-        "workers,sessions,procs,established,failed,dropped,sent,received,lost,duplicated,exchanges_per_s,\
-         rtt_ms_p50,rtt_ms_p99,server_cpu_s,server_cpu_us_per_exchange,rss_baseline_bytes,rss_connected_bytes,\
-         rss_running_bytes,rss_per_session_bytes,rss_per_idle_session_bytes,started_late\n",
-    );
-    for c in cells {
-        s.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{:.1},{},{},{},{},{},{},{},{},{},{}\n",
-            c.workers,
-            c.sessions,
-            c.procs,
-            c.established,
-            c.failed,
-            c.dropped,
-            c.sent,
-            c.received,
-            c.lost,
-            c.duplicated,
-            c.exchanges_per_s,
-            opt(c.rtt_ms_p50),
-            opt(c.rtt_ms_p99),
-            opt(c.server_cpu_s),
-            opt(c.server_cpu_us_per_exchange),
-            optu(c.rss_baseline_bytes),
-            optu(c.rss_connected_bytes),
-            optu(c.rss_running_bytes),
-            opt(c.rss_per_session_bytes),
-            opt(c.rss_per_idle_session_bytes),
-            c.started_late
-        ));
-    }
-    s
-}
-
-/// Exchanges/s and RSS per session against sessions, one line per worker count.
-fn charts(cells: &[Cell], workers: &[usize]) -> (LineChart, LineChart) {
-    let series = |f: &dyn Fn(&Cell) -> Option<f64>| -> Vec<Series> {
-        workers
-            .iter()
-            .map(|&w| Series {
-                name: format!("{w} worker{}", if w == 1 { "" } else { "s" }),
-                points: cells
-                    .iter()
-                    .filter(|c| c.workers == w)
-                    .map(|c| Point {
-                        x: c.sessions as f64,
-                        y: f(c),
-                        ok: c.failed == 0 && c.dropped == 0 && c.lost == 0 && c.duplicated == 0,
-                    })
-                    .collect(),
-            })
-            .collect()
-    };
-    let rate = LineChart {
-        title: "sessions × workers — exchanges per second".into(),
-        x_label: "sessions".into(),
-        y_label: "exchanges/s".into(),
-        log_x: true,
-        series: series(&|c| Some(c.exchanges_per_s)),
-        reference: None,
-    };
-    let rss = LineChart {
-        title: "sessions × workers — server RSS per session".into(),
-        x_label: "sessions".into(),
-        y_label: "KiB per session".into(),
-        log_x: true,
-        series: series(&|c| c.rss_per_session_bytes.map(|b| b / 1024.0)),
-        reference: None,
-    };
-    (rate, rss)
-}
-
-fn fmt_bytes(b: f64) -> String {
-    if b >= 1024.0 * 1024.0 {
-        format!("{:.1} MiB", b / 1048576.0)
-    } else {
-        format!("{:.1} KiB", b / 1024.0)
-    }
-}
-
-/// The sessions × workers table for the terminal.
-fn matrix(cells: &[Cell], sessions: &[usize], workers: &[usize]) -> String {
-    let mut rows = vec![std::iter::once("sessions".to_string())
-        .chain(workers.iter().map(|w| format!("{w} worker{}", if *w == 1 { "" } else { "s" })))
-        .collect::<Vec<_>>()];
-    for &s in sessions {
-        let mut row = vec![s.to_string()];
-        for &w in workers {
-            row.push(match cells.iter().find(|c| c.sessions == s && c.workers == w) {
-                Some(c) => format!(
-                    "{:.0}/s, {}{}",
-                    c.exchanges_per_s,
-                    c.rss_per_session_bytes.map(fmt_bytes).unwrap_or_else(|| "-".into()),
-                    if c.lost + c.failed + c.dropped + c.duplicated > 0 { " (errors)" } else { "" }
-                ),
-                None => "-".into(),
-            });
-        }
-        rows.push(row);
-    }
-    let widths: Vec<usize> =
-        (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0)).collect();
-    let mut s = String::from("exchanges per second and server RSS per session:\n");
-    for r in rows {
-        let line: Vec<String> = r.iter().zip(&widths).map(|(v, w)| format!("{v:<w$}")).collect();
-        s.push_str(line.join("  ").trim_end());
-        s.push('\n');
-    }
-    s.trim_end().to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testutil;
-
-    fn samples() -> Samples {
-        Samples {
-            baseline: Some(10 << 20),
-            connected: Some((10 << 20) + 100 * 8192),
-            running: Some((10 << 20) + 100 * 20480),
-            cpu_s: Some(0.5),
-            start_us: 1_000_000,
-            until_us: 3_000_000,
-            started_late: false,
-        }
-    }
-
-    #[test]
-    fn sessions_cell_figures_rss_per_session_and_rate() {
-        let t =
-            Tally { established: 100, sent: 10_000, received: 9_999, last_arrival_us: 3_000_500, ..Default::default() };
-        let c = Cell::new(2, 100, 1, &t, &LatencySummary::default(), &samples());
-        assert_eq!((c.established, c.failed, c.sent, c.received, c.lost), (100, 0, 10_000, 9_999, 1));
-        // Window: start to the last response (after the phase end), 2.0005 s.
-        assert!((c.window_s - 2.0005).abs() < 1e-9);
-        assert!((c.exchanges_per_s - 9_999.0 / 2.0005).abs() < 1e-6);
-        // (RSS running − baseline) / sessions; the idle figure from the connected sample.
-        assert_eq!(c.rss_per_session_bytes, Some(20480.0));
-        assert_eq!(c.rss_per_idle_session_bytes, Some(8192.0));
-        assert_eq!(c.server_cpu_us_per_exchange, Some(0.5e6 / 9_999.0));
-        // Sessions that never settled count as failed; RSS that fell gives no figure.
-        let t = Tally { established: 90, failed: 5, ..Default::default() };
-        let s = Samples { running: Some(5 << 20), connected: None, ..samples() };
-        let c = Cell::new(1, 100, 1, &t, &LatencySummary::default(), &s);
-        assert_eq!(c.failed, 10);
-        assert_eq!((c.rss_per_session_bytes, c.rss_per_idle_session_bytes), (None, None));
-        assert_eq!(c.exchanges_per_s, 0.0);
-        assert_eq!(c.server_cpu_us_per_exchange, None, "no exchange, no per-exchange cost");
-    }
-
-    #[test]
-    fn sessions_table_csv_chart_and_matrix_hold_every_cell() {
-        let mk = |w, s, rate: f64| Cell {
-            exchanges_per_s: rate,
-            lost: u64::from(s == 10 && w == 2),
-            ..Cell::new(w, s, 1, &Tally::default(), &LatencySummary::default(), &samples())
-        };
-        let cells = vec![mk(1, 1, 100.0), mk(1, 10, 900.0), mk(2, 1, 110.0), mk(2, 10, 1500.0)];
-        let t = table_object(&cells);
-        assert_eq!(t["w2"]["s10"]["exchanges_per_s"], json!(1500.0));
-        assert_eq!(t["w1"]["s1"]["rss_per_session_bytes"], json!(20480.0 * 100.0));
-        let csv = cells_csv(&cells);
-        assert_eq!(csv.lines().count(), 5);
-        assert!(csv.lines().nth(4).unwrap().starts_with("2,10,1,"), "{csv}");
-        let (rate, rss) = charts(&cells, &[1, 2]);
-        assert_eq!(rate.series.len(), 2);
-        assert_eq!(
-            rate.series[1].points.iter().map(|p| (p.x, p.y)).collect::<Vec<_>>(),
-            [(1.0, Some(110.0)), (10.0, Some(1500.0))]
-        );
-        assert!(!rate.series[1].points[1].ok, "the cell with a loss is marked");
-        assert_eq!(rss.series[0].points[0].y, Some(2000.0));
-        let m = matrix(&cells, &[1, 10], &[1, 2]);
-        assert!(m.contains("1500/s") && m.contains("(errors)"), "{m}");
-        assert_eq!(m.lines().count(), 4);
-    }
-
-    #[test]
-    fn sessions_server_that_cannot_start_is_an_error_with_its_log() {
-        let dir = std::env::temp_dir().join(format!("sb-bench-sessions-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join("server.log");
-        // A script stands in for a server that refuses its configuration.
-        let bin = dir.join("fake-server");
-        std::fs::write(&bin, "#!/bin/sh\necho 'switchboard: bad key' >&2\nexit 2\n").unwrap();
-        std::process::Command::new("chmod").arg("+x").arg(&bin).status().unwrap();
-        let err = testutil::local(ServerProc::start(&bin, 1, &[], &log)).err().unwrap();
-        assert!(format!("{err:#}").contains("bad key"), "{err:#}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn sessions_reads_the_listening_line() {
-        assert_eq!(parse_listening("switchboard listening on http://127.0.0.1:4567\n"), Some("127.0.0.1:4567"));
-        assert_eq!(parse_listening("something else"), None);
-        assert_eq!(parse_listening("switchboard listening on http://"), None);
-    }
 
     fn worker(url: String, exchange: Exchange) -> SessionsWorker {
         let now = unix_micros();
