@@ -166,6 +166,44 @@ async fn broker_redis_offset_gap_makes_subscribers_recover() {
     h.wait_for("offset 5 after the report", |h| h.offsets("g") == vec![1, 5]).await;
 }
 
+/// A rollback that kept the epoch (offsets reused with other data) is an epoch change, never
+/// a run of duplicates: the live stream going backwards and a position behind what was
+/// delivered after a reconnect both make subscribers recover and replace the epoch in Redis,
+/// so a client at an offset it saw learns `complete: false`.
+#[tokio::test]
+async fn broker_redis_offsets_going_backwards_are_an_epoch_change() {
+    let r = Redis::start();
+    let a = broker(&r, "sb");
+    let h = Arc::new(RecordingHandler::default());
+    a.set_handler(h.clone());
+    ready(&a).await;
+    a.subscribe("rb").await.unwrap();
+    let mut p = a.publish("rb", data("1"), KEEP).await.unwrap();
+    for i in 2..=3 {
+        p = a.publish("rb", data(&i.to_string()), KEEP).await.unwrap();
+    }
+    h.wait_for("offsets 1..3", |h| h.offsets("rb") == vec![1, 2, 3]).await;
+    // The live stream brings offset 2 of the same epoch again, with other data.
+    let _: i64 =
+        r.cmd(redis::cmd("PUBLISH").arg("sb:{rb}:p").arg(format!("p{} 2 1700000000000 {{\"other\":true}}", p.epoch)));
+    h.wait_for("the rollback report", |h| h.missed.lock().as_slice() == ["rb".to_string()]).await;
+    h.wait_for("offset 2 delivered, not dropped", |h| h.offsets("rb") == vec![1, 2, 3, 2]).await;
+    until("a new epoch in Redis", Duration::from_secs(5), async || a.last("rb").await.unwrap().0.epoch != p.epoch)
+        .await;
+    let r1 = a.history("rb", Some(&p), 10).await.unwrap();
+    assert!(!r1.complete, "a client at offset 3 of the old epoch is told of the gap");
+
+    // After a reconnect, a position behind what was delivered: the same.
+    let q = a.publish("rb", data("4"), KEEP).await.unwrap();
+    h.wait_for("the new epoch's publication", |h| h.offsets("rb").len() == 5).await;
+    h.missed.lock().clear();
+    let _: () = r.cmd(redis::cmd("HSET").arg("sb:{rb}:m").arg("o").arg(0));
+    let _: i64 = r.cmd(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub"));
+    h.wait_for("the resync report", |h| h.missed.lock().contains(&"rb".to_string())).await;
+    until("another new epoch", Duration::from_secs(5), async || a.last("rb").await.unwrap().0.epoch != q.epoch).await;
+    assert!(!a.history("rb", Some(&q), 10).await.unwrap().complete);
+}
+
 #[tokio::test]
 async fn broker_redis_restart_means_new_epoch_and_resubscribed_channels() {
     let mut r = Redis::start();

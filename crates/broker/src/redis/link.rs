@@ -16,6 +16,14 @@
 //! a difference (or a new epoch after a Redis restart) makes the node tell that channel's
 //! subscribers to recover ([`crate::BrokerHandler::on_missed`]).
 //!
+//! Offsets going backwards within an epoch — a position behind what was delivered after a
+//! reconnect, or a publication at or below one the pub/sub stream already brought — mean the
+//! server lost publications and reuses their offsets (a failover to a replica that had not
+//! caught up, a restore from an older copy). That is an epoch change: subscribers recover,
+//! and the channel's epoch in Redis is replaced ([`bump_epoch`]) so that a client recovering
+//! from an offset it saw is told `complete: false` instead of being handed other publications
+//! under the same numbers. Never dropped as duplicates.
+//!
 //! Locks: `entries` (the map), then one entry's `track`; `dirty` is never held with another.
 //! The consumer calls the handler while holding the entry's `track`, which is what makes a
 //! read's "wait until delivered" check and a delivery one atomic step per channel (the memory
@@ -69,6 +77,9 @@ struct Track {
     /// when the subscription started).
     epoch: Option<Arc<str>>,
     delivered: u64,
+    /// The highest offset of `epoch` that came over the pub/sub stream (0: none yet): one at
+    /// or below it again is a rollback, not a duplicate of a position read.
+    seen: u64,
 }
 
 /// Subscription state shared by the broker's methods and the link task.
@@ -77,6 +88,9 @@ pub(super) struct Link {
     entries: Mutex<HashMap<Arc<str>, Arc<Entry>>>,
     /// Channels whose count crossed zero (or that need resubscribing); the manager's to-do list.
     dirty: Mutex<Vec<Arc<str>>>,
+    /// Channels whose offsets went backwards, with the epoch to replace; the manager runs
+    /// [`bump_epoch`] for them (the consumer, which finds most, cannot wait on Redis).
+    rollbacks: Mutex<Vec<(Arc<str>, Arc<str>)>>,
     wake: Notify,
     /// The pub/sub connection is established.
     pub up: AtomicBool,
@@ -351,6 +365,10 @@ async fn manage(inner: &Inner, sink: &mut Sink) -> Result<(), redis::RedisError>
     let mut ping = tokio::time::interval(PING_EVERY);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let rollbacks = std::mem::take(&mut *link.rollbacks.lock());
+        for (ch, epoch) in rollbacks {
+            bump_epoch(inner, &ch, &epoch).await;
+        }
         let batch = link.take_dirty();
         if batch.is_empty() {
             tokio::select! {
@@ -401,6 +419,7 @@ async fn manage(inner: &Inner, sink: &mut Sink) -> Result<(), redis::RedisError>
                 t.resync = false;
                 t.epoch = None;
                 t.delivered = 0;
+                t.seen = 0;
                 if t.count == 0 {
                     drop(t);
                     entries.remove(ch);
@@ -443,6 +462,7 @@ async fn manage(inner: &Inner, sink: &mut Sink) -> Result<(), redis::RedisError>
             if !t.redis_subscribed {
                 continue;
             }
+            let mut rolled_back = false;
             let lost = match &t.epoch {
                 None => {
                     t.delivered = position.offset;
@@ -453,15 +473,23 @@ async fn manage(inner: &Inner, sink: &mut Sink) -> Result<(), redis::RedisError>
                     true
                 }
                 Some(_) => {
-                    // Ahead: publications went by while unsubscribed. Behind: the server lost
-                    // some (a replica promoted before it caught up); its next publication
-                    // starts a new epoch.
-                    // (Without a reconnect, deliveries may already be past the position read.)
+                    // Ahead: publications went by while unsubscribed. Behind after a reconnect:
+                    // the server lost some and may reuse their offsets — an epoch change.
+                    // (Without a reconnect, deliveries may already be past the position read,
+                    // which is not a loss.)
                     let lost = t.resync && position.offset != t.delivered;
+                    rolled_back = t.resync && position.offset < t.delivered;
                     t.delivered = if lost { position.offset } else { t.delivered.max(position.offset) };
                     lost
                 }
             };
+            if lost {
+                t.seen = 0;
+            }
+            if rolled_back {
+                link.rollbacks.lock().push((ch.clone(), position.epoch.clone()));
+                link.wake.notify_one();
+            }
             t.epoch = Some(position.epoch);
             t.resync = false;
             t.active = true;
@@ -480,6 +508,18 @@ async fn manage(inner: &Inner, sink: &mut Sink) -> Result<(), redis::RedisError>
                 h.after_publications();
             }
         }
+    }
+}
+
+/// Replaces `channel`'s epoch in Redis if it is still `epoch` (see the module docs). A
+/// failure is logged: the subscribers recover anyway, only the epoch stays.
+async fn bump_epoch(inner: &Inner, channel: &str, epoch: &str) {
+    let mut call = inner.scripts.epoch_bump.prepare_invoke();
+    call.key(inner.keys.meta(channel)).arg(epoch).arg(super::new_epoch());
+    match inner.read::<i64>(&call).await {
+        Ok(1) => tracing::warn!(channel, old = epoch, "offsets reused after a rollback: new epoch"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(channel, error = %e, "epoch not replaced after a rollback"),
     }
 }
 
@@ -543,6 +583,18 @@ fn deliver(inner: &Inner, msg: &redis::Msg) {
             let gap = match &t.epoch {
                 None => false,
                 Some(e) if **e != *epoch => true,
+                // At or below what this stream already brought: the offsets were reused.
+                Some(_) if publication.offset <= t.seen => {
+                    tracing::warn!(
+                        channel,
+                        seen = t.seen,
+                        got = publication.offset,
+                        "offsets went backwards; new epoch"
+                    );
+                    inner.link.rollbacks.lock().push((Arc::from(channel), Arc::from(epoch)));
+                    inner.link.wake.notify_one();
+                    true
+                }
                 // Already covered by the position read when the subscription started.
                 Some(_) if publication.offset <= t.delivered => return,
                 Some(_) => publication.offset != t.delivered + 1,
@@ -562,6 +614,7 @@ fn deliver(inner: &Inner, msg: &redis::Msg) {
                 t.epoch = Some(Arc::from(epoch));
             }
             t.delivered = publication.offset;
+            t.seen = publication.offset;
             drop(t);
             entry.changed.notify_waiters();
         }

@@ -366,6 +366,18 @@ end
 return out
 "#;
 
+/// A channel's offsets went backwards within its epoch (a rollback the data identity did not
+/// reveal): KEYS meta; ARGV the epoch seen, a new one. Replaces the epoch when it is still the
+/// one seen (a compare-and-set: of several nodes noticing, one changes it), so offsets
+/// reused from here on never pass for the publications clients saw. Returns 1 when changed.
+const EPOCH_BUMP: &str = r#"
+if redis.call('HGET', KEYS[1], 'e') == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'e', ARGV[2])
+  return 1
+end
+return 0
+"#;
+
 /// The compiled scripts; Redis caches them by SHA1 (`EVALSHA`, reloaded after a restart).
 pub(super) struct Scripts {
     pub publish: Script,
@@ -378,6 +390,7 @@ pub(super) struct Scripts {
     pub presence_refresh: Script,
     pub node_beat: Script,
     pub cluster: Script,
+    pub epoch_bump: Script,
 }
 
 impl Scripts {
@@ -402,6 +415,7 @@ impl Scripts {
             presence_refresh: with_sweep(PRESENCE_REFRESH),
             node_beat: script(NODE_BEAT),
             cluster: script(CLUSTER),
+            epoch_bump: script(EPOCH_BUMP),
         }
     }
 }
