@@ -92,6 +92,36 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     peeking_at_an_unknown_channel_creates_nothing(make()).await;
     paging_lists_each_channel_once_while_channels_are_created(make()).await;
     a_trend_keeps_numeric_values_in_buckets(make()).await;
+    a_zero_history_ttl_keeps_history_by_size_only(make()).await;
+    a_zero_history_limit_reads_no_publications(make()).await;
+}
+
+/// `history_ttl_s = 0` meant "forget at once" in memory and "keep forever" in Redis: it is no
+/// expiry by time on every broker, history bounded by its size.
+async fn a_zero_history_ttl_keeps_history_by_size_only(b: Arc<dyn Broker>) {
+    let untimed = HistoryPolicy { size: 3, ttl: Duration::ZERO, trend: None };
+    let first = b.publish("c:ttl0", data("1"), untimed).await.unwrap();
+    for i in 2..=4 {
+        b.publish("c:ttl0", data(&i.to_string()), untimed).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let r = b.history("c:ttl0", None, 10).await.unwrap();
+    assert_eq!(r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(), vec![2, 3, 4]);
+    let since = crate::Position { epoch: first.epoch.clone(), offset: 1 };
+    let r = b.history("c:ttl0", Some(&since), 10).await.unwrap();
+    assert!(r.complete && r.publications.len() == 3);
+}
+
+/// `limit = 0` answers the position and no publications (Redis answered an error).
+async fn a_zero_history_limit_reads_no_publications(b: Arc<dyn Broker>) {
+    let p = b.publish("c:lim0", data("1"), KEEP).await.unwrap();
+    b.publish("c:lim0", data("2"), KEEP).await.unwrap();
+    let r = b.history("c:lim0", None, 0).await.unwrap();
+    assert!(r.publications.is_empty() && r.complete && r.position.offset == 2);
+    let r = b.history("c:lim0", Some(&p), 0).await.unwrap();
+    assert!(r.publications.is_empty() && r.complete && r.position.offset == 2);
+    let gone = crate::Position { epoch: p.epoch.clone(), offset: 0 };
+    assert!(b.history("c:lim0", Some(&gone), 0).await.unwrap().publications.is_empty());
 }
 
 async fn a_trend_keeps_numeric_values_in_buckets(b: Arc<dyn Broker>) {

@@ -116,6 +116,8 @@ pub struct Position {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HistoryPolicy {
     pub size: usize,
+    /// How long publications stay in history; zero: no expiry by time (bounded by `size`
+    /// only), on every broker.
     pub ttl: Duration,
     /// The downsampled trend of numeric values kept beside it, if any ([`trend`]).
     pub trend: Option<TrendPolicy>,

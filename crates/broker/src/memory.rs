@@ -163,6 +163,8 @@ impl MemoryBroker {
     }
 
     fn append_to(&self, s: &mut Stream, channel: &str, data: Data, policy: HistoryPolicy, ttl_ms: u64) -> Position {
+        // A ttl of 0 means no expiry by time (history bounded by its size only), as in Redis.
+        let ttl_ms = if ttl_ms == 0 { u64::MAX } else { ttl_ms };
         s.offset += 1;
         let now = now_ms();
         s.touched_ms = now;

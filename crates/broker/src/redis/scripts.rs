@@ -234,6 +234,9 @@ if ttl > 0 then
   cutoff = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) - ttl
 end
 local limit = tonumber(ARGV[4])
+-- COUNT 0 answers nil inside a script: read one entry (for `complete`) and return none.
+local none = limit == 0
+if none then limit = 1 end
 local function entry(e)
   local off = tonumber(string.match(e[1], '^(%d+)'))
   local f = e[2]
@@ -245,6 +248,7 @@ local function entry(e)
 end
 local out = {}
 if ARGV[2] == '' then
+  if none then return {epoch, offset, 1, out} end
   local entries = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', limit)
   for i = #entries, 1, -1 do
     local off, t, d = entry(entries[i])
@@ -265,7 +269,7 @@ for i = 1, #entries do
   local off, t, d = entry(entries[i])
   if t >= cutoff then
     if i == 1 and off == since + 1 then complete = 1 end
-    out[#out + 1] = {off, t, d}
+    if not none then out[#out + 1] = {off, t, d} end
   end
 end
 return {epoch, offset, complete, out}
