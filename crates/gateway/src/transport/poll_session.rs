@@ -28,8 +28,7 @@ use switchboard_protocol::message::{encode_disconnect, encode_error, encode_publ
 use switchboard_protocol::{namespace_of, Format};
 
 use crate::auth::limits::IpGuard;
-use crate::auth::pattern::PatternSet;
-use crate::auth::{Identity, Method};
+use crate::auth::Identity;
 use crate::node::Node;
 use crate::outbox::Outbox;
 use crate::session::Session;
@@ -153,34 +152,6 @@ impl Drop for Busy {
     }
 }
 
-pub(crate) fn stored_identity(i: &Identity) -> StoredIdentity {
-    let list = |p: &Option<Arc<PatternSet>>| p.as_ref().map(|p| p.0.iter().map(|x| x.to_string()).collect());
-    StoredIdentity {
-        method: match i.method {
-            Method::Anonymous => "anonymous",
-            Method::Token => "token",
-            Method::Password => "password",
-            Method::ApiKey(_) => "api_key",
-        }
-        .to_string(),
-        user: i.user.clone(),
-        expires: i.expires,
-        channels: list(&i.channels),
-        publish: list(&i.publish),
-    }
-}
-
-pub(crate) fn identity_of(s: &StoredIdentity) -> Identity {
-    // Patterns that no longer parse grant nothing.
-    let set = |l: &Option<Vec<String>>| l.as_ref().map(|l| Arc::new(PatternSet::parse(l).unwrap_or_default()));
-    let method = match s.method.as_str() {
-        "token" => Method::Token,
-        "password" => Method::Password,
-        _ => return Identity::anonymous(),
-    };
-    Identity { method, user: s.user.clone(), channels: set(&s.channels), publish: set(&s.publish), expires: s.expires }
-}
-
 /// What a takeover found.
 pub(crate) enum Found {
     Session(Arc<PollSession>),
@@ -250,7 +221,7 @@ impl Polls {
         Record {
             version: live.version + 1,
             owner: self.node.id.clone(),
-            identity: stored_identity(live.session.identity()),
+            identity: StoredIdentity::of(live.session.identity()),
             seq: live.seq,
             subs: live
                 .head
@@ -400,7 +371,7 @@ impl Polls {
             },
             None => None,
         };
-        let identity = identity_of(&rec.identity);
+        let identity = rec.identity.identity();
         let s = self.create(id, Some(identity), exempt, slot)?;
         let mut live = s.live.lock().await;
         live.version = rec.version;
@@ -409,6 +380,15 @@ impl Polls {
             rec.subs.iter().map(|x| (x.ch.clone(), ChannelPos { epoch: x.epoch.clone(), offset: x.off })).collect();
         live.queued = rec.queued.clone();
         s.wire.push_raw(rec.queued.iter().map(|q| Bytes::from(q.clone())));
+        if let Some(reason) = live.session.check_deadline() {
+            // The token expired while the session was stored: it ends (4001, for the next
+            // poll) before anything — resubscribing, queued commands — runs on its behalf.
+            s.outbox.close(reason.code, &reason.reason, true);
+            let _ = self.store.take_commands(id).await;
+            self.sessions.lock().insert(id.to_string(), s.clone());
+            drop(live);
+            return Ok(Found::Session(s));
+        }
         let most = self.node.config.limits.max_channels_per_subscribe.max(1);
         let subs: Vec<&StoredSub> = rec.subs.iter().collect();
         for chunk in subs.chunks(most) {
@@ -448,6 +428,11 @@ impl Polls {
         live: &mut Live,
         body: &[u8],
     ) -> Result<(), crate::node::ApiError> {
+        if let Some(reason) = live.session.check_deadline() {
+            // Expired before the sweeper noticed: nothing runs with the old token.
+            s.outbox.close(reason.code, &reason.reason, true);
+            return Err(crate::node::ApiError::new(code::UNAUTHORIZED, reason.reason));
+        }
         // All or nothing, as a WebSocket frame: nothing runs if any part is not a command.
         switchboard_protocol::decode_json_frame(body)
             .map_err(|e| crate::node::ApiError::new(code::BAD_REQUEST, e.to_string()))?;
@@ -746,6 +731,8 @@ pub(crate) fn rewrite_commands(body: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<String>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::pattern::PatternSet;
+    use crate::auth::Method;
 
     #[test]
     pub(crate) fn poll_rewrite_gives_silent_subscribes_an_id_and_keeps_data_bytes() {
@@ -780,7 +767,7 @@ mod tests {
             publish: None,
             expires: Some(99),
         };
-        let back = identity_of(&stored_identity(&i));
+        let back = StoredIdentity::of(&i).identity();
         assert_eq!(back.method, Method::Token);
         assert_eq!(back.user, "ann");
         assert_eq!(back.expires, Some(99));

@@ -31,6 +31,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::auth::pattern::PatternSet;
+use crate::auth::{Identity, Method};
+
 /// A failed store operation (Redis unreachable, a corrupt record).
 #[derive(Debug, thiserror::Error)]
 #[error("poll session store: {0}")]
@@ -57,6 +60,44 @@ pub struct StoredIdentity {
     pub expires: Option<u64>,
     pub channels: Option<Vec<String>>,
     pub publish: Option<Vec<String>>,
+}
+
+impl StoredIdentity {
+    /// What is kept of `i`: no secret, only what its checks need.
+    pub fn of(i: &Identity) -> StoredIdentity {
+        let list = |p: &Option<Arc<PatternSet>>| p.as_ref().map(|p| p.0.iter().map(|x| x.to_string()).collect());
+        StoredIdentity {
+            method: match i.method {
+                Method::Anonymous => "anonymous",
+                Method::Token => "token",
+                Method::Password => "password",
+                Method::ApiKey(_) => "api_key",
+            }
+            .to_string(),
+            user: i.user.clone(),
+            expires: i.expires,
+            channels: list(&i.channels),
+            publish: list(&i.publish),
+        }
+    }
+
+    /// The identity back (its token's expiry included: a takeover checks it first).
+    pub fn identity(&self) -> Identity {
+        // Patterns that no longer parse grant nothing.
+        let set = |l: &Option<Vec<String>>| l.as_ref().map(|l| Arc::new(PatternSet::parse(l).unwrap_or_default()));
+        let method = match self.method.as_str() {
+            "token" => Method::Token,
+            "password" => Method::Password,
+            _ => return Identity::anonymous(),
+        };
+        Identity {
+            method,
+            user: self.user.clone(),
+            channels: set(&self.channels),
+            publish: set(&self.publish),
+            expires: self.expires,
+        }
+    }
 }
 
 /// A session's stored state. See the module docs.
