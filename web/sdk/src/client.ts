@@ -163,7 +163,7 @@ interface Entry {
 const NO_RECONNECT_CODES = new Set([4003, 4010]);
 const MAX_CHANNELS_PER_SUBSCRIBE = 5_000;
 /** Channels per subscribe that asks for trends (replies of up to ~70 KB per channel). */
-const TREND_CHANNELS_PER_SUBSCRIBE = 10;
+const TREND_CHANNELS_PER_SUBSCRIBE = 5;
 const MAX_U32 = 0xffff_ffff;
 
 export class Client implements SubscriptionOwner {
