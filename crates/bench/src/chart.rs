@@ -22,16 +22,7 @@ const MAX_NINES: f64 = 5.0;
 
 /// The chart as an SVG document.
 pub fn latency_svg(title: &str, latency: &Latency) -> String {
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="#fff"/>
-<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>
-"##,
-        W / 2.0,
-        escape(title)
-    );
+    let mut s = header(H, title);
     let points = latency.distribution();
     let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
     let max_ms = points.iter().map(|(_, v)| *v as f64 / 1000.0).fold(0.0, f64::max);
@@ -39,27 +30,13 @@ pub fn latency_svg(title: &str, latency: &Latency) -> String {
     let x_of = |q: f64| LEFT + pw * (nines(q) / MAX_NINES).min(1.0);
     let y_of = |ms: f64| TOP + ph * (1.0 - ms / y_top);
     // Axes, grid and labels.
-    let _ = writeln!(s, r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##);
+    frame(&mut s, TOP, pw, ph);
     for (i, label) in ["0%", "90%", "99%", "99.9%", "99.99%", "99.999%"].iter().enumerate() {
-        let x = LEFT + pw * i as f64 / MAX_NINES;
-        let _ = writeln!(
-            s,
-            r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="#ddd"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{label}</text>"##,
-            TOP + ph,
-            TOP + ph + 18.0
-        );
+        x_grid(&mut s, LEFT + pw * i as f64 / MAX_NINES, TOP, TOP + ph, TOP + ph + 18.0, label);
     }
     for i in 0..=5 {
         let ms = y_top * i as f64 / 5.0;
-        let y = y_of(ms);
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            LEFT + pw,
-            LEFT - 6.0,
-            y + 4.0,
-            fmt_ms(ms)
-        );
+        y_grid(&mut s, y_of(ms), pw, &fmt_ms(ms));
     }
     let _ = writeln!(
         s,
@@ -132,16 +109,7 @@ const PALETTE: [&str; 6] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b
 impl LineChart {
     /// The chart as an SVG document.
     pub fn svg(&self) -> String {
-        let mut s = String::new();
-        let _ = write!(
-            s,
-            r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="#fff"/>
-<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>
-"##,
-            W / 2.0,
-            escape(&self.title)
-        );
+        let mut s = header(H, &self.title);
         let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
         let fx = |x: f64| if self.log_x { x.max(1e-9).log10() } else { x };
         let mut xs: Vec<f64> = self.series.iter().flat_map(|s| s.points.iter().map(|p| p.x)).collect();
@@ -160,28 +128,13 @@ impl LineChart {
         let y_top = nice_ceiling(y_max.max(1e-3) * 1.05);
         let x_of = |x: f64| LEFT + pw * (fx(x) - x0) / (x1 - x0);
         let y_of = |y: f64| TOP + ph * (1.0 - (y / y_top).clamp(0.0, 1.0));
-        let _ = writeln!(s, r##"<rect x="{LEFT}" y="{TOP}" width="{pw}" height="{ph}" fill="none" stroke="#444"/>"##);
+        frame(&mut s, TOP, pw, ph);
         for x in &xs {
-            let px = x_of(*x);
-            let _ = writeln!(
-                s,
-                r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{:.1}" stroke="#ddd"/><text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-                TOP + ph,
-                TOP + ph + 18.0,
-                fmt_count(*x)
-            );
+            x_grid(&mut s, x_of(*x), TOP, TOP + ph, TOP + ph + 18.0, &fmt_count(*x));
         }
         for i in 0..=5 {
             let v = y_top * i as f64 / 5.0;
-            let y = y_of(v);
-            let _ = writeln!(
-                s,
-                r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-                LEFT + pw,
-                LEFT - 6.0,
-                y + 4.0,
-                fmt_value(v)
-            );
+            y_grid(&mut s, y_of(v), pw, &fmt_value(v));
         }
         let _ = writeln!(
             s,
@@ -283,16 +236,7 @@ impl TimeChart {
     pub fn svg(&self) -> String {
         let n = self.panels.len().max(1) as f64;
         let h = TOP + n * PANEL_H + (n - 1.0) * PANEL_GAP + BOTTOM;
-        let mut s = String::new();
-        let _ = write!(
-            s,
-            r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="#fff"/>
-<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>
-"##,
-            W / 2.0,
-            escape(&self.title)
-        );
+        let mut s = header(h, &self.title);
         let pw = W - LEFT - RIGHT;
         let x_max = if self.x_max > 0.0 { self.x_max } else { 1.0 };
         let x_of = |x: f64| LEFT + pw * (x / x_max).clamp(0.0, 1.0);
@@ -312,33 +256,15 @@ impl TimeChart {
                     top + PANEL_H - 8.0
                 );
             }
-            let _ = writeln!(
-                s,
-                r##"<rect x="{LEFT}" y="{top:.1}" width="{pw}" height="{PANEL_H}" fill="none" stroke="#444"/>"##
-            );
+            frame(&mut s, format_args!("{top:.1}"), pw, PANEL_H);
             let mut t = 0.0;
             while t <= x_max + 1e-9 {
-                let px = x_of(t);
-                let _ = writeln!(
-                    s,
-                    r##"<line x1="{px:.1}" y1="{top:.1}" x2="{px:.1}" y2="{:.1}" stroke="#ddd"/><text x="{px:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
-                    top + PANEL_H,
-                    top + PANEL_H + 16.0,
-                    fmt_count(t)
-                );
+                x_grid(&mut s, x_of(t), format_args!("{top:.1}"), top + PANEL_H, top + PANEL_H + 16.0, &fmt_count(t));
                 t += step;
             }
             for i in 0..=4 {
                 let v = y_top * i as f64 / 4.0;
-                let y = y_of(v);
-                let _ = writeln!(
-                    s,
-                    r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-                    LEFT + pw,
-                    LEFT - 6.0,
-                    y + 4.0,
-                    fmt_value(v)
-                );
+                y_grid(&mut s, y_of(v), pw, &fmt_value(v));
             }
             let _ = writeln!(
                 s,
@@ -416,6 +342,48 @@ impl TimeChart {
         s.push_str("</svg>\n");
         s
     }
+}
+
+// The parts every chart draws alike. A plot area spans the width between the margins (`pw`);
+// `top` is written as the caller formats it, so each chart keeps its exact output.
+
+/// The SVG document's opening: size `W` × `height`, white background, the title.
+fn header(height: f64, title: &str) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{height}" viewBox="0 0 {W} {height}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="#fff"/>
+<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>
+"##,
+        W / 2.0,
+        escape(title)
+    );
+    s
+}
+
+/// The border of a plot area `pw` wide and `height` high from `top`.
+fn frame(s: &mut String, top: impl std::fmt::Display, pw: f64, height: f64) {
+    let _ = writeln!(s, r##"<rect x="{LEFT}" y="{top}" width="{pw}" height="{height}" fill="none" stroke="#444"/>"##);
+}
+
+/// A vertical grid line at `x` from `top` to `bottom`, labelled below at `label_y`.
+fn x_grid(s: &mut String, x: f64, top: impl std::fmt::Display, bottom: f64, label_y: f64, label: &str) {
+    let _ = writeln!(
+        s,
+        r##"<line x1="{x:.1}" y1="{top}" x2="{x:.1}" y2="{bottom:.1}" stroke="#ddd"/><text x="{x:.1}" y="{label_y:.1}" text-anchor="middle">{label}</text>"##
+    );
+}
+
+/// A horizontal grid line at `y` across a plot area `pw` wide, labelled on the left.
+fn y_grid(s: &mut String, y: f64, pw: f64, label: &str) {
+    let _ = writeln!(
+        s,
+        r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{label}</text>"##,
+        LEFT + pw,
+        LEFT - 6.0,
+        y + 4.0
+    );
 }
 
 fn fmt_count(x: f64) -> String {

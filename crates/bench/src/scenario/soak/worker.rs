@@ -21,8 +21,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use switchboard_client::connect::{handshake, ConnectOptions};
-use switchboard_client::frame::{decode_frame, for_each_message, ServerMessage};
-use switchboard_protocol::message::ErrorBody;
+use switchboard_client::frame::{decode_frame, ServerMessage};
 use switchboard_protocol::Format;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
@@ -32,7 +31,7 @@ use crate::accounting::Tally;
 use crate::common::{instant_of, source_addr, unix_micros};
 use crate::histogram::Latency;
 use crate::scenario::connect::due_us;
-use crate::scenario::streams::feed::{encode, parse_subscribe_ok, payload, subscribe_chunks, Subscribed};
+use crate::scenario::streams::feed::{encode, next_payload, read_frame, subscribe_chunks, Subscribed};
 use crate::worker::WorkerCtx;
 
 /// Most channels per subscribe command of a held subscriber.
@@ -98,21 +97,6 @@ pub async fn run_worker(cfg: SoakWorker, ctx: Rc<WorkerCtx>) {
 
 // ---------------------------------------------------------------------------------------------
 // Held subscribers.
-
-/// The keys read from a server message.
-#[derive(Deserialize)]
-struct Incoming {
-    #[serde(default)]
-    id: Option<u32>,
-    #[serde(default)]
-    ok: Option<Value>,
-    #[serde(default)]
-    error: Option<ErrorBody>,
-    #[serde(default, rename = "pub")]
-    publication: Option<PointPub>,
-    #[serde(default)]
-    disconnect: Option<serde::de::IgnoredAny>,
-}
 
 #[derive(Deserialize)]
 pub(crate) struct PointPub {
@@ -224,45 +208,26 @@ async fn hold(
             }
         };
         let end = |why: String| if established { ctx.dropped(&why) } else { ctx.failed(&why) };
-        let msg = match next {
-            Some(Ok(m)) => m,
-            Some(Err(e)) => return end(format!("read: {e}")),
-            None => return end("connection ended".into()),
-        };
-        let (fmt, bytes) = match payload(&msg) {
+        let frame = match next_payload(&next) {
             Ok(Some(p)) => p,
             Ok(None) => continue,
             Err(why) => return end(why),
         };
         let now = unix_micros();
-        let mut fail: Option<String> = None;
-        let mut tally = ctx.tally.borrow_mut();
         let mut lat = ctx.latency.borrow_mut();
-        for_each_message::<Incoming, _>(fmt, bytes, |m| {
-            let Ok(m) = m else {
-                tally.unexpected += 1;
-                return;
-            };
-            if let Some(p) = &m.publication {
-                held.deliver(plan, p, now, &mut tally, &mut lat);
-            } else if m.id.is_some_and(|id| (1..=chunks.len() as u32).contains(&id)) {
-                if let Some(e) = &m.error {
-                    fail = Some(format!("subscribe: error {}: {}", e.code, e.message));
-                } else if let Some(ok) = &m.ok {
-                    let confirmed = parse_subscribe_ok(ok)
-                        .and_then(|chs| chs.into_iter().try_for_each(|(name, o)| held.confirm(plan, &name, o)));
-                    if let Err(e) = confirmed {
-                        fail = Some(e);
-                    }
-                }
-            } else if m.disconnect.is_some() {
-                tally.note_error("server sent disconnect");
-            } else if let Some(e) = &m.error {
-                tally.note_error(&format!("server error {}: {}", e.code, e.message));
-            }
-        });
-        drop((tally, lat));
-        if let Some(why) = fail {
+        let read = read_frame(
+            frame,
+            chunks.len(),
+            &mut held,
+            &mut ctx.tally.borrow_mut(),
+            |held, p: &PointPub, tally| {
+                held.deliver(plan, p, now, tally, &mut lat);
+                false
+            },
+            |held, name, o| held.confirm(plan, name, o),
+        );
+        drop(lat);
+        if let Some(why) = read.fail {
             return end(why);
         }
     }

@@ -49,17 +49,18 @@ const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(60);
 // Wire helpers.
 
 /// The keys the bench reads from a server message; anything else (presence events) is skipped
-/// without allocating.
+/// without allocating. `P` is the publication as the reader wants it (the soak reads points'
+/// own data).
 #[derive(Deserialize)]
-pub(crate) struct Incoming {
+pub(crate) struct Incoming<P = PubIn> {
     #[serde(default)]
     pub id: Option<u32>,
     #[serde(default)]
     pub ok: Option<Value>,
     #[serde(default)]
     pub error: Option<ErrorBody>,
-    #[serde(default, rename = "pub")]
-    pub publication: Option<PubIn>,
+    #[serde(default = "Option::default", rename = "pub")]
+    pub publication: Option<P>,
     #[serde(default)]
     pub disconnect: Option<serde::de::IgnoredAny>,
 }
@@ -98,6 +99,66 @@ pub(crate) fn payload(msg: &Message) -> Result<Option<(Format, &[u8])>, String> 
         }
         _ => Ok(None),
     }
+}
+
+/// The payload of what a subscriber's connection gave next: as [`payload`], and the reason
+/// when the stream failed or ended.
+pub(crate) fn next_payload<E: std::fmt::Display>(
+    next: &Option<Result<Message, E>>,
+) -> Result<Option<(Format, &[u8])>, String> {
+    match next {
+        Some(Ok(m)) => payload(m),
+        Some(Err(e)) => Err(format!("read: {e}")),
+        None => Err("connection ended".into()),
+    }
+}
+
+/// What one frame brought a subscriber that sent `chunks` subscribe commands (ids `1..=chunks`).
+#[derive(Debug, Default)]
+pub(crate) struct FrameRead {
+    /// `deliver` took at least one publication as new.
+    pub got: bool,
+    /// The server refused a subscription: the connection does not hold its share.
+    pub fail: Option<String>,
+}
+
+/// Reads the messages of one frame of a subscriber whose subscriptions are `held`:
+/// publications go to `deliver` (which says whether one was new), the channels of each reply
+/// to a subscribe command to `confirm`; disconnects and other server errors are noted in
+/// `tally`.
+pub(crate) fn read_frame<P: serde::de::DeserializeOwned, H>(
+    (fmt, bytes): (Format, &[u8]),
+    chunks: usize,
+    held: &mut H,
+    tally: &mut Tally,
+    mut deliver: impl FnMut(&mut H, &P, &mut Tally) -> bool,
+    confirm: impl Fn(&mut H, &str, Subscribed) -> Result<(), String>,
+) -> FrameRead {
+    let mut read = FrameRead::default();
+    for_each_message::<Incoming<P>, _>(fmt, bytes, |m| {
+        let Ok(m) = m else {
+            tally.unexpected += 1;
+            return;
+        };
+        if let Some(p) = &m.publication {
+            read.got |= deliver(held, p, tally);
+        } else if m.id.is_some_and(|id| (1..=chunks as u32).contains(&id)) {
+            if let Some(e) = &m.error {
+                read.fail = Some(format!("subscribe: error {}: {}", e.code, e.message));
+            } else if let Some(ok) = &m.ok {
+                let confirmed = parse_subscribe_ok(ok)
+                    .and_then(|chs| chs.into_iter().try_for_each(|(name, o)| confirm(held, &name, o)));
+                if let Err(e) = confirmed {
+                    read.fail = Some(e);
+                }
+            }
+        } else if m.disconnect.is_some() {
+            tally.note_error("server sent disconnect");
+        } else if let Some(e) = &m.error {
+            tally.note_error(&format!("server error {}: {}", e.code, e.message));
+        }
+    });
+    read
 }
 
 /// One channel's part of a subscribe reply.
@@ -352,55 +413,33 @@ pub(crate) async fn subscriber(w: Rc<FeedWorker>, range: Range<usize>, bind: Opt
             }
         };
         let end = |why: String| if established { ctx.dropped(&why) } else { ctx.failed(&why) };
-        let msg = match next {
-            Some(Ok(m)) => m,
-            Some(Err(e)) => return end(format!("read: {e}")),
-            None => return end("connection ended".into()),
-        };
-        let (fmt, bytes) = match payload(&msg) {
+        let frame = match next_payload(&next) {
             Ok(Some(p)) => p,
             Ok(None) => continue,
             Err(why) => return end(why),
         };
         let now = unix_micros();
-        let mut fail: Option<String> = None;
-        let mut got = false;
-        {
+        let read = {
             let mut tally = ctx.tally.borrow_mut();
             let mut lat = ctx.latency.borrow_mut();
-            for_each_message::<Incoming, _>(fmt, bytes, |m| {
-                let Ok(m) = m else {
-                    tally.unexpected += 1;
-                    return;
-                };
-                if let Some(p) = &m.publication {
-                    got |= held.deliver(&cfg.points, p, now, &mut tally, &mut lat);
-                } else if m.id.is_some_and(|id| (1..=chunks.len() as u32).contains(&id)) {
-                    if let Some(e) = &m.error {
-                        fail = Some(format!("subscribe: error {}: {}", e.code, e.message));
-                    } else if let Some(ok) = &m.ok {
-                        let parsed = parse_subscribe_ok(ok).and_then(|chs| {
-                            chs.into_iter().try_for_each(|(name, o)| held.confirm(&cfg.points, &name, o))
-                        });
-                        if let Err(e) = parsed {
-                            fail = Some(e);
-                        }
-                    }
-                } else if m.disconnect.is_some() {
-                    tally.note_error("server sent disconnect");
-                } else if let Some(e) = &m.error {
-                    tally.note_error(&format!("server error {}: {}", e.code, e.message));
-                }
-            });
-            if got {
+            let read = read_frame(
+                frame,
+                chunks.len(),
+                &mut held,
+                &mut tally,
+                |held, p, tally| held.deliver(&cfg.points, p, now, tally, &mut lat),
+                |held, name, o| held.confirm(&cfg.points, name, o),
+            );
+            if read.got {
                 tally.last_arrival_us = now;
             }
-        }
-        if let Some(why) = fail {
+            read
+        };
+        if let Some(why) = read.fail {
             // A subscription the server refused: this connection does not hold its share.
             return end(why);
         }
-        if got {
+        if read.got {
             ctx.check_complete();
         }
     }
