@@ -3,54 +3,20 @@
 //! and worker processes), at small sizes; the verdicts are read back from `result.json`.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
-use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitStatus;
+use std::time::Duration;
 
 use serde_json::Value;
 
 mod support;
-use support::{Server, TempDir, BIN};
+use support::Server;
 
 /// Longest any one bench run may take here before it is killed and the test fails.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
 
-/// Runs `switchboard bench <args> --target <server> --out <dir> --quiet --server-pid <pid>`
-/// and returns its exit status and `result.json`, after checking the other output files.
+/// Runs `switchboard bench <args>` against `server` ([`support::run_bench`]).
 fn bench(server: &Server, args: &[&str]) -> (ExitStatus, Value) {
-    let out = TempDir::new(args[0]);
-    let pid = server.pid();
-    let mut child = Command::new(BIN)
-        .arg("bench")
-        .args(args)
-        .args(support::loose_bounds(args))
-        .args(["--target", &server.ws(), "--quiet", "--server-pid", &pid])
-        .arg("--out")
-        .arg(&out.0)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start bench");
-    let deadline = Instant::now() + RUN_LIMIT;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("bench {args:?} still running after {RUN_LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let json = std::fs::read(out.0.join("result.json"))
-        .unwrap_or_else(|e| panic!("bench {args:?} exited {status} without result.json: {e}"));
-    let result: Value = serde_json::from_slice(&json).unwrap();
-    let csv = std::fs::read_to_string(out.0.join("result.csv")).unwrap();
-    assert_eq!(csv.lines().count(), 2, "header and one row");
-    assert!(csv.starts_with("scenario,"), "{csv}");
-    let svg = std::fs::read_to_string(out.0.join("latency.svg")).unwrap();
-    assert!(svg.starts_with("<svg"));
-    (status, result)
+    support::run_bench(server, args, RUN_LIMIT, &[])
 }
 
 fn u(v: &Value) -> u64 {

@@ -7,13 +7,13 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::process::{Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::ExitStatus;
+use std::time::Duration;
 
 use serde_json::Value;
 
 mod support;
-use support::{Redis, Server, TempDir, BIN};
+use support::{Redis, Server};
 
 /// Longest one soak may take here before it is killed and the test fails.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
@@ -52,43 +52,11 @@ fn server(room_ttl_s: &str) -> Server {
     )
 }
 
-/// Runs `switchboard bench soak ARGS --target <server> --server-pid <pid> --quiet --out DIR`
-/// and returns its exit status and `result.json`, after checking the other output files.
+/// Runs `switchboard bench soak ARGS` against `server` ([`support::run_bench`]), which also
+/// checks `soak.svg`.
 fn soak(server: &Server, args: &[&str]) -> (ExitStatus, Value) {
-    let out = TempDir::new("soak");
-    let mut child = Command::new(BIN)
-        .args(["bench", "soak"])
-        .args(args)
-        .args(["--target", &server.ws(), "--server-pid", &server.pid(), "--quiet"])
-        .arg("--out")
-        .arg(&out.0)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start bench");
-    let deadline = Instant::now() + RUN_LIMIT;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("bench soak {args:?} still running after {RUN_LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let json = std::fs::read(out.0.join("result.json"))
-        .unwrap_or_else(|e| panic!("bench soak exited {status} without result.json: {e}"));
-    let result: Value = serde_json::from_slice(&json).unwrap();
-    let csv = std::fs::read_to_string(out.0.join("result.csv")).unwrap();
-    assert_eq!(csv.lines().count(), 2, "header and one row");
-    assert!(csv.starts_with("scenario,"), "{csv}");
-    for chart in ["latency.svg", "soak.svg"] {
-        let svg = std::fs::read_to_string(out.0.join(chart)).unwrap();
-        assert!(svg.starts_with("<svg"), "{chart}");
-    }
-    (status, result)
+    let args: Vec<&str> = std::iter::once("soak").chain(args.iter().copied()).collect();
+    support::run_bench(server, &args, RUN_LIMIT, &["soak.svg"])
 }
 
 fn u(v: &Value) -> u64 {

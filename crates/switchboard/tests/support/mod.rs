@@ -180,3 +180,45 @@ pub fn loose_bounds(args: &[&str]) -> &'static [&'static str] {
         _ => &[],
     }
 }
+
+/// Runs `switchboard bench ARGS` (with [`loose_bounds`]) against `server` — `--target`,
+/// `--server-pid`, `--quiet` and a scratch `--out` — killing it and failing the test after
+/// `limit`. Checks that `result.csv` holds a header and one row and that `latency.svg` and each
+/// of `charts` are SVG documents; returns the exit status and `result.json`.
+pub fn run_bench(server: &Server, args: &[&str], limit: Duration, charts: &[&str]) -> (ExitStatus, serde_json::Value) {
+    let out = TempDir::new(args[0]);
+    let mut child = Command::new(BIN)
+        .arg("bench")
+        .args(args)
+        .args(loose_bounds(args))
+        .args(["--target", &server.ws(), "--server-pid", &server.pid(), "--quiet"])
+        .arg("--out")
+        .arg(&out.0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start bench");
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("bench {args:?} still running after {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let json = std::fs::read(out.0.join("result.json"))
+        .unwrap_or_else(|e| panic!("bench {args:?} exited {status} without result.json: {e}"));
+    let result = serde_json::from_slice(&json).unwrap();
+    let csv = std::fs::read_to_string(out.0.join("result.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 2, "header and one row");
+    assert!(csv.starts_with("scenario,"), "{csv}");
+    for chart in std::iter::once(&"latency.svg").chain(charts) {
+        let svg = std::fs::read_to_string(out.0.join(chart)).unwrap();
+        assert!(svg.starts_with("<svg"), "{chart}");
+    }
+    (status, result)
+}
