@@ -168,10 +168,14 @@ pub async fn run(cfg: OpcuaConfig, mut ctx: SourceCtx) {
         let _ = serve_until(&mut ctx, std::future::pending::<()>(), "the source is misconfigured").await;
         return;
     }
+    // One directory per run: a source restarted on this node (its lease came back) must not
+    // share it with a run that is still shutting down and removes its own.
+    static RUNS: AtomicU64 = AtomicU64::new(0);
     let pki = std::env::temp_dir().join(format!(
-        "switchboard-opcua-{}-{}",
+        "switchboard-opcua-{}-{}-{}",
         convert::channel_safe(&cfg.name),
-        std::process::id()
+        std::process::id(),
+        RUNS.fetch_add(1, Ordering::Relaxed)
     ));
     let mut client = match session::client(&cfg, &pki) {
         Ok(c) => c,

@@ -37,6 +37,8 @@ struct OpcServer {
     child: Child,
     port: u16,
     extra: Vec<String>,
+    /// Lines the server printed after `ready`.
+    lines: Arc<Mutex<Vec<String>>>,
 }
 
 impl OpcServer {
@@ -53,12 +55,16 @@ impl OpcServer {
             .expect("start opcua_server.py");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let later = lines.clone();
         std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            if let Some(Ok(line)) = lines.next() {
+            let mut stdout = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = stdout.next() {
                 let _ = tx.send(line);
             }
-            for _ in lines {}
+            for line in stdout.map_while(Result::ok) {
+                later.lock().expect("lock").push(line);
+            }
         });
         match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(line) if line.starts_with("ready ") => {}
@@ -67,7 +73,7 @@ impl OpcServer {
                 panic!("opcua_server.py did not start: {other:?}");
             }
         }
-        OpcServer { child, port, extra }
+        OpcServer { child, port, extra, lines }
     }
 
     fn restart(&mut self) {
@@ -371,49 +377,85 @@ impl Sink for CountSink {
     }
 }
 
-/// Ingest benchmark (not part of the suite): N variables changing at H Hz on the asyncua
-/// server, subscribed by browse; prints values/s received and the CPU of this process (the
-/// source and a counting sink) and of the server. Bounded by OPCUA_BENCH_SECS.
+/// Ingest benchmark (not part of the suite): N variables changing at H Hz, spread over S
+/// asyncua servers (one Python process tops out near 6,000 writes/s), each subscribed by one
+/// source through browse; prints what the servers wrote, what the sources published, and the
+/// CPU of this process (the sources and a counting sink) and of the servers. Bounded by
+/// OPCUA_BENCH_SECS.
 ///
-/// OPCUA_BENCH_POINTS=1000 OPCUA_BENCH_HZ=10 OPCUA_BENCH_SECS=30 \
+/// OPCUA_BENCH_POINTS=1000 OPCUA_BENCH_HZ=10 OPCUA_BENCH_SERVERS=2 OPCUA_BENCH_SECS=30 \
 ///   cargo test --release -p switchboard-sources --test opcua -- --ignored --nocapture opcua_bench
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run by hand, see the doc comment"]
 async fn opcua_bench_ingest() {
     let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
     let (points, hz, secs) = (env("OPCUA_BENCH_POINTS", 1000), env("OPCUA_BENCH_HZ", 10), env("OPCUA_BENCH_SECS", 30));
-    let server = OpcServer::start(free_port(), &["--points", &points.to_string(), "--hz", &hz.to_string()]);
-    let server_pid = server.child.id().to_string();
-    let cfg: OpcuaConfig = serde_json::from_value(serde_json::json!({
-        "name": "bench", "url": server.url(), "browse": "Objects/Plant/Bench",
-        "sampling_ms": 1000 / hz.max(1) / 2, "publishing_ms": 100,
-    }))
-    .expect("config");
+    let n_servers = env("OPCUA_BENCH_SERVERS", 1).max(1);
+    let per_server = points / n_servers;
+    let servers: Vec<OpcServer> = (0..n_servers)
+        .map(|_| OpcServer::start(free_port(), &["--points", &per_server.to_string(), "--hz", &hz.to_string()]))
+        .collect();
+    let pids: Vec<String> = servers.iter().map(|s| s.child.id().to_string()).collect();
+    let servers_cpu = || pids.iter().map(|p| cpu_secs(p)).sum::<f64>();
     let sink = Arc::new(CountSink::default());
     let stats = Arc::new(SourceStats::default());
-    let (_writes, writes_rx) = mpsc::channel(1);
     let (stop, stop_rx) = watch::channel(false);
-    let ctx =
-        SourceCtx { name: "bench".into(), sink: sink.clone(), stats: stats.clone(), writes: writes_rx, stop: stop_rx };
-    let task = tokio::spawn(opcua::run(cfg, ctx));
-    wait_for("the first values", 60, || sink.n.load(Ordering::Relaxed) >= points).await;
+    let mut tasks = Vec::new();
+    let mut keep_writes_open = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        let cfg: OpcuaConfig = serde_json::from_value(serde_json::json!({
+            "name": format!("bench{i}"), "url": server.url(), "browse": "Objects/Plant/Bench",
+            "channel": format!("pt:s{i}.{{name}}"), "sampling_ms": env("OPCUA_BENCH_SAMPLING_MS", 1000 / hz.max(1) / 2), "publishing_ms": env("OPCUA_BENCH_PUBLISHING_MS", 100),
+        }))
+        .expect("config");
+        let (writes, writes_rx) = mpsc::channel(1);
+        keep_writes_open.push(writes);
+        let ctx = SourceCtx {
+            name: cfg.name.clone(),
+            sink: sink.clone(),
+            stats: stats.clone(),
+            writes: writes_rx,
+            stop: stop_rx.clone(),
+        };
+        tasks.push(tokio::spawn(opcua::run(cfg, ctx)));
+    }
+    let all = per_server * n_servers;
+    wait_for("the first values", 60, || sink.n.load(Ordering::Relaxed) >= all).await;
     tokio::time::sleep(Duration::from_secs(3)).await; // warm-up
-    let (n0, c0, s0, t0) = (sink.n.load(Ordering::Relaxed), cpu_secs("self"), cpu_secs(&server_pid), Instant::now());
+    let lines0: Vec<usize> = servers.iter().map(|s| s.lines.lock().expect("lock").len()).collect();
+    let (n0, c0, s0, t0) = (sink.n.load(Ordering::Relaxed), cpu_secs("self"), servers_cpu(), Instant::now());
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let (n1, c1, s1, el) = (sink.n.load(Ordering::Relaxed), cpu_secs("self"), cpu_secs(&server_pid), t0.elapsed());
-    let rate = (n1 - n0) as f64 / el.as_secs_f64();
-    let cpu = (c1 - c0) / el.as_secs_f64();
+    let (n1, c1, s1, el) = (sink.n.load(Ordering::Relaxed), cpu_secs("self"), servers_cpu(), t0.elapsed());
+    // What the servers managed to write in the same window (their `wrote N in S` lines).
+    let wrote: f64 = servers
+        .iter()
+        .zip(&lines0)
+        .map(|(server, &from)| {
+            let (n, s) = server.lines.lock().expect("lock")[from..]
+                .iter()
+                .filter_map(|l| {
+                    let mut w = l.strip_prefix("wrote ")?.split(" in ");
+                    Some((w.next()?.parse::<f64>().ok()?, w.next()?.parse::<f64>().ok()?))
+                })
+                .fold((0.0, 0.0), |(n, s), (dn, ds)| (n + dn, s + ds));
+            n / s.max(1e-9)
+        })
+        .sum();
+    let values = (n1 - n0) as f64;
     println!(
-        "opcua ingest: {points} variables at {hz} Hz for {:.1} s: {rate:.0} values/s published \
-         (offered {}), source CPU {:.1} % of one core = {:.2} µs per value; server CPU {:.1} %; \
-         decode errors {}, dropped notifications none logged",
+        "opcua ingest: {all} variables at {hz} Hz on {n_servers} server(s) for {:.1} s: servers wrote {wrote:.0} \
+         values/s (asked {}), sources published {:.0} values/s; sources CPU {:.1} % of one core = {:.2} µs \
+         per value; servers CPU {:.0} %; decode errors {}",
         el.as_secs_f64(),
-        points * hz,
-        cpu * 100.0,
-        (c1 - c0) * 1e6 / (n1 - n0).max(1) as f64,
+        all * hz,
+        values / el.as_secs_f64(),
+        (c1 - c0) / el.as_secs_f64() * 100.0,
+        (c1 - c0) * 1e6 / values.max(1.0),
         (s1 - s0) / el.as_secs_f64() * 100.0,
         stats.decode_errors.load(Ordering::Relaxed),
     );
     let _ = stop.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    for task in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    }
 }
