@@ -11,19 +11,28 @@
 //! connections up, nothing lost or duplicated, and the scenario's own checks.
 //!
 //! # Layout
+//! Scenarios sit on top; the shared machinery below them never imports a scenario
+//! (`scripts/check-cycles.py --crate bench` shows the module graph has no cycle).
 //! - [`scenario`]: one file per scenario ([`scenario::limit`], [`scenario::broadcast`],
-//!   [`scenario::echo`], [`scenario::rooms`], [`scenario::streams`] (with the subscriber and
-//!   batched publisher it shares with [`scenario::dashboard`]), [`scenario::connect`],
-//!   [`scenario::sessions`], [`scenario::soak`] (split into its load plan, publishers,
-//!   workers, server sampling and verdict)), each with a coordinator half and, where load is
-//!   spread over processes, a worker half.
-//! - [`worker`]: worker processes — spawning, the JSON-lines protocol on their standard
-//!   streams, and merging their results ([`worker::Pool`]).
+//!   [`scenario::echo`], [`scenario::rooms`], [`scenario::streams`] (with
+//!   `streams::feed`, the subscriber, its frame reader and the batched publisher it shares with
+//!   [`scenario::dashboard`], [`scenario::rooms`] and [`scenario::soak`]),
+//!   [`scenario::connect`], [`scenario::sessions`] (with its table, `sessions::cells`, and the
+//!   servers it starts, `sessions::server`), [`scenario::soak`] (split into its load plan,
+//!   publishers, workers, server sampling and verdict)), each with a coordinator half and,
+//!   where load is spread over processes, a worker half. `scenario/mod.rs` owns
+//!   [`scenario::WorkerConfig`] and [`scenario::worker_main`], the dispatch of a worker
+//!   process to its scenario.
+//! - [`worker`]: the worker-process engine every scenario uses — spawning
+//!   ([`worker::Pool`]), the JSON-lines protocol on their standard streams, the per-process
+//!   runtime ([`worker::serve`], [`worker::WorkerCtx`]) and merging their results.
 //! - [`histogram`]: [`histogram::Latency`], HDR histograms that serialize between processes.
 //! - [`accounting`]: expected / received / lost / duplicated bookkeeping.
 //! - [`probe`]: CPU time and memory from `/proc` (`--server-pid`, the `limit` writer thread).
-//! - [`report`]: the `result.json` schema, CSV and the summary table; [`chart`]: the SVG
-//!   charts (latency distribution, sweep steps, figures sampled over time).
+//! - [`report`]: the `result.json` schema, the one builder every scenario assembles its result
+//!   with ([`report::ResultBuilder`]), pass/fail and the output files
+//!   ([`report::BenchResult::conclude`]), CSV and the summary table; [`chart`]: the SVG charts
+//!   (latency distribution, sweep steps, figures sampled over time) on shared axis helpers.
 //! - [`compare`]: `bench report DIR...`, one HTML page comparing result folders.
 //! - [`progress`]: the once-a-second progress line.
 //! - [`search`]: the doubling-then-bisecting sweep of `--search` (broadcast, streams).

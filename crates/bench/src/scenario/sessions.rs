@@ -29,7 +29,7 @@
 //! `--target` and `--server-pid` are not used: the servers are the tool's own.
 //!
 //! Here: the flags, the worker half (the sessions' exchange loops) and the coordinator;
-//! [`cells`] holds the table and its forms, [`server`] the servers the tool starts.
+//! `cells` holds the table and its forms, `server` the servers the tool starts.
 
 use std::path::PathBuf;
 use std::rc::Rc;
