@@ -288,6 +288,25 @@ async fn opcua_writes_are_converted_and_refusals_carry_the_device_status() {
     src.shutdown().await;
 }
 
+// Regression: a notification of more than 1,000 values (every variable's first value at once)
+// exceeded the client library's default array limit and dropped the connection, over and over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opcua_a_notification_of_thousands_of_values_is_taken_whole() {
+    let server = OpcServer::start(free_port(), &["--points", "2500", "--hz", "1"]);
+    let src = start(serde_json::json!({
+        "name": "many", "url": server.url(), "browse": "Objects/Plant/Bench", "publishing_ms": 500,
+    }));
+    let distinct = || {
+        let items = src.sink.items.lock().expect("lock");
+        items.iter().map(|(c, _)| c.as_str()).collect::<std::collections::HashSet<_>>().len()
+    };
+    wait_for("2500 channels", 60, || distinct() == 2500).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(src.stats.reconnects.load(Ordering::Relaxed), 0);
+    assert!(src.stats.connected.load(Ordering::Relaxed));
+    src.shutdown().await;
+}
+
 /// A self-signed certificate (DER) and key (PEM) made with openssl, for an application URI.
 fn make_cert(dir: &Path, name: &str, uri: &str) -> (PathBuf, PathBuf) {
     let key = dir.join(format!("{name}.pem"));

@@ -32,6 +32,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Monitored items created per request: servers cap their operation count per call.
 const CREATE_CHUNK: usize = 1000;
+/// Longest array and largest message the client decodes (values of a notification, bytes).
+const MAX_ARRAY: usize = 1_000_000;
+const MAX_MESSAGE: usize = 64 << 20;
 
 /// Value changes of one notification message: (client handle, value).
 pub type Changes = Vec<(u32, DataValue)>;
@@ -55,6 +58,12 @@ pub fn client(cfg: &OpcuaConfig, pki_dir: &Path) -> Result<Client, String> {
         .keep_alive_interval(Duration::from_secs(5))
         .max_failed_keep_alive_count(3)
         .request_timeout(Duration::from_secs(10))
+        // A notification carries every value that changed since the last publish: thousands
+        // of items in one message. The library's defaults (arrays of 1,000, messages of
+        // 320 KiB) would drop the connection on the first large one.
+        .max_array_length(MAX_ARRAY)
+        .max_message_size(MAX_MESSAGE)
+        .max_chunk_count(MAX_MESSAGE / 8192)
         .session_name(format!("switchboard {}", cfg.name));
     if let (Some(cert), Some(key)) = (&cfg.certificate, &cfg.private_key) {
         builder = builder.certificate_path(absolute(cert)?).private_key_path(absolute(key)?);
