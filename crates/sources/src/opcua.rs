@@ -281,6 +281,8 @@ struct Live {
     points: Vec<PointState>,
     by_channel: HashMap<String, usize>,
     changes: mpsc::Receiver<Changes>,
+    /// The server ended the subscription.
+    lost: mpsc::Receiver<String>,
     dropped: Arc<AtomicU64>,
 }
 
@@ -317,9 +319,11 @@ impl Live {
             points.push(PointState { channel, node, monitored: false, last: None });
         }
         let (tx, changes) = mpsc::channel(CHANGES_QUEUE);
+        let (lost_tx, lost) = mpsc::channel(1);
         let dropped = Arc::new(AtomicU64::new(0));
         let nodes: Vec<_> = points.iter().map(|p| p.node.clone()).collect();
-        let refused = session::subscribe(&conn.session, cfg, &nodes, tx, dropped.clone()).await?;
+        let feed = session::Feed { changes: tx, lost: lost_tx, dropped: dropped.clone() };
+        let refused = session::subscribe(&conn.session, cfg, &nodes, feed).await?;
         for (p, refusal) in points.iter_mut().zip(refused) {
             match refusal {
                 None => p.monitored = true,
@@ -328,7 +332,7 @@ impl Live {
                 }
             }
         }
-        Ok(Live { conn, points, by_channel, changes, dropped })
+        Ok(Live { conn, points, by_channel, changes, lost, dropped })
     }
 
     /// Publishes value changes and serves writes until the connection is lost or the source
@@ -349,6 +353,12 @@ impl Live {
                     return Outcome::Stopped;
                 },
                 reason = &mut self.conn.ended => break reason.unwrap_or_else(|_| "session ended".into()),
+                Some(status) = self.lost.recv() => {
+                    // The connection still stands: end the session too before reconnecting.
+                    self.mark_bad(ctx).await;
+                    self.conn.close().await;
+                    return Outcome::Lost(format!("the server ended the subscription: {status}"));
+                }
                 batch = self.changes.recv() => match batch {
                     Some(batch) => {
                         self.publish(ctx, batch).await;

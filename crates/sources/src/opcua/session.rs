@@ -163,7 +163,16 @@ impl Drop for Connection {
 /// behind, the batch is dropped and counted.
 struct Notify {
     tx: mpsc::Sender<Changes>,
+    /// The subscription's end, with the server's status (capacity 1: the first says it all).
+    lost: mpsc::Sender<String>,
     dropped: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// Where a subscription delivers: value changes, its end, and a count of dropped batches.
+pub struct Feed {
+    pub changes: mpsc::Sender<Changes>,
+    pub lost: mpsc::Sender<String>,
+    pub dropped: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl OnSubscriptionNotificationCore for Notify {
@@ -175,7 +184,11 @@ impl OnSubscriptionNotificationCore for Notify {
                     batch.push((item.client_handle, item.value.clone()));
                 }
             } else if let Some(sc) = obj.inner_as::<StatusChangeNotification>() {
-                tracing::warn!(status = %sc.status, "OPC UA subscription status changed");
+                // The server ended the subscription (BadTimeout, …): nothing more will come on
+                // this session, so the source treats it as a lost connection.
+                if sc.status.is_bad() {
+                    let _ = self.lost.try_send(sc.status.to_string());
+                }
             }
         }
         if !batch.is_empty() && self.tx.try_send(batch).is_err() {
@@ -190,14 +203,21 @@ pub async fn subscribe(
     session: &Session,
     cfg: &OpcuaConfig,
     nodes: &[NodeId],
-    tx: mpsc::Sender<Changes>,
-    dropped: Arc<std::sync::atomic::AtomicU64>,
+    feed: Feed,
 ) -> Result<Vec<Option<String>>, String> {
     let publishing = Duration::from_millis(cfg.publishing_ms.unwrap_or(cfg.sampling_ms));
     // Keep-alive every 10 publishing intervals; the server drops the subscription after 30
     // silent ones (the lifetime must be at least three keep-alives).
     let id = session
-        .create_subscription(publishing, 30, 10, 0, 0, true, Notify { tx, dropped })
+        .create_subscription(
+            publishing,
+            30,
+            10,
+            0,
+            0,
+            true,
+            Notify { tx: feed.changes, lost: feed.lost, dropped: feed.dropped },
+        )
         .await
         .map_err(|e| format!("create subscription: {}", e.status()))?;
     // Room for every sample between two publishes, so a fast value loses nothing.
