@@ -262,8 +262,9 @@ const LIMIT_KEYS: [&str; 17] = [
 const TRANSPORT_KEYS: [&str; 3] = ["poll_timeout_s", "poll_session_ttl_s", "sse_heartbeat_s"];
 
 /// `SWITCHBOARD_*` variables that are not configuration keys: `SWITCHBOARD_LOG` is the log
-/// filter (read by the binary before the configuration).
-const NOT_CONFIG_VARS: [&str; 1] = ["LOG"];
+/// filter (read by the binary before the configuration); `SWITCHBOARD_BIN` names the binary
+/// for the test and benchmark scripts, which start servers with their environment.
+const NOT_CONFIG_VARS: [&str; 2] = ["LOG", "BIN"];
 
 /// Flat `SWITCHBOARD_*` names of the security settings (the flags' names) and their keys.
 const SECURITY_KEYS: [(&str, &str, &str); 12] = [
@@ -620,6 +621,7 @@ mod tests {
                 ("SWITCHBOARD_MAX_SUBSCRIPTIONS", "7"),
                 ("SWITCHBOARD_NAMESPACES__PT__HISTORY_SIZE", "3"),
                 ("OTHER", "x"),
+                ("SWITCHBOARD_BIN", "/usr/local/bin/switchboard"),
             ]),
             &[("limits.max_connections", toml::Value::Integer(6))],
         )
