@@ -1,0 +1,113 @@
+//! HTTP API bodies and query strings: `POST /api/publish` bodies (one item or a batch) and
+//! the query strings of `GET /api/channels`, `/history`, `/trend` and `/poll/{id}`, parsed as
+//! the API parses them (serde_json with raw data, serde_urlencoded as axum's `Query`), then
+//! every value the API would publish normalised as it does; plus the `Host` check (DNS
+//! rebinding) and the query-token parser on the same bytes. The body and query structs mirror
+//! `crates/gateway/src/api.rs` (the gateway itself is not built here: it pulls in TLS and
+//! crypto).
+#![no_main]
+
+#[path = "../../crates/gateway/src/auth/credentials.rs"]
+#[allow(dead_code)]
+mod credentials;
+
+use libfuzzer_sys::fuzz_target;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use switchboard_protocol::message::{check_data, single_line};
+use switchboard_protocol::validate_channel;
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct PublishOne {
+    channel: String,
+    data: Box<RawValue>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct PublishBody {
+    channel: Option<String>,
+    #[serde(default, deserialize_with = "switchboard_protocol::command::present")]
+    data: Option<Box<RawValue>>,
+    batch: Option<Vec<PublishOne>>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct ListQuery {
+    #[serde(default)]
+    prefix: String,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct HistoryQuery {
+    since_offset: Option<u64>,
+    epoch: Option<String>,
+    limit: Option<usize>,
+    window_s: Option<u64>,
+    step_s: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct PollQuery {
+    ack: Option<u64>,
+    timeout: Option<String>,
+}
+
+fn published(channel: &str, data: Box<RawValue>) {
+    let _ = validate_channel(channel);
+    if check_data(data.get()).is_ok() {
+        let one = single_line(data);
+        assert!(!one.get().contains(['\n', '\r']), "stored data is one line");
+        assert!(serde_json::from_str::<serde_json::Value>(one.get()).is_ok(), "and still JSON");
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(body) = serde_json::from_slice::<PublishBody>(data) {
+        match body {
+            PublishBody { channel: Some(ch), data: Some(d), batch: None } => published(&ch, d),
+            PublishBody { channel: None, data: None, batch: Some(items) } => {
+                for p in items {
+                    published(&p.channel, p.data);
+                }
+            }
+            _ => {}
+        }
+    }
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let _ = serde_urlencoded::from_str::<ListQuery>(text);
+    if let Ok(q) = serde_urlencoded::from_str::<HistoryQuery>(text) {
+        let _ = q.limit.map(|l| l.min(10_000));
+    }
+    if let Ok(PollQuery { timeout: Some(t), .. }) = serde_urlencoded::from_str::<PollQuery>(text) {
+        // As the poll handler: any number, however large or odd, is bounded without a panic.
+        if let Ok(secs) = t.parse::<f64>() {
+            if secs.is_finite() && secs >= 0.0 {
+                let _ = std::time::Duration::try_from_secs_f64(secs.min(3600.0));
+            }
+        }
+    }
+    let _ = credentials::token_from_query(text);
+    let bound = if data.first().is_some_and(|b| b & 1 == 1) { "0.0.0.0" } else { "127.0.0.1" };
+    let names: Vec<String> = text.lines().skip(1).map(String::from).collect();
+    let host = text.lines().next();
+    let ok = credentials::host_allowed(host, bound.parse().unwrap(), &names);
+    let plain_name = host.is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+    if host.is_none() || (plain_name && names.iter().any(|n| n == "*")) {
+        assert!(ok, "no Host, or any name allowed");
+    }
+    if let (Some(h), true) = (host, names.is_empty()) {
+        // Without names, a name is accepted only when it is loopback's own.
+        let plain = h.trim().trim_end_matches(|c: char| c.is_ascii_digit()).trim_end_matches(':').trim_end_matches('.');
+        let plain = plain.to_ascii_lowercase();
+        if ok && !plain.starts_with('[') && plain.parse::<std::net::IpAddr>().is_err() && !plain.is_empty() {
+            assert!(plain == "localhost" || plain.ends_with(".localhost") || h.trim().parse::<std::net::IpAddr>().is_ok() || h.trim().rsplit_once(':').is_some_and(|(a, _)| a.parse::<std::net::IpAddr>().is_ok()), "{h:?}");
+        }
+    }
+});
