@@ -69,7 +69,10 @@ pub fn router<S: Clone + Send + Sync + 'static>(node: Arc<Node>) -> Router<S> {
         tracing::error!(error = %e, "poll session store unavailable; sessions stay on their node");
         Arc::new(poll_store::MemoryPollStore::new())
     });
-    let polls = Polls::start(node, store);
+    let polls = Polls::new(node, store);
+    let notices = polls.store.listen(&polls.node.id);
+    tokio::spawn(notice_task(Arc::downgrade(&polls), notices));
+    tokio::spawn(sweep_task(Arc::downgrade(&polls)));
     Router::new()
         .route("/sse", get(sse_route).options(preflight))
         .route("/poll", post(open).options(preflight))
@@ -140,7 +143,7 @@ async fn open_inner(polls: &Arc<Polls>, req: Request) -> Response {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let id = random_id();
+    let id = poll_store::random_id();
     let s = match polls.create(&id, admitted.identity.clone(), admitted.exempt(), slot) {
         Ok(s) => s,
         Err(r) => return r,
@@ -348,7 +351,7 @@ pub async fn attach_sse(polls: Arc<Polls>, req: Request, id: String) -> Response
 }
 
 /// Acts on what other nodes say: drop moved sessions, run commands queued for ours.
-pub(crate) async fn notice_task(polls: std::sync::Weak<Polls>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Notice>) {
+async fn notice_task(polls: std::sync::Weak<Polls>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Notice>) {
     while let Some(n) = rx.recv().await {
         let Some(polls) = polls.upgrade() else { return };
         match n {
@@ -374,7 +377,7 @@ pub(crate) async fn notice_task(polls: std::sync::Weak<Polls>, mut rx: tokio::sy
 /// Every second (and often while the node stops): expires idle sessions, closes those whose
 /// token expired, releases closed ones, and keeps the node's heartbeat from closing the
 /// sessions that are alive.
-pub(crate) async fn sweep_task(polls: std::sync::Weak<Polls>) {
+async fn sweep_task(polls: std::sync::Weak<Polls>) {
     let mut stop = match polls.upgrade() {
         Some(p) => p.node.stopping(),
         None => return,

@@ -35,7 +35,6 @@ use crate::session::Session;
 use crate::transport::conn::Peer;
 use crate::transport::http::{self as transport_http, error};
 use crate::transport::messages::{Kind, Message, MessageWire};
-use crate::transport::poll::{notice_task, sweep_task};
 use crate::transport::poll_store::{self, Notice, PollStore, Record, StoredIdentity, StoredSub};
 use crate::transport::sse::{self, ChannelPos, ReplyIn};
 
@@ -52,19 +51,6 @@ pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(5);
 pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// A session streamed over SSE writes its record at most this often.
 pub(crate) const STREAM_SAVE_EVERY: Duration = Duration::from_secs(1);
-
-/// 128 random bits in hex: session ids and lock tokens.
-pub fn random_id() -> String {
-    let mut b = [0u8; 16];
-    if getrandom::getrandom(&mut b).is_err() {
-        // No OS randomness (never seen on the supported platforms): fall back to the
-        // process's generator rather than refusing service.
-        for x in b.iter_mut() {
-            *x = fastrand::u8(..);
-        }
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
 
 /// Why a session left this node.
 pub(crate) const LIVE: u8 = 0;
@@ -160,13 +146,11 @@ pub(crate) enum Found {
 }
 
 impl Polls {
-    pub(crate) fn start(node: Arc<Node>, store: Arc<dyn PollStore>) -> Arc<Polls> {
+    /// The node's sessions; the transport starts their notice and sweep tasks
+    /// (`poll::notice_task`, `poll::sweep_task`).
+    pub(crate) fn new(node: Arc<Node>, store: Arc<dyn PollStore>) -> Arc<Polls> {
         let ttl = Duration::from_secs(node.config.transports.poll_session_ttl_s);
-        let polls = Arc::new(Polls { node, store, sessions: Mutex::new(HashMap::new()), ttl });
-        let notices = polls.store.listen(&polls.node.id);
-        tokio::spawn(notice_task(Arc::downgrade(&polls), notices));
-        tokio::spawn(sweep_task(Arc::downgrade(&polls)));
-        polls
+        Arc::new(Polls { node, store, sessions: Mutex::new(HashMap::new()), ttl })
     }
 
     pub(crate) fn local(&self, id: &str) -> Option<Arc<PollSession>> {
@@ -774,6 +758,6 @@ mod tests {
         assert!(back.channels.as_ref().unwrap().matches("room:7"));
         assert!(!back.channels.as_ref().unwrap().matches("other"));
         assert!(back.publish.is_none());
-        assert!(random_id().len() == 32 && random_id() != random_id());
+        assert!(poll_store::random_id().len() == 32 && poll_store::random_id() != poll_store::random_id());
     }
 }

@@ -147,6 +147,19 @@ impl Notice {
 #[derive(Debug)]
 pub struct LockToken(String);
 
+/// 128 random bits in hex: session ids and lock tokens.
+pub fn random_id() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::getrandom(&mut b).is_err() {
+        // No OS randomness (never seen on the supported platforms): fall back to the
+        // process's generator rather than refusing service.
+        for x in b.iter_mut() {
+            *x = fastrand::u8(..);
+        }
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 /// Session state storage. All methods are safe to call concurrently.
 #[async_trait::async_trait]
 pub trait PollStore: Send + Sync + 'static {
@@ -567,7 +580,7 @@ impl PollStore for RedisPollStore {
     }
 
     async fn lock(&self, id: &str, wait: Duration) -> Result<Option<LockToken>, StoreError> {
-        let token = crate::transport::poll_session::random_id();
+        let token = random_id();
         let key = self.lock_key(id);
         let until = Instant::now() + wait;
         loop {
