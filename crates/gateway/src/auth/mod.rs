@@ -9,6 +9,7 @@
 //! - [`pattern`]: channel patterns with `*` and `**` (pure, fuzzed).
 //! - [`jwt`]: token verification (HS256 / RS256 / ES256, PEM and JWK sets).
 //! - [`users`]: the Argon2 users file for Basic authentication, and `switchboard user add`.
+//! - [`pool`]: the threads that run Argon2 checks, with a bounded queue (429 when full).
 //! - [`apikey`]: hashed API keys for the HTTP API.
 //! - [`limits`]: per-address connection and handshake limits, per-key publish rates, and the
 //!   client address behind trusted proxies.
@@ -25,6 +26,7 @@ pub mod http;
 pub mod jwt;
 pub mod limits;
 pub mod pattern;
+pub mod pool;
 pub mod users;
 
 use std::collections::HashMap;
@@ -211,7 +213,7 @@ pub enum AuthFailure {
     #[error("{0} is not configured on this node")]
     NotConfigured(&'static str),
     /// Too many password checks from this address (WebSocket 4029, HTTP 429).
-    #[error("too many password attempts from this address; retry later")]
+    #[error("too many password checks (from this address, or waiting at this node); retry later")]
     RateLimited,
 }
 
@@ -222,6 +224,8 @@ type Patterns = (Option<Arc<PatternSet>>, Option<Arc<PatternSet>>);
 /// per-user grants and the abuse limiter. Built once from the configuration.
 pub struct Auth {
     jwt: Option<JwtVerifier>,
+    /// Where password checks run (present with a users file).
+    passwords: Option<pool::PasswordPool>,
     users: Option<Arc<Users>>,
     api_keys: apikey::ApiKeys,
     allowed_origins: Vec<String>,
@@ -314,6 +318,7 @@ impl Default for Auth {
             limiter: Arc::new(Limiter::new(l.max_connections_per_ip, l.handshakes_per_ip_per_s, 0, 1)),
             exempt_loopback: l.exempt_loopback,
             leeway_s: 0,
+            passwords: None,
             verified: PasswordCache::new(),
         }
     }
@@ -391,9 +396,11 @@ impl Auth {
             bound: listen,
             trusted_proxies,
             grants,
+        let passwords = users.is_some().then(|| pool::PasswordPool::new(pool::THREADS, pool::QUEUE));
             limiter: Arc::new(limiter),
             exempt_loopback: limits.exempt_loopback,
             leeway_s: c.jwt_leeway_s,
+            passwords,
             verified: PasswordCache::new(),
         })
     }
@@ -457,8 +464,8 @@ impl Auth {
         self.grants.get(user).cloned().unwrap_or((None, None))
     }
 
-    /// Verifies a user name and password: from the cache of recent successes, or on a blocking
-    /// thread (Argon2 is slow on purpose), at most `limits.password_checks_per_ip_per_s` times
+    /// Verifies a user name and password: from the cache of recent successes, or on the
+    /// password pool (Argon2 is slow on purpose; a full queue is `RateLimited`), at most `limits.password_checks_per_ip_per_s` times
     /// per second for `ip` (`None`: the address is exempt or unknown).
     pub async fn verify_password(
         &self,
@@ -475,7 +482,8 @@ impl Auth {
                 }
             }
             let name = user.clone();
-            let ok = tokio::task::spawn_blocking(move || users.verify(&name, &password)).await.unwrap_or(false);
+            let pool = self.passwords.as_ref().ok_or(AuthFailure::NotConfigured("Basic authentication"))?;
+            let ok = pool.run(move || users.verify(&name, &password)).await.ok_or(AuthFailure::RateLimited)?;
             if !ok {
                 return Err(AuthFailure::Password);
             }
