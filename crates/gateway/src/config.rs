@@ -14,10 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use switchboard_broker::HistoryPolicy;
 
-/// A configuration error; the message names the offending key. Binaries exit 2 on it.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(pub String);
+pub use crate::error::ConfigError;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -351,7 +348,7 @@ impl Config {
         config.security = crate::auth::Security {
             auth: std::sync::Arc::new(crate::auth::Auth::build(
                 &config.auth,
-                &config.limits,
+                &config.limits.auth(),
                 config.listen_addr()?.ip(),
             )?),
             tls: crate::transport::tls::load(&config.tls)?,
@@ -508,6 +505,26 @@ static BUILT_IN_NAMESPACE_KEYS: std::sync::LazyLock<Vec<(&str, &str, toml::Value
     }
     keys
 });
+
+impl Limits {
+    /// The limits authentication enforces.
+    pub fn auth(&self) -> crate::auth::AuthLimits {
+        crate::auth::AuthLimits {
+            max_connections_per_ip: self.max_connections_per_ip,
+            handshakes_per_ip_per_s: self.handshakes_per_ip_per_s,
+            publishes_per_api_key_per_s: self.publishes_per_api_key_per_s,
+            password_checks_per_ip_per_s: self.password_checks_per_ip_per_s,
+            exempt_loopback: self.exempt_loopback,
+        }
+    }
+}
+
+/// Authentication's limits default to `[limits]`'s (one place for the numbers).
+impl Default for crate::auth::AuthLimits {
+    fn default() -> crate::auth::AuthLimits {
+        Limits::default().auth()
+    }
+}
 
 static DEFAULT_NAMESPACE: Namespace = Namespace {
     history_size: 100,

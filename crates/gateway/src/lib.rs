@@ -2,6 +2,8 @@
 //! fans publications out to them.
 //!
 //! # Layout
+//! - [`error`]: the errors every layer shares: `ApiError` (what a client is told) and
+//!   `ConfigError`; they depend on nothing else in the crate.
 //! - [`config`]: the TOML file, `SWITCHBOARD_*` variables and flags, merged and validated.
 //! - [`node`]: [`Node`], one process's lifecycle: connections, publish entry points, heartbeats,
 //!   shutdown.
@@ -32,6 +34,7 @@ pub mod api;
 pub mod auth;
 pub mod config;
 pub mod dashboards;
+pub mod error;
 pub mod hub;
 pub mod metrics;
 pub mod node;

@@ -18,19 +18,7 @@ use crate::hub::{Hub, IN_BATCH};
 use crate::metrics::Metrics;
 use crate::outbox::{Outbox, Wire};
 
-/// An error with the code a client sees (SPEC §2 reply codes, also used as HTTP statuses).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{code}: {message}")]
-pub struct ApiError {
-    pub code: u16,
-    pub message: String,
-}
-
-impl ApiError {
-    pub fn new(code: u16, message: impl Into<String>) -> ApiError {
-        ApiError { code, message: message.into() }
-    }
-}
+pub use crate::error::ApiError;
 
 /// Published data as stored and sent: on one line. Every transport frames messages by line
 /// (SSE `data:` lines, long-poll batches, WebSocket frames of several messages), so a

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use switchboard_protocol::code;
 use switchboard_protocol::command::{Deadband, SubscribeRequest};
 
-use crate::node::ApiError;
+use crate::error::ApiError;
 use crate::outbox::{Delivery, Outbox, Pushed};
 
 /// Fastest rate a subscription may ask for; above it sampling would cost more than it saves.

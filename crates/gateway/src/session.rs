@@ -442,7 +442,7 @@ impl Session {
 
     /// Checks `action` on `channel` for this client.
     fn allow(&self, action: Action, channel: &str) -> Result<(), ApiError> {
-        self.auth.check(&self.identity, self.node.config.namespace(namespace_of(channel)), action, channel)
+        self.auth.check(&self.identity, &self.node.config.namespace(namespace_of(channel)).allow, action, channel)
     }
 
     async fn publish(&mut self, id: Option<u32>, req: PublishRequest) -> Result<(), ApiError> {

@@ -116,7 +116,7 @@ pub fn allow(
     channel: &str,
 ) -> Result<(), ApiError> {
     let who = identity(caller);
-    node.config.security.auth.check(&who, node.config.namespace(namespace_of(channel)), action, channel)
+    node.config.security.auth.check(&who, &node.config.namespace(namespace_of(channel)).allow, action, channel)
 }
 
 fn allow_publish_one(node: &Node, who: &Identity, channel: &str) -> Result<(), ApiError> {
@@ -131,7 +131,7 @@ fn allow_publish_one(node: &Node, who: &Identity, channel: &str) -> Result<(), A
             if !ns.client_publish {
                 return Err(ApiError::new(code::FORBIDDEN, "clients may not publish in this namespace"));
             }
-            node.config.security.auth.check(who, ns, Action::Publish, channel)
+            node.config.security.auth.check(who, &ns.allow, Action::Publish, channel)
         }
     }
 }

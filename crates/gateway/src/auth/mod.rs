@@ -43,8 +43,7 @@ use self::jwt::{JwtVerifier, TokenError};
 use self::limits::{Limiter, Net};
 use self::pattern::PatternSet;
 use self::users::Users;
-use crate::config::{ConfigError, Limits, Namespace};
-use crate::node::ApiError;
+use crate::error::{ApiError, ConfigError};
 
 /// A configuration value that must never be printed (`Debug` shows `<redacted>`).
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -224,9 +223,9 @@ type Patterns = (Option<Arc<PatternSet>>, Option<Arc<PatternSet>>);
 /// per-user grants and the abuse limiter. Built once from the configuration.
 pub struct Auth {
     jwt: Option<JwtVerifier>,
+    users: Option<Arc<Users>>,
     /// Where password checks run (present with a users file).
     passwords: Option<pool::PasswordPool>,
-    users: Option<Arc<Users>>,
     api_keys: apikey::ApiKeys,
     allowed_origins: Vec<String>,
     /// `auth.hosts`, and whether `Host` is checked at all (see [`Auth::host_allowed`]).
@@ -301,13 +300,25 @@ impl fmt::Debug for Auth {
     }
 }
 
+/// The limits of `[limits]` that authentication enforces (its defaults are `[limits]`'s, see
+/// `config::Limits::auth`).
+#[derive(Debug, Clone, Copy)]
+pub struct AuthLimits {
+    pub max_connections_per_ip: usize,
+    pub handshakes_per_ip_per_s: usize,
+    pub publishes_per_api_key_per_s: usize,
+    pub password_checks_per_ip_per_s: usize,
+    pub exempt_loopback: bool,
+}
+
 impl Default for Auth {
     /// No authentication, default limits.
     fn default() -> Auth {
-        let l = Limits::default();
+        let l = AuthLimits::default();
         Auth {
             jwt: None,
             users: None,
+            passwords: None,
             api_keys: apikey::ApiKeys::default(),
             allowed_origins: Vec::new(),
             hosts: Vec::new(),
@@ -318,7 +329,6 @@ impl Default for Auth {
             limiter: Arc::new(Limiter::new(l.max_connections_per_ip, l.handshakes_per_ip_per_s, 0, 1)),
             exempt_loopback: l.exempt_loopback,
             leeway_s: 0,
-            passwords: None,
             verified: PasswordCache::new(),
         }
     }
@@ -327,7 +337,7 @@ impl Default for Auth {
 impl Auth {
     /// Loads every file the configuration names and checks every value; errors name the key.
     /// `listen` is the node's listen address, for the `Host` check.
-    pub fn build(c: &AuthConfig, limits: &Limits, listen: IpAddr) -> Result<Auth, ConfigError> {
+    pub fn build(c: &AuthConfig, limits: &AuthLimits, listen: IpAddr) -> Result<Auth, ConfigError> {
         let err = |key: &str, msg: String| ConfigError(format!("auth.{key}: {msg}"));
         let jwt = JwtVerifier::new(
             c.jwt_secret.as_ref().map(|s| s.0.as_str()),
@@ -386,9 +396,11 @@ impl Auth {
             limits.publishes_per_api_key_per_s,
         )
         .with_password_rate(limits.password_checks_per_ip_per_s);
+        let passwords = users.is_some().then(|| pool::PasswordPool::new(pool::THREADS, pool::QUEUE));
         Ok(Auth {
             jwt,
             users,
+            passwords,
             api_keys,
             allowed_origins: c.allowed_origins.0.clone(),
             hosts: c.hosts.0.clone(),
@@ -396,11 +408,9 @@ impl Auth {
             bound: listen,
             trusted_proxies,
             grants,
-        let passwords = users.is_some().then(|| pool::PasswordPool::new(pool::THREADS, pool::QUEUE));
             limiter: Arc::new(limiter),
             exempt_loopback: limits.exempt_loopback,
             leeway_s: c.jwt_leeway_s,
-            passwords,
             verified: PasswordCache::new(),
         })
     }
@@ -533,15 +543,15 @@ impl Auth {
 
     /// Whether `who` may do `action` on `channel` of namespace `ns`. `Err` is 401 for
     /// anonymous clients that need credentials, 403 otherwise.
-    pub fn check(&self, who: &Identity, ns: &Namespace, action: Action, channel: &str) -> Result<(), ApiError> {
+    pub fn check(&self, who: &Identity, allow: &Permissions, action: Action, channel: &str) -> Result<(), ApiError> {
         if let Method::ApiKey(_) = who.method {
             return Ok(());
         }
         let set = match action {
-            Action::Subscribe => ns.allow.subscribe,
-            Action::Publish => ns.allow.publish,
-            Action::Presence => ns.allow.presence,
-            Action::History => ns.allow.history,
+            Action::Subscribe => allow.subscribe,
+            Action::Publish => allow.publish,
+            Action::Presence => allow.presence,
+            Action::History => allow.history,
         };
         let level = set.unwrap_or(if self.enabled() { Access::Authenticated } else { Access::Anonymous });
         if level == Access::Anonymous {
@@ -592,10 +602,6 @@ impl fmt::Debug for Security {
 mod tests {
     use super::*;
 
-    fn ns(allow: Permissions) -> Namespace {
-        Namespace { allow, ..Namespace::default() }
-    }
-
     fn user(channels: Option<&[&str]>) -> Identity {
         Identity {
             method: Method::Token,
@@ -608,31 +614,31 @@ mod tests {
 
     fn enabled() -> Auth {
         let c = AuthConfig { jwt_secret: Some(Secret("x".repeat(32))), ..AuthConfig::default() };
-        Auth::build(&c, &Limits::default(), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)).unwrap()
+        Auth::build(&c, &crate::config::Limits::default().auth(), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)).unwrap()
     }
 
     #[test]
     fn auth_without_authentication_everything_is_anonymous() {
         let a = Auth::default();
         assert!(!a.enabled());
-        assert!(a.check(&Identity::anonymous(), &ns(Permissions::DEFAULT), Action::Subscribe, "x").is_ok());
+        assert!(a.check(&Identity::anonymous(), &Permissions::DEFAULT, Action::Subscribe, "x").is_ok());
         let strict = Permissions { subscribe: Some(Access::Authenticated), ..Permissions::DEFAULT };
-        assert_eq!(a.check(&Identity::anonymous(), &ns(strict), Action::Subscribe, "x").unwrap_err().code, 401);
+        assert_eq!(a.check(&Identity::anonymous(), &strict, Action::Subscribe, "x").unwrap_err().code, 401);
     }
 
     #[test]
     fn auth_levels_and_patterns() {
         let a = enabled();
-        let d = ns(Permissions::DEFAULT);
+        let d = Permissions::DEFAULT;
         assert_eq!(a.check(&Identity::anonymous(), &d, Action::Subscribe, "x").unwrap_err().code, 401);
         assert!(a.check(&user(None), &d, Action::Subscribe, "x").is_ok());
         assert!(a.check(&user(Some(&["room:*"])), &d, Action::Subscribe, "room:1").is_ok());
         assert_eq!(a.check(&user(Some(&["room:*"])), &d, Action::Subscribe, "pt:1").unwrap_err().code, 403);
         assert_eq!(a.check(&user(Some(&["room:*"])), &d, Action::History, "pt:1").unwrap_err().code, 403);
-        let claims = ns(Permissions { subscribe: Some(Access::Claims), ..Permissions::DEFAULT });
+        let claims = Permissions { subscribe: Some(Access::Claims), ..Permissions::DEFAULT };
         assert_eq!(a.check(&user(None), &claims, Action::Subscribe, "x").unwrap_err().code, 403);
         assert!(a.check(&user(Some(&["**"])), &claims, Action::Subscribe, "x").is_ok());
-        let public = ns(Permissions { subscribe: Some(Access::Anonymous), ..Permissions::DEFAULT });
+        let public = Permissions { subscribe: Some(Access::Anonymous), ..Permissions::DEFAULT };
         assert!(a.check(&Identity::anonymous(), &public, Action::Subscribe, "x").is_ok());
         assert_eq!(a.check(&Identity::anonymous(), &public, Action::Publish, "x").unwrap_err().code, 401);
         let key = Identity { method: Method::ApiKey(0), ..Identity::anonymous() };
@@ -646,7 +652,8 @@ mod tests {
             ..AuthConfig::default()
         };
         assert!(!format!("{c:?}").contains("s3cr3t"));
-        let a = Auth::build(&c, &Limits::default(), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)).unwrap();
+        let a = Auth::build(&c, &crate::config::Limits::default().auth(), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+            .unwrap();
         assert!(!format!("{a:?}").contains("s3cr3t"));
     }
 

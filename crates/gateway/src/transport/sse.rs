@@ -397,7 +397,7 @@ async fn open(node: &Arc<Node>, req: &axum::http::request::Parts, q: Option<&str
     }
     let identity = admitted.identity.clone().unwrap_or_else(crate::auth::Identity::anonymous);
     for ch in &channels {
-        if let Err(e) = auth.check(&identity, node.config.namespace(namespace_of(ch)), Action::Subscribe, ch) {
+        if let Err(e) = auth.check(&identity, &node.config.namespace(namespace_of(ch)).allow, Action::Subscribe, ch) {
             return error(e.code, format!("{ch}: {}", e.message));
         }
     }

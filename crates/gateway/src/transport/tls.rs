@@ -22,7 +22,7 @@ use serde::Deserialize;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::outbox::Wire;
 
 /// `[tls]` in the configuration file.

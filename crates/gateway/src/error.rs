@@ -1,0 +1,23 @@
+//! The errors every layer of the node shares: [`ApiError`], what a client is told (SPEC §2
+//! reply codes, also HTTP statuses), and [`ConfigError`], a refused configuration. They live
+//! apart from the node and the configuration so that authentication, TLS and sampling can
+//! report errors without depending on either.
+
+/// An error with the code a client sees (SPEC §2 reply codes, also used as HTTP statuses).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    pub code: u16,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: u16, message: impl Into<String>) -> ApiError {
+        ApiError { code, message: message.into() }
+    }
+}
+
+/// A configuration error; the message names the offending key. Binaries exit 2 on it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
