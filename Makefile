@@ -21,8 +21,10 @@ test: fmt-check lint rust-test black-box web-test browser-test fuzz-build
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
+# Clippy, and no import cycle between the modules of any crate (scripts/check-cycles.py).
 lint:
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	python3 scripts/check-cycles.py
 
 # The Redis broker tests and the cluster tests start a real redis-server on a spare loopback
 # port (the TLS tests sign its certificate with `openssl`); install them when missing.

@@ -121,7 +121,7 @@ impl SourceConfig {
         }
         match self {
             SourceConfig::Mqtt(c) => c.check(),
-            SourceConfig::Opcua(_) => Ok(()),
+            SourceConfig::Opcua(c) => c.check(),
         }
     }
 

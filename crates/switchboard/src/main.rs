@@ -244,7 +244,9 @@ impl ServeArgs {
 
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SWITCHBOARD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // The OPC UA client library logs a missing own certificate as an error on every
+        // connect with security "none", where none is needed.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,opcua_core::comms::secure_channel=off"));
     // Colors only on a terminal: logs redirected to files stay plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
