@@ -1,5 +1,5 @@
 #!/bin/bash
-# OPC UA ingest through a node (docs/sources-opcua.md, "Measured"): N variables changing at HZ on
+# OPC UA ingest through a node (docs/sources.md, "OPC UA source", "Measured"): N variables changing at HZ on
 # S asyncua servers, ingested by the node's OPC UA sources, delivered to D WebSocket dashboards.
 # Prints values written, ingested and delivered per second, latency (source timestamp →
 # dashboard) and the node's CPU per ingested value. Bounded: DURATION s plus a warm-up.

@@ -1,4 +1,4 @@
-"""OPC UA ingest through a node (docs/sources-opcua.md, "Measured").
+"""OPC UA ingest through a node (docs/sources.md, "OPC UA source", "Measured").
 
 Starts S asyncua servers (tests/python/opcua_server.py, N/S variables each changing at HZ; one
 Python server tops out near 6,000 writes/s) and a release switchboard with one OPC UA source per
