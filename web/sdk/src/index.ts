@@ -6,7 +6,7 @@
 //   await client.connect();
 
 export { Client } from './client.js';
-export type { ClientOptions, Credentials, SubscribeOptions, HistoryOptions, HistoryResult, ClientStats } from './client.js';
+export type { ClientOptions, Credentials, SubscribeOptions, HistoryOptions, HistoryResult, ClientStats } from './options.js';
 export { Subscription } from './subscription.js';
 export type { SubscriptionEvents, SubscriptionState } from './subscription.js';
 export type {
