@@ -34,7 +34,9 @@ export class Server {
     const args = [this.command, '--listen', listen, ...this.args];
     if (!('SWITCHBOARD_DATA_DIR' in this.env)) args.push('--data-dir', this.dataDir);
     if (!this.args.includes('--web-dir')) args.push('--web-dir', WEB_DIR);
-    const proc = spawn(BIN, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...env, ...this.env } });
+    // Its own process group: a kill reaches what the server started too (the demo's mosquitto),
+    // which would otherwise outlive a SIGKILLed server.
+    const proc = spawn(BIN, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...env, ...this.env }, detached: true });
     this.proc = proc;
     let stderr = '';
     proc.stderr.on('data', (d) => (stderr = (stderr + d).slice(-4000)));
@@ -61,6 +63,12 @@ export class Server {
       p.once('exit', ok);
       p.kill(signal);
     });
+    // Whatever the server started and left behind (a SIGKILLed demo's mosquitto).
+    try {
+      process.kill(-p.pid, 'SIGKILL');
+    } catch {
+      /* the group is gone already */
+    }
   }
 
   async stop() {
