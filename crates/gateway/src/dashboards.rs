@@ -189,11 +189,20 @@ pub struct DashboardStore {
     /// temporary file has one writer. Readers take no lock: a rename replaces a file atomically.
     write: tokio::sync::Mutex<()>,
     tmp_seq: AtomicU64,
+    /// Summaries by id with the file's modification time and length when read: a listing reads
+    /// only the files that changed since (one `stat` per file otherwise). Bounded by the
+    /// dashboards on disk (entries of removed files are dropped by the next listing).
+    summaries: parking_lot::Mutex<std::collections::HashMap<String, (std::time::SystemTime, u64, Summary)>>,
 }
 
 impl DashboardStore {
     pub fn new(dir: PathBuf) -> DashboardStore {
-        DashboardStore { dir, write: tokio::sync::Mutex::new(()), tmp_seq: AtomicU64::new(0) }
+        DashboardStore {
+            dir,
+            write: tokio::sync::Mutex::new(()),
+            tmp_seq: AtomicU64::new(0),
+            summaries: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        }
     }
 
     fn file(&self, id: &str) -> PathBuf {
@@ -284,16 +293,28 @@ impl DashboardStore {
     /// by hand) is listed with its id and an empty title rather than hiding the others.
     pub async fn list(&self) -> Result<Vec<Summary>, ApiError> {
         let mut out = Vec::new();
-        for id in self.ids().await? {
-            let Ok(bytes) = tokio::fs::read(self.file(&id)).await else { continue };
-            match serde_json::from_slice::<Dashboard>(&bytes) {
-                Ok(d) => out.push(Summary { id, title: d.title, widget_count: d.widgets.len(), updated: d.updated }),
+        let ids = self.ids().await?;
+        for id in &ids {
+            let path = self.file(id);
+            let Ok(meta) = tokio::fs::metadata(&path).await else { continue };
+            let stamp = (meta.modified().unwrap_or(std::time::UNIX_EPOCH), meta.len());
+            let cached = self.summaries.lock().get(id).filter(|(m, l, _)| (*m, *l) == stamp).map(|(_, _, s)| s.clone());
+            if let Some(summary) = cached {
+                out.push(summary);
+                continue;
+            }
+            let Ok(bytes) = tokio::fs::read(&path).await else { continue };
+            let summary = match serde_json::from_slice::<Dashboard>(&bytes) {
+                Ok(d) => Summary { id: id.clone(), title: d.title, widget_count: d.widgets.len(), updated: d.updated },
                 Err(e) => {
                     tracing::warn!(dashboard = %id, error = %e, "unreadable dashboard file");
-                    out.push(Summary { id, title: String::new(), widget_count: 0, updated: 0 });
+                    Summary { id: id.clone(), title: String::new(), widget_count: 0, updated: 0 }
                 }
-            }
+            };
+            self.summaries.lock().insert(id.clone(), (stamp.0, stamp.1, summary.clone()));
+            out.push(summary);
         }
+        self.summaries.lock().retain(|id, _| ids.binary_search(id).is_ok());
         Ok(out)
     }
 }
@@ -632,6 +653,33 @@ mod tests {
         again.delete("a").await.unwrap();
         assert_eq!(again.delete("a").await.unwrap_err().code, 404);
         assert!(store.list().await.unwrap().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn dashboards_listing_reads_only_changed_files_and_sees_every_change() {
+        let dir = std::env::temp_dir().join(format!("sb-dash-l-{}-{}", std::process::id(), fastrand::u32(..)));
+        let store = DashboardStore::new(dir.clone());
+        let b = body(r#"{"title":"One","widgets":[]}"#).unwrap();
+        store.put("a", b.clone()).await.unwrap();
+        store.put("b", b).await.unwrap();
+        assert_eq!(store.list().await.unwrap().len(), 2);
+        // A cached summary is kept while its file is unchanged: a stale cache entry planted
+        // for an unchanged file shows, proving the file was not read again.
+        {
+            let mut cache = store.summaries.lock();
+            let entry = cache.get_mut("b").unwrap();
+            entry.2.title = "cached".into();
+        }
+        let titles = |l: Vec<Summary>| l.into_iter().map(|s| s.title).collect::<Vec<_>>();
+        assert_eq!(titles(store.list().await.unwrap()), vec!["One", "cached"]);
+        // A file changed behind the store's back (edited by hand, or by another node sharing
+        // the directory) is read again; a removed one leaves the listing and the cache.
+        std::fs::write(dir.join("b.json"), r#"{"id":"b","title":"Edited by hand","widgets":[],"updated":1}"#).unwrap();
+        assert_eq!(titles(store.list().await.unwrap()), vec!["One", "Edited by hand"]);
+        std::fs::remove_file(dir.join("a.json")).unwrap();
+        assert_eq!(titles(store.list().await.unwrap()), vec!["Edited by hand"]);
+        assert_eq!(store.summaries.lock().len(), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
