@@ -580,3 +580,23 @@ def test_auth_secrets_never_reach_the_log_or_metrics(auth_server):
             if len(piece) >= 12 and (piece in log or piece in metrics):
                 leaked.append(piece[:16] + "…")
     assert not leaked, f"secrets in the log or metrics: {leaked}"
+
+
+def test_auth_dashboards_belong_to_their_creator(auth_server):
+    # Any credential could overwrite or delete any dashboard: now only its creator, or an API
+    # key (operators' tooling), may; a bystander's own dashboard is untouched throughout.
+    url = auth_server.http_url + "/api/dashboards/"
+    body = {"title": "Grace's", "widgets": []}
+    mine, theirs = uniq("own-"), uniq("bystander-")
+    assert http("PUT", url + theirs, {"title": "Alice's", "widgets": []}, headers=bearer(token())).status == 201
+    assert http("PUT", url + mine, body, headers=basic("grace", PASSWORD)).status == 201
+    for who in (bearer(token()), bearer(token(sub="mallory"))):
+        r = http("PUT", url + mine, {"title": "taken", "widgets": []}, headers=who)
+        assert r.status == 403 and 'belongs to \\"grace\\"' in r.body.decode(), r.body
+        assert http("DELETE", url + mine, headers=who).status == 403
+    assert http("PUT", url + mine, {"title": "Grace's, again", "widgets": []}, headers=basic("grace", PASSWORD)).status == 200
+    assert http("PUT", url + mine, body, headers=bearer(API_KEY)).status == 200
+    got = json.loads(http("GET", url + mine, headers=basic("grace", PASSWORD)).body)
+    assert got["owner"] == "grace" and got["title"] == "Grace's", got
+    assert http("DELETE", url + mine, headers=basic("grace", PASSWORD)).status == 204
+    assert json.loads(http("GET", url + theirs, headers=bearer(token())).body)["title"] == "Alice's"

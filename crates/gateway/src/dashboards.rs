@@ -30,6 +30,8 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use switchboard_protocol::code;
 
+use crate::auth::http::Caller;
+use crate::auth::Method;
 use crate::config::Config;
 use crate::node::ApiError;
 
@@ -93,6 +95,9 @@ pub struct DashboardBody {
     pub id: Option<String>,
     #[serde(default)]
     pub updated: Option<u64>,
+    /// Ignored: a dashboard keeps the owner it was created with.
+    #[serde(default)]
+    pub owner: Option<String>,
 }
 
 /// A dashboard as stored and returned.
@@ -103,6 +108,34 @@ pub struct Dashboard {
     pub widgets: Vec<Widget>,
     /// Unix milliseconds of the last save.
     pub updated: u64,
+    /// The user who created it (empty: created without credentials); only this user or an
+    /// API key may change or delete it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub owner: String,
+}
+
+/// Who saves or deletes a dashboard.
+#[derive(Debug, Clone, Copy)]
+pub struct Editor<'a> {
+    /// The caller's user name (empty without credentials).
+    pub user: &'a str,
+    /// An API key: may change any dashboard (operators' tooling).
+    pub admin: bool,
+}
+
+impl Editor<'_> {
+    /// Anyone, on a node without authentication (and in tests).
+    pub const ANYONE: Editor<'static> = Editor { user: "", admin: true };
+
+    fn may_change(&self, id: &str, owner: &str) -> Result<(), ApiError> {
+        if owner.is_empty() || self.admin || self.user == owner {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            code::FORBIDDEN,
+            format!("dashboard {id:?} belongs to {owner:?}: only its owner or an API key may change it"),
+        ))
+    }
 }
 
 /// One entry of the list.
@@ -222,19 +255,23 @@ impl DashboardStore {
     }
 
     /// Stores `body` as dashboard `id`; returns its summary and whether it is new.
-    pub async fn put(&self, id: &str, body: DashboardBody) -> Result<(Summary, bool), ApiError> {
+    pub async fn put(&self, id: &str, body: DashboardBody, editor: Editor<'_>) -> Result<(Summary, bool), ApiError> {
         validate_id(id)?;
+        let _guard = self.write.lock().await;
+        tokio::fs::create_dir_all(&self.dir).await.map_err(|e| internal("creating the data directory", e))?;
+        let path = self.file(id);
+        let existed = tokio::fs::try_exists(&path).await.map_err(|e| internal("reading dashboard", e))?;
+        // An existing dashboard keeps its owner, who alone (or an API key) may change it.
+        let owner = if existed { self.owner(id).await } else { editor.user.to_string() };
+        editor.may_change(id, &owner)?;
         let dashboard = Dashboard {
             id: id.to_string(),
             title: body.title,
             widgets: body.widgets,
             updated: switchboard_broker::now_ms(),
+            owner,
         };
         let bytes = serde_json::to_vec(&dashboard).map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
-        let _guard = self.write.lock().await;
-        tokio::fs::create_dir_all(&self.dir).await.map_err(|e| internal("creating the data directory", e))?;
-        let path = self.file(id);
-        let existed = tokio::fs::try_exists(&path).await.map_err(|e| internal("reading dashboard", e))?;
         if !existed && self.ids().await?.len() >= MAX_DASHBOARDS {
             return Err(ApiError::new(code::LIMIT, format!("at most {MAX_DASHBOARDS} dashboards are kept")));
         }
@@ -258,9 +295,21 @@ impl DashboardStore {
         Ok((summary, !existed))
     }
 
-    pub async fn delete(&self, id: &str) -> Result<(), ApiError> {
+    /// The owner recorded in a stored dashboard ('' for none, or a file that does not parse).
+    async fn owner(&self, id: &str) -> String {
+        #[derive(Deserialize)]
+        struct Owner {
+            #[serde(default)]
+            owner: String,
+        }
+        let bytes = tokio::fs::read(self.file(id)).await.unwrap_or_default();
+        serde_json::from_slice::<Owner>(&bytes).map(|o| o.owner).unwrap_or_default()
+    }
+
+    pub async fn delete(&self, id: &str, editor: Editor<'_>) -> Result<(), ApiError> {
         validate_id(id)?;
         let _guard = self.write.lock().await;
+        editor.may_change(id, &self.owner(id).await)?;
         match tokio::fs::remove_file(self.file(id)).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -394,20 +443,35 @@ async fn get_one(State(d): State<Arc<Dashboards>>, UrlPath(id): UrlPath<String>)
     Ok(([(header::CONTENT_TYPE, "application/json")], bytes).into_response())
 }
 
+/// Who is calling, from the authentication middleware (anyone when the node has none).
+fn editor(caller: &Option<axum::Extension<Caller>>) -> Editor<'_> {
+    match caller {
+        Some(c) if !matches!(c.0 .0.method, Method::Anonymous) => {
+            Editor { user: &c.0 .0.user, admin: matches!(c.0 .0.method, Method::ApiKey(_)) }
+        }
+        _ => Editor { user: "", admin: false },
+    }
+}
+
 async fn put_one(
     State(d): State<Arc<Dashboards>>,
     UrlPath(id): UrlPath<String>,
+    caller: Option<axum::Extension<Caller>>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     validate_id(&id)?;
     let body = parse_body(&id, &body)?;
-    let (summary, created) = d.store.put(&id, body).await?;
+    let (summary, created) = d.store.put(&id, body, editor(&caller)).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(summary)).into_response())
 }
 
-async fn delete_one(State(d): State<Arc<Dashboards>>, UrlPath(id): UrlPath<String>) -> Result<Response, ApiError> {
-    d.store.delete(&id).await?;
+async fn delete_one(
+    State(d): State<Arc<Dashboards>>,
+    UrlPath(id): UrlPath<String>,
+    caller: Option<axum::Extension<Caller>>,
+) -> Result<Response, ApiError> {
+    d.store.delete(&id, editor(&caller)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -529,7 +593,7 @@ pub fn demo_dashboard() -> DashboardBody {
         w(Value, "room:lobby", 0, 24, 16, 3, o(&[("label", json!("room:lobby")), ("field", json!("text"))])),
         w(Value, "room:ops", 16, 24, 16, 3, o(&[("label", json!("room:ops")), ("field", json!("text"))])),
     ];
-    DashboardBody { title: "Demo plant".to_string(), widgets, id: None, updated: None }
+    DashboardBody { title: "Demo plant".to_string(), widgets, id: None, updated: None, owner: None }
 }
 
 /// Writes the demo dashboard into `data_dir` unless one is already there (a user may have edited
@@ -547,6 +611,7 @@ pub fn install_demo(data_dir: &Path) -> std::io::Result<bool> {
         title: body.title,
         widgets: body.widgets,
         updated: switchboard_broker::now_ms(),
+        owner: String::new(),
     };
     let bytes = serde_json::to_vec(&d).map_err(std::io::Error::other)?;
     let tmp = dir.join(format!(".{DEMO_ID}.{}.tmp", std::process::id()));
@@ -638,9 +703,9 @@ mod tests {
         assert_eq!(store.get("a").await.unwrap_err().code, 404);
         let b =
             body(r#"{"title":"First","widgets":[{"type":"gauge","channel":"pt:x","x":3,"y":4,"w":5,"h":6}]}"#).unwrap();
-        let (s, created) = store.put("a", b.clone()).await.unwrap();
+        let (s, created) = store.put("a", b.clone(), Editor::ANYONE).await.unwrap();
         assert!(created && s.widget_count == 1 && s.title == "First");
-        let (_, created) = store.put("a", b).await.unwrap();
+        let (_, created) = store.put("a", b, Editor::ANYONE).await.unwrap();
         assert!(!created);
 
         // A new store over the same directory (a restarted server) sees the same dashboard.
@@ -650,9 +715,36 @@ mod tests {
         let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("a.json")], "no temporary files left behind");
         assert_eq!(again.list().await.unwrap().len(), 1);
-        again.delete("a").await.unwrap();
-        assert_eq!(again.delete("a").await.unwrap_err().code, 404);
+        again.delete("a", Editor::ANYONE).await.unwrap();
+        assert_eq!(again.delete("a", Editor::ANYONE).await.unwrap_err().code, 404);
         assert!(store.list().await.unwrap().is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn dashboards_belong_to_their_creator_and_only_the_owner_or_an_api_key_changes_them() {
+        let dir = std::env::temp_dir().join(format!("sb-dash-o-{}-{}", std::process::id(), fastrand::u32(..)));
+        let store = DashboardStore::new(dir.clone());
+        let b = body(r#"{"title":"Alice's","widgets":[]}"#).unwrap();
+        let alice = Editor { user: "alice", admin: false };
+        let bob = Editor { user: "bob", admin: false };
+        let anonymous = Editor { user: "", admin: false };
+        let key = Editor { user: "api-key-0", admin: true };
+        assert!(store.put("a", b.clone(), alice).await.unwrap().1, "created");
+        for who in [bob, anonymous] {
+            let e = store.put("a", b.clone(), who).await.unwrap_err();
+            assert!(e.code == 403 && e.message.contains("belongs to \"alice\""), "{e}");
+            assert_eq!(store.delete("a", who).await.unwrap_err().code, 403);
+        }
+        store.put("a", b.clone(), alice).await.unwrap();
+        store.put("a", b.clone(), key).await.unwrap();
+        let d: Dashboard = serde_json::from_slice(&store.get("a").await.unwrap()).unwrap();
+        assert_eq!(d.owner, "alice", "saving keeps the owner, whoever saves");
+        // A dashboard created without credentials is anybody's.
+        store.put("open", b.clone(), anonymous).await.unwrap();
+        store.put("open", b, bob).await.unwrap();
+        store.delete("open", anonymous).await.unwrap();
+        store.delete("a", alice).await.unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -661,8 +753,8 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sb-dash-l-{}-{}", std::process::id(), fastrand::u32(..)));
         let store = DashboardStore::new(dir.clone());
         let b = body(r#"{"title":"One","widgets":[]}"#).unwrap();
-        store.put("a", b.clone()).await.unwrap();
-        store.put("b", b).await.unwrap();
+        store.put("a", b.clone(), Editor::ANYONE).await.unwrap();
+        store.put("b", b, Editor::ANYONE).await.unwrap();
         assert_eq!(store.list().await.unwrap().len(), 2);
         // A cached summary is kept while its file is unchanged: a stale cache entry planted
         // for an unchanged file shows, proving the file was not read again.
