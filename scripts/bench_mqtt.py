@@ -35,7 +35,9 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from mqtt_kit import Mosquitto, Publisher, free_port  # noqa: E402
 
-import websockets  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_dashboards import Dashboards, percentile  # noqa: E402
+
 
 TICK = os.sysconf("SC_CLK_TCK")
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -56,51 +58,6 @@ def source_messages(base: str) -> int:
     m = re.search(r'^switchboard_source_messages_total\{source="bench",kind="mqtt"\} (\d+)$',
                   get(base + "/metrics"), re.M)
     return int(m.group(1)) if m else 0
-
-
-def percentile(sorted_vals, p):
-    if not sorted_vals:
-        return float("nan")
-    return sorted_vals[min(len(sorted_vals) - 1, int(p / 100 * len(sorted_vals)))]
-
-
-class Dashboards:
-    """D connections, each subscribed to its share of the channels; collects latencies."""
-
-    def __init__(self, url: str, channels: list, d: int):
-        self.url, self.channels, self.d = url, channels, d
-        self.lat_us: list = []
-        self.recording = False
-        self.received = 0
-        self.stop = asyncio.Event()
-
-    async def one(self, chans, ready):
-        async with websockets.connect(self.url, max_size=None, ping_interval=None, compression=None) as ws:
-            for i in range(0, len(chans), 1000):
-                await ws.send(json.dumps({"id": i + 1, "subscribe": {"channels": chans[i:i + 1000]}}))
-                while True:
-                    frame = await ws.recv()
-                    if any('"id":' in part and '"ok"' in part for part in frame.split("\n")):
-                        break
-            ready.release()
-            while not self.stop.is_set():
-                try:
-                    frame = await asyncio.wait_for(ws.recv(), 0.5)
-                except asyncio.TimeoutError:
-                    continue
-                now = time.time_ns() // 1000
-                for part in frame.split("\n"):
-                    if not part.startswith('{"pub"'):
-                        continue
-                    if self.recording:
-                        ts = json.loads(part)["pub"]["data"].get("ts")
-                        if ts:
-                            self.lat_us.append(now - ts)
-                            self.received += 1
-
-    async def run(self, ready):
-        per = len(self.channels) // self.d
-        await asyncio.gather(*(self.one(self.channels[i * per:(i + 1) * per], ready) for i in range(self.d)))
 
 
 def publish_mqtt(port: int, k: int, hz: float, seconds: float, stop: threading.Event):
@@ -138,7 +95,9 @@ def publish_http(base: str, k: int, hz: float, seconds: float, stop: threading.E
 
 async def run_mode(mode, args, base, ws_url, mq_port, pid):
     channels = [f"pt:bench.p{i}" for i in range(args.topics)]
-    dash = Dashboards(ws_url, channels, args.dashboards)
+    # The publisher stamps `ts` (unix µs) beside the point's `t`.
+    dash = Dashboards(ws_url, channels, args.dashboards,
+                      lambda data, now_ns: (now_ns // 1000 - data["ts"]) / 1000 if data.get("ts") else None)
     ready = asyncio.Semaphore(0)
     task = asyncio.create_task(dash.run(ready))
     for _ in range(args.dashboards):
@@ -162,15 +121,15 @@ async def run_mode(mode, args, base, ws_url, mq_port, pid):
     await task
     secs = t1 - t0
     ingested = (m1 - m0) if mode == "mqtt" else args.topics * args.hz * secs
-    lat = sorted(dash.lat_us)
+    lat = sorted(dash.lat_ms)
     return {
         "mode": mode,
         "ingested_per_s": ingested / secs,
         "deliveries_per_s": dash.received / secs,
-        "p50_ms": percentile(lat, 50) / 1000,
-        "p90_ms": percentile(lat, 90) / 1000,
-        "p99_ms": percentile(lat, 99) / 1000,
-        "max_ms": (lat[-1] / 1000) if lat else float("nan"),
+        "p50_ms": percentile(lat, 50),
+        "p90_ms": percentile(lat, 90),
+        "p99_ms": percentile(lat, 99),
+        "max_ms": lat[-1] if lat else float("nan"),
         "cpu_pct": 100 * (c1 - c0) / secs,
         "cpu_us_per_point": 1e6 * (c1 - c0) / max(1, ingested),
     }

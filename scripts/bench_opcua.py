@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import select
@@ -30,7 +29,9 @@ import threading
 import time
 import urllib.request
 
-import websockets
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_dashboards import Dashboards, percentile  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -58,12 +59,6 @@ def source_messages(base: str) -> int:
     text = get(base + "/metrics")
     return sum(int(m) for m in re.findall(r'^switchboard_source_messages_total\{source="bench\d+",kind="opcua"\} (\d+)$',
                                           text, re.M))
-
-
-def percentile(sorted_vals, p):
-    if not sorted_vals:
-        return float("nan")
-    return sorted_vals[min(len(sorted_vals) - 1, int(p / 100 * len(sorted_vals)))]
 
 
 class OpcServer:
@@ -103,43 +98,9 @@ class OpcServer:
             self.proc.wait()
 
 
-class Dashboards:
-    """D connections, each subscribed to its share of the channels; collects latencies."""
-
-    def __init__(self, url: str, channels: list, d: int):
-        self.url, self.channels, self.d = url, channels, d
-        self.lat_ms: list = []
-        self.recording = False
-        self.received = 0
-        self.stop = asyncio.Event()
-
-    async def one(self, chans, ready):
-        async with websockets.connect(self.url, max_size=None, ping_interval=None, compression=None) as ws:
-            for i in range(0, len(chans), 1000):
-                await ws.send(json.dumps({"id": i + 1, "subscribe": {"channels": chans[i:i + 1000]}}))
-                while True:
-                    frame = await ws.recv()
-                    if any('"id":' in part and '"ok"' in part for part in frame.split("\n")):
-                        break
-            ready.release()
-            while not self.stop.is_set():
-                try:
-                    frame = await asyncio.wait_for(ws.recv(), 0.5)
-                except asyncio.TimeoutError:
-                    continue
-                now = time.time() * 1000
-                for part in frame.split("\n"):
-                    if self.recording and part.startswith('{"pub"'):
-                        self.lat_ms.append(now - json.loads(part)["pub"]["data"]["t"])
-                        self.received += 1
-
-    async def run(self, ready):
-        per = -(-len(self.channels) // self.d)
-        await asyncio.gather(*(self.one(self.channels[i * per:(i + 1) * per], ready) for i in range(self.d)))
-
-
 async def measure(args, base, ws_url, pid, servers, channels):
-    dash = Dashboards(ws_url, channels, args.dashboards)
+    # Latency from the value's source timestamp (the point's `t`, unix ms).
+    dash = Dashboards(ws_url, channels, args.dashboards, lambda data, now_ns: now_ns / 1e6 - data["t"])
     ready = asyncio.Semaphore(0)
     task = asyncio.create_task(dash.run(ready))
     for _ in range(args.dashboards):
