@@ -25,6 +25,7 @@ struct PublishOne {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 #[allow(dead_code)]
 struct PublishBody {
     channel: Option<String>,
