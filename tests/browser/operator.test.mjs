@@ -120,8 +120,15 @@ describe('trend controls', () => {
     await page.waitForFunction(() => (window.switchboardWidget(0)?.points ?? 0) >= 5, null, { timeout: 5000 });
     assert.deepEqual(trendRequests, [], 'the trend came in the subscribe reply, not over HTTP');
     const w = () => page.evaluate(() => window.switchboardWidget(0));
-    assert.deepEqual((await w()).view, { windowS: 60, paused: false, zoom: null });
+    assert.deepEqual((await w()).view, { windowS: 60, paused: false, zoom: null, chart: false });
 
+    // The trend is painted on the board; pointing at it opens its chart with the tools.
+    assert.equal(await page.locator('.trend').count(), 0, 'no chart before the pointer comes');
+    assert.equal((await w()).view.chart, false);
+    const body = (await w()).body;
+    await page.mouse.move(body.x + body.width / 2, body.y + body.height / 2);
+    await page.waitForSelector('.trend .trend-window');
+    assert.equal((await w()).view.chart, true);
     // A wider window asks the server for its trend.
     await page.hover('.trend');
     await page.selectOption('.trend-window', '300');
@@ -148,7 +155,11 @@ describe('trend controls', () => {
     assert.ok(zoomed.zoom && zoomed.zoom[1] > zoomed.zoom[0] && zoomed.paused, JSON.stringify(zoomed));
     assert.equal(await page.textContent('.trend-state'), 'zoomed');
     await page.mouse.dblclick(over.x + over.width / 2, over.y + over.height / 2);
-    assert.deepEqual((await w()).view, { windowS: 300, paused: false, zoom: null });
+    assert.deepEqual((await w()).view, { windowS: 300, paused: false, zoom: null, chart: true });
+    // The pointer leaves a live view: the chart goes, and the trend is painted on the board.
+    await page.mouse.move(body.x + body.width + 200, body.y + body.height + 200);
+    await page.waitForSelector('.trend', { state: 'detached' });
+    assert.equal((await w()).view.chart, false);
     assert.deepEqual(page.errors, []);
     await page.close();
   });

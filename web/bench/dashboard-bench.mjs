@@ -6,6 +6,7 @@
 //   node web/bench/dashboard-bench.mjs --widgets 100,1000,10000 [--rate 24000] [--duration 30]
 //        [--viewport 1920x1080] [--bin target/release/switchboard] [--out web/bench/out]
 //        [--screenshot docs/img/dashboard-1000.png] [--trends 200 --trend-window 3600]
+//        [--profile out/open.cpuprofile]
 //
 // Widget i is bound to channel pt:sim.<i>, whose kind follows i % 4 as in the server's simulator
 // (random walk, sine, boolean, 64-bin spectrum): value and gauge on walks, trend and scatter on
@@ -21,7 +22,8 @@
 // eight; --trend-window S gives them an S-second window, and before the page opens each trend
 // channel gets S seconds of history, one value per second with its own past time `t` (the
 // server files such values in their trend buckets), so every trend opens with a full window.
-// "All values" then also waits for every trend to have received its server-side trend.
+// "All values" then also waits for every trend to have received its server-side trend and to
+// have been drawn with it.
 
 import { spawn } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -50,6 +52,9 @@ function parseArgs(argv) {
     // Another build of the app (e.g. an earlier commit's) to compare against.
     'web-dir': join(repo, 'web/dashboard/dist'),
     'trend-window': 10,
+    // A CPU profile of the measured navigation, until every value is shown (open it in a
+    // browser's developer tools), and a summary of where the time went on stderr.
+    profile: '',
   };
   for (let i = 2; i < argv.length; i++) {
     const k = argv[i].replace(/^--/, '');
@@ -269,13 +274,19 @@ async function runOne(browser, opts, n) {
     // browser would be; the measured navigation follows.
     await page.goto(`${url}/`);
     await page.waitForFunction(() => typeof window.switchboardStats === 'function');
+    const cdp = opts.profile ? await page.context().newCDPSession(page) : null;
+    if (cdp) {
+      await cdp.send('Profiler.enable');
+      await cdp.send('Profiler.setSamplingInterval', { interval: 200 });
+      await cdp.send('Profiler.start');
+    }
     const t0 = Date.now();
     await page.goto(`${url}/?dashboard=${id}`);
     // performance.now() counts from the navigation's start.
     const allValuesMs = await page.waitForFunction(
       (count) => {
         const s = window.switchboardStats?.();
-        return s && s.widgets === count && s.widgetsWithValue === count && s.trendsBackfilled === s.trends
+        return s && s.widgets === count && s.widgetsWithValue === count && s.trendsBackfilled === s.trends && s.trendsShown === s.trends
           ? performance.now()
           : false;
       },
@@ -284,6 +295,13 @@ async function runOne(browser, opts, n) {
     );
     const firstAll = await allValuesMs.jsonValue();
     const wallToAll = Date.now() - t0;
+    if (cdp) await saveProfile(cdp, opts.profile);
+    // The page's own milestone: the frame after the one that drew the last value and trend.
+    await page.waitForFunction(() => performance.getEntriesByName('sb:complete').length > 0, null, { timeout: 10_000 });
+    // The app's own milestones (performance marks named `sb:…`), in ms from navigation.
+    const marks = await page.evaluate(() =>
+      Object.fromEntries(performance.getEntriesByType('mark').filter((m) => m.name.startsWith('sb:')).map((m) => [m.name.slice(3), Math.round(m.startTime)])),
+    );
     // Settle a moment (chart creation), then measure.
     await page.waitForTimeout(2000);
     const sample = () => page.evaluate(() => ({ t: performance.now(), ...window.switchboardStats() }));
@@ -327,8 +345,10 @@ async function runOne(browser, opts, n) {
         }
         return Number.isFinite(min) ? min : null;
       }),
+      completeMs: marks.complete,
       allValuesMs: Math.round(firstAll),
       allValuesWallMs: wallToAll,
+      marks,
       updatesPerS: Math.round((s1.updatesApplied - s0.updatesApplied) / dt),
       fps: Math.round(((s1.framesRendered - s0.framesRendered) / dt) * 10) / 10,
       minFps: Math.round(Math.min(...perSecond.map((p) => p.fps)) * 10) / 10,
@@ -346,6 +366,25 @@ async function runOne(browser, opts, n) {
     await stopServer(proc);
     rmSync(data, { recursive: true, force: true });
   }
+}
+
+/** Stops the CPU profiler, writes its profile to `path` and prints the functions that took the
+ * most time (self time, summed by function and script position). */
+async function saveProfile(cdp, path) {
+  const { profile } = await cdp.send('Profiler.stop');
+  mkdirSync(dirname(resolve(path)), { recursive: true });
+  writeFileSync(path, JSON.stringify(profile));
+  const dt = new Map();
+  for (let i = 0; i < profile.samples.length; i++) dt.set(profile.samples[i], (dt.get(profile.samples[i]) ?? 0) + (profile.timeDeltas[i] ?? 0));
+  const self = new Map();
+  for (const node of profile.nodes) {
+    const f = node.callFrame;
+    const key = `${f.functionName || '(anonymous)'} ${f.url.split('/').pop()}:${f.lineNumber + 1}`;
+    self.set(key, (self.get(key) ?? 0) + (dt.get(node.id) ?? 0));
+  }
+  const top = [...self].sort((a, b) => b[1] - a[1]).slice(0, 25);
+  process.stderr.write(`profile written to ${path}; self time by function (ms):\n`);
+  for (const [k, us] of top) process.stderr.write(`  ${(us / 1000).toFixed(1).padStart(8)}  ${k}\n`);
 }
 
 async function main() {
@@ -367,11 +406,11 @@ async function main() {
   }
   mkdirSync(opts.out, { recursive: true });
   writeFileSync(join(opts.out, 'dashboard-bench.json'), JSON.stringify({ started: new Date().toISOString(), opts, results }, null, 2));
-  console.log('| widgets | visible | offered/s | all values (ms) | applied updates/s | fps (mean / min) | server CPU |');
-  console.log('|---:|---:|---:|---:|---:|---:|---:|');
+  console.log('| widgets | visible | offered/s | complete (ms) | all values, polled (ms) | applied updates/s | fps (mean / min) | server CPU |');
+  console.log('|---:|---:|---:|---:|---:|---:|---:|---:|');
   for (const r of results) {
     console.log(
-      `| ${r.widgets} | ${r.visible} | ${r.offeredPerS} | ${r.allValuesMs} | ${r.updatesPerS} | ${r.fps} / ${r.minFps} | ${r.serverCpuPct ?? '?'}% |`,
+      `| ${r.widgets} | ${r.visible} | ${r.offeredPerS} | ${r.completeMs} | ${r.allValuesMs} | ${r.updatesPerS} | ${r.fps} / ${r.minFps} | ${r.serverCpuPct ?? '?'}% |`,
     );
   }
 }

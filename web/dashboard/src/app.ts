@@ -13,7 +13,7 @@ import { WidgetForm } from './editor.js';
 import { CELL, DEFAULT_SIZE, ID_PATTERN, parseDashboard, WIDGET_TYPES, type DashboardSpec, type WidgetType } from './model.js';
 import type { Widget } from './widgets/index.js';
 import { ControlWidget } from './widgets/control.js';
-import { TrendWidget, trendStep } from './widgets/plots.js';
+import { TrendWidget, trendStep } from './widgets/trend.js';
 
 /** One entry of the event log the page keeps for tests and troubleshooting. */
 export type LogEntry =
@@ -24,6 +24,8 @@ export type LogEntry =
   | { type: 'subscribeError'; channel: string; code: number; message: string };
 
 const LOG_SIZE = 5000;
+/** Longest wait for a fresh board's values before drawing it anyway, ms. */
+const FIRST_PAINT_HOLD_MS = 400;
 
 export class App {
   readonly client: Client;
@@ -165,7 +167,10 @@ export class App {
       this.conn.textContent = state;
       this.conn.dataset.state = state;
     });
-    c.on('connected', (e) => this.record({ type: 'connected', client: e.client, reconnects: e.reconnects }));
+    c.on('connected', (e) => {
+      if (e.reconnects === 0) performance.mark('sb:connected');
+      this.record({ type: 'connected', client: e.client, reconnects: e.reconnects });
+    });
     c.on('disconnected', (e) => {
       this.record({ type: 'disconnected', code: e.code, reason: e.reason });
       // Refused or expired credentials: sign in again, then reconnect (subscriptions resume
@@ -190,9 +195,17 @@ export class App {
 
   /** Starts the page: the dashboard named in the URL in run mode, else a new one in edit mode. */
   async start(): Promise<void> {
+    const params = new URLSearchParams(location.search);
+    const id = params.get('dashboard');
+    // The dashboard is read while the credentials are checked (one round trip, not two).
+    let reading = id ? this.api.load(id) : null;
+    reading?.catch(() => {});
     // A server that wants credentials says so on any API call (401); sign in first.
     const refused = await Api.check('', this.login.authorization() ?? '').catch(() => null);
-    if (refused !== null) await this.signIn(this.login.signedIn() ? refused : '');
+    if (refused !== null) {
+      await this.signIn(this.login.signedIn() ? refused : '');
+      reading = null;
+    }
     this.showWho();
     void this.client.connect();
     // Values not updated within their widget's `stale_s` turn stale (and their age ticks);
@@ -201,10 +214,8 @@ export class App {
       this.board.tick(Date.now());
       this.alarms.update(this.board.widgets);
     }, 500);
-    const params = new URLSearchParams(location.search);
-    const id = params.get('dashboard');
     void this.refreshPicker();
-    if (id) await this.open(id, params.get('edit') === '1');
+    if (id) await this.open(id, params.get('edit') === '1', reading);
     else {
       this.newDashboard();
       this.setEditing(true);
@@ -229,10 +240,13 @@ export class App {
     this.signOut.classList.toggle('hidden', !this.login.signedIn());
   }
 
-  async open(id: string, edit: boolean): Promise<void> {
+  /** Opens dashboard `id` (already being read: `reading`). */
+  async open(id: string, edit: boolean, reading: Promise<unknown> | null = null): Promise<void> {
     try {
-      const d = await this.api.load(id);
+      const d = await (reading ?? this.api.load(id));
+      performance.mark('sb:dashboard-read');
       this.load(id, parseDashboard(d));
+      performance.mark('sb:board-set');
       this.say('');
     } catch (e) {
       this.say(`cannot open ${id}: ${(e as Error).message}`, true);
@@ -335,6 +349,20 @@ export class App {
     const rest = add.filter((ch) => !widest.has(ch));
     const subs = this.client.subscribeMany(rest);
     rest.forEach((ch, i) => this.subs.set(ch, subs[i]));
+    // A board opened on a fresh set of channels is first drawn when their values are in (or
+    // after a moment), not as empty panels first.
+    const opening = this.subs.size === add.length;
+    if (opening) this.board.holdPaint(FIRST_PAINT_HOLD_MS);
+    let waiting = add.length;
+    performance.mark('sb:subscribe-sent');
+    for (const ch of add) {
+      const off = this.subs.get(ch)!.on('subscribed', () => {
+        off();
+        if (--waiting > 0) return;
+        performance.mark('sb:subscribed');
+        if (opening) this.board.releasePaint();
+      });
+    }
     void this.backfillOverHttp(new Set(rest));
   }
 

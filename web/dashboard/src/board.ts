@@ -2,14 +2,16 @@
 //
 // Each frame runs, in order: the SDK's delivery of the publications received since the last
 // frame (it schedules itself through `board.scheduler`), which only stores values and marks
-// widgets dirty; then one render pass that redraws the bodies of dirty widgets in view (or
-// everything after a scroll, resize or edit); then uPlot redraws of trends, as many as fit a
-// time budget, round-robin, so a hundred live plots cannot push the frame past its deadline.
+// widgets dirty; then the widgets whose held-back news is due (trends redraw at a pixel's
+// pace) are marked too; then one render pass redraws the bodies of dirty widgets in view (or
+// everything after a scroll, resize or edit); then DOM work (controls, and the chart of a
+// trend the operator points at), as much as fits a time budget, round-robin.
 // Layout is never read during a frame: sizes and scroll offsets are read in their own events.
 
 import type { FrameBatch, Publication, Scheduler } from 'switchboard-sdk';
 import { CELL, type WidgetSpec } from './model.js';
 import { createWidget, THEME, type Widget } from './widgets/index.js';
+import { TrendWidget } from './widgets/trend.js';
 
 export interface PageRect {
   x: number;
@@ -24,9 +26,11 @@ export interface BoardStats {
   updatesApplied: number;
   framesRendered: number;
   widgetsVisible: number;
-  /** Trend widgets, and those that received their server-side trend (backfill). */
+  /** Trend widgets, those that received their server-side trend (backfill), and those that
+   * have been drawn with it. */
   trends: number;
   trendsBackfilled: number;
+  trendsShown: number;
 }
 
 /** Time per frame given to trend (uPlot) redraws and chart creation, ms. */
@@ -119,6 +123,8 @@ export class Board {
     this.scroller.addEventListener('pointerdown', (e) => {
       if (this.editing && e.target === this.scroller) this.select(null);
     });
+    // Pointing at a trend opens its chart (window, pause, zoom) over it.
+    this.scroller.addEventListener('pointermove', (e) => this.pointAt(e), { passive: true });
   }
 
   /** The SDK's frame scheduler: its delivery runs at the start of the board's next frame. */
@@ -136,6 +142,7 @@ export class Board {
       widgetsVisible: this.visible.length,
       trends: this.widgets.filter((w) => w.spec.type === 'trend').length,
       trendsBackfilled: this.widgets.filter((w) => w.backfilled).length,
+      trendsShown: this.widgets.filter((w) => w instanceof TrendWidget && w.shown()).length,
     };
   }
 
@@ -148,6 +155,7 @@ export class Board {
     this.boxes.replaceChildren();
     this.boxOf.clear();
     this.selected = null;
+    this.marked.clear();
     for (const s of specs) this.widgets.push(createWidget(s));
     this.reindex();
     if (this.editing) for (const w of this.widgets) this.addBox(w);
@@ -301,13 +309,63 @@ export class Board {
     const run = this.beforeFrame;
     this.beforeFrame = [];
     for (const f of run) f();
+    if (now < this.heldUntil) return;
     if (this.viewChanged) this.updateVisible();
+    for (const w of this.visible) if (!w.dirty && w.due()) w.dirty = true;
     const canvasLeft = this.render();
     const trendsLeft = this.renderTrends();
     this.backlogged = canvasLeft || trendsLeft;
     this.framesRendered++;
+    this.milestones();
     if (this.backlogged) this.request();
   };
+
+  /** Until then (performance.now()) frames deliver values but draw nothing: see `holdPaint`. */
+  private heldUntil = 0;
+  private holdTimer: ReturnType<typeof setTimeout> | null = null;
+
+  /** Draws nothing for up to `ms` (or until `releasePaint`): a board just opened is first
+   * drawn with its values rather than as empty panels that are all drawn again a moment
+   * later — at 4K each full drawing of a board costs a frame of a couple of hundred ms. */
+  holdPaint(ms: number): void {
+    this.heldUntil = performance.now() + ms;
+    if (this.holdTimer) clearTimeout(this.holdTimer);
+    this.holdTimer = setTimeout(() => this.releasePaint(), ms);
+  }
+
+  releasePaint(): void {
+    if (this.holdTimer) clearTimeout(this.holdTimer);
+    this.holdTimer = null;
+    this.heldUntil = 0;
+    this.fullRepaint = true;
+    this.request();
+  }
+
+  /** Performance marks of the board's first complete states since its widgets were set, for
+   * benchmarks: `sb:first-frame`, `sb:values` (every widget has a value), `sb:trends` (every
+   * trend has its server-side trend), `sb:charts` (every trend drawn with it), and
+   * `sb:complete` (the frame after all of them, when their pixels are on screen). */
+  private marked = new Set<string>();
+  private milestones(): void {
+    if (this.marked.size === 5 || this.widgets.length === 0) return;
+    const mark = (name: string, reached: () => boolean) => {
+      if (!this.marked.has(name) && reached()) {
+        this.marked.add(name);
+        performance.mark(`sb:${name}`);
+      }
+    };
+    mark('first-frame', () => true);
+    mark('values', () => this.withValue === this.widgets.length);
+    const trends = this.widgets.filter((w) => w.spec.type === 'trend');
+    mark('trends', () => trends.every((w) => w.backfilled));
+    mark('charts', () => trends.every((w) => w instanceof TrendWidget && w.shown()));
+    // Complete: the frame that drew the last of it has been committed, which the start of
+    // the next frame shows.
+    if (this.marked.size === 4) {
+      this.marked.add('complete');
+      requestAnimationFrame(() => performance.mark('sb:complete'));
+    }
+  }
 
   private measure(): void {
     const w = this.scroller.clientWidth;
@@ -382,7 +440,10 @@ export class Board {
     let pending = false;
     for (; i < n; i++) {
       const w = vis[(this.trendCursor + i) % n];
-      if (w.spec.type !== 'trend' && w.spec.type !== 'control') continue;
+      if (!w.needsDom()) {
+        pending ||= w.domPending();
+        continue;
+      }
       if (!w.domDirty() && w.attached()) {
         pending ||= w.domPending();
         continue;
@@ -498,6 +559,21 @@ export class Board {
     box.addEventListener('pointermove', move);
     box.addEventListener('pointerup', up);
     box.addEventListener('pointercancel', up);
+  }
+
+  /** Opens the chart of the trend under the pointer (run mode). */
+  private pointAt(e: PointerEvent): void {
+    if (this.editing || (e.target as HTMLElement).closest('.trend')) return;
+    const r = this.scroller.getBoundingClientRect();
+    const x = e.clientX - r.left + this.view.x;
+    const y = e.clientY - r.top + this.view.y;
+    for (const w of this.visible) {
+      const b = w.body;
+      if (w instanceof TrendWidget && x >= b.x && x < b.x + b.w && y >= b.y && y < b.y + b.h) {
+        w.point(this.plots, () => this.request());
+        return;
+      }
+    }
   }
 
   /** The first free spot for a widget of this size (left to right, top to bottom). */

@@ -17,6 +17,7 @@ declare global {
   }
 }
 
+performance.mark('sb:script');
 const app = new App(document.getElementById('app') ?? document.body);
 window.switchboardApp = app;
 window.switchboardStats = () => ({ ...app.board.stats(), sdk: { ...app.client.stats } });

@@ -224,7 +224,17 @@ export abstract class Widget {
   /** Draws the value into the body at (x, y) of size (w, h), canvas coordinates. */
   protected abstract paint(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h: number): void;
 
-  /** Widgets with DOM (trends) are created lazily when first visible and updated here. */
+  /** News held back by a redraw rate whose time has come: the board marks the body dirty. */
+  due(): boolean {
+    return false;
+  }
+
+  /** Whether the widget has DOM for the board to create (when first visible) and update under
+   * its frame budget: controls always, trends while their chart is open. */
+  needsDom(): boolean {
+    return false;
+  }
+
   attach(_layer: HTMLElement): void {}
   attached(): boolean {
     return true;

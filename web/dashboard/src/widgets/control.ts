@@ -52,6 +52,10 @@ export class ControlWidget extends Widget {
     return this.text;
   }
 
+  override needsDom(): boolean {
+    return true;
+  }
+
   override attach(layer: HTMLElement): void {
     if (this.el) return;
     const el = document.createElement('div');

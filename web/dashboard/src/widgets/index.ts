@@ -1,7 +1,8 @@
 import type { WidgetSpec } from '../model.js';
 import type { Widget } from './base.js';
 import { GaugeWidget, LedWidget, ValueWidget } from './simple.js';
-import { ScatterWidget, SpectrumWidget, TrendWidget } from './plots.js';
+import { ScatterWidget, SpectrumWidget } from './plots.js';
+import { TrendWidget } from './trend.js';
 import { ControlWidget } from './control.js';
 
 export { Widget, THEME } from './base.js';
