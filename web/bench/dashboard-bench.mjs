@@ -6,7 +6,10 @@
 //   node web/bench/dashboard-bench.mjs --widgets 100,1000,10000 [--rate 24000] [--duration 30]
 //        [--viewport 1920x1080] [--bin target/release/switchboard] [--out web/bench/out]
 //        [--screenshot docs/img/dashboard-1000.png] [--trends 200 --trend-window 3600]
-//        [--profile out/open.cpuprofile]
+//        [--profile out/open.cpuprofile] [--max-complete-ms 1000] [--min-fps 30]
+//
+// With --max-complete-ms and/or --min-fps a run passes only within them (and with no page
+// error); the report says `"pass"` for each run and the exit code is 1 when one failed.
 //
 // Widget i is bound to channel pt:sim.<i>, whose kind follows i % 4 as in the server's simulator
 // (random walk, sine, boolean, 64-bin spectrum): value and gauge on walks, trend and scatter on
@@ -55,6 +58,8 @@ function parseArgs(argv) {
     // A CPU profile of the measured navigation, until every value is shown (open it in a
     // browser's developer tools), and a summary of where the time went on stderr.
     profile: '',
+    'max-complete-ms': 0,
+    'min-fps': 0,
   };
   for (let i = 2; i < argv.length; i++) {
     const k = argv[i].replace(/^--/, '');
@@ -359,6 +364,12 @@ async function runOne(browser, opts, n) {
       pageErrors: errors,
       screenshot: shot,
     };
+    const failures = [];
+    if (errors.length > 0) failures.push(`${errors.length} page errors`);
+    if (opts['max-complete-ms'] > 0 && !(r.completeMs <= opts['max-complete-ms'])) failures.push(`complete in ${r.completeMs} ms > ${opts['max-complete-ms']}`);
+    if (opts['min-fps'] > 0 && !(r.minFps >= opts['min-fps'])) failures.push(`worst second ${r.minFps} fps < ${opts['min-fps']}`);
+    r.pass = failures.length === 0;
+    r.failures = failures;
     return r;
   } finally {
     await page.close();
@@ -413,6 +424,8 @@ async function main() {
       `| ${r.widgets} | ${r.visible} | ${r.offeredPerS} | ${r.completeMs} | ${r.allValuesMs} | ${r.updatesPerS} | ${r.fps} / ${r.minFps} | ${r.serverCpuPct ?? '?'}% |`,
     );
   }
+  for (const r of results) if (!r.pass) console.error(`FAIL (${r.widgets} widgets): ${r.failures.join('; ')}`);
+  if (results.some((r) => !r.pass)) process.exitCode = 1;
 }
 
 main().catch((e) => {
