@@ -72,6 +72,8 @@ pub struct SourceStats {
     pub writes_failed: AtomicU64,
     /// Points the node refused (a channel limit, a too-large value).
     pub refused: AtomicU64,
+    /// Sparkplug B rebirth requests sent (MQTT).
+    pub rebirths: AtomicU64,
 }
 
 /// One running source as the node sees it.

@@ -18,7 +18,10 @@
 //! - Writes: a channel maps back to its topic through the template (`.` becomes `/`) and is
 //!   published with QoS 1 (not retained); the write is accepted once the broker acknowledges
 //!   it (PUBACK). MQTT 3.1.1 has no way to refuse a publish: a broker that drops it (an ACL)
-//!   still acknowledges. Channels fed by Sparkplug B are not writable.
+//!   still acknowledges. A channel fed by a Sparkplug B metric is written with an `NCMD` or
+//!   `DCMD` instead ([`Sparkplug::command`]), also QoS 1 and accepted on PUBACK.
+//! - Sparkplug B rebirth requests ([`crate::sparkplug`] says when) are published with QoS 0, as
+//!   the specification wants commands, and counted in [`SourceStats::rebirths`].
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
@@ -79,6 +82,10 @@ pub struct MqttConfig {
     /// alone (a string without quotes, numbers and booleans as text).
     #[serde(default)]
     pub write_format: WriteFormat,
+    /// Ask a Sparkplug B edge node for a rebirth (`NCMD` `Node Control/Rebirth`) when its birth
+    /// was not seen or its `seq` skipped.
+    #[serde(default = "default_true")]
+    pub sparkplug_rebirth: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
@@ -103,6 +110,9 @@ fn default_keep_alive_s() -> u64 {
 }
 fn default_write_timeout_ms() -> u64 {
     5000
+}
+fn default_true() -> bool {
+    true
 }
 
 /// The channel template split around `{topic}`.
@@ -282,12 +292,14 @@ pub fn decode(payload: &[u8], now_ms: u64) -> Result<Option<(Value, Data)>, Stri
 /// What the connection task knows of one channel it fed.
 struct Fed {
     last: Value,
-    sparkplug: bool,
+    /// For a channel fed by a Sparkplug metric: its point path and whether it is a device's.
+    sparkplug: Option<(String, bool)>,
 }
 
 /// The connection task's state.
 struct Conn {
     cfg: MqttConfig,
+    client: AsyncClient,
     template: Template,
     stats: Arc<SourceStats>,
     sparkplug: Sparkplug,
@@ -313,10 +325,11 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
     let (tx, rx) = mpsc::channel(QUEUE);
     let publisher = tokio::spawn(publish_batches(rx, ctx.sink.clone(), ctx.stats.clone(), name.clone()));
     let mut conn = Conn {
+        sparkplug: Sparkplug::new(cfg.sparkplug_rebirth),
         cfg,
+        client: client.clone(),
         template,
         stats: ctx.stats.clone(),
-        sparkplug: Sparkplug::default(),
         fed: HashMap::new(),
         points: tx,
         unsent: VecDeque::new(),
@@ -332,7 +345,7 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
         }
         tokio::select! {
             changed = ctx.stop.changed() => if changed.is_err() { break },
-            Some(w) = ctx.writes.recv() => conn.write(&client, w),
+            Some(w) = ctx.writes.recv() => conn.write(w),
             _ = expiry.tick() => conn.expire(write_timeout),
             ev = events.poll() => match ev {
                 Ok(Event::Incoming(Incoming::ConnAck(ack))) => {
@@ -421,12 +434,19 @@ impl Conn {
                         self.stats.decode_errors.fetch_add(decoded.skipped as u64, Relaxed);
                         tracing::debug!(source = %self.cfg.name, topic, skipped = decoded.skipped, "Sparkplug metrics skipped");
                     }
+                    if let Some((expected, got)) = decoded.gap {
+                        self.stats.decode_errors.fetch_add(1, Relaxed);
+                        tracing::debug!(source = %self.cfg.name, topic, expected, got, "Sparkplug seq gap: messages lost");
+                    }
+                    if let Some(cmd) = decoded.rebirth {
+                        self.rebirth(cmd);
+                    }
                     let mut items = Vec::with_capacity(decoded.points.len());
                     for p in decoded.points {
                         match self.template.channel(&p.path) {
                             Some(ch) => {
                                 let data = point(&p.v, p.t, p.good);
-                                self.fed.insert(ch.clone(), Fed { last: p.v, sparkplug: true });
+                                self.fed.insert(ch.clone(), Fed { last: p.v, sparkplug: Some((p.path, p.device)) });
                                 items.push((ch, data));
                             }
                             None => self.bad_input(topic, "the metric gives no valid channel name"),
@@ -443,7 +463,7 @@ impl Conn {
                 };
                 match decode(payload, now) {
                     Ok(Some((v, data))) => {
-                        self.fed.insert(ch.clone(), Fed { last: v, sparkplug: false });
+                        self.fed.insert(ch.clone(), Fed { last: v, sparkplug: None });
                         vec![(ch, data)]
                     }
                     Ok(None) => return,
@@ -476,28 +496,51 @@ impl Conn {
         }
     }
 
-    /// Hands a write to the MQTT client.
-    fn write(&mut self, client: &AsyncClient, w: Write) {
-        let fail = |stats: &SourceStats, w: Write, e: WriteError| {
-            stats.writes_failed.fetch_add(1, Relaxed);
-            let _ = w.reply.send(Err(e));
-        };
-        if !self.stats.connected.load(Relaxed) {
-            return fail(&self.stats, w, WriteError::Unavailable("not connected to the MQTT broker".into()));
+    /// Publishes a Sparkplug rebirth request (QoS 0: nothing waits for it).
+    fn rebirth(&self, cmd: sparkplug::command::Command) {
+        match self.client.try_publish(cmd.topic.clone(), QoS::AtMostOnce, false, cmd.payload) {
+            Ok(()) => {
+                self.stats.rebirths.fetch_add(1, Relaxed);
+                tracing::info!(source = %self.cfg.name, topic = %cmd.topic, "Sparkplug rebirth requested");
+            }
+            Err(e) => tracing::debug!(source = %self.cfg.name, "Sparkplug rebirth request not sent: {e}"),
         }
-        if self.fed.get(&w.channel).is_some_and(|f| f.sparkplug) {
-            return fail(
-                &self.stats,
-                w,
-                WriteError::NotWritable("Sparkplug B metrics take no writes (no NCMD/DCMD)".into()),
-            );
+    }
+
+    /// Hands a write to the MQTT client.
+    fn write(&mut self, w: Write) {
+        let target = if self.stats.connected.load(Relaxed) {
+            self.target(&w)
+        } else {
+            Err(WriteError::Unavailable("not connected to the MQTT broker".into()))
+        };
+        let result = target.and_then(|(topic, payload)| {
+            self.client
+                .try_publish(topic, QoS::AtLeastOnce, false, payload)
+                .map_err(|e| WriteError::Unavailable(format!("MQTT client busy: {e}")))
+        });
+        match result {
+            Ok(()) => self.unsent.push_back((Instant::now(), w.reply)),
+            Err(e) => {
+                self.stats.writes_failed.fetch_add(1, Relaxed);
+                let _ = w.reply.send(Err(e));
+            }
+        }
+    }
+
+    /// The topic and payload of a write: a Sparkplug command for a channel a Sparkplug metric
+    /// feeds, else the template's topic with the data per `write_format`.
+    fn target(&self, w: &Write) -> Result<(String, Vec<u8>), WriteError> {
+        if let Some(Fed { sparkplug: Some((path, device)), .. }) = self.fed.get(&w.channel) {
+            let value = sparkplug::command::write_value(w.data.get()).map_err(WriteError::NotWritable)?;
+            let cmd = self.sparkplug.command(path, *device, &value, now_ms())?;
+            return Ok((cmd.topic, cmd.payload));
         }
         let Some(topic) = self.template.topic(&w.channel) else {
-            let e = WriteError::NotWritable(format!("the channel is not of the form {}", self.cfg.channel));
-            return fail(&self.stats, w, e);
+            return Err(WriteError::NotWritable(format!("the channel is not of the form {}", self.cfg.channel)));
         };
         if topic.starts_with(sparkplug::NAMESPACE) {
-            return fail(&self.stats, w, WriteError::NotWritable("Sparkplug B topics take no writes".into()));
+            return Err(WriteError::NotWritable("Sparkplug B topics take no writes".into()));
         }
         let payload = match self.cfg.write_format {
             WriteFormat::Json => w.data.get().as_bytes().to_vec(),
@@ -509,20 +552,12 @@ impl Conn {
                 };
                 match v {
                     Value::String(s) => s.into_bytes(),
-                    Value::Null | Value::Object(_) => {
-                        return fail(&self.stats, w, WriteError::NotWritable("no value to write".into()))
-                    }
+                    Value::Null | Value::Object(_) => return Err(WriteError::NotWritable("no value to write".into())),
                     other => other.to_string().into_bytes(),
                 }
             }
         };
-        match client.try_publish(topic, QoS::AtLeastOnce, false, payload) {
-            Ok(()) => self.unsent.push_back((Instant::now(), w.reply)),
-            Err(e) => {
-                self.stats.writes_failed.fetch_add(1, Relaxed);
-                let _ = w.reply.send(Err(WriteError::Unavailable(format!("MQTT client busy: {e}"))));
-            }
-        }
+        Ok((topic, payload))
     }
 
     /// Answers writes older than `timeout` with `Unavailable`.
@@ -633,6 +668,7 @@ mod tests {
             keep_alive_s: 15,
             write_timeout_ms: 5000,
             write_format: WriteFormat::Json,
+            sparkplug_rebirth: true,
         };
         assert_eq!(cfg("mqtt://127.0.0.1:1884").endpoint().unwrap(), ("127.0.0.1".into(), 1884, false));
         assert_eq!(cfg("mqtts://broker").endpoint().unwrap(), ("broker".into(), 8883, true));

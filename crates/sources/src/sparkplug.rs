@@ -14,10 +14,30 @@
 //! (so `Inputs/Temp` becomes `Inputs.Temp` in the channel), a space becomes `_`, and so does
 //! every other character outside the channel alphabet.
 //!
-//! Not handled: `NCMD`/`DCMD`/`STATE` messages (ignored), sequence-number checks, datasets,
-//! templates, bytes and files (such metrics are skipped and counted).
+//! Sequence numbers: `seq` counts 0 to 255 and wraps, per edge node, over its `NBIRTH`,
+//! `NDATA`, `DBIRTH`, `DDATA` and `DDEATH`; an `NBIRTH` starts the count again. A message whose
+//! `seq` is not the one expected reports the gap: a message was lost (or came out of order), so
+//! values may be missing.
+//!
+//! Commands ([`command`]): a write to a metric becomes an `NCMD` (node metric) or `DCMD`
+//! (device metric) naming the metric as its birth did, with the birth's datatype; an edge node
+//! whose birth was not seen (data or a device birth before any `NBIRTH`, an alias no birth
+//! declared) or whose `seq` skipped is asked for a rebirth (`NCMD` `Node Control/Rebirth`), at
+//! most once per edge node per [`command::REBIRTH_INTERVAL_MS`].
+//!
+//! Not handled: `NCMD`/`DCMD`/`STATE` messages (ignored), `bdSeq` (an `NDEATH` is taken as the
+//! death of the current session), waiting for a message that came out of order, datasets,
+//! templates, bytes and files (such metrics are skipped and counted; they take no writes).
 
 use std::collections::HashMap;
+
+use serde_json::Value;
+
+use crate::WriteError;
+
+pub mod command;
+
+use command::{Command, Rebirths};
 
 /// The Sparkplug B protobuf schema (the parts a point needs), written after the public
 /// specification's `sparkplug_b.proto` (proto2). Fields not declared here are skipped by the
@@ -85,17 +105,33 @@ pub mod proto {
     }
 }
 
-/// Sparkplug B datatype codes used to read integer values.
+/// Sparkplug B datatype codes (the specification's `DataType` enum, scalar part).
 pub mod datatype {
     pub const INT8: u32 = 1;
     pub const INT16: u32 = 2;
     pub const INT32: u32 = 3;
     pub const INT64: u32 = 4;
+    pub const UINT8: u32 = 5;
+    pub const UINT16: u32 = 6;
+    pub const UINT32: u32 = 7;
     pub const UINT64: u32 = 8;
+    pub const FLOAT: u32 = 9;
     pub const DOUBLE: u32 = 10;
     pub const BOOLEAN: u32 = 11;
     pub const STRING: u32 = 12;
     pub const DATETIME: u32 = 13;
+    pub const TEXT: u32 = 14;
+    pub const UUID: u32 = 15;
+    pub const BYTES: u32 = 17;
+
+    /// The specification's name of a datatype code, for messages.
+    pub fn name(code: u32) -> &'static str {
+        const NAMES: [&str; 20] = [
+            "Unknown", "Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32", "UInt64", "Float", "Double",
+            "Boolean", "String", "DateTime", "Text", "UUID", "DataSet", "Bytes", "File", "Template",
+        ];
+        NAMES.get(code as usize).copied().unwrap_or("Unknown")
+    }
 }
 
 /// The first topic level of Sparkplug B.
@@ -159,10 +195,12 @@ pub enum DecodeError {
 }
 
 /// One value for a channel: `path` is `{group}/{edge}[/{device}]/{metric}` (see the module
-/// doc), `good` false for a null metric or a dead node or device.
+/// doc), `device` true for a device metric, `good` false for a null metric or a dead node or
+/// device.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
     pub path: String,
+    pub device: bool,
     pub v: serde_json::Value,
     pub t: u64,
     pub good: bool,
@@ -175,19 +213,31 @@ pub struct Decoded {
     /// Metrics that could not be placed: an alias no birth declared, no name, or a value form
     /// a point cannot carry (dataset, template, bytes).
     pub skipped: usize,
+    /// The `seq` expected and the one received, when they differ: messages of the edge node
+    /// were lost (or came out of order).
+    pub gap: Option<(u8, u8)>,
+    /// A rebirth request to publish: the edge node's birth was not seen, an alias could not be
+    /// resolved, or `seq` skipped (never more than one per edge node per
+    /// [`command::REBIRTH_INTERVAL_MS`]).
+    pub rebirth: Option<Command>,
 }
 
-/// A metric as the last birth declared it.
+/// A metric as the last birth declared it (or as data showed it, without a birth).
 #[derive(Debug, Clone)]
 struct Known {
     datatype: u32,
-    last: serde_json::Value,
+    last: Value,
+    /// The metric's name (as sent, not mapped) and alias in the birth; `None` for a metric only
+    /// data showed.
+    birth: Option<(String, Option<u64>)>,
 }
 
 /// A node's or a device's metrics by (mapped) name.
 #[derive(Debug, Default)]
 struct Scope {
     metrics: HashMap<String, Known>,
+    /// A device after its `DDEATH` (until its next `DBIRTH`).
+    dead: bool,
 }
 
 /// One edge node: its metric aliases (devices included) and metrics.
@@ -197,12 +247,41 @@ struct Edge {
     aliases: HashMap<u64, (Option<String>, String)>,
     node: Scope,
     devices: HashMap<String, Scope>,
+    /// Its `NBIRTH` was seen (and no `NDEATH` since).
+    born: bool,
+    /// After its `NDEATH` (until its next `NBIRTH`).
+    dead: bool,
+    /// The `seq` its next message should have; `None` before the first message.
+    next_seq: Option<u8>,
+}
+
+impl Edge {
+    /// Checks a message's `seq` against the one expected (the last plus one, 255 wrapping to
+    /// 0) and expects the one after it; an `NBIRTH` only sets the expectation. Returns the gap
+    /// (expected, received), if any. A message without `seq`, or with one above 255, is not
+    /// checked.
+    fn check_seq(&mut self, birth: bool, seq: Option<u64>) -> Option<(u8, u8)> {
+        let got = u8::try_from(seq?).ok()?;
+        match self.next_seq.replace(got.wrapping_add(1)) {
+            Some(want) if !birth && want != got => Some((want, got)),
+            _ => None,
+        }
+    }
 }
 
 /// The state of every edge node seen on one MQTT connection. Owned by that connection's task.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Sparkplug {
     edges: HashMap<(String, String), Edge>,
+    /// Ask edge nodes for a rebirth when needed.
+    rebirth: bool,
+    rebirths: Rebirths,
+}
+
+impl Default for Sparkplug {
+    fn default() -> Sparkplug {
+        Sparkplug::new(true)
+    }
 }
 
 /// A metric name as it appears in a channel: spaces and characters outside the channel
@@ -216,28 +295,46 @@ pub fn map_name(name: &str) -> String {
 }
 
 impl Sparkplug {
+    /// The state of a source that has seen nothing yet; `rebirth` false: edge nodes are never
+    /// asked for a rebirth.
+    pub fn new(rebirth: bool) -> Sparkplug {
+        Sparkplug { edges: HashMap::new(), rebirth, rebirths: Rebirths::default() }
+    }
+
     /// Reads one message of `topic`; `now_ms` stands for missing timestamps.
     pub fn handle(&mut self, topic: &Topic<'_>, payload: &[u8], now_ms: u64) -> Result<Decoded, DecodeError> {
+        let mut out = Decoded::default();
         if topic.kind == Kind::Other {
-            return Ok(Decoded::default());
+            return Ok(out);
         }
         let key = (topic.group.to_string(), topic.edge.to_string());
         let base = format!("{}/{}", topic.group, topic.edge);
         match topic.kind {
             Kind::NDeath => {
-                // The payload carries only the bdSeq; a death needs nothing from it.
-                let Some(edge) = self.edges.get(&key) else { return Ok(Decoded::default()) };
-                let mut points = dead(&base, None, &edge.node, now_ms);
+                // The payload carries only the bdSeq; a death needs nothing from it. The next
+                // NBIRTH starts the seq count again.
+                let Some(edge) = self.edges.get_mut(&key) else { return Ok(out) };
+                (edge.born, edge.dead, edge.next_seq) = (false, true, None);
+                out.points = dead(&base, None, &edge.node, now_ms);
                 for (device, scope) in &edge.devices {
-                    points.extend(dead(&base, Some(device), scope, now_ms));
+                    out.points.extend(dead(&base, Some(device), scope, now_ms));
                 }
-                return Ok(Decoded { points, skipped: 0 });
+                return Ok(out);
             }
             Kind::DDeath => {
                 let device = topic.device.unwrap_or_default();
-                let scope = self.edges.get(&key).and_then(|e| e.devices.get(device));
-                let points = scope.map(|s| dead(&base, Some(device), s, now_ms)).unwrap_or_default();
-                return Ok(Decoded { points, skipped: 0 });
+                let Some(edge) = self.edges.get_mut(&key) else { return Ok(out) };
+                // Only its seq is read: an unreadable payload is still a death.
+                let seq = <proto::Payload as prost::Message>::decode(payload).ok().and_then(|p| p.seq);
+                out.gap = edge.check_seq(false, seq);
+                if let Some(scope) = edge.devices.get_mut(device) {
+                    scope.dead = true;
+                    out.points = dead(&base, Some(device), scope, now_ms);
+                }
+                if out.gap.is_some() {
+                    self.ask_rebirth(topic, &mut out, now_ms);
+                }
+                return Ok(out);
             }
             _ => {}
         }
@@ -248,14 +345,17 @@ impl Sparkplug {
         let birth = matches!(topic.kind, Kind::NBirth | Kind::DBirth);
         match (topic.kind, topic.device) {
             // A new session of the node: its devices will be born again too.
-            (Kind::NBirth, _) => *edge = Edge::default(),
+            (Kind::NBirth, _) => *edge = Edge { born: true, ..Edge::default() },
             (Kind::DBirth, Some(device)) => {
                 edge.aliases.retain(|_, (d, _)| d.as_deref() != Some(device));
                 edge.devices.insert(device.to_string(), Scope::default());
             }
             _ => {}
         }
-        let mut out = Decoded::default();
+        out.gap = edge.check_seq(topic.kind == Kind::NBirth, payload.seq);
+        // Data (or a device birth) from an edge node whose birth was not seen: its aliases and
+        // datatypes are unknown, and it takes no commands until it is born again.
+        let mut rebirth = out.gap.is_some() || !edge.born;
         for m in payload.metrics {
             // Which metric: by name when given, else by the alias of the last birth.
             let name = match (&m.name, m.alias) {
@@ -264,6 +364,7 @@ impl Sparkplug {
                     Some((_, name)) => name.clone(),
                     None => {
                         out.skipped += 1;
+                        rebirth = true;
                         continue;
                     }
                 },
@@ -281,31 +382,96 @@ impl Sparkplug {
                     edge.aliases.insert(alias, (topic.device.map(str::to_string), name.clone()));
                 }
                 let datatype = m.datatype.unwrap_or(0);
-                scope.metrics.insert(name.clone(), Known { datatype, last: serde_json::Value::Null });
+                let named = m.name.clone().map(|n| (n, m.alias));
+                scope.metrics.insert(name.clone(), Known { datatype, last: Value::Null, birth: named });
             }
-            let known = scope
-                .metrics
-                .entry(name.clone())
-                .or_insert(Known { datatype: m.datatype.unwrap_or(0), last: serde_json::Value::Null });
+            let known = scope.metrics.entry(name.clone()).or_insert(Known {
+                datatype: m.datatype.unwrap_or(0),
+                last: Value::Null,
+                birth: None,
+            });
             let t = m.timestamp.unwrap_or(at);
             let path = match topic.device {
                 Some(device) => format!("{base}/{device}/{name}"),
                 None => format!("{base}/{name}"),
             };
+            let device = topic.device.is_some();
             if m.is_null == Some(true) {
-                out.points.push(Point { path, v: known.last.clone(), t, good: false });
+                out.points.push(Point { path, device, v: known.last.clone(), t, good: false });
                 continue;
             }
             let datatype = m.datatype.unwrap_or(known.datatype);
             match m.value.as_ref().and_then(|v| json_of(v, datatype)) {
                 Some(v) => {
                     known.last = v.clone();
-                    out.points.push(Point { path, v, t, good: true });
+                    out.points.push(Point { path, device, v, t, good: true });
                 }
                 None => out.skipped += 1,
             }
         }
+        if rebirth {
+            self.ask_rebirth(topic, &mut out, now_ms);
+        }
         Ok(out)
+    }
+
+    /// Puts a rebirth request to the topic's edge node into `out`, unless rebirths are off or
+    /// one went to that edge node within the interval.
+    fn ask_rebirth(&mut self, topic: &Topic<'_>, out: &mut Decoded, now_ms: u64) {
+        if self.rebirth && self.rebirths.allow(topic.group, topic.edge, now_ms) {
+            out.rebirth = Some(command::rebirth(topic.group, topic.edge, now_ms));
+        }
+    }
+
+    /// The command that writes `value` to the metric behind a point's `path` (`device` as the
+    /// point's): an `NCMD` or `DCMD` naming the metric as its birth did (name, and alias when
+    /// the birth gave one), with the birth's datatype and `value` converted to it.
+    /// `Unavailable` while the edge node or device is dead or its birth was not seen;
+    /// `NotWritable` for a value that does not convert (the message names the datatype) or a
+    /// datatype that takes no writes.
+    pub fn command(&self, path: &str, device: bool, value: &Value, now_ms: u64) -> Result<Command, WriteError> {
+        let n = if device { 4 } else { 3 };
+        let parts: Vec<&str> = path.splitn(n, '/').collect();
+        let not_ours = || WriteError::NotWritable(format!("{path} is not a Sparkplug B metric"));
+        let [group, edge_name, rest @ ..] = parts.as_slice() else { return Err(not_ours()) };
+        let (dev, name) = match rest {
+            [name] if !device => (None, *name),
+            [dev, name] if device => (Some(*dev), *name),
+            _ => return Err(not_ours()),
+        };
+        let who = match dev {
+            Some(d) => format!("device {group}/{edge_name}/{d}"),
+            None => format!("edge node {group}/{edge_name}"),
+        };
+        let unborn = || {
+            WriteError::Unavailable(format!(
+                "no birth of metric {name} of {who} seen; it takes commands once its edge node is born again (a \
+                 rebirth is requested when its data arrives)"
+            ))
+        };
+        let edge = self.edges.get(&(group.to_string(), edge_name.to_string())).ok_or_else(unborn)?;
+        if edge.dead {
+            return Err(WriteError::Unavailable(format!(
+                "edge node {group}/{edge_name} is offline (NDEATH); it takes commands again after its next birth"
+            )));
+        }
+        let scope = match dev {
+            Some(d) => edge.devices.get(d).ok_or_else(unborn)?,
+            None => &edge.node,
+        };
+        if scope.dead {
+            return Err(WriteError::Unavailable(format!(
+                "{who} is offline (DDEATH); it takes commands again after its next birth"
+            )));
+        }
+        let known = scope.metrics.get(name).ok_or_else(unborn)?;
+        let Some((birth_name, alias)) = &known.birth else { return Err(unborn()) };
+        let v = command::to_value(value, known.datatype)
+            .map_err(|e| WriteError::NotWritable(format!("{e} (Sparkplug metric {birth_name} of {who})")))?;
+        Ok(Command {
+            topic: command::topic(group, edge_name, dev),
+            payload: command::payload(birth_name, *alias, known.datatype, v, now_ms),
+        })
     }
 }
 
@@ -318,14 +484,20 @@ fn dead(base: &str, device: Option<&str>, scope: &Scope, now_ms: u64) -> Vec<Poi
     let mut points: Vec<Point> = scope
         .metrics
         .iter()
-        .map(|(name, k)| Point { path: format!("{prefix}{name}"), v: k.last.clone(), t: now_ms, good: false })
+        .map(|(name, k)| Point {
+            path: format!("{prefix}{name}"),
+            device: device.is_some(),
+            v: k.last.clone(),
+            t: now_ms,
+            good: false,
+        })
         .collect();
     points.sort_by(|a, b| a.path.cmp(&b.path));
     points
 }
 
 /// A metric value as JSON; `None` for forms a point cannot carry (bytes, non-finite floats).
-fn json_of(v: &proto::Value, datatype: u32) -> Option<serde_json::Value> {
+fn json_of(v: &proto::Value, datatype: u32) -> Option<Value> {
     use proto::Value::*;
     Some(match *v {
         IntValue(i) => match datatype {
@@ -357,12 +529,25 @@ mod tests {
     }
 
     fn encode(ts: u64, metrics: Vec<Metric>) -> Vec<u8> {
-        Payload { timestamp: Some(ts), metrics, seq: Some(0), ..Default::default() }.encode_to_vec()
+        encode_seq(ts, 0, metrics)
+    }
+
+    fn encode_seq(ts: u64, seq: u64, metrics: Vec<Metric>) -> Vec<u8> {
+        Payload { timestamp: Some(ts), metrics, seq: Some(seq), ..Default::default() }.encode_to_vec()
     }
 
     fn run(sp: &mut Sparkplug, topic: &str, payload: &[u8]) -> Decoded {
+        run_at(sp, topic, payload, 999)
+    }
+
+    fn run_at(sp: &mut Sparkplug, topic: &str, payload: &[u8], now_ms: u64) -> Decoded {
         let t = parse_topic(topic).expect("sparkplug topic").expect("valid topic");
-        sp.handle(&t, payload, 999).expect("decodes")
+        sp.handle(&t, payload, now_ms).expect("decodes")
+    }
+
+    /// The edge node a decoded rebirth request goes to, if any.
+    fn rebirth_of(d: &Decoded) -> Option<&str> {
+        d.rebirth.as_ref().map(|c| c.topic.as_str())
     }
 
     #[test]
@@ -406,7 +591,8 @@ mod tests {
         by_alias.datatype = None;
         by_alias.timestamp = Some(2000);
         let d = run(&mut sp, "spBv1.0/G1/NDATA/E1", &encode(1500, vec![by_alias]));
-        assert_eq!(d.points, vec![Point { path: "G1/E1/Inputs/Temp_1".into(), v: 21.0.into(), t: 2000, good: true }]);
+        let want = Point { path: "G1/E1/Inputs/Temp_1".into(), device: false, v: 21.0.into(), t: 2000, good: true };
+        assert_eq!(d.points, vec![want]);
         // An alias no birth declared is skipped and counted, never a crash.
         let d = run(&mut sp, "spBv1.0/G1/NDATA/E1", &encode(1500, vec![metric(None, Some(77), 0, None)]));
         assert_eq!((d.points.len(), d.skipped), (0, 1));
@@ -429,7 +615,7 @@ mod tests {
         let mut null = metric(None, Some(2), 0, None);
         null.is_null = Some(true);
         let d = run(&mut sp, "spBv1.0/G/DDATA/E/D", &encode(5, vec![null]));
-        assert_eq!(d.points, vec![Point { path: "G/E/D/s".into(), v: "on".into(), t: 5, good: false }]);
+        assert_eq!(d.points, vec![Point { path: "G/E/D/s".into(), device: true, v: "on".into(), t: 5, good: false }]);
         let d = run(&mut sp, "spBv1.0/G/DDEATH/E/D", &encode(6, vec![]));
         assert_eq!(d.points.iter().map(|p| (p.path.as_str(), p.good)).collect::<Vec<_>>(), vec![("G/E/D/s", false)]);
         let d = run(&mut sp, "spBv1.0/G/NDEATH/E", &[]);
@@ -448,5 +634,101 @@ mod tests {
         let d = run(&mut sp, "spBv1.0/G/NDATA/E", &encode(1, vec![bytes, nan]));
         assert_eq!((d.points.len(), d.skipped), (0, 2));
         assert_eq!(map_name("Motor 1/Speed (rpm)"), "Motor_1/Speed__rpm_");
+    }
+
+    #[test]
+    fn sparkplug_seq_gaps_are_found_across_message_kinds_and_wrap_at_255() {
+        let mut sp = Sparkplug::default();
+        let m = || vec![metric(Some("a"), Some(1), datatype::INT32, Some(mv::IntValue(1)))];
+        let step =
+            |sp: &mut Sparkplug, topic: &str, seq: u64, now: u64| run_at(sp, topic, &encode_seq(1, seq, m()), now);
+        let d = step(&mut sp, "spBv1.0/G/NBIRTH/E", 254, 1000);
+        assert_eq!((d.gap, rebirth_of(&d)), (None, None), "a birth sets the count");
+        assert_eq!(step(&mut sp, "spBv1.0/G/NDATA/E", 255, 1000).gap, None);
+        assert_eq!(step(&mut sp, "spBv1.0/G/DBIRTH/E/D", 0, 1000).gap, None, "255 wraps to 0");
+        assert_eq!(step(&mut sp, "spBv1.0/G/DDATA/E/D", 1, 1000).gap, None);
+        let d = step(&mut sp, "spBv1.0/G/DDATA/E/D", 3, 1000);
+        assert_eq!(d.gap, Some((2, 3)), "seq 2 was lost");
+        assert_eq!(rebirth_of(&d), Some("spBv1.0/G/NCMD/E"));
+        assert_eq!(d.points.len(), 1, "the message itself still counts");
+        let d = step(&mut sp, "spBv1.0/G/NDATA/E", 3, 1001);
+        assert_eq!((d.gap, rebirth_of(&d)), (Some((4, 3)), None), "a repeat is a gap too; one rebirth request");
+        let d = run_at(&mut sp, "spBv1.0/G/DDEATH/E/D", &encode_seq(1, 9, vec![]), 1000 + command::REBIRTH_INTERVAL_MS);
+        assert_eq!((d.gap, rebirth_of(&d)), (Some((4, 9)), Some("spBv1.0/G/NCMD/E")), "a DDEATH counts");
+        // Another edge node counts on its own; a new NBIRTH starts the count again.
+        assert_eq!(step(&mut sp, "spBv1.0/G/NBIRTH/E2", 0, 1000).gap, None);
+        assert_eq!(step(&mut sp, "spBv1.0/G/NBIRTH/E", 77, 20_000).gap, None);
+        assert_eq!(step(&mut sp, "spBv1.0/G/NDATA/E", 78, 20_000).gap, None);
+        assert_eq!(step(&mut sp, "spBv1.0/G/NDATA/E2", 1, 20_000).gap, None);
+        // After a death the next birth sets the count, whatever seq the death left.
+        run(&mut sp, "spBv1.0/G/NDEATH/E", &[]);
+        assert_eq!(step(&mut sp, "spBv1.0/G/NBIRTH/E", 0, 30_000).gap, None);
+    }
+
+    #[test]
+    fn sparkplug_data_without_a_birth_asks_for_one_rebirth_per_interval() {
+        let mut sp = Sparkplug::default();
+        let data = || encode(1, vec![metric(Some("a"), None, datatype::DOUBLE, Some(mv::DoubleValue(1.5)))]);
+        let d = run_at(&mut sp, "spBv1.0/G/NDATA/E", &data(), 1000);
+        assert_eq!(d.points.len(), 1, "named metrics are published meanwhile");
+        let cmd = d.rebirth.expect("a rebirth request");
+        assert_eq!(cmd.topic, "spBv1.0/G/NCMD/E");
+        let p = Payload::decode(cmd.payload.as_slice()).expect("decodes");
+        assert_eq!(p.metrics[0].name.as_deref(), Some("Node Control/Rebirth"));
+        assert_eq!(p.metrics[0].value, Some(mv::BooleanValue(true)));
+        for now in [1001, 2000, 5999] {
+            assert_eq!(rebirth_of(&run_at(&mut sp, "spBv1.0/G/DDATA/E/D", &data(), now)), None, "at {now}");
+        }
+        assert_eq!(rebirth_of(&run_at(&mut sp, "spBv1.0/G/NDATA/E", &data(), 6000)), Some("spBv1.0/G/NCMD/E"));
+        // Born: no more requests, until an alias no birth declared shows up.
+        run_at(&mut sp, "spBv1.0/G/NBIRTH/E", &encode_seq(1, 0, vec![]), 7000);
+        let d = run_at(&mut sp, "spBv1.0/G/NDATA/E", &encode_seq(1, 1, vec![]), 20_000);
+        assert_eq!((d.gap, rebirth_of(&d)), (None, None));
+        let d = run_at(&mut sp, "spBv1.0/G/NDATA/E", &encode_seq(1, 2, vec![metric(None, Some(9), 0, None)]), 20_000);
+        assert_eq!((d.skipped, rebirth_of(&d)), (1, Some("spBv1.0/G/NCMD/E")));
+        // Switched off: never.
+        let mut quiet = Sparkplug::new(false);
+        assert_eq!(rebirth_of(&run_at(&mut quiet, "spBv1.0/G/NDATA/E", &data(), 1000)), None);
+    }
+
+    #[test]
+    fn sparkplug_writes_become_commands_named_and_typed_as_born() {
+        let mut sp = Sparkplug::default();
+        let nbirth =
+            encode_seq(1, 0, vec![metric(Some("Set Point"), Some(5), datatype::DOUBLE, Some(mv::DoubleValue(1.0)))]);
+        run(&mut sp, "spBv1.0/G/NBIRTH/E", &nbirth);
+        let dbirth =
+            encode_seq(1, 1, vec![metric(Some("Outputs/Speed"), None, datatype::INT32, Some(mv::IntValue(0)))]);
+        let d = run(&mut sp, "spBv1.0/G/DBIRTH/E/D", &dbirth);
+        assert_eq!((d.points[0].path.as_str(), d.points[0].device), ("G/E/D/Outputs/Speed", true));
+        let cmd = sp.command("G/E/Set_Point", false, &serde_json::json!(12), 77).expect("a command");
+        assert_eq!(cmd.topic, "spBv1.0/G/NCMD/E");
+        let m = Payload::decode(cmd.payload.as_slice()).expect("decodes").metrics.remove(0);
+        assert_eq!(m.name.as_deref(), Some("Set Point"), "the birth's name, not the channel's");
+        assert_eq!((m.alias, m.datatype, m.value), (Some(5), Some(datatype::DOUBLE), Some(mv::DoubleValue(12.0))));
+        let cmd = sp.command("G/E/D/Outputs/Speed", true, &serde_json::json!(-3), 77).expect("a command");
+        assert_eq!(cmd.topic, "spBv1.0/G/DCMD/E/D");
+        let m = Payload::decode(cmd.payload.as_slice()).expect("decodes").metrics.remove(0);
+        assert_eq!((m.name.as_deref(), m.alias), (Some("Outputs/Speed"), None));
+        assert_eq!(m.value, Some(mv::IntValue(-3i32 as u32)));
+        let e = sp.command("G/E/D/Outputs/Speed", true, &serde_json::json!("fast"), 77).unwrap_err();
+        assert!(matches!(&e, WriteError::NotWritable(m) if m.contains("is not a valid Int32")), "{e}");
+        // Unknown, unborn and dead: unavailable, saying which.
+        let e = sp.command("G/X/m", false, &serde_json::json!(1), 77).unwrap_err();
+        assert!(matches!(&e, WriteError::Unavailable(m) if m.contains("no birth")), "{e}");
+        run(
+            &mut sp,
+            "spBv1.0/G/NDATA/F",
+            &encode(1, vec![metric(Some("m"), None, datatype::INT8, Some(mv::IntValue(1)))]),
+        );
+        let e = sp.command("G/F/m", false, &serde_json::json!(1), 77).unwrap_err();
+        assert!(matches!(&e, WriteError::Unavailable(m) if m.contains("no birth")), "{e}");
+        run(&mut sp, "spBv1.0/G/DDEATH/E/D", &encode_seq(1, 2, vec![]));
+        let e = sp.command("G/E/D/Outputs/Speed", true, &serde_json::json!(1), 77).unwrap_err();
+        assert!(matches!(&e, WriteError::Unavailable(m) if m.contains("DDEATH")), "{e}");
+        assert!(sp.command("G/E/Set_Point", false, &serde_json::json!(1), 77).is_ok(), "the node lives on");
+        run(&mut sp, "spBv1.0/G/NDEATH/E", &[]);
+        let e = sp.command("G/E/Set_Point", false, &serde_json::json!(1), 77).unwrap_err();
+        assert!(matches!(&e, WriteError::Unavailable(m) if m.contains("NDEATH")), "{e}");
     }
 }
