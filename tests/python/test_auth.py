@@ -145,6 +145,13 @@ allowed_origins = ["https://app.example.com"]
 channels = ["basic.*", "room:**"]
 publish = ["room:grace"]
 
+# Token users (by `sub`) with dashboard rights other than the default "own".
+[auth.grants.erin]
+dashboards = "edit"
+
+[auth.grants.rita]
+dashboards = "read"
+
 [namespaces.public]
 allow = {{ subscribe = "anonymous" }}
 
@@ -553,6 +560,68 @@ def test_auth_tls_serves_wss_and_https(switchboard_bin, tmp_path):
         proc.stdout.close()
 
 
+# ------------------------------------------------------------------------------ saved dashboards
+
+
+def test_auth_dashboards_belong_to_their_creator(auth_server):
+    # Any credential could overwrite or delete any dashboard: now only its creator, or an API
+    # key (operators' tooling), may; a bystander's own dashboard is untouched throughout.
+    url = auth_server.http_url + "/api/dashboards/"
+    body = {"title": "Grace's", "widgets": []}
+    mine, theirs = uniq("own-"), uniq("bystander-")
+    assert http("PUT", url + theirs, {"title": "Alice's", "widgets": []}, headers=bearer(token())).status == 201
+    assert http("PUT", url + mine, body, headers=basic("grace", PASSWORD)).status == 201
+    for who in (bearer(token()), bearer(token(sub="mallory"))):
+        r = http("PUT", url + mine, {"title": "taken", "widgets": []}, headers=who)
+        assert r.status == 403 and 'belongs to \\"grace\\"' in r.body.decode(), r.body
+        assert http("DELETE", url + mine, headers=who).status == 403
+    assert http("PUT", url + mine, {"title": "Grace's, again", "widgets": []}, headers=basic("grace", PASSWORD)).status == 200
+    assert http("PUT", url + mine, body, headers=bearer(API_KEY)).status == 200
+    got = json.loads(http("GET", url + mine, headers=basic("grace", PASSWORD)).body)
+    assert got["owner"] == "grace" and got["title"] == "Grace's", got
+    assert http("DELETE", url + mine, headers=basic("grace", PASSWORD)).status == 204
+    assert json.loads(http("GET", url + theirs, headers=bearer(token())).body)["title"] == "Alice's"
+
+
+def test_auth_dashboards_edit_and_read_grants(auth_server):
+    # `[auth.grants.<user>] dashboards`: "edit" may replace and delete anybody's dashboard
+    # (the owner stays), "read" may neither create nor change; both apply to tokens by `sub`.
+    url = auth_server.http_url + "/api/dashboards/"
+    grace, erin, rita = basic("grace", PASSWORD), bearer(token(sub="erin")), bearer(token(sub="rita"))
+    graces, bystander, editable = uniq("grace-"), uniq("bystander-"), uniq("edit-")
+    assert http("PUT", url + bystander, {"title": "Alice's", "widgets": []}, headers=bearer(token())).status == 201
+    assert http("PUT", url + graces, {"title": "Grace's", "widgets": []}, headers=grace).status == 201
+    assert http("PUT", url + editable, {"title": "Grace's too", "widgets": []}, headers=grace).status == 201
+
+    # A "read" user: 403 on create, replace and delete, saying why; nothing changes.
+    created = uniq("by-rita-")
+    for method, target, body in [("PUT", created, {"title": "Rita's", "widgets": []}),
+                                 ("PUT", graces, {"title": "Rita was here", "widgets": []}),
+                                 ("DELETE", graces, None)]:
+        r = http(method, url + target, body, headers=rita)
+        assert r.status == 403, (method, target, r.status, r.body)
+        assert "may only read dashboards" in r.json()["error"]["message"], r.body
+    assert http("GET", url + created, headers=rita).status == 404, "the read-only user created nothing"
+    got = json.loads(http("GET", url + graces, headers=rita).body)
+    assert got["title"] == "Grace's" and got["owner"] == "grace", "a read-only user may still read"
+
+    # An "edit" user replaces and deletes another's dashboard; the replaced one keeps its owner.
+    assert http("PUT", url + graces, {"title": "Edited by Erin", "widgets": []}, headers=erin).status == 200
+    got = json.loads(http("GET", url + graces, headers=grace).body)
+    assert got["title"] == "Edited by Erin" and got["owner"] == "grace", got
+    assert http("DELETE", url + editable, headers=erin).status == 204
+    assert http("GET", url + editable, headers=grace).status == 404
+    # ... which the owner can still change (it stays grace's), unlike a user without the grant.
+    assert http("PUT", url + graces, {"title": "Grace's again", "widgets": []}, headers=grace).status == 200
+    r = http("PUT", url + graces, {"title": "taken", "widgets": []}, headers=bearer(token(sub="mallory")))
+    assert r.status == 403 and 'belongs to \\"grace\\"' in r.body.decode(), r.body
+
+    # The bystander's dashboard is intact throughout.
+    got = json.loads(http("GET", url + bystander, headers=bearer(token())).body)
+    assert got["title"] == "Alice's" and got["owner"] == "alice", got
+    assert http("DELETE", url + graces, headers=grace).status == 204
+
+
 # ------------------------------------------------------------------------------ secrets stay secret
 
 
@@ -580,23 +649,3 @@ def test_auth_secrets_never_reach_the_log_or_metrics(auth_server):
             if len(piece) >= 12 and (piece in log or piece in metrics):
                 leaked.append(piece[:16] + "…")
     assert not leaked, f"secrets in the log or metrics: {leaked}"
-
-
-def test_auth_dashboards_belong_to_their_creator(auth_server):
-    # Any credential could overwrite or delete any dashboard: now only its creator, or an API
-    # key (operators' tooling), may; a bystander's own dashboard is untouched throughout.
-    url = auth_server.http_url + "/api/dashboards/"
-    body = {"title": "Grace's", "widgets": []}
-    mine, theirs = uniq("own-"), uniq("bystander-")
-    assert http("PUT", url + theirs, {"title": "Alice's", "widgets": []}, headers=bearer(token())).status == 201
-    assert http("PUT", url + mine, body, headers=basic("grace", PASSWORD)).status == 201
-    for who in (bearer(token()), bearer(token(sub="mallory"))):
-        r = http("PUT", url + mine, {"title": "taken", "widgets": []}, headers=who)
-        assert r.status == 403 and 'belongs to \\"grace\\"' in r.body.decode(), r.body
-        assert http("DELETE", url + mine, headers=who).status == 403
-    assert http("PUT", url + mine, {"title": "Grace's, again", "widgets": []}, headers=basic("grace", PASSWORD)).status == 200
-    assert http("PUT", url + mine, body, headers=bearer(API_KEY)).status == 200
-    got = json.loads(http("GET", url + mine, headers=basic("grace", PASSWORD)).body)
-    assert got["owner"] == "grace" and got["title"] == "Grace's", got
-    assert http("DELETE", url + mine, headers=basic("grace", PASSWORD)).status == 204
-    assert json.loads(http("GET", url + theirs, headers=bearer(token())).body)["title"] == "Alice's"

@@ -10,6 +10,12 @@
 //! written to a temporary file, synced and renamed over the old one, so a reader or a crash sees
 //! either the old or the new dashboard, never half of one.
 //!
+//! Anyone who may use the API reads every dashboard. A dashboard created with credentials
+//! belongs to its creator (`owner`, kept on every save); who may create, replace and delete is
+//! [`Editor::may_change`]: the caller's `[auth.grants.<user>] dashboards` — `own` (default:
+//! create, change its own and unowned ones), `edit` (change any) or `read` (nothing) — and API
+//! keys change any. Refusals are 403 naming the reason.
+//!
 //! # The web app
 //! The app is built by npm (`web/dashboard`, output `web/dashboard/dist`) and served from that
 //! directory rather than embedded in the binary: `cargo build` then works on a fresh clone before
@@ -31,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use switchboard_protocol::code;
 
 use crate::auth::http::Caller;
-use crate::auth::Method;
+use crate::auth::{Auth, DashboardAccess, Method};
 use crate::config::Config;
 use crate::node::ApiError;
 
@@ -108,8 +114,8 @@ pub struct Dashboard {
     pub widgets: Vec<Widget>,
     /// Unix milliseconds of the last save.
     pub updated: u64,
-    /// The user who created it (empty: created without credentials); only this user or an
-    /// API key may change or delete it.
+    /// The user who created it (empty: created without credentials); only this user, a user
+    /// granted `dashboards = "edit"` or an API key may change or delete it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub owner: String,
 }
@@ -119,22 +125,38 @@ pub struct Dashboard {
 pub struct Editor<'a> {
     /// The caller's user name (empty without credentials).
     pub user: &'a str,
-    /// An API key: may change any dashboard (operators' tooling).
-    pub admin: bool,
+    /// What the caller may do: `Edit` for an API key (operators' tooling), else the user's
+    /// `[auth.grants.<user>] dashboards` (`Own` by default and without credentials).
+    pub access: DashboardAccess,
 }
 
 impl Editor<'_> {
     /// Anyone, on a node without authentication (and in tests).
-    pub const ANYONE: Editor<'static> = Editor { user: "", admin: true };
+    pub const ANYONE: Editor<'static> = Editor { user: "", access: DashboardAccess::Edit };
 
-    fn may_change(&self, id: &str, owner: &str) -> Result<(), ApiError> {
-        if owner.is_empty() || self.admin || self.user == owner {
-            return Ok(());
+    /// Whether this editor may create dashboard `id` (`owner` is `None`) or replace or delete
+    /// it (`owner` is its owner, `""` for none). `Read` may do neither; `Edit` may do both;
+    /// `Own` may create, and change only its own dashboards and those without an owner.
+    fn may_change(&self, id: &str, owner: Option<&str>) -> Result<(), ApiError> {
+        match (self.access, owner) {
+            (DashboardAccess::Edit, _) | (DashboardAccess::Own, None) => Ok(()),
+            (DashboardAccess::Own, Some(owner)) if owner.is_empty() || owner == self.user => Ok(()),
+            (DashboardAccess::Own, Some(owner)) => Err(ApiError::new(
+                code::FORBIDDEN,
+                format!(
+                    "dashboard {id:?} belongs to {owner:?}: only its owner, a user granted \
+                     dashboards = \"edit\" or an API key may change it"
+                ),
+            )),
+            (DashboardAccess::Read, _) => Err(ApiError::new(
+                code::FORBIDDEN,
+                format!(
+                    "user {:?} may only read dashboards (its grant says dashboards = \"read\"): \
+                     not allowed to change dashboard {id:?}",
+                    self.user
+                ),
+            )),
         }
-        Err(ApiError::new(
-            code::FORBIDDEN,
-            format!("dashboard {id:?} belongs to {owner:?}: only its owner or an API key may change it"),
-        ))
     }
 }
 
@@ -261,9 +283,10 @@ impl DashboardStore {
         tokio::fs::create_dir_all(&self.dir).await.map_err(|e| internal("creating the data directory", e))?;
         let path = self.file(id);
         let existed = tokio::fs::try_exists(&path).await.map_err(|e| internal("reading dashboard", e))?;
-        // An existing dashboard keeps its owner, who alone (or an API key) may change it.
-        let owner = if existed { self.owner(id).await } else { editor.user.to_string() };
-        editor.may_change(id, &owner)?;
+        // An existing dashboard keeps its owner, whatever the editor's rights.
+        let owner = if existed { Some(self.owner(id).await) } else { None };
+        editor.may_change(id, owner.as_deref())?;
+        let owner = owner.unwrap_or_else(|| editor.user.to_string());
         let dashboard = Dashboard {
             id: id.to_string(),
             title: body.title,
@@ -309,7 +332,7 @@ impl DashboardStore {
     pub async fn delete(&self, id: &str, editor: Editor<'_>) -> Result<(), ApiError> {
         validate_id(id)?;
         let _guard = self.write.lock().await;
-        editor.may_change(id, &self.owner(id).await)?;
+        editor.may_change(id, Some(&self.owner(id).await))?;
         match tokio::fs::remove_file(self.file(id)).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -408,6 +431,8 @@ const FALLBACK_PAGE: &str = include_str!("index.html");
 pub struct Dashboards {
     pub store: DashboardStore,
     pub app: WebApp,
+    /// For each caller's `dashboards` grant.
+    pub auth: Arc<Auth>,
 }
 
 impl Dashboards {
@@ -415,6 +440,7 @@ impl Dashboards {
         Dashboards {
             store: DashboardStore::new(config.data_dir.join("dashboards")),
             app: WebApp::new(config.web_dir.as_deref()),
+            auth: config.security.auth.clone(),
         }
     }
 }
@@ -443,13 +469,14 @@ async fn get_one(State(d): State<Arc<Dashboards>>, UrlPath(id): UrlPath<String>)
     Ok(([(header::CONTENT_TYPE, "application/json")], bytes).into_response())
 }
 
-/// Who is calling, from the authentication middleware (anyone when the node has none).
-fn editor(caller: &Option<axum::Extension<Caller>>) -> Editor<'_> {
-    match caller {
-        Some(c) if !matches!(c.0 .0.method, Method::Anonymous) => {
-            Editor { user: &c.0 .0.user, admin: matches!(c.0 .0.method, Method::ApiKey(_)) }
-        }
-        _ => Editor { user: "", admin: false },
+/// Who is calling, from the authentication middleware (no user when the node has no
+/// authentication), and what its grant lets it do.
+fn editor<'a>(auth: &Auth, caller: &'a Option<axum::Extension<Caller>>) -> Editor<'a> {
+    let who = caller.as_ref().map(|c| &c.0 .0);
+    match who.map(|i| (i.method, i.user.as_str())) {
+        Some((Method::ApiKey(_), user)) => Editor { user, access: DashboardAccess::Edit },
+        Some((Method::Token | Method::Password, user)) => Editor { user, access: auth.dashboard_access(user) },
+        Some((Method::Anonymous, _)) | None => Editor { user: "", access: DashboardAccess::Own },
     }
 }
 
@@ -461,7 +488,7 @@ async fn put_one(
 ) -> Result<Response, ApiError> {
     validate_id(&id)?;
     let body = parse_body(&id, &body)?;
-    let (summary, created) = d.store.put(&id, body, editor(&caller)).await?;
+    let (summary, created) = d.store.put(&id, body, editor(&d.auth, &caller)).await?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(summary)).into_response())
 }
@@ -471,7 +498,7 @@ async fn delete_one(
     UrlPath(id): UrlPath<String>,
     caller: Option<axum::Extension<Caller>>,
 ) -> Result<Response, ApiError> {
-    d.store.delete(&id, editor(&caller)).await?;
+    d.store.delete(&id, editor(&d.auth, &caller)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -621,168 +648,4 @@ pub fn install_demo(data_dir: &Path) -> std::io::Result<bool> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn body(json: &str) -> Result<DashboardBody, ApiError> {
-        parse_body("d1", json.as_bytes())
-    }
-
-    #[test]
-    fn dashboards_accept_every_widget_type_and_keep_options() {
-        let b = body(
-            r#"{"title":"t","widgets":[
-                {"type":"value","channel":"pt:a","x":0,"y":0,"w":2,"h":1,"options":{"units":"C"}},
-                {"type":"led","channel":"b","x":1,"y":0,"w":1,"h":1},
-                {"type":"gauge","channel":"","x":1,"y":0,"w":1,"h":1},
-                {"type":"trend","channel":"c","x":1,"y":0,"w":1,"h":1},
-                {"type":"spectrum","channel":"c","x":1,"y":0,"w":1,"h":1},
-                {"type":"scatter","channel":"c","x":1,"y":0,"w":1,"h":1}]}"#,
-        )
-        .unwrap();
-        assert_eq!(b.widgets.len(), 6);
-        assert_eq!(b.widgets[0].options["units"], "C");
-        assert_eq!(b.widgets[5].kind, WidgetKind::Scatter);
-    }
-
-    #[test]
-    fn dashboards_reject_bad_input_naming_the_field() {
-        let cases = [
-            (r#"{"title":"t","widgets":[{"type":"pie","channel":"a","x":0,"y":0,"w":1,"h":1}]}"#, "widgets[0].type"),
-            (
-                r#"{"title":"t","widgets":[{"type":"led","channel":"a b","x":0,"y":0,"w":1,"h":1}]}"#,
-                "widgets[0].channel",
-            ),
-            (r#"{"title":"t","widgets":[{"type":"led","channel":"a","x":0,"y":0,"w":0,"h":1}]}"#, "widgets[0]"),
-            (r#"{"title":"t","widgets":[{"type":"led","channel":"a","x":-1,"y":0,"w":1,"h":1}]}"#, "widgets[0].x"),
-            (
-                r#"{"title":"t","widgets":[{"type":"led","channel":"a","x":0,"y":0,"w":1,"h":1,"options":[]}]}"#,
-                "options",
-            ),
-            (r#"{"title":"t","widgets":[{"type":"led","channel":"a","x":0,"y":0,"w":1,"h":1,"colour":1}]}"#, "colour"),
-            (r#"{"widgets":[]}"#, "title"),
-            (r#"{"title":"t","widgets":[],"id":"other"}"#, "id"),
-            (r#"not json"#, "expected"),
-        ];
-        for (json, needle) in cases {
-            let e = body(json).unwrap_err();
-            assert_eq!(e.code, 400, "{json}");
-            assert!(e.message.contains(needle), "{json}: {}", e.message);
-        }
-        let big = format!(
-            r#"{{"title":"t","widgets":[{{"type":"led","channel":"a","x":0,"y":0,"w":1,"h":1,"options":{{"s":"{}"}}}}]}}"#,
-            "x".repeat(5000)
-        );
-        assert!(body(&big).unwrap_err().message.contains("options"));
-    }
-
-    #[test]
-    fn dashboards_ids_are_limited_to_a_safe_charset() {
-        for ok in ["a", "demo", "Plant_1-b", &"x".repeat(64)] {
-            assert!(validate_id(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", "..", "a.json", "a/b", "a b", "ü", &"x".repeat(65)] {
-            assert_eq!(validate_id(bad).unwrap_err().code, 400, "{bad}");
-        }
-    }
-
-    #[test]
-    fn dashboards_demo_is_valid() {
-        let d = demo_dashboard();
-        validate(DEMO_ID, &d).unwrap();
-        for kind in [WidgetKind::Value, WidgetKind::Led, WidgetKind::Gauge, WidgetKind::Trend, WidgetKind::Spectrum] {
-            assert!(d.widgets.iter().any(|w| w.kind == kind), "{kind:?}");
-        }
-    }
-
-    #[tokio::test]
-    async fn dashboards_store_round_trips_lists_and_deletes_across_instances() {
-        let dir = std::env::temp_dir().join(format!("sb-dash-{}-{}", std::process::id(), fastrand::u32(..)));
-        let store = DashboardStore::new(dir.clone());
-        assert!(store.list().await.unwrap().is_empty());
-        assert_eq!(store.get("a").await.unwrap_err().code, 404);
-        let b =
-            body(r#"{"title":"First","widgets":[{"type":"gauge","channel":"pt:x","x":3,"y":4,"w":5,"h":6}]}"#).unwrap();
-        let (s, created) = store.put("a", b.clone(), Editor::ANYONE).await.unwrap();
-        assert!(created && s.widget_count == 1 && s.title == "First");
-        let (_, created) = store.put("a", b, Editor::ANYONE).await.unwrap();
-        assert!(!created);
-
-        // A new store over the same directory (a restarted server) sees the same dashboard.
-        let again = DashboardStore::new(dir.clone());
-        let d: Dashboard = serde_json::from_slice(&again.get("a").await.unwrap()).unwrap();
-        assert_eq!((d.id.as_str(), d.title.as_str(), d.widgets[0].x, d.widgets[0].h), ("a", "First", 3, 6));
-        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("a.json")], "no temporary files left behind");
-        assert_eq!(again.list().await.unwrap().len(), 1);
-        again.delete("a", Editor::ANYONE).await.unwrap();
-        assert_eq!(again.delete("a", Editor::ANYONE).await.unwrap_err().code, 404);
-        assert!(store.list().await.unwrap().is_empty());
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[tokio::test]
-    async fn dashboards_belong_to_their_creator_and_only_the_owner_or_an_api_key_changes_them() {
-        let dir = std::env::temp_dir().join(format!("sb-dash-o-{}-{}", std::process::id(), fastrand::u32(..)));
-        let store = DashboardStore::new(dir.clone());
-        let b = body(r#"{"title":"Alice's","widgets":[]}"#).unwrap();
-        let alice = Editor { user: "alice", admin: false };
-        let bob = Editor { user: "bob", admin: false };
-        let anonymous = Editor { user: "", admin: false };
-        let key = Editor { user: "api-key-0", admin: true };
-        assert!(store.put("a", b.clone(), alice).await.unwrap().1, "created");
-        for who in [bob, anonymous] {
-            let e = store.put("a", b.clone(), who).await.unwrap_err();
-            assert!(e.code == 403 && e.message.contains("belongs to \"alice\""), "{e}");
-            assert_eq!(store.delete("a", who).await.unwrap_err().code, 403);
-        }
-        store.put("a", b.clone(), alice).await.unwrap();
-        store.put("a", b.clone(), key).await.unwrap();
-        let d: Dashboard = serde_json::from_slice(&store.get("a").await.unwrap()).unwrap();
-        assert_eq!(d.owner, "alice", "saving keeps the owner, whoever saves");
-        // A dashboard created without credentials is anybody's.
-        store.put("open", b.clone(), anonymous).await.unwrap();
-        store.put("open", b, bob).await.unwrap();
-        store.delete("open", anonymous).await.unwrap();
-        store.delete("a", alice).await.unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[tokio::test]
-    async fn dashboards_listing_reads_only_changed_files_and_sees_every_change() {
-        let dir = std::env::temp_dir().join(format!("sb-dash-l-{}-{}", std::process::id(), fastrand::u32(..)));
-        let store = DashboardStore::new(dir.clone());
-        let b = body(r#"{"title":"One","widgets":[]}"#).unwrap();
-        store.put("a", b.clone(), Editor::ANYONE).await.unwrap();
-        store.put("b", b, Editor::ANYONE).await.unwrap();
-        assert_eq!(store.list().await.unwrap().len(), 2);
-        // A cached summary is kept while its file is unchanged: a stale cache entry planted
-        // for an unchanged file shows, proving the file was not read again.
-        {
-            let mut cache = store.summaries.lock();
-            let entry = cache.get_mut("b").unwrap();
-            entry.2.title = "cached".into();
-        }
-        let titles = |l: Vec<Summary>| l.into_iter().map(|s| s.title).collect::<Vec<_>>();
-        assert_eq!(titles(store.list().await.unwrap()), vec!["One", "cached"]);
-        // A file changed behind the store's back (edited by hand, or by another node sharing
-        // the directory) is read again; a removed one leaves the listing and the cache.
-        std::fs::write(dir.join("b.json"), r#"{"id":"b","title":"Edited by hand","widgets":[],"updated":1}"#).unwrap();
-        assert_eq!(titles(store.list().await.unwrap()), vec!["One", "Edited by hand"]);
-        std::fs::remove_file(dir.join("a.json")).unwrap();
-        assert_eq!(titles(store.list().await.unwrap()), vec!["Edited by hand"]);
-        assert_eq!(store.summaries.lock().len(), 1);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn dashboards_install_demo_keeps_an_edited_demo() {
-        let dir = std::env::temp_dir().join(format!("sb-demo-{}-{}", std::process::id(), fastrand::u32(..)));
-        assert!(install_demo(&dir).unwrap());
-        let path = dir.join("dashboards/demo.json");
-        std::fs::write(&path, b"{\"id\":\"demo\",\"title\":\"mine\",\"widgets\":[],\"updated\":1}").unwrap();
-        assert!(!install_demo(&dir).unwrap());
-        assert!(std::fs::read_to_string(&path).unwrap().contains("mine"));
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
+mod tests;

@@ -111,17 +111,35 @@ pub struct AuthConfig {
     pub hosts: StringList,
     /// Proxies whose `X-Forwarded-For` / `X-Real-IP` give the client address (IPs or CIDR).
     pub trusted_proxies: StringList,
-    /// Patterns per user, for users whose credentials carry none (Basic users, tokens without
-    /// `channels` / `publish` claims).
+    /// Per user (Basic user name or token `sub`): patterns for users whose credentials carry
+    /// none (Basic users, tokens without `channels` / `publish` claims), and dashboard rights.
     pub grants: HashMap<String, Grant>,
 }
 
-/// `[auth.grants.<user>]`: what a user may subscribe to and publish to.
+/// `[auth.grants.<user>]`: what a user may subscribe to and publish to, and what it may do
+/// with saved dashboards.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Grant {
     pub channels: Option<Vec<String>>,
     pub publish: Option<Vec<String>>,
+    /// `"own"` (the default), `"edit"` or `"read"`; another value is a configuration error
+    /// naming `auth.grants.<user>.dashboards`.
+    pub dashboards: DashboardAccess,
+}
+
+/// What a user may do with the saved dashboards (`[auth.grants.<user>] dashboards`). Everyone
+/// may read them; API keys may change any (see `crate::dashboards`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DashboardAccess {
+    /// Create dashboards, and replace or delete its own and those created without credentials.
+    #[default]
+    Own,
+    /// Also replace or delete anybody's (a dashboard keeps its owner).
+    Edit,
+    /// Read only: creating, replacing and deleting are refused (403).
+    Read,
 }
 
 /// Who may do something in a namespace.
@@ -235,6 +253,8 @@ pub struct Auth {
     bound: IpAddr,
     trusted_proxies: Vec<Net>,
     grants: HashMap<String, Patterns>,
+    /// `dashboards` of the grants, by user.
+    dashboards: HashMap<String, DashboardAccess>,
     pub limiter: Arc<Limiter>,
     exempt_loopback: bool,
     leeway_s: u64,
@@ -326,6 +346,7 @@ impl Default for Auth {
             bound: IpAddr::V4(std::net::Ipv4Addr::LOCALHOST),
             trusted_proxies: Vec::new(),
             grants: HashMap::new(),
+            dashboards: HashMap::new(),
             limiter: Arc::new(Limiter::new(l.max_connections_per_ip, l.handshakes_per_ip_per_s, 0, 1)),
             exempt_loopback: l.exempt_loopback,
             leeway_s: 0,
@@ -389,6 +410,7 @@ impl Auth {
             };
             grants.insert(user.clone(), (parse("channels", &g.channels)?, parse("publish", &g.publish)?));
         }
+        let dashboards = c.grants.iter().map(|(user, g)| (user.clone(), g.dashboards)).collect();
         let limiter = Limiter::new(
             limits.max_connections_per_ip,
             limits.handshakes_per_ip_per_s,
@@ -408,6 +430,7 @@ impl Auth {
             bound: listen,
             trusted_proxies,
             grants,
+            dashboards,
             limiter: Arc::new(limiter),
             exempt_loopback: limits.exempt_loopback,
             leeway_s: c.jwt_leeway_s,
@@ -472,6 +495,12 @@ impl Auth {
 
     fn grant(&self, user: &str) -> Patterns {
         self.grants.get(user).cloned().unwrap_or((None, None))
+    }
+
+    /// What `user` (a Basic user's name or a token's `sub`) may do with saved dashboards: its
+    /// grant's `dashboards`, `own` without one.
+    pub fn dashboard_access(&self, user: &str) -> DashboardAccess {
+        self.dashboards.get(user).copied().unwrap_or_default()
     }
 
     /// Verifies a user name and password: from the cache of recent successes, or on the
@@ -671,6 +700,27 @@ mod tests {
         assert!(c.security.auth.enabled());
         let anon = ("allow_anonymous", toml::Value::Boolean(true));
         assert!(Config::load(None, vec![], &[wide, anon]).is_ok());
+    }
+
+    #[test]
+    fn auth_grants_dashboards_parse_and_unknown_values_name_the_key() {
+        use crate::config::Config;
+        let set = |key: &'static str, v: &str| (key, toml::Value::String(v.into()));
+        let grants = [
+            set("auth.grants.ed.dashboards", "edit"),
+            set("auth.grants.ro.dashboards", "read"),
+            set("auth.grants.me.dashboards", "own"),
+        ];
+        let c = Config::load(None, vec![], &grants).unwrap();
+        let a = &c.security.auth;
+        assert_eq!(a.dashboard_access("ed"), DashboardAccess::Edit);
+        assert_eq!(a.dashboard_access("ro"), DashboardAccess::Read);
+        assert_eq!(a.dashboard_access("me"), DashboardAccess::Own);
+        assert_eq!(a.dashboard_access("nobody"), DashboardAccess::Own, "no grant: own");
+        let g: Grant = toml::from_str("channels = [\"a\"]").unwrap();
+        assert_eq!(g.dashboards, DashboardAccess::Own, "a grant without the key: own");
+        let err = Config::load(None, vec![], &[set("auth.grants.bob.dashboards", "write")]).unwrap_err();
+        assert!(err.0.contains("auth.grants.bob.dashboards") && err.0.contains("write"), "{err}");
     }
 
     #[test]
