@@ -4,6 +4,8 @@
   `@pytest.mark.parametrize("server", [["--max-connections", "3"]], indirect=True)`.
 - `start_server(*args)`: a factory for tests that need several servers or to pick options at
   run time; every server it starts is killed (by PID) at teardown.
+- `redis_url`: a real `redis-server` on a spare loopback port (no persistence), for nodes that
+  share a broker; killed (by PID) at teardown.
 
 The binary is `$SWITCHBOARD_BIN`, or `target/release/switchboard` under the repository root
 (found from this file's path).
@@ -13,6 +15,9 @@ from __future__ import annotations
 
 import os
 import pathlib
+import socket
+import subprocess
+import time
 
 import pytest
 
@@ -48,6 +53,30 @@ def start_server(switchboard_bin, tmp_path):
 def server(request, start_server) -> sb.Server:
     args = getattr(request, "param", None) or []
     return start_server(*args)
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("redis-server did not start")
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 @pytest.fixture

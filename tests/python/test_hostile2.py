@@ -1,5 +1,5 @@
 """Hostile input, second round (docs/security.md, "Threat model"): DNS rebinding, reply buffering,
-poll sessions after their close, presence amplification. Each case runs against the real binary
+poll sessions after their close or their token's expiry, presence amplification. Each case runs against the real binary
 with a bystander — a healthy subscriber on its own channel that must keep receiving every
 publication, complete and in order — and checks the SPEC code the attacker gets."""
 
@@ -276,3 +276,97 @@ def test_hostile_presence_churn_gets_429_and_members_see_bounded_events(start_se
         attacker.close()
         member.close()
         b.close()
+
+
+# ------------------------------------------------------------ poll takeover with an expired token
+
+TAKEOVER_SECRET = "hostile-takeover-secret-0123456789abcdef0123456789"
+TAKEOVER_KEY = "hostile-takeover-api-key-0123456789"
+
+
+def _takeover_token(sub: str, exp: int) -> str:
+    import jwt
+
+    return jwt.encode({"sub": sub, "exp": exp}, TAKEOVER_SECRET, algorithm="HS256")
+
+
+def _key_request(method: str, url: str, body=None) -> sb.HttpResponse:
+    r = http(method, url, body, headers={"Authorization": f"Bearer {TAKEOVER_KEY}"})
+    assert r.status == 200, (method, url, r.status, r.body)
+    return r
+
+
+@pytest.mark.parametrize("holder_goes", ["kill9", "shutdown"])
+def test_hostile_poll_takeover_with_an_expired_token_runs_nothing_and_ends_4001(start_server, redis_url, holder_goes):
+    """Regression: a long-poll session whose node went away (killed, or stopped: its record
+    stays in Redis for another node) was taken over by the next request at another node and
+    resubscribed, its queued commands run, with the stored token even when that had expired
+    meanwhile: the client kept receiving (recovered publications, a presence join) and could
+    publish past its `exp`. Now a takeover checks the expiry first: nothing is resubscribed,
+    queued commands are dropped, the next poll answers exactly the 4001 disconnect (no
+    reconnect) and the session is gone. A watcher on the channel (another connection, at the
+    node that takes over) sees no publication and no join from the expired client and keeps
+    receiving everything else."""
+    from test_poll import Poller
+
+    args = ("--broker", redis_url, "--jwt-secret", TAKEOVER_SECRET, "--api-key", TAKEOVER_KEY)
+    a = start_server(*args, env={"SWITCHBOARD_NODE_ID": "node-a"})
+    b = start_server(*args, env={"SWITCHBOARD_NODE_ID": "node-b"})
+    room = uniq("room:takeover-")  # the room namespace: clients publish, presence is on
+    watcher = WS(b.ws_url + "?token=" + _takeover_token("watcher", int(time.time()) + 600))
+    p = None
+    try:
+        watcher.subscribe([room])
+        watcher.drain()
+        exp = int(time.time()) + 3
+        p = Poller(a, [{"id": 1, "subscribe": {"channels": [room]}}],
+                   headers={"Authorization": "Bearer " + _takeover_token("mallory", exp)})
+        assert p.poll(timeout=5)["messages"][0]["ok"]["channels"][room]["offset"] == 0
+        # While the token is valid, the session publishes (and the watcher sees it join).
+        assert p.request("publish", {"channel": room, "data": "valid"})["ok"]["offset"] == 1
+        assert watcher.pubs(room, 1) == [{"ch": room, "off": 1, "data": "valid"}]
+        assert any("join" in m for m in watcher.drain()), "the session joined the room's presence"
+        # Its node goes away before the token expires.
+        if holder_goes == "kill9":
+            a.kill()
+        else:
+            a.terminate()
+            a.proc.wait(timeout=10)
+        assert time.time() < exp, "too slow: the token expired before its node went away"
+        time.sleep(max(0.0, exp + 1 - time.time()))
+
+        # Published while nobody held the session: a resubscribe would recover it.
+        after = _key_request("POST", b.http_url + "/api/publish", {"channel": room, "data": "after expiry"})
+        assert after.json()["offset"] == 2
+        assert watcher.pubs(room, 1) == [{"ch": room, "off": 2, "data": "after expiry"}]
+
+        cmd = json.dumps({"id": 7, "publish": {"channel": room, "data": "expired"}})
+        r = p.http.post(f"{b.http_url}/poll/{p.id}", content=cmd)
+        if holder_goes == "kill9":
+            # The record still names the dead node: the commands are queued for its holder.
+            assert r.status_code == 202, r.text
+        else:
+            # Nobody holds it: this node takes it over at once, finds the token expired and
+            # ends the session before the commands could run.
+            assert r.status_code == 404 and r.json()["error"]["message"] == "unknown or expired session", r.text
+        r = p.http.get(f"{b.http_url}/poll/{p.id}", params={"ack": p.seq, "timeout": 5})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"seq": p.seq + 1, "messages": [
+            {"disconnect": {"code": 4001, "reason": "token expired", "reconnect": False}}]}, r.text
+        # The session is gone for good.
+        assert p.http.get(f"{b.http_url}/poll/{p.id}", params={"timeout": 1}).status_code == 404
+        assert p.http.post(f"{b.http_url}/poll/{p.id}", content=cmd).status_code == 404
+
+        # Nothing ran on the expired token's behalf: no publication, no join at the watcher,
+        # and the channel's history holds only the others' publications.
+        seen = watcher.drain(quiet=1.5)
+        assert not [m for m in seen if "pub" in m or "join" in m], seen
+        later = _key_request("POST", b.http_url + "/api/publish", {"channel": room, "data": "later"})
+        assert later.json()["offset"] == 3
+        assert watcher.pubs(room, 1) == [{"ch": room, "off": 3, "data": "later"}]
+        history = _key_request("GET", f"{b.http_url}/api/channels/{sb.ch_path(room)}/history").json()
+        assert [x["data"] for x in history["publications"]] == ["valid", "after expiry", "later"], history
+    finally:
+        watcher.close()
+        if p is not None:
+            p.close()
