@@ -1,7 +1,8 @@
 """The MQTT source (docs/sources.md) against a real mosquitto on a spare loopback port: every
 payload form, Sparkplug B births, data and deaths, malformed input, a broker restart
 mid-stream, write-back with and without permission, and one source over two nodes sharing a
-Redis (a lease: one node at a time, the other takes over when it dies, no duplicates).
+Redis (a lease: one node at a time, the other takes over when it dies, no duplicates; writes to
+a node without the source forwarded to the node that runs it).
 """
 
 from __future__ import annotations
@@ -342,3 +343,82 @@ def test_source_mqtt_lease_one_node_at_a_time_and_takeover_without_duplicates(st
     finally:
         redis.kill()
         redis.wait()
+
+
+def forwarded(srv: sb.Server, what: str) -> float:
+    text = http("GET", srv.http_url + "/metrics").text
+    m = re.search(rf"^switchboard_source_forwarded_writes_{what}_total (\S+)$", text, re.M)
+    assert m, f"forwarded_writes_{what} not in /metrics"
+    return float(m.group(1))
+
+
+def listed(srv: sb.Server, headers: dict) -> list:
+    names, cursor = [], ""
+    while True:
+        page = http("GET", srv.http_url + f"/api/channels?limit=1000&cursor={cursor}", headers=headers).json()
+        names += [c["channel"] for c in page["channels"]]
+        if not page["next"]:
+            return names
+        cursor = page["next"]
+
+
+def test_source_mqtt_write_to_a_node_without_the_source_is_forwarded_to_its_node(start_server, tmp_path, mosquitto):
+    redis, url = _redis(tmp_path)
+    sub = None
+    try:
+        extra = 'source_lease_ttl_s = 3\n[namespaces.pt]\nclient_publish = true\nwrite_source = "plant"\n'
+        cfg = source_config(tmp_path, mosquitto, extra=extra)
+        node = lambda name: start_server("--config", cfg, "--broker", url, "--jwt-secret", SECRET,  # noqa: E731
+                                         env={"SWITCHBOARD_NODE_ID": name})
+        a = node("node-a")
+        wait_until("node-a runs the source", lambda: metric_value(a, "source_connected") == 1)
+        b = node("node-b")
+        time.sleep(1)
+        assert metric_value(b, "source_active") == 0, "the lease is node-a's"
+        u = uniq()
+        ch, topic = f"pt:plant.{u}.sp", f"plant/{u}/sp"
+        allowed = {"Authorization": f"Bearer {token([f'pt:plant.{u}.*'])}"}
+        denied = {"Authorization": f"Bearer {token(['pt:other.*'])}"}
+        sub = subprocess.Popen(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(mosquitto.port), "-t", f"plant/{u}/#",
+                                "-v", "-q", "1", "-W", "60"], stdout=subprocess.PIPE, text=True)
+        time.sleep(1.0)  # mosquitto_sub subscribed
+        # The caller's node checks the permission: refused on node-b, nothing forwarded.
+        r = http("POST", b.http_url + "/api/publish", {"channel": ch, "data": 99}, headers=denied)
+        assert r.status == 403, r.body
+        with WS(b.ws_url + "?token=" + token(["pt:other.*"])) as ws:
+            assert ws.request("publish", {"channel": ch, "data": 98})["error"]["code"] == 403
+        assert forwarded(b, "sent") == 0
+        # Permitted on node-b, which does not run the source: node-a writes, node-b answers.
+        r = http("POST", b.http_url + "/api/publish", {"channel": ch, "data": 42}, headers=allowed)
+        assert r.status == 200 and r.json() == {"written": True, "source": "plant"}, r.body
+        with WS(b.ws_url + "?token=" + token([f"pt:plant.{u}.*"])) as ws:
+            reply = ws.request("publish", {"channel": ch, "data": {"v": 43, "t": 1, "q": "good"}})
+            assert reply["ok"] == {"written": True, "source": "plant"}, reply
+        r = http("POST", b.http_url + "/api/publish", {"batch": [{"channel": ch, "data": 44}]}, headers=allowed)
+        assert r.json() == {"results": [{"written": True, "source": "plant"}]}, r.body
+        assert (forwarded(b, "sent"), forwarded(a, "served"), forwarded(b, "timed_out")) == (3, 3, 0)
+        assert metric_value(a, "source_writes_total") == 3
+        # The request and reply channels are nobody's to see.
+        names = listed(b, allowed)
+        assert ch in names and not [n for n in names if n.startswith("$")], names
+        # The holder dies: node-b takes the source over and writes itself...
+        os.kill(a.pid, signal.SIGKILL)
+        wait_until("node-b runs the source", lambda: metric_value(b, "source_connected") == 1, limit=20)
+        r = http("POST", b.http_url + "/api/publish", {"channel": ch, "data": 45}, headers=allowed)
+        assert r.status == 200 and r.json() == {"written": True, "source": "plant"}, r.body
+        # ...and takes the writes a newcomer forwards.
+        c = node("node-c")
+        time.sleep(0.5)
+        r = http("POST", c.http_url + "/api/publish", {"channel": ch, "data": 46}, headers=allowed)
+        assert r.status == 200 and r.json() == {"written": True, "source": "plant"}, r.body
+        assert forwarded(c, "sent") == 1 and forwarded(b, "served") == 1
+        time.sleep(0.5)
+    finally:
+        if sub is not None:
+            sub.send_signal(signal.SIGTERM)
+            out, _ = sub.communicate(timeout=10)
+        redis.kill()
+        redis.wait()
+    lines = [line for line in out.splitlines() if line]
+    assert lines == [f"{topic} 42", f'{topic} {{"v":43,"t":1,"q":"good"}}', f"{topic} 44", f"{topic} 45",
+                     f"{topic} 46"], lines

@@ -94,6 +94,24 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     a_trend_keeps_numeric_values_in_buckets(make()).await;
     a_zero_history_ttl_keeps_history_by_size_only(make()).await;
     a_zero_history_limit_reads_no_publications(make()).await;
+    internal_channels_are_delivered_but_never_listed(make()).await;
+}
+
+/// Channels starting with `$` carry messages between nodes (forwarded source writes): they
+/// reach a subscribed handler like any other, and no listing shows them.
+async fn internal_channels_are_delivered_but_never_listed(b: Arc<dyn Broker>) {
+    let h = Arc::new(RecordingHandler::default());
+    b.set_handler(h.clone());
+    b.subscribe("$in:node").await.unwrap();
+    let none = HistoryPolicy { size: 0, ttl: Duration::ZERO, trend: None };
+    b.publish("$in:node", data(r#"{"id":1}"#), none).await.unwrap();
+    b.publish("in:visible", data("1"), KEEP).await.unwrap();
+    h.wait_for("the internal message", |h| h.offsets("$in:node") == [1]).await;
+    let listed: Vec<String> = list_all(&*b, "", 7).await.iter().map(|c| c.channel.to_string()).collect();
+    assert!(listed.iter().any(|c| c == "in:visible"), "{listed:?}");
+    assert!(!listed.iter().any(|c| c.starts_with('$')), "{listed:?}");
+    assert!(b.history("$in:node", None, 10).await.unwrap().publications.is_empty(), "no history kept");
+    b.unsubscribe("$in:node").await.unwrap();
 }
 
 /// `history_ttl_s = 0` meant "forget at once" in memory and "keep forever" in Redis: it is no

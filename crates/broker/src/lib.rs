@@ -310,7 +310,9 @@ pub trait Broker: Send + Sync + 'static {
     /// amount of work per call whatever the number of channels. A channel that exists from the
     /// first page to the last is listed exactly once; one created or forgotten meanwhile may
     /// or may not be. The memory broker lists in name order with the last name as cursor;
-    /// Redis brokers list in `SCAN` order with the server's cursor.
+    /// Redis brokers list in `SCAN` order with the server's cursor. Internal channels (names
+    /// starting with `$`, which nodes publish to each other and clients cannot name) are
+    /// never listed.
     async fn channels(&self, query: &ChannelQuery<'_>) -> Result<ChannelPage, BrokerError>;
 
     /// How many channels the broker holds, for brokers that know it cheaply (the memory

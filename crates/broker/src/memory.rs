@@ -315,6 +315,7 @@ impl Broker for MemoryBroker {
                 .names
                 .range::<str, _>((start, Bound::Unbounded))
                 .take_while(|name| name.starts_with(query.prefix))
+                .filter(|name| !name.starts_with('$'))
                 .map(|name| (name.clone(), table.map.get(name).cloned()));
             let page: Vec<_> = hits.by_ref().take(query.limit).collect();
             (page, hits.next().is_some())

@@ -348,7 +348,7 @@ async fn metrics(State(node): State<Arc<Node>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         node.metrics.render(node.hub.channel_count(), node.broker.channel_count())
-            + &crate::metrics::render_sources(&node.sources.get().map(|s| s.handles()).unwrap_or_default()),
+            + &crate::sources::render_metrics(&node),
     )
         .into_response()
 }

@@ -137,6 +137,9 @@ pub const DEFAULT_TREND_WINDOW_S: u64 = 3600;
 
 /// How long an idle channel is kept unless its namespace says otherwise.
 pub const DEFAULT_CHANNEL_TTL_S: u64 = 3600;
+/// How long an internal channel (`$…`, messages between nodes) is kept once idle, whatever
+/// the namespaces say: its last message goes soon, and a dead node's reply channel too.
+pub const INTERNAL_CHANNEL_TTL_S: u64 = 60;
 
 impl Default for Config {
     fn default() -> Config {
@@ -444,6 +447,9 @@ impl Config {
 
     /// How long `channel` is kept once idle (zero: forever); see [`Namespace::channel_ttl_s`].
     pub fn channel_ttl(&self, channel: &str) -> Duration {
+        if channel.starts_with('$') {
+            return Duration::from_secs(INTERNAL_CHANNEL_TTL_S);
+        }
         let name = switchboard_protocol::namespace_of(channel);
         let (name, ns) = match self.namespaces.get(name) {
             Some(ns) => (name, ns),
@@ -615,6 +621,7 @@ mod tests {
         assert_eq!(c.channel_ttl("news"), hour, "the default namespace");
         assert_eq!(c.channel_ttl("pt:plant.valve7"), Duration::ZERO);
         assert_eq!(c.channel_ttl("other:x"), hour, "an unconfigured namespace takes the default one's");
+        assert_eq!(c.channel_ttl("$reply:n1"), Duration::from_secs(INTERNAL_CHANNEL_TTL_S), "internal channels");
         let set = |k: &str, v: i64| (k.to_string(), toml::Value::Integer(v));
         let (a, b) = (set("namespaces.pt.channel_ttl_s", 60), set("namespaces.room.channel_ttl_s", 0));
         let c = Config::load(None, vec![], &[(a.0.as_str(), a.1), (b.0.as_str(), b.1)]).unwrap();

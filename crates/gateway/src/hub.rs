@@ -4,17 +4,20 @@
 //! same bytes are pushed into every subscriber's [`Outbox`]. Pushing only queues; the socket
 //! writes happen in [`Hub::flush_pending`], after the broker released the channel lock, and
 //! are spread over the runtime's workers when many connections are involved.
+//!
+//! Internal channels (`$…`, see [`InternalHandler`]) carry messages between nodes; they reach
+//! the node's internal handler, never the fan-out.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use indexmap::IndexMap;
 use parking_lot::{Mutex, RwLock};
-use switchboard_broker::{BrokerHandler, ClientInfo, Publication};
+use switchboard_broker::{BrokerHandler, ClientInfo, Data, Publication};
 use switchboard_protocol::code::close;
 use switchboard_protocol::message::{encode_presence, encode_publication, PresenceEvent};
 use switchboard_protocol::Format;
@@ -53,12 +56,23 @@ tokio::task_local! {
     pub static IN_BATCH: ();
 }
 
+/// Receives publications on internal channels: names starting with `$`, which no client can
+/// publish or subscribe to (channel names exclude `$`, and every client path validates them),
+/// so only nodes publish there, through the broker. They skip the fan-out and the
+/// publication metrics. Called as [`BrokerHandler::on_publication`] is, possibly under the
+/// broker's channel lock: must not block or call into the broker (spawn work instead).
+pub trait InternalHandler: Send + Sync + 'static {
+    fn on_internal(&self, channel: &str, data: &Data);
+}
+
 /// Local subscriptions and fan-out. One per node.
 pub struct Hub {
     shards: Vec<RwLock<HashMap<Arc<str>, Subscribers>>>,
     /// Outboxes that were scheduled by pushes and still need a flush.
     pending: Mutex<Vec<Arc<Outbox>>>,
     metrics: Arc<Metrics>,
+    /// Where internal channels go; unset: they are dropped.
+    internal: OnceLock<Arc<dyn InternalHandler>>,
 }
 
 impl Hub {
@@ -67,7 +81,13 @@ impl Hub {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
             pending: Mutex::new(Vec::new()),
             metrics,
+            internal: OnceLock::new(),
         }
+    }
+
+    /// Sets the receiver of internal channels (once; later calls are ignored).
+    pub fn set_internal(&self, handler: Arc<dyn InternalHandler>) {
+        let _ = self.internal.set(handler);
     }
 
     fn shard(&self, channel: &str) -> &RwLock<HashMap<Arc<str>, Subscribers>> {
@@ -197,6 +217,12 @@ impl Hub {
 
 impl BrokerHandler for Hub {
     fn on_publication(&self, channel: &str, p: &Publication) {
+        if channel.starts_with('$') {
+            if let Some(h) = self.internal.get() {
+                h.on_internal(channel, &p.data);
+            }
+            return;
+        }
         self.metrics.publications.fetch_add(1, Relaxed);
         let born = Instant::now();
         let ch: Arc<str> = Arc::from(channel);
@@ -300,6 +326,29 @@ mod tests {
         assert_eq!(frames.len(), 1);
         let v: serde_json::Value = rmp_serde_decode(&frames[0].1);
         assert_eq!(v, serde_json::json!({"pub": {"ch": "m", "off": 3, "data": [1, 2]}}));
+    }
+
+    #[test]
+    fn hub_hands_internal_channels_to_the_internal_handler_only() {
+        struct Seen(Mutex<Vec<(String, String)>>);
+        impl InternalHandler for Seen {
+            fn on_internal(&self, channel: &str, data: &Data) {
+                self.0.lock().push((channel.to_string(), data.get().to_string()));
+            }
+        }
+        let metrics = Arc::new(Metrics::default());
+        let hub = Hub::new(metrics.clone());
+        hub.on_publication("$write:plant", &publication(1, "1"));
+        let seen = Arc::new(Seen(Mutex::new(Vec::new())));
+        hub.set_internal(seen.clone());
+        let w = TestWire::open(usize::MAX);
+        let ob = Arc::new(Outbox::new(1, Format::Json, w.clone(), 1 << 20, metrics.clone()));
+        hub.add(&Arc::from("$write:plant"), &ob, false, None);
+        hub.on_publication("$write:plant", &publication(2, "{\"id\":7}"));
+        hub.after_publications();
+        assert_eq!(*seen.0.lock(), vec![("$write:plant".to_string(), "{\"id\":7}".to_string())]);
+        assert!(w.messages().is_empty(), "never fanned out");
+        assert_eq!(metrics.publications.load(Relaxed), 0, "not counted as publications");
     }
 
     fn rmp_serde_decode(b: &[u8]) -> serde_json::Value {

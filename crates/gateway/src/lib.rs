@@ -7,7 +7,8 @@
 //! - [`config`]: the TOML file, `SWITCHBOARD_*` variables and flags, merged and validated.
 //! - [`node`]: [`Node`], one process's lifecycle: connections, publish entry points, heartbeats,
 //!   shutdown.
-//! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out.
+//! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out;
+//!   internal channels (`$…`, messages between nodes) go to its internal handler instead.
 //! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes.
 //! - [`sampling`]: per-subscription `max_rate_hz` and deadbands, beside the hub's fan-out.
 //! - [`trend`]: trend reads (`/api/channels/{ch}/trend`, the `trend` option of subscribe).
@@ -27,7 +28,10 @@
 //! - [`simulate`]: the built-in point simulator (`--simulate N@HZ`).
 //! - [`sources`]: plant data sources (`[[sources]]`: MQTT, OPC UA) started under their
 //!   leases and publishing through the node; write-back of publishes to `write_source`
-//!   namespaces; `sources::demo`, the demo's optional MQTT path (mosquitto when installed).
+//!   namespaces; `sources::forward`, writes forwarded between nodes to the one running the
+//!   source (internal `$` channels, which the hub hands to it; the node's record of them in
+//!   `sources::forward::pending`); `sources::demo`, the demo's optional MQTT path (mosquitto
+//!   when installed).
 //! - [`server`]: the accept loop and [`server::run`], the whole node as a blocking call.
 
 pub mod api;

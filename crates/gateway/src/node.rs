@@ -44,6 +44,8 @@ pub struct Node {
     pub metrics: Arc<Metrics>,
     /// The plant data sources (`[[sources]]`), once started (`crate::sources::start`).
     pub sources: std::sync::OnceLock<switchboard_sources::Sources>,
+    /// Writes forwarded to (and from) the node that runs their source, in a cluster.
+    pub forwarded: crate::sources::forward::pending::Pending,
     /// Open connections by id, for heartbeats and shutdown. Touched once per connect and
     /// disconnect, never on the delivery path.
     conns: Mutex<HashMap<u64, Arc<Outbox>>>,
@@ -68,6 +70,7 @@ impl Node {
             hub,
             metrics,
             sources: std::sync::OnceLock::new(),
+            forwarded: Default::default(),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),

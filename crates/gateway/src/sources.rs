@@ -1,6 +1,7 @@
 //! The node's side of plant data sources (`[[sources]]`, docs/sources.md): the [`Sink`] they
 //! publish through, starting them under their leases, and write-back — a permitted publish to
-//! a channel of a namespace with `write_source` goes to that source instead of the broker.
+//! a channel of a namespace with `write_source` goes to that source instead of the broker; in
+//! a cluster, to the node that runs it ([`forward`]).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
@@ -13,6 +14,7 @@ use switchboard_sources::{Lease, Sink, Sources, WriteError};
 use crate::node::{ApiError, Node};
 
 pub mod demo;
+pub mod forward;
 
 /// Publishes a source's points through [`Node::publish_batch`]: the same validation, limits
 /// and broker as any publisher. Holds the node weakly: the node owns its sources.
@@ -42,6 +44,7 @@ pub fn start(node: &Arc<Node>) {
     };
     let sink: Arc<dyn Sink> = Arc::new(NodeSink(Arc::downgrade(node)));
     let sources = Sources::start(node.config.sources.clone(), sink, lease, node.stopping());
+    forward::start(node, &sources);
     let _ = node.sources.set(sources);
 }
 
@@ -63,16 +66,33 @@ pub fn write_source<'a>(node: &'a Node, channel: &str) -> Option<&'a str> {
 }
 
 /// Writes a publication (already permitted) to `source` and waits for the device's answer:
-/// `{"written": true, "source": name}`, or 502 (the device refused), 503 (not available here
-/// or now), 400 (not a writable channel or value).
+/// `{"written": true, "source": name}`, or 502 (the device refused), 503 (not available now,
+/// or no answer in time), 400 (not a writable channel or value). In a cluster a write whose
+/// source runs on another node is forwarded there ([`forward`]) and answered the same way.
 pub async fn write(node: &Node, source: &str, channel: &str, data: Data) -> Result<serde_json::Value, ApiError> {
     switchboard_protocol::validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
     let sources =
         node.sources.get().ok_or_else(|| ApiError::new(code::UNAVAILABLE, "the node's sources are not running"))?;
-    match sources.write(source, channel, data).await {
-        Ok(()) => Ok(serde_json::json!({"written": true, "source": source})),
-        Err(e @ WriteError::Refused(_)) => Err(ApiError::new(code::DEVICE_REFUSED, e.to_string())),
-        Err(e @ WriteError::Unavailable(_)) => Err(ApiError::new(code::UNAVAILABLE, e.to_string())),
-        Err(e @ WriteError::NotWritable(_)) => Err(ApiError::new(code::BAD_REQUEST, e.to_string())),
+    match sources.write(source, channel, data.clone()).await {
+        Err(WriteError::NotHere(_)) if forward::in_cluster(node) => forward::send(node, source, channel, data).await?,
+        result => result.map_err(api_error)?,
     }
+    Ok(serde_json::json!({"written": true, "source": source}))
+}
+
+/// What a client is told of a failed write.
+fn api_error(e: WriteError) -> ApiError {
+    let code = match e {
+        WriteError::Refused(_) => code::DEVICE_REFUSED,
+        WriteError::Unavailable(_) | WriteError::NotHere(_) => code::UNAVAILABLE,
+        WriteError::NotWritable(_) => code::BAD_REQUEST,
+    };
+    ApiError::new(code, e.to_string())
+}
+
+/// Prometheus text of the sources (none configured: empty): their counters, and the writes
+/// forwarded between nodes.
+pub fn render_metrics(node: &Node) -> String {
+    let Some(sources) = node.sources.get() else { return String::new() };
+    crate::metrics::render_sources(&sources.handles()) + &node.forwarded.render()
 }

@@ -11,7 +11,8 @@ pub const INTERNAL: u16 = 500;
 /// A write to a plant data source that the device (or its MQTT broker / OPC UA server) refused.
 pub const DEVICE_REFUSED: u16 = 502;
 /// A write to a plant data source that could not be made now: the source is not connected,
-/// runs on another node of the cluster, or the device did not answer in time.
+/// the device did not answer in time, or (in a cluster) the node running the source did not
+/// answer the forwarded write.
 pub const UNAVAILABLE: u16 = 503;
 
 /// Close codes. 1000 and 1009 are RFC 6455's; the 4xxx codes are Switchboard's.

@@ -49,6 +49,10 @@ pub enum WriteError {
     /// The source is not connected, or the device did not answer in time.
     #[error("source unavailable: {0}")]
     Unavailable(String),
+    /// The source does not run on this node: another node of the cluster holds its lease (the
+    /// gateway forwards the write there), or it is starting.
+    #[error("source unavailable: {0}")]
+    NotHere(String),
     /// The channel does not map to anything the source can write, or the value has the wrong form.
     #[error("not writable: {0}")]
     NotWritable(String),
@@ -89,7 +93,7 @@ pub mod opcua;
 mod running;
 pub mod sparkplug;
 
-pub use running::{Lease, Sources};
+pub use running::{Lease, Sources, WRITE_WAIT};
 
 /// One `[[sources]]` entry; `kind` picks the variant, every other key belongs to it and unknown
 /// keys are errors naming the key.

@@ -19,7 +19,7 @@ use crate::{Sink, SourceConfig, SourceCtx, SourceHandle, SourceStats, Write, Wri
 
 /// How long a write waits for its source to take it and to answer (the source's own device
 /// timeout is shorter).
-const WRITE_WAIT: Duration = Duration::from_secs(10);
+pub const WRITE_WAIT: Duration = Duration::from_secs(10);
 /// How long a stopping source has to finish before its task is aborted.
 const STOP_WAIT: Duration = Duration::from_secs(5);
 /// Writes queued for one source.
@@ -40,6 +40,8 @@ struct Entry {
     /// Where writes go while the source runs on this node. A std mutex: held only to clone
     /// or swap the sender, never across an await.
     writes: Arc<Mutex<Option<mpsc::Sender<Write>>>>,
+    /// True while writes go to the source (see [`Sources::watch_active`]).
+    active: watch::Receiver<bool>,
 }
 
 /// The sources of a node.
@@ -64,15 +66,17 @@ impl Sources {
                     stats: Arc::new(SourceStats::default()),
                 };
                 let writes = Arc::new(Mutex::new(None));
+                let (active_tx, active) = watch::channel(false);
                 let supervisor = Supervisor {
                     cfg,
                     sink: sink.clone(),
                     stats: handle.stats.clone(),
                     writes: writes.clone(),
+                    active: active_tx,
                     lease: lease.clone(),
                 };
                 tokio::spawn(supervisor.run(stop.clone()));
-                Entry { handle, writes }
+                Entry { handle, writes, active }
             })
             .collect();
         Sources { entries }
@@ -83,9 +87,20 @@ impl Sources {
         self.entries.iter().map(|e| e.handle.clone()).collect()
     }
 
-    /// Sends a write to `source` and waits for the device's answer. `Unavailable` when the
-    /// source does not run on this node (another node of the cluster holds its lease), is not
-    /// connected, or does not answer within [`WRITE_WAIT`].
+    /// Whether writes to `source` are taken on this node, and each change of it: true from
+    /// the moment this node runs the source (holds its lease) until it stops it; false for an
+    /// unknown source. The gateway listens for forwarded writes meanwhile.
+    pub fn watch_active(&self, source: &str) -> watch::Receiver<bool> {
+        match self.entries.iter().find(|e| e.handle.name == source) {
+            Some(e) => e.active.clone(),
+            None => watch::channel(false).1,
+        }
+    }
+
+    /// Sends a write to `source` and waits for the device's answer. `NotHere` when the source
+    /// does not run on this node (another node of the cluster holds its lease, or it is
+    /// starting); `Unavailable` when it is not connected or does not answer within
+    /// [`WRITE_WAIT`].
     pub async fn write(&self, source: &str, channel: &str, data: Data) -> Result<(), WriteError> {
         let entry = self
             .entries
@@ -93,9 +108,9 @@ impl Sources {
             .find(|e| e.handle.name == source)
             .ok_or_else(|| WriteError::Unavailable(format!("no source named {source}")))?;
         let tx = entry.writes.lock().map(|w| w.clone()).unwrap_or(None).ok_or_else(|| {
-            WriteError::Unavailable(format!(
+            WriteError::NotHere(format!(
                 "source {source} does not run on this node (another node of the cluster holds its lease, or it is \
-                 starting); send the write to the node that runs it"
+                 starting)"
             ))
         })?;
         let (reply, answer) = oneshot::channel();
@@ -119,6 +134,7 @@ struct Supervisor {
     sink: Arc<dyn Sink>,
     stats: Arc<SourceStats>,
     writes: Arc<Mutex<Option<mpsc::Sender<Write>>>>,
+    active: watch::Sender<bool>,
     lease: Lease,
 }
 
@@ -153,6 +169,8 @@ impl Supervisor {
             if let Ok(mut w) = self.writes.lock() {
                 *w = Some(wtx);
             }
+            // `send_replace`: the value changes even while nobody watches.
+            self.active.send_replace(true);
             let ctx = SourceCtx {
                 name: name.clone(),
                 sink: self.sink.clone(),
@@ -187,6 +205,7 @@ impl Supervisor {
             if let Ok(mut w) = self.writes.lock() {
                 *w = None;
             }
+            self.active.send_replace(false);
             let _ = run_stop.send(true);
             if !task.is_finished() && tokio::time::timeout(STOP_WAIT, &mut task).await.is_err() {
                 task.abort();

@@ -40,7 +40,9 @@ impl Inner {
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.failed(e))?;
-            names.extend(keys.iter().filter_map(|k| self.keys.channel_of_meta(k)).map(str::to_string));
+            // Internal channels (`$…`, messages between nodes) are never listed.
+            let listed = keys.iter().filter_map(|k| self.keys.channel_of_meta(k)).filter(|ch| !ch.starts_with('$'));
+            names.extend(listed.map(str::to_string));
             cursor = next;
             if cursor == 0 || names.len() >= limit {
                 break;
