@@ -175,7 +175,7 @@ export class App {
       this.record({ type: 'disconnected', code: e.code, reason: e.reason });
       // Refused or expired credentials: sign in again, then reconnect (subscriptions resume
       // from their positions).
-      if (e.code === 4001) void this.signIn(`signed out: ${e.reason}`).then(() => void this.client.connect());
+      if (e.code === 4001) void this.signIn(`signed out: ${e.reason}`).then(() => this.client.connect().catch(() => {}));
     });
     c.on('gap', (g) => this.record({ type: 'gap', channel: g.channel, from: g.from, to: g.to, epochChanged: g.epochChanged }));
     c.on('subscribeError', (e) =>
@@ -197,17 +197,23 @@ export class App {
   async start(): Promise<void> {
     const params = new URLSearchParams(location.search);
     const id = params.get('dashboard');
-    // The dashboard is read while the credentials are checked (one round trip, not two).
+    // The dashboard is read while the credentials are checked (one round trip, not two). The
+    // empty board is drawn meanwhile: its first 4K frame (the canvas's first upload, a costly
+    // one) is done while the network is waited for.
     let reading = id ? this.api.load(id) : null;
     reading?.catch(() => {});
-    // A server that wants credentials says so on any API call (401); sign in first.
-    const refused = await Api.check('', this.login.authorization() ?? '').catch(() => null);
+    // A server that wants credentials says so on any API call (401); sign in first. The
+    // connection is opened meanwhile (most pages need no sign-in); a refused one is closed by
+    // the sign-in and opened again after it.
+    const checking = Api.check('', this.login.authorization() ?? '').catch(() => null);
+    this.client.connect().catch(() => {});
+    const refused = await checking;
     if (refused !== null) {
       await this.signIn(this.login.signedIn() ? refused : '');
       reading = null;
+      this.client.connect().catch(() => {});
     }
     this.showWho();
-    void this.client.connect();
     // Values not updated within their widget's `stale_s` turn stale (and their age ticks);
     // unacknowledged alarms blink; the alarm list follows.
     setInterval(() => {
@@ -318,7 +324,10 @@ export class App {
       this.subs.delete(ch);
     }
     const add = channels.filter((ch) => !this.subs.has(ch));
-    if (add.length === 0) return;
+    if (add.length === 0) {
+      this.board.releasePaint();
+      return;
+    }
     // Point channels shown by trends are subscribed with the `trend` option: the trend of the
     // widest window (at the resolution of its widest plot) comes in the subscribe reply, in
     // one round trip for all of them, and live values continue it without a gap. One

@@ -334,6 +334,7 @@ export class Board {
   }
 
   releasePaint(): void {
+    if (this.heldUntil === 0) return;
     if (this.holdTimer) clearTimeout(this.holdTimer);
     this.holdTimer = null;
     this.heldUntil = 0;
