@@ -2,56 +2,26 @@
 //! the query strings of `GET /api/channels`, `/history`, `/trend` and `/poll/{id}`, parsed as
 //! the API parses them (serde_json with raw data, serde_urlencoded as axum's `Query`), then
 //! every value the API would publish normalised as it does; plus the `Host` check (DNS
-//! rebinding) and the query-token parser on the same bytes. The body and query structs mirror
-//! `crates/gateway/src/api.rs` (the gateway itself is not built here: it pulls in TLS and
-//! crypto).
+//! rebinding) and the query-token parser on the same bytes. The body and query types are the
+//! API's own (`crates/gateway/src/api/bodies.rs`, included by path: the gateway itself is not
+//! built here, it pulls in TLS and crypto); the poll query is read by hand in the poll handler
+//! and is mirrored here.
 #![no_main]
 
 #[path = "../../crates/gateway/src/auth/credentials.rs"]
 #[allow(dead_code)]
 mod credentials;
 
+#[path = "../../crates/gateway/src/api/bodies.rs"]
+#[allow(dead_code)]
+mod bodies;
+
+use bodies::{HistoryQuery, ListQuery, PublishBody};
 use libfuzzer_sys::fuzz_target;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use switchboard_protocol::message::{check_data, single_line};
 use switchboard_protocol::validate_channel;
-
-#[derive(Deserialize)]
-#[allow(dead_code)]
-struct PublishOne {
-    channel: String,
-    data: Box<RawValue>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-struct PublishBody {
-    channel: Option<String>,
-    #[serde(default, deserialize_with = "switchboard_protocol::command::present")]
-    data: Option<Box<RawValue>>,
-    batch: Option<Vec<PublishOne>>,
-}
-
-#[derive(Deserialize)]
-#[allow(dead_code)]
-struct ListQuery {
-    #[serde(default)]
-    prefix: String,
-    limit: Option<usize>,
-    cursor: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[allow(dead_code)]
-struct HistoryQuery {
-    since_offset: Option<u64>,
-    epoch: Option<String>,
-    limit: Option<usize>,
-    window_s: Option<u64>,
-    step_s: Option<u64>,
-}
 
 #[derive(Deserialize)]
 #[allow(dead_code)]
@@ -108,7 +78,13 @@ fuzz_target!(|data: &[u8]| {
         let plain = h.trim().trim_end_matches(|c: char| c.is_ascii_digit()).trim_end_matches(':').trim_end_matches('.');
         let plain = plain.to_ascii_lowercase();
         if ok && !plain.starts_with('[') && plain.parse::<std::net::IpAddr>().is_err() && !plain.is_empty() {
-            assert!(plain == "localhost" || plain.ends_with(".localhost") || h.trim().parse::<std::net::IpAddr>().is_ok() || h.trim().rsplit_once(':').is_some_and(|(a, _)| a.parse::<std::net::IpAddr>().is_ok()), "{h:?}");
+            assert!(
+                plain == "localhost"
+                    || plain.ends_with(".localhost")
+                    || h.trim().parse::<std::net::IpAddr>().is_ok()
+                    || h.trim().rsplit_once(':').is_some_and(|(a, _)| a.parse::<std::net::IpAddr>().is_ok()),
+                "{h:?}"
+            );
         }
     }
 });

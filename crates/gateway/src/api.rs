@@ -7,7 +7,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::value::RawValue;
 use switchboard_broker::{ChannelQuery, Position, Publication};
 use switchboard_protocol::validate_channel;
@@ -15,6 +15,9 @@ use switchboard_protocol::validate_channel;
 use crate::auth::http::{allow, allow_publish, Caller};
 use crate::auth::Action;
 use crate::node::{ApiError, Node};
+
+mod bodies;
+use bodies::{HistoryQuery, ListQuery, PublishBody};
 
 /// The caller attached by the authentication middleware (`auth::http::guard`).
 type CallerExt = Option<axum::Extension<Caller>>;
@@ -58,23 +61,6 @@ struct HttpPub<'a> {
 
 fn http_pub<'a>(channel: &'a str, p: &'a Publication) -> HttpPub<'a> {
     HttpPub { channel, offset: p.offset, data: &p.data }
-}
-
-#[derive(Deserialize)]
-struct PublishOne {
-    channel: String,
-    data: Box<RawValue>,
-}
-
-/// `{"channel", "data"}` or `{"batch": [...]}`. Not an untagged enum: raw JSON values cannot
-/// pass through serde's buffering of untagged variants.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PublishBody {
-    channel: Option<String>,
-    #[serde(default, deserialize_with = "switchboard_protocol::command::present")]
-    data: Option<Box<RawValue>>,
-    batch: Option<Vec<PublishOne>>,
 }
 
 #[derive(Serialize)]
@@ -152,15 +138,6 @@ async fn cluster_subscribers(node: &Node, channel: &str) -> Option<u64> {
     Some(info.subscribers.get(channel).copied().unwrap_or(0))
 }
 
-/// Query of `GET /api/channels`.
-#[derive(Deserialize)]
-struct ListQuery {
-    #[serde(default)]
-    prefix: String,
-    limit: Option<usize>,
-    cursor: Option<String>,
-}
-
 /// Channels per listing page unless `limit` says otherwise, and the most it may say.
 const LIST_LIMIT: usize = 1_000;
 const LIST_MAX: usize = 10_000;
@@ -198,16 +175,6 @@ async fn channels(
         })
         .collect();
     Ok(Json(serde_json::json!({ "channels": out, "next": page.next })).into_response())
-}
-
-#[derive(Deserialize)]
-struct HistoryQuery {
-    since_offset: Option<u64>,
-    epoch: Option<String>,
-    limit: Option<usize>,
-    /// `/trend`: how far back (s, default 3600) and the bucket width (s).
-    window_s: Option<u64>,
-    step_s: Option<u64>,
 }
 
 /// `GET /api/channels/{channel}`, its `/history` and its `/trend`. Channel names may contain
