@@ -22,6 +22,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
+use serde_json::Value;
 use switchboard_broker::Data;
 
 /// Where a source's points go: the node's publish path (validation, limits, the broker). One
@@ -149,4 +150,32 @@ pub struct SourceCtx {
     pub writes: tokio::sync::mpsc::Receiver<Write>,
     /// Turns true when the source must stop.
     pub stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// The value a write carries: `v` of a point (`{"v": 42, "t": ..}`, what dashboard controls
+/// send), or the whole data when it is not an object with `v` (a bare `42`).
+pub fn write_value(data: &str) -> Result<Value, String> {
+    let value: Value = serde_json::from_str(data).map_err(|e| format!("data is not JSON: {e}"))?;
+    Ok(match value {
+        Value::Object(mut m) if m.contains_key("v") => m.remove("v").unwrap_or(Value::Null),
+        other => other,
+    })
+}
+
+/// `value` as an integer of type `I` when it is a whole number within `I`'s range (`300` is
+/// not a `u8`, `1.5` is no integer), for writes to typed device values.
+pub(crate) fn whole_number<I: TryFrom<i128>>(value: &Value) -> Option<I> {
+    let n = if let Some(n) = value.as_i64() {
+        i128::from(n)
+    } else if let Some(n) = value.as_u64() {
+        i128::from(n)
+    } else {
+        let f = value.as_f64()?;
+        // Whole numbers only, and within i64 so the cast is exact.
+        if f.fract() != 0.0 || f.abs() > 9.0e18 {
+            return None;
+        }
+        f as i128
+    };
+    I::try_from(n).ok()
 }

@@ -532,7 +532,7 @@ impl Conn {
     /// feeds, else the template's topic with the data per `write_format`.
     fn target(&self, w: &Write) -> Result<(String, Vec<u8>), WriteError> {
         if let Some(Fed { sparkplug: Some((path, device)), .. }) = self.fed.get(&w.channel) {
-            let value = sparkplug::command::write_value(w.data.get()).map_err(WriteError::NotWritable)?;
+            let value = crate::write_value(w.data.get()).map_err(WriteError::NotWritable)?;
             let cmd = self.sparkplug.command(path, *device, &value, now_ms())?;
             return Ok((cmd.topic, cmd.payload));
         }
@@ -544,18 +544,11 @@ impl Conn {
         }
         let payload = match self.cfg.write_format {
             WriteFormat::Json => w.data.get().as_bytes().to_vec(),
-            WriteFormat::Value => {
-                let v: Value = serde_json::from_str(w.data.get()).unwrap_or(Value::Null);
-                let v = match v {
-                    Value::Object(mut o) if o.contains_key("v") => o.remove("v").unwrap_or(Value::Null),
-                    other => other,
-                };
-                match v {
-                    Value::String(s) => s.into_bytes(),
-                    Value::Null | Value::Object(_) => return Err(WriteError::NotWritable("no value to write".into())),
-                    other => other.to_string().into_bytes(),
-                }
-            }
+            WriteFormat::Value => match crate::write_value(w.data.get()).unwrap_or(Value::Null) {
+                Value::String(s) => s.into_bytes(),
+                Value::Null | Value::Object(_) => return Err(WriteError::NotWritable("no value to write".into())),
+                other => other.to_string().into_bytes(),
+            },
         };
         Ok((topic, payload))
     }

@@ -112,16 +112,6 @@ pub struct Point<V> {
     pub q: &'static str,
 }
 
-/// The value a write carries: `v` of a point (`{"v": 42, "t": ..}`, what dashboard controls
-/// send), or the whole data when it is not an object with `v` (a bare `42`).
-pub fn write_value(data: &str) -> Result<Value, String> {
-    let value: Value = serde_json::from_str(data).map_err(|e| format!("data is not JSON: {e}"))?;
-    Ok(match value {
-        Value::Object(mut m) if m.contains_key("v") => m.remove("v").unwrap_or(Value::Null),
-        other => other,
-    })
-}
-
 /// The node's data type as the write needs it: a built-in scalar type, and whether the value
 /// is an array.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -171,21 +161,7 @@ pub fn to_variant(value: &Value, ty: WriteType) -> Result<Variant, String> {
 fn to_scalar(value: &Value, ty: VariantScalarTypeId) -> Result<Variant, String> {
     use VariantScalarTypeId as T;
     let wrong = || format!("{value} is not a valid {ty}");
-    fn int<I: TryFrom<i128>>(value: &Value) -> Option<I> {
-        let n = if let Some(n) = value.as_i64() {
-            i128::from(n)
-        } else if let Some(n) = value.as_u64() {
-            i128::from(n)
-        } else {
-            let f = value.as_f64()?;
-            // Whole numbers only, and within i64 so the cast is exact.
-            if f.fract() != 0.0 || f.abs() > 9.0e18 {
-                return None;
-            }
-            f as i128
-        };
-        I::try_from(n).ok()
-    }
+    use crate::whole_number as int;
     Ok(match ty {
         T::Boolean => match value {
             Value::Bool(b) => Variant::Boolean(*b),
@@ -271,6 +247,7 @@ pub fn channel_for(template: &str, name: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::write_value;
     use std::str::FromStr;
 
     fn json(v: &Variant) -> String {

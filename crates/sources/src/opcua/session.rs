@@ -258,7 +258,7 @@ pub async fn subscribe(
 /// ValueRank and the current value). The device's refusal comes back as
 /// [`WriteError::Refused`] with its status name (`BadNotWritable`, `BadUserAccessDenied`, …).
 pub async fn write(session: &Session, node: &NodeId, data: &str) -> Result<(), WriteError> {
-    let value = convert::write_value(data).map_err(WriteError::NotWritable)?;
+    let value = crate::write_value(data).map_err(WriteError::NotWritable)?;
     tokio::time::timeout(WRITE_TIMEOUT, write_inner(session, node, value))
         .await
         .map_err(|_| WriteError::Unavailable("the OPC UA server did not answer in time".into()))?

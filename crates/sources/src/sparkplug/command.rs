@@ -55,15 +55,6 @@ pub fn rebirth(group: &str, edge: &str, now_ms: u64) -> Command {
     }
 }
 
-/// The value a write carries: `v` of a point (`{"v": 42, "t": ..}`, what dashboard controls
-/// send), else the published data itself.
-pub fn write_value(data: &str) -> Result<Value, String> {
-    match serde_json::from_str::<Value>(data).map_err(|e| format!("bad JSON: {e}"))? {
-        Value::Object(mut m) if m.contains_key("v") => Ok(m.remove("v").unwrap_or(Value::Null)),
-        other => Ok(other),
-    }
-}
-
 /// Converts a JSON value to a metric value of `datatype`: a whole number in range for the
 /// integer types (300 is not a UInt8), unix milliseconds for DateTime, a number for Float
 /// (in range) and Double, `true`/`false` (or 0/1) for Boolean, a string for String, Text and
@@ -71,21 +62,7 @@ pub fn write_value(data: &str) -> Result<Value, String> {
 pub fn to_value(value: &Value, dt: u32) -> Result<proto::Value, String> {
     use proto::Value::*;
     let wrong = || format!("{value} is not a valid {}", datatype::name(dt));
-    fn int<I: TryFrom<i128>>(value: &Value) -> Option<I> {
-        let n = if let Some(n) = value.as_i64() {
-            i128::from(n)
-        } else if let Some(n) = value.as_u64() {
-            i128::from(n)
-        } else {
-            let f = value.as_f64()?;
-            // Whole numbers only, and within i64 so the cast is exact.
-            if f.fract() != 0.0 || f.abs() > 9.0e18 {
-                return None;
-            }
-            f as i128
-        };
-        I::try_from(n).ok()
-    }
+    use crate::whole_number as int;
     // Signed 8/16/32-bit values go in `int_value` as their 32-bit two's complement.
     let int32 = |i: i32| IntValue(i as u32);
     Ok(match dt {
@@ -154,6 +131,7 @@ impl Rebirths {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::write_value;
     use prost::Message;
     use serde_json::json;
 
