@@ -7,7 +7,7 @@ BIN := target/release/switchboard
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo build test fmt-check lint rust-test black-box py-deps node-deps python-test node-test bench clean redis-deps fuzz-build web-deps web-build web-test browser-deps browser-test bench-dashboard mqtt-deps
+.PHONY: demo build test fmt-check lint rust-test black-box py-deps node-deps python-test node-test bench clean redis-deps fuzz-build web-deps web-build web-test browser-deps browser-test bench-dashboard mqtt-deps failpoints-build
 
 build: web-build
 	$(CARGO) build --release --locked -p switchboard
@@ -67,8 +67,17 @@ mqtt-deps:
 	@command -v mosquitto >/dev/null || command -v /usr/sbin/mosquitto >/dev/null || apt-get install -y mosquitto mosquitto-clients
 	@command -v mosquitto_sub >/dev/null || apt-get install -y mosquitto-clients
 
-python-test: py-deps mqtt-deps redis-deps
-	SWITCHBOARD_BIN=$(CURDIR)/$(BIN) $(PY) -m pytest -q tests/python
+# The fault-injection tests (tests/python/test_faults.py) need a build with failpoints, which a
+# release build never has: a debug build with the `failpoints` feature, copied aside so that
+# other debug builds of the binary do not replace it.
+FAILPOINTS_BIN := target/debug/switchboard-failpoints
+failpoints-build:
+	$(CARGO) build --locked -p switchboard --features failpoints
+	cp target/debug/switchboard $(FAILPOINTS_BIN)
+
+python-test: py-deps mqtt-deps redis-deps failpoints-build
+	SWITCHBOARD_BIN=$(CURDIR)/$(BIN) SWITCHBOARD_FAILPOINTS_BIN=$(CURDIR)/$(FAILPOINTS_BIN) \
+		$(PY) -m pytest -q tests/python
 
 node-test: node-deps
 	cd tests/node && SWITCHBOARD_BIN=$(CURDIR)/$(BIN) node --test

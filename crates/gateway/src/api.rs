@@ -36,6 +36,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .merge(failpoints())
         .merge(crate::dashboards::router(&node.config))
         // `/sse`, `/poll`, `/poll/{session}`: the HTTP transports (SPEC §3).
         .merge(crate::transport::poll::router(node.clone()))
@@ -309,6 +310,25 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "broker unreachable\n").into_response()
     }
+}
+
+/// `PUT /api/failpoints/{name}` with the actions as the body (`return(7)`, `return`, `off`):
+/// only in builds with the `failpoints` feature, which only the fault-injection tests enable.
+#[cfg(feature = "failpoints")]
+fn failpoints() -> Router<Arc<Node>> {
+    use axum::routing::put;
+    async fn configure(Path(name): Path<String>, actions: String) -> Response {
+        match switchboard_supervisor::fault::configure(&name, actions.trim()) {
+            Ok(()) => StatusCode::NO_CONTENT.into_response(),
+            Err(e) => ApiError::new(switchboard_protocol::code::BAD_REQUEST, e).into_response(),
+        }
+    }
+    Router::new().route("/api/failpoints/{name}", put(configure))
+}
+
+#[cfg(not(feature = "failpoints"))]
+fn failpoints() -> Router<Arc<Node>> {
+    Router::new()
 }
 
 async fn metrics(State(node): State<Arc<Node>>) -> Response {

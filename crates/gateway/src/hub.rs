@@ -7,6 +7,10 @@
 //!
 //! Internal channels (`$…`, see [`InternalHandler`]) carry messages between nodes; they reach
 //! the node's internal handler, never the fan-out.
+//!
+//! The fan-out runs in the publisher's task (an HTTP request, a source, the Redis link), so
+//! what is done for one subscriber (its push, its sampling) is isolated: a panic there closes
+//! that subscriber with 4008 (it reconnects and recovers) and the others are served as usual.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
@@ -21,6 +25,7 @@ use switchboard_broker::{BrokerHandler, ClientInfo, Data, Publication};
 use switchboard_protocol::code::close;
 use switchboard_protocol::message::{encode_presence, encode_publication, PresenceEvent};
 use switchboard_protocol::Format;
+use switchboard_supervisor::{fault, isolate};
 
 use crate::metrics::Metrics;
 use crate::outbox::{Delivery, Frame, Outbox, Pushed};
@@ -153,10 +158,16 @@ impl Hub {
             Format::Msgpack => mp.as_ref(),
         };
         let mut scheduled = Vec::new();
+        let mut failed = Vec::new();
         for ob in subs.conns.values() {
             let Some(d) = pick(ob.format) else { continue };
-            if ob.push(d.clone(), subs.conflate) == Pushed::Schedule {
-                scheduled.push(ob.clone());
+            match isolate("fanout", || {
+                fault::hit("hub.deliver", ob.id);
+                ob.push(d.clone(), subs.conflate)
+            }) {
+                Ok(Pushed::Schedule) => scheduled.push(ob.clone()),
+                Ok(_) => {}
+                Err(_) => failed.push(ob.clone()),
             }
         }
         if !subs.sampled.is_empty() {
@@ -164,18 +175,29 @@ impl Hub {
             let point = PointView::of(data);
             for s in subs.sampled.values() {
                 let Some(d) = pick(s.outbox.format) else { continue };
-                match s.offer(d, &point, now) {
-                    Offer::Send => {
-                        if s.outbox.push(d.clone(), subs.conflate) == Pushed::Schedule {
-                            scheduled.push(s.outbox.clone());
+                let offered = isolate("fanout", || {
+                    fault::hit("hub.deliver", s.outbox.id);
+                    match s.offer(d, &point, now) {
+                        Offer::Send => s.outbox.push(d.clone(), subs.conflate) == Pushed::Schedule,
+                        Offer::HoldAndArm(after) => {
+                            s.arm(after, subs.conflate);
+                            false
                         }
+                        Offer::Skip | Offer::Held => false,
                     }
-                    Offer::HoldAndArm(after) => s.arm(after, subs.conflate),
-                    Offer::Skip | Offer::Held => {}
+                });
+                match offered {
+                    Ok(true) => scheduled.push(s.outbox.clone()),
+                    Ok(false) => {}
+                    Err(_) => failed.push(s.outbox.clone()),
                 }
             }
         }
         drop(shard);
+        for ob in failed {
+            // Its queue may miss this publication: the client reconnects and recovers it.
+            ob.close(close::SLOW_CONSUMER, "internal error delivering a publication; reconnect and recover", true);
+        }
         if !scheduled.is_empty() {
             let mut pending = self.pending.lock();
             if pending.is_empty() {

@@ -144,6 +144,7 @@ impl Metrics {
             "counter",
             self.protocol_errors.load(Relaxed),
         );
+        render_tasks(&mut out);
         let name = "switchboard_delivery_lag_seconds";
         let _ = writeln!(
             out,
@@ -162,6 +163,27 @@ impl Metrics {
     }
 }
 
+/// Supervised tasks' restarts (every supervised task listed) and the panics isolated inside one
+/// client's session or one subscriber's delivery (`switchboard_supervisor`).
+fn render_tasks(out: &mut String) {
+    let _ = writeln!(
+        out,
+        "# HELP switchboard_task_restarts_total Restarts of a supervised task after a panic.\n\
+         # TYPE switchboard_task_restarts_total counter"
+    );
+    for (task, n) in switchboard_supervisor::restarts() {
+        let _ = writeln!(out, "switchboard_task_restarts_total{{task=\"{task}\"}} {n}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP switchboard_panics_isolated_total Panics caught inside one client's work (site session, fanout, \
+         connection); each closed that client only.\n# TYPE switchboard_panics_isolated_total counter"
+    );
+    for (site, n) in switchboard_supervisor::panics() {
+        let _ = writeln!(out, "switchboard_panics_isolated_total{{site=\"{site}\"}} {n}");
+    }
+}
+
 /// Prometheus text of the plant data sources: per-source counters labelled `source` and
 /// `kind` (empty when none is configured).
 pub fn render_sources(sources: &[switchboard_sources::SourceHandle]) -> String {
@@ -170,16 +192,13 @@ pub fn render_sources(sources: &[switchboard_sources::SourceHandle]) -> String {
         return out;
     }
     type Field = fn(&switchboard_sources::SourceStats) -> u64;
-    let series: [(&str, &str, &str, Field); 10] = [
+    let series: [(&str, &str, &str, Field); 9] = [
         ("source_messages_total", "counter", "Messages (MQTT) or value changes (OPC UA) a source received.", |s| {
             s.messages.load(Relaxed)
         }),
         ("source_points_total", "counter", "Points a source published into channels.", |s| s.points.load(Relaxed)),
         ("source_decode_errors_total", "counter", "Payloads or values a source could not decode.", |s| {
             s.decode_errors.load(Relaxed)
-        }),
-        ("source_refused_total", "counter", "Points of a source the node refused (limits).", |s| {
-            s.refused.load(Relaxed)
         }),
         ("source_reconnects_total", "counter", "Reconnections of a source to its upstream system.", |s| {
             s.reconnects.load(Relaxed)
@@ -203,6 +222,20 @@ pub fn render_sources(sources: &[switchboard_sources::SourceHandle]) -> String {
         for h in sources {
             let _ =
                 writeln!(out, "switchboard_{name}{{source=\"{}\",kind=\"{}\"}} {}", h.name, h.kind, field(&h.stats));
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP switchboard_source_refused_total Messages or values a source refused, by reason (node: the node \
+         refused the point).\n# TYPE switchboard_source_refused_total counter"
+    );
+    for h in sources {
+        for (reason, n) in h.stats.refusals() {
+            let _ = writeln!(
+                out,
+                "switchboard_source_refused_total{{source=\"{}\",kind=\"{}\",reason=\"{reason}\"}} {n}",
+                h.name, h.kind
+            );
         }
     }
     out

@@ -210,9 +210,9 @@ impl Node {
         }
     }
 
-    /// Pings every connection each `ping_s` and closes those silent for three intervals.
     /// Forgets idle channels in the broker (see [`Broker::forget_idle`]) every half of the
-    /// shortest channel ttl configured, between 0.2 s and 10 s.
+    /// shortest channel ttl configured, between 0.2 s and 10 s. Supervised (task
+    /// `channel-sweeper`).
     pub fn spawn_channel_sweeper(self: &Arc<Self>) {
         let shortest = self
             .config
@@ -228,40 +228,48 @@ impl Node {
             .unwrap_or(switchboard_broker::UNPUBLISHED_KEEP.as_secs());
         let period = (Duration::from_secs(shortest) / 2).clamp(Duration::from_millis(200), Duration::from_secs(10));
         let node = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                let Some(node) = node.upgrade() else { return };
-                let keep = |ch: &str| node.config.channel_ttl(ch);
-                let n = node.broker.forget_idle(&keep).await;
-                if n > 0 {
-                    node.metrics.channels_forgotten.fetch_add(n as u64, Relaxed);
-                    tracing::debug!(channels = n, "idle channels forgotten");
+        switchboard_supervisor::spawn("channel-sweeper", move |_| {
+            let node = node.clone();
+            async move {
+                let mut tick = tokio::time::interval(period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(node) = node.upgrade() else { return };
+                    let keep = |ch: &str| node.config.channel_ttl(ch);
+                    let n = node.broker.forget_idle(&keep).await;
+                    if n > 0 {
+                        node.metrics.channels_forgotten.fetch_add(n as u64, Relaxed);
+                        tracing::debug!(channels = n, "idle channels forgotten");
+                    }
                 }
             }
         });
     }
 
+    /// Pings every connection each `ping_s` and closes those silent for three intervals.
+    /// Supervised (task `heartbeats`).
     pub fn spawn_heartbeats(self: &Arc<Self>) {
         let node = Arc::downgrade(self);
         let period = Duration::from_secs(self.config.limits.ping_s);
-        tokio::spawn(async move {
-            let ping = Bytes::from(websocket::encode_frame(Opcode::Ping, b""));
-            let mut tick = tokio::time::interval(period);
-            tick.tick().await;
-            loop {
+        switchboard_supervisor::spawn("heartbeats", move |_| {
+            let node = node.clone();
+            async move {
+                let ping = Bytes::from(websocket::encode_frame(Opcode::Ping, b""));
+                let mut tick = tokio::time::interval(period);
                 tick.tick().await;
-                let Some(node) = node.upgrade() else { return };
-                let now = crate::unix_s();
-                let limit = 3 * node.config.limits.ping_s;
-                let conns: Vec<Arc<Outbox>> = node.conns.lock().values().cloned().collect();
-                for ob in conns {
-                    if now.saturating_sub(ob.last_seen.load(Relaxed)) >= limit {
-                        ob.close(close::STALE, "no pong for three ping intervals", true);
-                    } else if ob.push_control(ping.clone()) == crate::outbox::Pushed::Schedule {
-                        ob.flush();
+                loop {
+                    tick.tick().await;
+                    let Some(node) = node.upgrade() else { return };
+                    let now = crate::unix_s();
+                    let limit = 3 * node.config.limits.ping_s;
+                    let conns: Vec<Arc<Outbox>> = node.conns.lock().values().cloned().collect();
+                    for ob in conns {
+                        if now.saturating_sub(ob.last_seen.load(Relaxed)) >= limit {
+                            ob.close(close::STALE, "no pong for three ping intervals", true);
+                        } else if ob.push_control(ping.clone()) == crate::outbox::Pushed::Schedule {
+                            ob.flush();
+                        }
                     }
                 }
             }

@@ -21,6 +21,11 @@ use crate::outbox::{Delivery, Outbox, Pushed};
 
 /// Fastest rate a subscription may ask for; above it sampling would cost more than it saves.
 pub const MAX_RATE_HZ: f64 = 1000.0;
+/// Slowest rate a subscription may ask for (one delivery per 100 s): the held value's timer
+/// and every instant computed from the interval stay small and exact.
+pub const MIN_RATE_HZ: f64 = 0.01;
+/// Widest absolute deadband; wider would suppress every change of any real value.
+pub const MAX_DEADBAND_ABS: f64 = 1e15;
 
 /// The sampling a subscribe asked for (per subscription, the same for every channel it names).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -48,19 +53,21 @@ impl Sampling {
         let bad = |m: String| ApiError::new(code::BAD_REQUEST, m);
         let min_interval = match max_rate_hz {
             None => None,
-            Some(hz) if hz.is_finite() && hz > 0.0 && hz <= MAX_RATE_HZ => Some(Duration::from_secs_f64(1.0 / hz)),
-            Some(hz) => return Err(bad(format!("max_rate_hz: {hz} is not a rate in (0, {MAX_RATE_HZ}]"))),
+            Some(hz) if (MIN_RATE_HZ..=MAX_RATE_HZ).contains(&hz) => Some(Duration::from_secs_f64(1.0 / hz)),
+            Some(hz) => return Err(bad(format!("max_rate_hz: {hz} is not within {MIN_RATE_HZ}..={MAX_RATE_HZ}"))),
         };
         let band = match deadband {
             None => None,
-            Some(Deadband { abs: Some(a), pct: None }) if a.is_finite() && a >= 0.0 => Some(Band::Abs(a)),
+            Some(Deadband { abs: Some(a), pct: None }) if (0.0..=MAX_DEADBAND_ABS).contains(&a) => Some(Band::Abs(a)),
             Some(Deadband { abs: None, pct: Some(p) }) if p.is_finite() && (0.0..=100.0).contains(&p) => {
                 Some(Band::Pct(p))
             }
             Some(Deadband { abs: Some(_), pct: Some(_) }) | Some(Deadband { abs: None, pct: None }) => {
                 return Err(bad("deadband: give exactly one of abs or pct".into()))
             }
-            Some(Deadband { abs: Some(a), .. }) => return Err(bad(format!("deadband.abs: {a} is not a number >= 0"))),
+            Some(Deadband { abs: Some(a), .. }) => {
+                return Err(bad(format!("deadband.abs: {a} is not within 0..={MAX_DEADBAND_ABS}")))
+            }
             Some(Deadband { pct: Some(p), .. }) => return Err(bad(format!("deadband.pct: {p} is not within 0..=100"))),
         };
         Ok((min_interval.is_some() || band.is_some()).then_some(Sampling { min_interval, band }))
@@ -146,8 +153,9 @@ impl Sampler {
                 return Offer::Skip;
             }
         }
+        // Saturating: an instant past the clock's range means "not before a very long time".
         let due = match (self.sampling.min_interval, st.sent_at) {
-            (Some(min), Some(at)) => at + min,
+            (Some(min), Some(at)) => at.checked_add(min).unwrap_or(now + Duration::from_secs(3600)),
             _ => now,
         };
         if due <= now && !st.timer {
@@ -196,6 +204,8 @@ impl Sampler {
     }
 
     /// Arms the timer of a held value: after `after`, the held delivery is pushed and flushed.
+    /// The timer holds the sampler weakly: a client that leaves (its sampler removed from the
+    /// hub) releases its outbox and socket at once, not when the timer fires.
     pub fn arm(self: &Arc<Self>, after: Duration, conflate: bool) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             // No runtime (unit tests of the hub): send at once.
@@ -204,9 +214,10 @@ impl Sampler {
             }
             return;
         };
-        let me = self.clone();
+        let me = Arc::downgrade(self);
         rt.spawn(async move {
             tokio::time::sleep(after).await;
+            let Some(me) = me.upgrade() else { return };
             if let Some(d) = me.fire(Instant::now()) {
                 me.push(d, conflate);
             }
@@ -233,15 +244,43 @@ mod tests {
         assert_eq!(Sampling::parse(None, None).unwrap(), None);
         let s = Sampling::parse(Some(4.0), None).unwrap().unwrap();
         assert_eq!(s.min_interval, Some(Duration::from_millis(250)));
-        for hz in [0.0, -1.0, f64::INFINITY, f64::NAN, 5000.0] {
+        assert!(Sampling::parse(Some(MIN_RATE_HZ), None).unwrap().is_some());
+        for hz in [0.0, -1.0, f64::INFINITY, f64::NAN, 5000.0, 1e-9, 1e-19, 1e-30, 1e-300, 5e-324, 0.009] {
             let e = Sampling::parse(Some(hz), None).unwrap_err();
             assert!(e.code == 400 && e.message.starts_with("max_rate_hz"), "{e:?}");
         }
         assert_eq!(band(Some(Deadband { abs: Some(0.5), pct: None })).unwrap().unwrap().band, Some(Band::Abs(0.5)));
         assert_eq!(band(Some(Deadband { abs: None, pct: Some(2.0) })).unwrap().unwrap().band, Some(Band::Pct(2.0)));
         assert!(band(Some(Deadband { abs: Some(-1.0), pct: None })).unwrap_err().message.starts_with("deadband.abs"));
+        assert!(band(Some(Deadband { abs: Some(1e300), pct: None })).unwrap_err().message.starts_with("deadband.abs"));
         assert!(band(Some(Deadband { abs: None, pct: Some(101.0) })).unwrap_err().message.starts_with("deadband.pct"));
         assert!(band(Some(Deadband::default())).unwrap_err().message.starts_with("deadband"));
+    }
+
+    #[tokio::test]
+    async fn sampling_timer_does_not_keep_a_departed_subscriber() {
+        use crate::metrics::Metrics;
+        use crate::outbox::tests::TestWire;
+        use crate::outbox::Frame;
+        use switchboard_protocol::Format;
+        let wire = TestWire::open(usize::MAX);
+        let outbox = Arc::new(Outbox::new(1, Format::Json, wire, 1 << 20, Arc::new(Metrics::default())));
+        let sampling = Sampling::parse(Some(MIN_RATE_HZ), None).unwrap().unwrap();
+        let sampler = Arc::new(Sampler::new(sampling, outbox.clone()));
+        let d = |off| Delivery {
+            frame: Frame::message(Format::Json, b"{}"),
+            channel: "c".into(),
+            offset: off,
+            born: Instant::now(),
+        };
+        let now = Instant::now();
+        assert_eq!(sampler.offer(&d(1), &PointView::default(), now), Offer::Send);
+        let Offer::HoldAndArm(after) = sampler.offer(&d(2), &PointView::default(), now) else { panic!("not held") };
+        assert_eq!(after, Duration::from_secs(100));
+        sampler.arm(after, false);
+        assert_eq!(Arc::strong_count(&outbox), 2, "the sampler's");
+        drop(sampler);
+        assert_eq!(Arc::strong_count(&outbox), 1, "the armed timer holds no outbox");
     }
 
     #[test]

@@ -16,34 +16,41 @@ struct Point {
     value: f64,
 }
 
-/// Starts the simulator; it stops when the node shuts down.
+/// Starts the simulator, supervised (task `simulator`: after a panic it starts again from fresh
+/// values; the channels' offsets go on); it stops when the node shuts down.
 pub fn spawn(node: Arc<Node>, n: usize, hz: f64) {
+    switchboard_supervisor::spawn("simulator", move |_| run(node.clone(), n, hz));
+}
+
+async fn run(node: Arc<Node>, n: usize, hz: f64) {
     let mut points: Vec<Point> =
         (0..n).map(|i| Point { channel: format!("pt:sim.{i}"), value: 20.0 + (i % 50) as f64 }).collect();
     let mut stop = node.stopping();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / hz));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let start = std::time::Instant::now();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.changed() => return,
-            }
-            let t_ms = switchboard_broker::now_ms();
-            let secs = start.elapsed().as_secs_f64();
-            let batch: Vec<(String, switchboard_broker::Data)> = points
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(i, p)| {
-                    let v = next_value(i, p, secs);
-                    let raw = RawValue::from_string(format!("{{\"v\":{v},\"t\":{t_ms},\"q\":\"good\"}}")).ok()?;
-                    Some((p.channel.clone(), Arc::new(raw)))
-                })
-                .collect();
-            let _ = node.publish_batch(batch).await;
+    if *stop.borrow() {
+        return;
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / hz));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let start = std::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
         }
-    });
+        switchboard_supervisor::fault::hit("simulator.tick", "tick");
+        let t_ms = switchboard_broker::now_ms();
+        let secs = start.elapsed().as_secs_f64();
+        let batch: Vec<(String, switchboard_broker::Data)> = points
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let v = next_value(i, p, secs);
+                let raw = RawValue::from_string(format!("{{\"v\":{v},\"t\":{t_ms},\"q\":\"good\"}}")).ok()?;
+                Some((p.channel.clone(), Arc::new(raw)))
+            })
+            .collect();
+        let _ = node.publish_batch(batch).await;
+    }
 }
 
 fn next_value(i: usize, p: &mut Point, secs: f64) -> String {
@@ -82,23 +89,28 @@ pub fn spawn_rooms(node: Arc<Node>) {
         "alarm on line 3 acknowledged",
         "coffee machine fixed",
     ];
+    switchboard_supervisor::spawn("demo-rooms", move |_| chatter(node.clone(), LINES));
+}
+
+async fn chatter(node: Arc<Node>, lines: [&'static str; 6]) {
     let mut stop = node.stopping();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(2));
-        let mut n = 0usize;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.changed() => return,
-            }
-            n += 1;
-            let room = if n.is_multiple_of(3) { "room:ops" } else { "room:lobby" };
-            let text = LINES[n % LINES.len()];
-            let user = ["ana", "ben", "chen", "dara"][n % 4];
-            let body = serde_json::json!({"user": user, "text": text, "t": switchboard_broker::now_ms()}).to_string();
-            if let Ok(raw) = RawValue::from_string(body) {
-                let _ = node.publish(room, Arc::new(raw)).await;
-            }
+    if *stop.borrow() {
+        return;
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    let mut n = 0usize;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
         }
-    });
+        n += 1;
+        let room = if n.is_multiple_of(3) { "room:ops" } else { "room:lobby" };
+        let text = lines[n % lines.len()];
+        let user = ["ana", "ben", "chen", "dara"][n % 4];
+        let body = serde_json::json!({"user": user, "text": text, "t": switchboard_broker::now_ms()}).to_string();
+        if let Ok(raw) = RawValue::from_string(body) {
+            let _ = node.publish(room, Arc::new(raw)).await;
+        }
+    }
 }

@@ -75,10 +75,25 @@ pub struct SourceStats {
     pub reconnects: AtomicU64,
     pub writes_ok: AtomicU64,
     pub writes_failed: AtomicU64,
-    /// Points the node refused (a channel limit, a too-large value).
-    pub refused: AtomicU64,
+    /// Messages or values refused, by reason: `node` (the node refused the point: a channel
+    /// limit, a too-large value), and the source's own reasons (`oversized`, `decode`,
+    /// `collision`, `bound`, ...). Refused input is counted and logged, never a reason to
+    /// reconnect. Read with [`SourceStats::refusals`].
+    refusals: parking_lot::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Sparkplug B rebirth requests sent (MQTT).
     pub rebirths: AtomicU64,
+}
+
+impl SourceStats {
+    /// Counts `n` refused messages or values for `reason` (a short, fixed label).
+    pub fn refuse(&self, reason: &'static str, n: u64) {
+        *self.refusals.lock().entry(reason).or_insert(0) += n;
+    }
+
+    /// Refusals by reason, in reason order.
+    pub fn refusals(&self) -> Vec<(&'static str, u64)> {
+        self.refusals.lock().iter().map(|(r, n)| (*r, *n)).collect()
+    }
 }
 
 /// One running source as the node sees it.
@@ -129,6 +144,16 @@ impl SourceConfig {
         match self {
             SourceConfig::Mqtt(c) => c.check(),
             SourceConfig::Opcua(c) => c.check(),
+        }
+    }
+
+    /// Fills settings left unset that follow the node's limits: the largest MQTT message
+    /// (`max_packet_bytes`), and the largest OPC UA value and message (`max_value_bytes`,
+    /// `max_message_bytes`) from `limits.max_publication_bytes`.
+    pub fn with_node_limits(self, max_publication_bytes: usize) -> SourceConfig {
+        match self {
+            SourceConfig::Mqtt(c) => SourceConfig::Mqtt(c.with_node_limits(max_publication_bytes)),
+            SourceConfig::Opcua(c) => SourceConfig::Opcua(c.with_node_limits(max_publication_bytes)),
         }
     }
 

@@ -18,7 +18,7 @@
 //! subscribed for a moment: only the one the source runs on writes and answers (the source's
 //! write queue exists on one node at most), the other stays silent.
 
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -85,18 +85,23 @@ pub(super) fn start(node: &Arc<Node>, sources: &Sources) {
     written.sort_unstable();
     written.dedup();
     for source in written {
-        tokio::spawn(listen(Arc::downgrade(node), source.to_string(), sources.watch_active(source)));
+        let (node, source, active) = (Arc::downgrade(node), source.to_string(), sources.watch_active(source));
+        // Whether the broker counts this node's subscription survives a restart of the task.
+        let subscribed = Arc::new(AtomicBool::new(false));
+        switchboard_supervisor::spawn("write-forwarder", move |_| {
+            listen(node.clone(), source.clone(), active.clone(), subscribed.clone())
+        });
     }
 }
 
 /// Keeps this node subscribed to `$write:<source>` exactly while `source` runs here; ends with
-/// the node.
-async fn listen(node: Weak<Node>, source: String, mut active: watch::Receiver<bool>) {
+/// the node. Supervised (task `write-forwarder`).
+async fn listen(node: Weak<Node>, source: String, mut active: watch::Receiver<bool>, subscribed: Arc<AtomicBool>) {
     let channel = format!("{REQUESTS}{source}");
-    let mut subscribed = false;
     loop {
+        let subscribed_now = subscribed.load(Relaxed);
         let wanted = *active.borrow_and_update();
-        if wanted == subscribed {
+        if wanted == subscribed_now {
             if active.changed().await.is_err() {
                 return;
             }
@@ -105,15 +110,15 @@ async fn listen(node: Weak<Node>, source: String, mut active: watch::Receiver<bo
         let Some(n) = node.upgrade() else { return };
         if wanted {
             match n.broker.subscribe(&channel).await {
-                Ok(()) => subscribed = true,
+                Ok(()) => subscribed.store(true, Relaxed),
                 Err(e) => tracing::warn!(source = %source, "cannot take forwarded writes yet: {e}"),
             }
         } else {
             let _ = n.broker.unsubscribe(&channel).await;
-            subscribed = false;
+            subscribed.store(false, Relaxed);
         }
         drop(n);
-        if wanted != subscribed {
+        if wanted != subscribed.load(Relaxed) {
             tokio::select! {
                 _ = tokio::time::sleep(RETRY) => {}
                 r = active.changed() => if r.is_err() { return },

@@ -70,9 +70,15 @@ pub fn router<S: Clone + Send + Sync + 'static>(node: Arc<Node>) -> Router<S> {
         Arc::new(poll_store::MemoryPollStore::new())
     });
     let polls = Polls::new(node, store);
-    let notices = polls.store.listen(&polls.node.id);
-    tokio::spawn(notice_task(Arc::downgrade(&polls), notices));
-    tokio::spawn(sweep_task(Arc::downgrade(&polls)));
+    // The receiver outlives a restart of its task: notices keep arriving in the same queue.
+    let notices = Arc::new(tokio::sync::Mutex::new(polls.store.listen(&polls.node.id)));
+    let weak = Arc::downgrade(&polls);
+    switchboard_supervisor::spawn("poll-notices", move |_| {
+        let (polls, notices) = (weak.clone(), notices.clone());
+        async move { notice_task(polls, &mut *notices.lock().await).await }
+    });
+    let weak = Arc::downgrade(&polls);
+    switchboard_supervisor::spawn("poll-sweeper", move |_| sweep_task(weak.clone()));
     Router::new()
         .route("/sse", get(sse_route).options(preflight))
         .route("/poll", post(open).options(preflight))
@@ -351,7 +357,7 @@ pub async fn attach_sse(polls: Arc<Polls>, req: Request, id: String) -> Response
 }
 
 /// Acts on what other nodes say: drop moved sessions, run commands queued for ours.
-async fn notice_task(polls: std::sync::Weak<Polls>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Notice>) {
+async fn notice_task(polls: std::sync::Weak<Polls>, rx: &mut tokio::sync::mpsc::UnboundedReceiver<Notice>) {
     while let Some(n) = rx.recv().await {
         let Some(polls) = polls.upgrade() else { return };
         match n {

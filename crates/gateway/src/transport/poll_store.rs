@@ -575,7 +575,10 @@ impl PollStore for RedisPollStore {
 
     fn listen(&self, node: &str) -> mpsc::UnboundedReceiver<Notice> {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(listen_task(self.clients.clone(), self.node_channel(node), tx));
+        let (clients, channel) = (self.clients.clone(), self.node_channel(node));
+        switchboard_supervisor::spawn("poll-store-listener", move |_| {
+            listen_task(clients.clone(), channel.clone(), tx.clone())
+        });
         rx
     }
 

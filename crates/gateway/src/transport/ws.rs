@@ -153,7 +153,15 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
             },
         };
         match taken {
-            Some((socket, leftover)) => run(node, socket, leftover, format, max_frame, admitted).await,
+            // A panic outside command handling (which the session catches itself) ends this
+            // connection only; its session's teardown runs in `Drop` as the task unwinds.
+            Some((socket, leftover)) => {
+                let _ = switchboard_supervisor::catch(
+                    "connection",
+                    run(node, socket, leftover, format, max_frame, admitted),
+                )
+                .await;
+            }
             None => tracing::error!("upgraded connection is neither TCP nor TLS over TCP"),
         }
     });
