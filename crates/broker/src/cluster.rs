@@ -115,10 +115,9 @@ struct Shared {
     /// by two primaries for a moment while its slot moves).
     subs: Mutex<HashMap<Arc<str>, Held>>,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
+    /// The node's id, given to every primary's broker (each registers nothing before it).
     node_id: OnceLock<String>,
     keep: OnceLock<ChannelTtl>,
-    /// The node's name until it tells its id (the same on every primary).
-    fallback_id: String,
     /// Serializes slot-map reads; holds when the last one finished.
     refreshed: tokio::sync::Mutex<Option<Instant>>,
 }
@@ -189,7 +188,6 @@ impl ClusterBroker {
             handler: OnceLock::new(),
             node_id: OnceLock::new(),
             keep: OnceLock::new(),
-            fallback_id: format!("n{:06x}", fastrand::u32(..) & 0xff_ffff),
             refreshed: tokio::sync::Mutex::new(None),
         });
         let (stop, mut stopped) = tokio::sync::watch::channel(());
@@ -303,12 +301,7 @@ impl Shared {
                 continue;
             }
             let tag = registry_tag(&map, i as u16);
-            match RedisBroker::cluster_node(
-                &self.target.node_url(addr),
-                self.target.options.clone(),
-                &tag,
-                &self.fallback_id,
-            ) {
+            match RedisBroker::cluster_node(&self.target.node_url(addr), self.target.options.clone(), &tag) {
                 Ok(b) => {
                     if let Some(h) = self.handler.get() {
                         b.set_handler(h.clone());
@@ -393,11 +386,13 @@ impl Broker for ClusterBroker {
         let _ = self.shared.handler.set(handler);
     }
 
+    /// Set before telling the primaries' brokers: [`Shared::install`] reads it under the
+    /// `nodes` lock, so a broker made meanwhile gets the id one way or the other.
     fn set_node_id(&self, id: &str) {
+        let _ = self.shared.node_id.set(id.to_string());
         for n in self.shared.all_nodes() {
             n.set_node_id(id);
         }
-        let _ = self.shared.node_id.set(id.to_string());
     }
 
     fn set_channel_ttl(&self, keep: ChannelTtl) {

@@ -248,7 +248,8 @@ pub trait Broker: Send + Sync + 'static {
     fn set_handler(&self, handler: Arc<dyn BrokerHandler>);
 
     /// Tells the broker the id of the node it serves (shared brokers register it for the
-    /// cluster figures); called once by the node at start. The default ignores it.
+    /// cluster figures, and register nothing before it); called once by the node at start.
+    /// The default ignores it.
     fn set_node_id(&self, id: &str) {
         let _ = id;
     }

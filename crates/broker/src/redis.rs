@@ -32,13 +32,14 @@ mod scripts;
 mod subscriber;
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
@@ -170,11 +171,15 @@ pub(crate) struct Inner {
     scripts: Scripts,
     leases: lease::Leases,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
+    /// The id this node is registered under; nothing is registered until it is set, so the
+    /// cluster figures never list an id that is not a node's own.
     node_id: OnceLock<String>,
+    /// Wakes the heartbeat when the id is set, to register at once.
+    id_set: Notify,
+    /// Whether the node has been registered under its id (readiness waits for it).
+    registered: AtomicBool,
     /// How long an idle channel's keys are kept (none set: forever).
     keep: OnceLock<ChannelTtl>,
-    /// Used until the node tells its id.
-    fallback_id: String,
     presence_ttl: Duration,
     link: Link,
     /// When subscribed channels' expiry was last extended.
@@ -225,14 +230,13 @@ impl RedisBroker {
 
     /// One primary of a Redis Cluster, for [`crate::cluster::ClusterBroker`]: the channels of
     /// the slots it serves, with sharded pub/sub; its node registry under the hash tag
-    /// `registry_tag` (one of its slots); `fallback_id` names the node until it tells its id.
+    /// `registry_tag` (one of its slots).
     pub(crate) fn cluster_node(
         redis_url: &str,
         options: RedisOptions,
         registry_tag: &str,
-        fallback_id: &str,
     ) -> Result<RedisBroker, BrokerError> {
-        RedisBroker::start(redis_url, options, Some((registry_tag, fallback_id)))
+        RedisBroker::start(redis_url, options, Some(registry_tag))
     }
 
     /// Publishes on this cluster node; `None` for items whose slot it does not serve.
@@ -240,15 +244,11 @@ impl RedisBroker {
         self.inner.publish_all(items).await
     }
 
-    fn start(
-        redis_url: &str,
-        options: RedisOptions,
-        cluster_node: Option<(&str, &str)>,
-    ) -> Result<RedisBroker, BrokerError> {
+    fn start(redis_url: &str, options: RedisOptions, cluster_node: Option<&str>) -> Result<RedisBroker, BrokerError> {
         let endpoint = Endpoint::parse(redis_url).map_err(BrokerError::Unavailable)?;
-        let (registry, fallback_id) = match cluster_node {
-            Some((tag, id)) => (format!("{}:{{{tag}}}", options.prefix), id.to_string()),
-            None => (options.prefix.clone(), format!("n{:06x}", fastrand::u32(..) & 0xff_ffff)),
+        let registry = match cluster_node {
+            Some(tag) => format!("{}:{{{tag}}}", options.prefix),
+            None => options.prefix.clone(),
         };
         let cluster = cluster_node.is_some();
         let inner = Arc::new(Inner {
@@ -260,9 +260,10 @@ impl RedisBroker {
             leases: lease::Leases::new(),
             handler: OnceLock::new(),
             node_id: OnceLock::new(),
+            id_set: Notify::new(),
+            registered: AtomicBool::new(false),
             keep: OnceLock::new(),
             alive_at: Mutex::new(None),
-            fallback_id,
             presence_ttl: options.presence_ttl,
             link: Link::default(),
             presence: Mutex::new(HashMap::new()),
@@ -315,10 +316,6 @@ impl Inner {
             0 if self.keep.get().is_some() => crate::UNPUBLISHED_KEEP.as_millis() as u64,
             k => k,
         }
-    }
-
-    fn node_id(&self) -> &str {
-        self.node_id.get().map_or(self.fallback_id.as_str(), String::as_str)
     }
 
     /// The channel's position and last publication (creating its epoch if it has none).
@@ -408,8 +405,12 @@ impl Broker for RedisBroker {
         let _ = self.inner.handler.set(handler);
     }
 
+    /// Registers the node under `id` from the next heartbeat on (at once when the pub/sub
+    /// link is up); until then the node is in no cluster figure. The first id set stays.
     fn set_node_id(&self, id: &str) {
-        let _ = self.inner.node_id.set(id.to_string());
+        if self.inner.node_id.set(id.to_string()).is_ok() {
+            self.inner.id_set.notify_one();
+        }
     }
 
     fn set_channel_ttl(&self, keep: ChannelTtl) {
@@ -574,11 +575,13 @@ impl Broker for RedisBroker {
         self.inner.channel_page(query).await
     }
 
+    /// The pub/sub link is up, Redis answers, and a node that told its id has been registered
+    /// under it (so the cluster figures list a node as soon as it reports ready).
     async fn ready(&self) -> bool {
-        if !self.inner.link.up.load(Relaxed) {
+        let inner = &self.inner;
+        if !inner.link.up.load(Relaxed) || (inner.node_id.get().is_some() && !inner.registered.load(Relaxed)) {
             return false;
         }
-        let inner = &self.inner;
         let ping = async {
             let mut conn = inner.conn().await?;
             redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(|e| inner.failed(e))
@@ -620,17 +623,21 @@ impl Broker for RedisBroker {
     }
 }
 
-/// Registers the node and refreshes its presence entries three times per presence TTL; also
-/// sweeps expired entries (clients of dead nodes) of the channels it has present clients in.
+/// Registers the node (once it has its id, see [`Broker::set_node_id`]) and refreshes its
+/// presence entries three times per presence TTL; also sweeps expired entries (clients of dead
+/// nodes) of the channels it has present clients in.
 async fn heartbeat(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
     let period = inner.presence_ttl / 3;
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seen_generation = 0;
+    // The link generation the registration was last written whole for (0: never).
+    let mut registered_generation = 0;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = inner.link.connected.notified() => {}
+            _ = inner.id_set.notified() => {}
             _ = stop.changed() => return,
         }
         if !inner.link.up.load(Relaxed) {
@@ -639,34 +646,26 @@ async fn heartbeat(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
         let generation = inner.link.generation.load(Relaxed);
         // After a reconnect Redis may have lost everything: write the whole state again.
         let full = generation != seen_generation;
-        if let Err(e) = beat(&inner, full).await {
+        let id = inner.node_id.get().map(|id| (id.as_str(), generation != registered_generation));
+        if let Err(e) = beat(&inner, full, id).await {
             tracing::debug!(error = %e, "redis heartbeat failed");
             continue;
         }
         seen_generation = generation;
+        if id.is_some() {
+            registered_generation = generation;
+            inner.registered.store(true, Relaxed);
+        }
     }
 }
 
-async fn beat(inner: &Inner, full: bool) -> Result<(), BrokerError> {
+/// One heartbeat: the node's registration under `id` (with its subscription counts when
+/// `whole` or when they changed), when it has an id; then its presence entries (all of them
+/// again when `full`) and the expiry of its subscribed channels.
+async fn beat(inner: &Inner, full: bool, id: Option<(&str, bool)>) -> Result<(), BrokerError> {
     let ttl_ms = inner.presence_ttl.as_millis() as u64;
-    let replace = full || inner.link.counts_changed.swap(false, Relaxed);
-    let mut node = inner.scripts.node_beat.prepare_invoke();
-    node.key(inner.keys.nodes()).key(inner.keys.node_subs(inner.node_id())).arg(inner.node_id()).arg(ttl_ms);
-    node.arg(if replace { "1" } else { "0" });
-    if replace {
-        for (ch, n) in inner.link.counts() {
-            node.arg(&*ch).arg(n);
-        }
-    }
-    let r: Result<i64, _> = match inner.conn().await {
-        Ok(mut conn) => node.invoke_async(&mut conn).await.map_err(|e| inner.failed(e)),
-        Err(e) => Err(e),
-    };
-    if let Err(e) = r {
-        if replace {
-            inner.link.counts_changed.store(true, Relaxed);
-        }
-        return Err(e);
+    if let Some((id, whole)) = id {
+        register(inner, id, whole, ttl_ms).await?;
     }
     // A snapshot: the lock is not held across the awaits below.
     let present: Vec<(Arc<str>, HashMap<String, String>)> =
@@ -685,6 +684,28 @@ async fn beat(inner: &Inner, full: bool) -> Result<(), BrokerError> {
         tracing::debug!(error = %e, "redis: extending subscribed channels' expiry failed");
     }
     refreshed.map(drop)
+}
+
+/// Writes the node's entry in the registry (alive for one presence TTL) and, when `whole` or
+/// when they changed, its subscription counts.
+async fn register(inner: &Inner, id: &str, whole: bool, ttl_ms: u64) -> Result<(), BrokerError> {
+    let replace = whole || inner.link.counts_changed.swap(false, Relaxed);
+    let mut node = inner.scripts.node_beat.prepare_invoke();
+    node.key(inner.keys.nodes()).key(inner.keys.node_subs(id)).arg(id).arg(ttl_ms);
+    node.arg(if replace { "1" } else { "0" });
+    if replace {
+        for (ch, n) in inner.link.counts() {
+            node.arg(&*ch).arg(n);
+        }
+    }
+    let r: Result<i64, _> = match inner.conn().await {
+        Ok(mut conn) => node.invoke_async(&mut conn).await.map_err(|e| inner.failed(e)),
+        Err(e) => Err(e),
+    };
+    if r.is_err() && replace {
+        inner.link.counts_changed.store(true, Relaxed);
+    }
+    r.map(drop)
 }
 
 /// Channels this node has subscribers for stay alive: their keys' expiry is pushed to twice

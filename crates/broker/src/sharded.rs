@@ -156,12 +156,11 @@ impl Broker for ShardedRedisBroker {
         crate::redis::page_over(&parts, query).await
     }
 
+    /// Every shard is ready (and has the node registered, once it told its id).
     async fn ready(&self) -> bool {
         futures_util::future::join_all(self.shards.iter().map(|s| s.ready())).await.into_iter().all(|r| r)
     }
 
-    /// Every node registers on every shard; a channel's subscriber counts live on its shard.
-    /// A shard that cannot be reached is left out of the figures.
     /// On the shard the lease's name hashes to, as a channel of that name would.
     async fn lease(&self, name: &str, holder: &str, ttl: std::time::Duration) -> Result<bool, BrokerError> {
         self.shard(name).lease(name, holder, ttl).await
@@ -171,6 +170,9 @@ impl Broker for ShardedRedisBroker {
         self.shard(name).lease_release(name, holder).await
     }
 
+    /// Every node registers on every shard (under its id only, once told it); a channel's
+    /// subscriber counts live on its shard. A shard that cannot be reached is left out of the
+    /// figures.
     async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {
         ClusterInfo::merge(futures_util::future::join_all(self.shards.iter().map(|s| s.cluster())).await)
     }

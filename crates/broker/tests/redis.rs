@@ -98,6 +98,27 @@ async fn broker_redis_two_nodes_share_offsets_history_and_presence() {
 }
 
 #[tokio::test]
+async fn broker_redis_registers_no_node_id_but_the_one_it_is_given() {
+    let r = Redis::start();
+    let (a, b) = (broker(&r, "sb"), broker(&r, "sb"));
+    // Connected, with heartbeats running, before the node tells its id: nothing is registered.
+    ready(&a).await;
+    ready(&b).await;
+    a.subscribe("room:1").await.unwrap();
+    assert_eq!(a.cluster().await.unwrap().unwrap().nodes, Vec::<String>::new());
+    a.set_node_id("node-a");
+    b.set_node_id("node-b");
+    // Ready means registered under the id: both are listed at once, and nothing else is.
+    ready(&a).await;
+    ready(&b).await;
+    let c = b.cluster().await.unwrap().unwrap();
+    assert_eq!(c.nodes, ["node-a", "node-b"]);
+    assert_eq!(c.subscribers.get("room:1"), Some(&1), "the counts come with the first registration");
+    let registry: Vec<String> = r.cmd(redis::cmd("ZRANGE").arg("sb:nodes").arg(0).arg(-1));
+    assert_eq!(registry, ["node-a", "node-b"]);
+}
+
+#[tokio::test]
 async fn broker_redis_unsubscribing_the_last_local_subscriber_stops_delivery() {
     let r = Redis::start();
     let a = broker(&r, "sb");
