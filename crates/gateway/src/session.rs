@@ -10,6 +10,11 @@
 //! asks [`Session::deadline`] when the connection must be looked at again (the first message of
 //! an unauthenticated client, the token's expiry) and closes it with what
 //! [`Session::check_deadline`] returns (4001).
+//!
+//! Failure stays inside the session: a panic while a command is handled closes this client
+//! with 4008 (reconnect and recover) and nobody else, and the session's teardown (hub entries,
+//! subscription counts, broker subscriptions, presence, the node's connection slot) runs in
+//! `Drop`, however the session ends.
 
 mod reply;
 
@@ -32,7 +37,7 @@ use crate::auth::{Action, Auth, AuthFailure, Identity, Method};
 use crate::node::{ApiError, Node};
 use crate::outbox::{Outbox, Pushed};
 use crate::sampling::{PointView, Sampling};
-use reply::{failed_code, pub_of, SubscribeReply};
+use reply::{asked, failed_code, pub_of, reply_budget, ReplyBudget, SubscribeReply};
 
 /// Why a connection must close (sent as `disconnect` + close frame).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +94,14 @@ enum Outcome {
 
 /// Channels of one subscribe whose broker work runs at once (pipelined on a shared broker).
 const SUBSCRIBE_CONCURRENCY: usize = 256;
+
+/// The same for a subscribe with `trend`: each result is large, and a reply carries only a few
+/// (its budget), so reading few at once keeps what is read but not sent small.
+const TREND_CONCURRENCY: usize = 8;
+
+/// Publications read from the broker at once by `history`, which counts them into its reply
+/// until the budget is reached.
+const HISTORY_PAGE: usize = 64;
 
 /// What the broker said to one channel of a subscribe.
 enum Attached {
@@ -253,8 +266,16 @@ impl Session {
         &self.outbox
     }
 
-    /// Handles one complete message payload (a text or binary WebSocket message).
+    /// Handles one complete message payload (a text or binary WebSocket message). A panic while
+    /// handling it is caught here: the client is closed with 4008 (reconnect and recover).
     pub async fn handle_payload(&mut self, payload: &[u8]) -> Result<(), CloseReason> {
+        match switchboard_supervisor::catch("session", self.handle_commands(payload)).await {
+            Ok(handled) => handled,
+            Err(_) => Err(CloseReason::new(close::SLOW_CONSUMER, "internal error; reconnect and recover")),
+        }
+    }
+
+    async fn handle_commands(&mut self, payload: &[u8]) -> Result<(), CloseReason> {
         self.first_message_by = None;
         self.node.metrics.messages_in.fetch_add(1, Relaxed);
         self.node.metrics.bytes_in.fetch_add(payload.len() as u64, Relaxed);
@@ -299,6 +320,7 @@ impl Session {
     }
 
     async fn dispatch(&mut self, cmd: Command) -> Result<(), CloseReason> {
+        switchboard_supervisor::fault::hit("session.command", self.outbox.id);
         let id = cmd.id;
         let result = match cmd.body {
             CommandBody::Subscribe(req) => {
@@ -476,27 +498,71 @@ impl Session {
         let limit = req.limit.unwrap_or(100).min(10_000);
         // A read never creates a channel: an unknown one is 404.
         let known = self.node.broker.peek(&req.channel).await.map_err(|e| self.node.broker_error(e))?;
-        if known.is_none() {
+        let Some((head, _)) = known else {
             return Err(ApiError::new(code::NOT_FOUND, "unknown channel"));
+        };
+        // Read in pages from `since` (without it, from where the newest `limit` begin), each
+        // publication counted into the reply as it is added: past the reply budget the reply
+        // ends early with `more`, and the client reads on from its last publication.
+        let budget = reply_budget(self.node.config.limits.max_pending_bytes);
+        let asked_since = since.is_some();
+        let newest = |head: &Position| Position {
+            epoch: head.epoch.clone(),
+            offset: head.offset.saturating_sub(limit as u64),
+        };
+        let mut from = since.unwrap_or_else(|| newest(&head));
+        let (mut publications, mut used, mut more, mut complete) = (Vec::new(), 0usize, false, true);
+        let mut position = head.clone();
+        let (mut first_page, mut renewed) = (true, false);
+        'read: while publications.len() < limit {
+            let want = (limit - publications.len()).min(HISTORY_PAGE);
+            let r = self
+                .node
+                .broker
+                .history(&req.channel, Some(&from), want)
+                .await
+                .map_err(|e| self.node.broker_error(e))?;
+            if !asked_since && first_page && !renewed && r.position.epoch != from.epoch {
+                // A new epoch began since the peek: its newest publications instead.
+                from = newest(&r.position);
+                renewed = true;
+                continue;
+            }
+            // Without `since`, a history that holds fewer than `limit` is what was asked for.
+            if asked_since || !first_page {
+                complete &= r.complete;
+            }
+            first_page = false;
+            position = r.position;
+            let got = r.publications.len();
+            for p in r.publications {
+                let n = reply::encoded_len(self.outbox.format, &pub_of(&req.channel, &p)) + 1;
+                if used + n > budget && !publications.is_empty() {
+                    more = true;
+                    break 'read;
+                }
+                used += n;
+                from.offset = p.offset;
+                publications.push(p);
+            }
+            if got < want {
+                break;
+            }
         }
-        let r = self
-            .node
-            .broker
-            .history(&req.channel, since.as_ref(), limit)
-            .await
-            .map_err(|e| self.node.broker_error(e))?;
         #[derive(Serialize)]
         struct HistoryReply<'a> {
             publications: Vec<Pub<'a>>,
             epoch: &'a str,
             offset: u64,
             complete: bool,
+            more: bool,
         }
         let body = HistoryReply {
-            publications: r.publications.iter().map(|p| pub_of(&req.channel, p)).collect(),
-            epoch: &r.position.epoch,
-            offset: r.position.offset,
-            complete: r.complete,
+            publications: publications.iter().map(|p| pub_of(&req.channel, p)).collect(),
+            epoch: &position.epoch,
+            offset: position.offset,
+            complete,
+            more,
         };
         self.ok(id, &body);
         Ok(())
@@ -530,17 +596,25 @@ impl Session {
             Ok(s) => s,
             Err(e) => return self.err(id, e),
         };
+        let mut budget = ReplyBudget::new(self.outbox.format, reply_budget(limits.max_pending_bytes));
+        let concurrency = if req.trend.is_some() { TREND_CONCURRENCY } else { SUBSCRIBE_CONCURRENCY };
         self.outbox.hold();
         let mut results: Vec<(String, Outcome)> = Vec::with_capacity(req.channels.len());
         let mut covered: HashMap<Arc<str>, u64> = HashMap::new();
         let mut seen: HashSet<&str> = HashSet::new();
         let unique: Vec<&String> = req.channels.iter().filter(|name| seen.insert(name.as_str())).collect();
-        for chunk in unique.chunks(SUBSCRIBE_CONCURRENCY) {
+        for chunk in unique.chunks(concurrency) {
             // Admission is checked in order (limits count the channels admitted before); the
             // broker work of the admitted ones runs concurrently, so a shared broker gets them
-            // pipelined instead of one round trip after the other.
-            let admitted: Vec<Result<Arc<str>, ApiError>> =
-                chunk.iter().map(|name| self.admit(name, sampling)).collect();
+            // pipelined instead of one round trip after the other. Once the reply is full,
+            // channels asking for data are refused unread.
+            let admitted: Vec<Result<Arc<str>, ApiError>> = chunk
+                .iter()
+                .map(|name| match asked(&req, name) {
+                    Some(what) if budget.is_full() => Err(budget.refusal(&what)),
+                    _ => self.admit(name, sampling),
+                })
+                .collect();
             let node = &self.node;
             let attached = futures_util::future::join_all(admitted.iter().map(|a| async {
                 match a {
@@ -551,20 +625,26 @@ impl Session {
             .await;
             for ((name, admission), attachment) in chunk.iter().zip(admitted).zip(attached) {
                 let outcome = match (admission, attachment) {
-                    (Ok(ch), Some(Attached::Subscribed(Ok(outcome)))) => {
-                        self.count_subscription(&ch);
-                        if let Outcome::Ok { position, .. } = &outcome {
-                            covered.insert(ch, position.offset);
+                    (Ok(ch), Some(Attached::Subscribed(read))) => {
+                        let what = asked(&req, name).unwrap_or_default();
+                        match read.and_then(|outcome| budget.fit(name, outcome, &what)) {
+                            Ok(outcome) => {
+                                self.count_subscription(&ch);
+                                if let Outcome::Ok { position, .. } = &outcome {
+                                    covered.insert(ch, position.offset);
+                                }
+                                outcome
+                            }
+                            Err(e) => {
+                                // Counted by the broker, but the client is told it failed (or
+                                // to ask again): undone, so that a retry is not refused as
+                                // already subscribed.
+                                self.node.hub.remove(&ch, self.outbox.id);
+                                self.pending.remove(&ch);
+                                let _ = self.node.broker.unsubscribe(&ch).await;
+                                Outcome::Err(ErrorBody { code: e.code, message: e.message })
+                            }
                         }
-                        outcome
-                    }
-                    (Ok(ch), Some(Attached::Subscribed(Err(e)))) => {
-                        // Counted by the broker, but the client is told it failed: undone, so
-                        // that a retry is not refused as already subscribed.
-                        self.node.hub.remove(&ch, self.outbox.id);
-                        self.pending.remove(&ch);
-                        let _ = self.node.broker.unsubscribe(&ch).await;
-                        Outcome::Err(ErrorBody { code: e.code, message: e.message })
                     }
                     (Ok(ch), refused) => {
                         let e = match refused {
@@ -577,6 +657,9 @@ impl Session {
                     }
                     (Err(e), _) => Outcome::Err(ErrorBody { code: e.code, message: e.message }),
                 };
+                if let Outcome::Err(e) = &outcome {
+                    budget.count_error(name, e);
+                }
                 results.push(((*name).clone(), outcome));
             }
         }
@@ -654,12 +737,56 @@ impl Session {
         }
     }
 
-    /// Removes every subscription and presence entry; called once when the connection ends.
+    /// Removes every subscription and presence entry, waiting for the broker; called when the
+    /// connection ends. Whatever is left when the session is dropped (a panic, a task
+    /// cancelled) is removed by `Drop`.
     pub async fn cleanup(&mut self) {
+        for ch in std::mem::take(&mut self.pending) {
+            self.node.hub.remove(&ch, self.outbox.id);
+        }
         let subs: Vec<Arc<str>> = self.subs.iter().cloned().collect();
         for ch in subs {
             self.unsubscribe(&ch).await;
         }
+    }
+}
+
+impl Drop for Session {
+    /// The teardown that runs however the session ends: the hub entries and counts go at once,
+    /// the broker's subscriptions and presence entries in a task (they need the broker), and the
+    /// node forgets the connection. After [`Session::cleanup`] only the last step is left.
+    fn drop(&mut self) {
+        let id = self.outbox.id;
+        // Admitted channels of a subscribe cut short: in the hub, not yet counted. The broker
+        // may or may not have counted them; they are left to its idle sweep rather than risk
+        // releasing another subscriber's count.
+        for ch in self.pending.drain() {
+            self.node.hub.remove(&ch, id);
+        }
+        let subs: Vec<Arc<str>> = self.subs.drain().collect();
+        let present = std::mem::take(&mut self.present);
+        for ch in &subs {
+            self.node.metrics.subscriptions.fetch_sub(1, Relaxed);
+            self.node.hub.remove(ch, id);
+        }
+        if !subs.is_empty() || !present.is_empty() {
+            tracing::debug!(client = %self.client, subs = subs.len(), "session dropped without cleanup");
+            let (node, client) = (self.node.clone(), std::mem::take(&mut self.client));
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    for ch in subs {
+                        let _ = node.broker.unsubscribe(&ch).await;
+                    }
+                    for ch in present {
+                        let _ = node.broker.presence_remove(&ch, &client).await;
+                    }
+                });
+            }
+        }
+        if !self.outbox.is_closing() {
+            self.outbox.close(close::SLOW_CONSUMER, "internal error; reconnect and recover", true);
+        }
+        self.node.unregister(id);
     }
 }
 
