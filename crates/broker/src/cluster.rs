@@ -190,16 +190,19 @@ impl ClusterBroker {
             keep: OnceLock::new(),
             refreshed: tokio::sync::Mutex::new(None),
         });
-        let (stop, mut stopped) = tokio::sync::watch::channel(());
+        let (stop, stopped) = tokio::sync::watch::channel(());
         let weak = Arc::downgrade(&shared);
-        tokio::spawn(async move {
-            loop {
-                let Some(shared) = weak.upgrade() else { return };
-                shared.refresh(true).await;
-                drop(shared);
-                tokio::select! {
-                    _ = tokio::time::sleep(REFRESH_EVERY) => {}
-                    _ = stopped.changed() => return,
+        switchboard_supervisor::spawn("redis-cluster-slots", move |_| {
+            let (weak, mut stopped) = (weak.clone(), stopped.clone());
+            async move {
+                loop {
+                    let Some(shared) = weak.upgrade() else { return };
+                    shared.refresh(true).await;
+                    drop(shared);
+                    tokio::select! {
+                        _ = tokio::time::sleep(REFRESH_EVERY) => {}
+                        _ = stopped.changed() => return,
+                    }
                 }
             }
         });

@@ -269,8 +269,12 @@ impl RedisBroker {
             presence: Mutex::new(HashMap::new()),
         });
         let (stop, stopped) = watch::channel(());
-        tokio::spawn(link::run(inner.clone(), stopped.clone()));
-        tokio::spawn(heartbeat(inner.clone(), stopped));
+        // Supervised: after a panic the link starts again as after a lost connection (its
+        // channels are compared with Redis and their subscribers recover what they missed).
+        let (i, s) = (inner.clone(), stopped.clone());
+        switchboard_supervisor::spawn("redis-link", move |start| link::run(i.clone(), s.clone(), start.is_restart()));
+        let (i, s) = (inner.clone(), stopped);
+        switchboard_supervisor::spawn("redis-heartbeat", move |_| heartbeat(i.clone(), s.clone()));
         Ok(RedisBroker { inner, _stop: stop })
     }
 }

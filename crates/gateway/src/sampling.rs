@@ -13,65 +13,24 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::Deserialize;
+use switchboard_protocol::bounds::OutOfBounds;
 use switchboard_protocol::code;
-use switchboard_protocol::command::{Deadband, SubscribeRequest};
+use switchboard_protocol::command::Deadband;
+
+pub use switchboard_protocol::bounds::{Band, Sampling};
 
 use crate::error::ApiError;
 use crate::outbox::{Delivery, Outbox, Pushed};
 
-/// Fastest rate a subscription may ask for; above it sampling would cost more than it saves.
-pub const MAX_RATE_HZ: f64 = 1000.0;
-/// Slowest rate a subscription may ask for (one delivery per 100 s): the held value's timer
-/// and every instant computed from the interval stay small and exact.
-pub const MIN_RATE_HZ: f64 = 0.01;
-/// Widest absolute deadband; wider would suppress every change of any real value.
-pub const MAX_DEADBAND_ABS: f64 = 1e15;
-
-/// The sampling a subscribe asked for (per subscription, the same for every channel it names).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sampling {
-    /// Shortest time between two deliveries of one channel.
-    pub min_interval: Option<Duration>,
-    pub band: Option<Band>,
+/// What a client is told of a number outside its bounds: 400 naming the field.
+pub fn bad_number(e: OutOfBounds) -> ApiError {
+    ApiError::new(code::BAD_REQUEST, e.to_string())
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Band {
-    Abs(f64),
-    /// Percent of the magnitude of the last value sent.
-    Pct(f64),
-}
-
-impl Sampling {
-    /// The sampling of a subscribe command, `None` when it asks for none; a bad value is 400
-    /// naming the field.
-    pub fn of(req: &SubscribeRequest) -> Result<Option<Sampling>, ApiError> {
-        Sampling::parse(req.max_rate_hz, req.deadband)
-    }
-
-    pub fn parse(max_rate_hz: Option<f64>, deadband: Option<Deadband>) -> Result<Option<Sampling>, ApiError> {
-        let bad = |m: String| ApiError::new(code::BAD_REQUEST, m);
-        let min_interval = match max_rate_hz {
-            None => None,
-            Some(hz) if (MIN_RATE_HZ..=MAX_RATE_HZ).contains(&hz) => Some(Duration::from_secs_f64(1.0 / hz)),
-            Some(hz) => return Err(bad(format!("max_rate_hz: {hz} is not within {MIN_RATE_HZ}..={MAX_RATE_HZ}"))),
-        };
-        let band = match deadband {
-            None => None,
-            Some(Deadband { abs: Some(a), pct: None }) if (0.0..=MAX_DEADBAND_ABS).contains(&a) => Some(Band::Abs(a)),
-            Some(Deadband { abs: None, pct: Some(p) }) if p.is_finite() && (0.0..=100.0).contains(&p) => {
-                Some(Band::Pct(p))
-            }
-            Some(Deadband { abs: Some(_), pct: Some(_) }) | Some(Deadband { abs: None, pct: None }) => {
-                return Err(bad("deadband: give exactly one of abs or pct".into()))
-            }
-            Some(Deadband { abs: Some(a), .. }) => {
-                return Err(bad(format!("deadband.abs: {a} is not within 0..={MAX_DEADBAND_ABS}")))
-            }
-            Some(Deadband { pct: Some(p), .. }) => return Err(bad(format!("deadband.pct: {p} is not within 0..=100"))),
-        };
-        Ok((min_interval.is_some() || band.is_some()).then_some(Sampling { min_interval, band }))
-    }
+/// The sampling of `max_rate_hz` and `deadband` (query options of SSE and long-polling); 400
+/// naming the field for a number outside its bounds ([`switchboard_protocol::bounds`]).
+pub fn parse(max_rate_hz: Option<f64>, deadband: Option<Deadband>) -> Result<Option<Sampling>, ApiError> {
+    Sampling::parse(max_rate_hz, deadband).map_err(bad_number)
 }
 
 /// What a deadband looks at in a publication: a point's numeric `v` and its quality `q`.
@@ -235,26 +194,13 @@ impl Sampler {
 mod tests {
     use super::*;
 
-    fn band(b: Option<Deadband>) -> Result<Option<Sampling>, ApiError> {
-        Sampling::parse(None, b)
-    }
-
     #[test]
-    fn sampling_options_are_checked_and_bad_ones_name_their_field() {
-        assert_eq!(Sampling::parse(None, None).unwrap(), None);
-        let s = Sampling::parse(Some(4.0), None).unwrap().unwrap();
-        assert_eq!(s.min_interval, Some(Duration::from_millis(250)));
-        assert!(Sampling::parse(Some(MIN_RATE_HZ), None).unwrap().is_some());
-        for hz in [0.0, -1.0, f64::INFINITY, f64::NAN, 5000.0, 1e-9, 1e-19, 1e-30, 1e-300, 5e-324, 0.009] {
-            let e = Sampling::parse(Some(hz), None).unwrap_err();
-            assert!(e.code == 400 && e.message.starts_with("max_rate_hz"), "{e:?}");
-        }
-        assert_eq!(band(Some(Deadband { abs: Some(0.5), pct: None })).unwrap().unwrap().band, Some(Band::Abs(0.5)));
-        assert_eq!(band(Some(Deadband { abs: None, pct: Some(2.0) })).unwrap().unwrap().band, Some(Band::Pct(2.0)));
-        assert!(band(Some(Deadband { abs: Some(-1.0), pct: None })).unwrap_err().message.starts_with("deadband.abs"));
-        assert!(band(Some(Deadband { abs: Some(1e300), pct: None })).unwrap_err().message.starts_with("deadband.abs"));
-        assert!(band(Some(Deadband { abs: None, pct: Some(101.0) })).unwrap_err().message.starts_with("deadband.pct"));
-        assert!(band(Some(Deadband::default())).unwrap_err().message.starts_with("deadband"));
+    fn sampling_options_out_of_bounds_are_400_naming_the_field() {
+        assert_eq!(parse(None, None).unwrap(), None);
+        let e = parse(Some(1e-19), None).unwrap_err();
+        assert!(e.code == 400 && e.message.starts_with("max_rate_hz"), "{e:?}");
+        let e = parse(None, Some(Deadband { abs: Some(-1.0), pct: None })).unwrap_err();
+        assert!(e.code == 400 && e.message.starts_with("deadband.abs"), "{e:?}");
     }
 
     #[tokio::test]
@@ -265,7 +211,7 @@ mod tests {
         use switchboard_protocol::Format;
         let wire = TestWire::open(usize::MAX);
         let outbox = Arc::new(Outbox::new(1, Format::Json, wire, 1 << 20, Arc::new(Metrics::default())));
-        let sampling = Sampling::parse(Some(MIN_RATE_HZ), None).unwrap().unwrap();
+        let sampling = parse(Some(switchboard_protocol::bounds::MIN_RATE_HZ), None).unwrap().unwrap();
         let sampler = Arc::new(Sampler::new(sampling, outbox.clone()));
         let d = |off| Delivery {
             frame: Frame::message(Format::Json, b"{}"),

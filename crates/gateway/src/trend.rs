@@ -8,9 +8,6 @@ use switchboard_protocol::code;
 
 use crate::node::{ApiError, Node};
 
-/// The longest window a read may ask for (a week).
-pub const MAX_WINDOW_S: u64 = 7 * 24 * 3600;
-
 /// What a trend read answers: `{"step_s", "buckets": [{"t", "min", "max", "last", "n"}]}`.
 #[derive(Debug, Clone, Serialize)]
 pub struct TrendReply {
@@ -29,15 +26,13 @@ pub async fn read(node: &Node, channel: &str, window_s: u64, step_s: Option<u64>
             format!("{channel} keeps no trend (its namespace's trend_window_s is 0)"),
         ));
     };
-    if window_s == 0 || window_s > MAX_WINDOW_S {
-        return Err(bad(format!("window_s: {window_s} is not within 1..={MAX_WINDOW_S}")));
-    }
+    let option = switchboard_protocol::command::TrendOption { window_s, step_s };
+    switchboard_protocol::bounds::trend(option).map_err(crate::sampling::bad_number)?;
     let stored = (policy.step_ms / 1000).max(1);
     // A step between multiples of the stored one is rounded up to the next (the reply says
     // which): a client need not know the namespace's step to ask for about N buckets.
     let step_s = match step_s {
         None => stored,
-        Some(0) => return Err(bad("step_s: 0 is not a step".into())),
         Some(s) => s.div_ceil(stored).saturating_mul(stored),
     };
     if step_s > window_s {

@@ -4,6 +4,7 @@
 //! the decoders can be fuzzed and unit-tested in isolation.
 //!
 //! # Layout
+//! - [`bounds`]: the documented range of every number a client sends, checked in one place.
 //! - [`channel`]: channel-name validation and namespaces (SPEC §1).
 //! - [`command`]: client → server commands and their decoding from JSON or MessagePack.
 //! - [`message`]: server → client messages (replies, publications, presence, disconnects),
@@ -11,6 +12,7 @@
 //! - [`code`]: reply error codes and close / disconnect codes (SPEC §2).
 //! - [`websocket`]: RFC 6455 frame parsing (client frames) and header encoding (server frames).
 
+pub mod bounds;
 pub mod channel;
 pub mod code;
 pub mod command;

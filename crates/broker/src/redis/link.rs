@@ -298,11 +298,16 @@ impl Link {
 }
 
 /// The link task: connects, runs manager and consumer until the connection fails, reconnects
-/// with exponential backoff (with jitter). Ends when the broker is dropped.
-pub(super) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
+/// with exponential backoff (with jitter). Ends when the broker is dropped. `restarted`: the
+/// task runs again after a panic, which dropped its connection: that is a lost connection.
+pub(super) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<()>, restarted: bool) {
     let mut backoff = BACKOFF_MIN;
+    if restarted {
+        inner.link.on_lost();
+        inner.commands.reset();
+    }
     // The connection dropped and no new one has been made yet.
-    let mut lost = false;
+    let mut lost = restarted;
     loop {
         // Through the sentinels where there are some: after a failover, the new primary.
         let connect = tokio::time::timeout(CONNECT_TIMEOUT, async {
@@ -570,6 +575,7 @@ fn dropped(inner: &Inner, name: &str) {
 
 fn deliver(inner: &Inner, msg: &redis::Msg) {
     let Some(channel) = inner.keys.channel_of_pubsub(msg.get_channel_name()) else { return };
+    switchboard_supervisor::fault::hit("redis.link.deliver", channel);
     let Some(handler) = inner.handler.get() else { return };
     let payload = msg.get_payload_bytes();
     match payload.first() {

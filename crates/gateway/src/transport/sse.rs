@@ -440,7 +440,7 @@ async fn open(node: &Arc<Node>, req: &axum::http::request::Parts, q: Option<&str
     }
     let deadband = sampling.get("deadband").cloned().map(serde_json::from_value);
     let rate = sampling.get("max_rate_hz").and_then(serde_json::Value::as_f64);
-    if let Err(e) = crate::sampling::Sampling::parse(rate, deadband.transpose().ok().flatten()) {
+    if let Err(e) = crate::sampling::parse(rate, deadband.transpose().ok().flatten()) {
         return error(e.code, e.message);
     }
     let slot = match transport_http::acquire_slot(node, &admitted) {
