@@ -47,7 +47,7 @@ def info(srv: sb.Server) -> dict:
 
 def metric(srv: sb.Server, name: str, **labels) -> float:
     """The value of one series of `/metrics` (0 when absent)."""
-    text = api_get(srv, "/metrics").text()
+    text = api_get(srv, "/metrics").text
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
     series = f"{name}{{{want}}}" if labels else name
     for line in text.splitlines():
@@ -84,7 +84,7 @@ def conn_id(ws: WS) -> str:
 
 def failpoint(srv: sb.Server, name: str, actions: str) -> None:
     r = http("PUT", f"{srv.http_url}/api/failpoints/{name}", raw=actions.encode())
-    assert r.status == 204, (r.status, r.text())
+    assert r.status == 204, (r.status, r.text)
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def test_faults_tiny_rates_are_refused_400_on_every_transport(server, bystander)
     for hz in TINY_RATES:
         q = urllib.parse.urlencode({"channels": ch, "max_rate_hz": repr(hz)})
         r = http("GET", f"{server.http_url}/sse?{q}")
-        assert r.status == 400 and "max_rate_hz" in r.text(), (hz, r.status, r.text())
+        assert r.status == 400 and "max_rate_hz" in r.text, (hz, r.status, r.text)
     poller = Poller(server)
     reply = poller.request("subscribe", {"channels": [ch], "max_rate_hz": 1e-19})
     assert reply["error"]["code"] == 400 and "max_rate_hz" in reply["error"]["message"], reply
@@ -167,7 +167,7 @@ def fault_server(start_server, tmp_path):
 
 def test_faults_release_build_has_no_failpoints(server):
     r = http("PUT", f"{server.http_url}/api/failpoints/hub.deliver", raw=b"return")
-    assert r.status == 404, (r.status, r.text())
+    assert r.status == 404, (r.status, r.text)
 
 
 def test_faults_panic_delivering_to_one_subscriber_closes_only_it(fault_server):
@@ -287,6 +287,6 @@ def test_faults_redis_link_panic_restarts_it_and_its_clients_recover(fault_serve
 
 
 def test_faults_metrics_list_every_supervised_task(server):
-    text = api_get(server, "/metrics").text()
+    text = api_get(server, "/metrics").text
     tasks = set(re.findall(r'switchboard_task_restarts_total\{task="([^"]+)"\}', text))
     assert {"channel-sweeper", "heartbeats", "poll-sweeper", "poll-notices"} <= tasks, tasks

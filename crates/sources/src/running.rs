@@ -75,6 +75,7 @@ impl Sources {
                     active: active_tx,
                     lease: lease.clone(),
                 };
+                switchboard_supervisor::register("source");
                 tokio::spawn(supervisor.run(stop.clone()));
                 Entry { handle, writes, active }
             })
@@ -195,8 +196,16 @@ impl Supervisor {
                         Err(_) => {}
                     },
                     _ = stop.changed() => break true,
-                    _ = &mut task => {
-                        tracing::warn!(source = %name, "source ended by itself; retrying after a pause");
+                    ended = &mut task => {
+                        match ended {
+                            // Counted and logged as a supervised task's restart: the loop starts the
+                            // source again (a new connection, its state rebuilt from the device).
+                            Err(e) if e.is_panic() => {
+                                let panic = e.into_panic();
+                                switchboard_supervisor::restarted("source", switchboard_supervisor::message(panic.as_ref()));
+                            }
+                            _ => tracing::warn!(source = %name, "source ended by itself; retrying after a pause"),
+                        }
                         tokio::time::sleep(period).await;
                         break false;
                     }

@@ -115,6 +115,19 @@ where
     }
 }
 
+/// Counts a restart of `task` after a panic that its owner caught itself (a task it awaits
+/// through a `JoinHandle`, restarted by its own loop), and logs it like [`spawn`] does.
+pub fn restarted(task: &'static str, panic: &str) {
+    *RESTARTS.lock().entry(task).or_insert(0) += 1;
+    tracing::error!(task, panic, "supervised task panicked; restarting");
+}
+
+/// Lists `task` among the supervised tasks (with no restart yet), for a task whose owner
+/// supervises it (see [`restarted`]).
+pub fn register(task: &'static str) {
+    RESTARTS.lock().entry(task).or_insert(0);
+}
+
 /// A caught panic: where it happened and what it said.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Panicked {
