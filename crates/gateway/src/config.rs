@@ -85,6 +85,9 @@ pub struct Limits {
     pub presence_changes_per_connection_per_s: usize,
     /// Publications per second with one API key over the HTTP API; more get 429.
     pub publishes_per_api_key_per_s: usize,
+    /// Publications per second by one user (token `sub` or Basic user name) over the HTTP API,
+    /// all its requests together (bursts of twice this pass); more get 429.
+    pub publishes_per_user_per_s: usize,
     /// Password checks (Argon2, tens of milliseconds each) per second for one client address;
     /// more are refused (WebSocket 4029, HTTP 429). Recently verified passwords skip the check.
     pub password_checks_per_ip_per_s: usize,
@@ -187,6 +190,7 @@ impl Default for Limits {
             publishes_per_connection_per_s: 100,
             presence_changes_per_connection_per_s: 20,
             publishes_per_api_key_per_s: 10_000,
+            publishes_per_user_per_s: 1000,
             password_checks_per_ip_per_s: 5,
             handshake_timeout_s: 10,
             first_message_timeout_s: 5,
@@ -238,7 +242,7 @@ impl Namespace {
     }
 }
 
-const LIMIT_KEYS: [&str; 17] = [
+const LIMIT_KEYS: [&str; 18] = [
     "max_connections",
     "max_subscriptions",
     "max_frame_bytes",
@@ -251,6 +255,7 @@ const LIMIT_KEYS: [&str; 17] = [
     "publishes_per_connection_per_s",
     "presence_changes_per_connection_per_s",
     "publishes_per_api_key_per_s",
+    "publishes_per_user_per_s",
     "password_checks_per_ip_per_s",
     "handshake_timeout_s",
     "first_message_timeout_s",
@@ -381,6 +386,7 @@ impl Config {
             ("limits.publishes_per_connection_per_s", l.publishes_per_connection_per_s),
             ("limits.presence_changes_per_connection_per_s", l.presence_changes_per_connection_per_s),
             ("limits.publishes_per_api_key_per_s", l.publishes_per_api_key_per_s),
+            ("limits.publishes_per_user_per_s", l.publishes_per_user_per_s),
             ("limits.password_checks_per_ip_per_s", l.password_checks_per_ip_per_s),
             ("limits.handshake_timeout_s", l.handshake_timeout_s as usize),
             ("limits.first_message_timeout_s", l.first_message_timeout_s as usize),
@@ -519,6 +525,7 @@ impl Limits {
             max_connections_per_ip: self.max_connections_per_ip,
             handshakes_per_ip_per_s: self.handshakes_per_ip_per_s,
             publishes_per_api_key_per_s: self.publishes_per_api_key_per_s,
+            publishes_per_user_per_s: self.publishes_per_user_per_s,
             password_checks_per_ip_per_s: self.password_checks_per_ip_per_s,
             exempt_loopback: self.exempt_loopback,
         }

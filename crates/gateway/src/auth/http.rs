@@ -15,6 +15,8 @@
 //! Health, readiness, metrics and the dashboard page stay open: they carry no channel data.
 //! The handlers then ask [`allow`] / [`allow_publish`] per channel: API keys may do anything;
 //! tokens and users follow the namespace permissions, and publish only where clients may.
+//! Every publisher with credentials has a publish rate: each API key its own, each user (token
+//! `sub` or Basic user name) its own across all of its requests; past it an item gets 429.
 
 use std::sync::Arc;
 
@@ -136,30 +138,46 @@ fn allow_publish_one(node: &Node, who: &Identity, channel: &str) -> Result<(), A
     }
 }
 
-/// Checks one HTTP publish: permission, then the API key's publish rate (429).
+/// Checks one HTTP publish: permission, then the caller's publish rate (429).
 pub fn allow_publish(node: &Node, caller: &Option<axum::Extension<Caller>>, channel: &str) -> Result<(), ApiError> {
     let who = identity(caller);
     allow_publish_one(node, &who, channel)?;
-    if let AuthMethod::ApiKey(i) = who.method {
-        if node.config.security.auth.limiter.take_api_key(i, 1) == 0 {
-            return Err(rate_limited(node));
-        }
+    if take_publishes(node, &who, 1) == 0 {
+        return Err(rate_limited(node, &who));
     }
     Ok(())
 }
 
-fn rate_limited(node: &Node) -> ApiError {
-    ApiError::new(
-        code::LIMIT,
-        format!(
-            "more than {} publications per second with this API key",
-            node.config.limits.publishes_per_api_key_per_s
+/// Takes up to `n` publish tokens of the caller's rate and returns how many were granted: its
+/// API key's, or its user's (token `sub`, Basic user name). Anonymous callers exist only while
+/// the API is open (no credentials configured) and are not limited here.
+fn take_publishes(node: &Node, who: &Identity, n: usize) -> usize {
+    let limiter = &node.config.security.auth.limiter;
+    match who.method {
+        AuthMethod::ApiKey(i) => limiter.take_api_key(i, n),
+        AuthMethod::Token | AuthMethod::Password => limiter.take_user(&who.user, n),
+        AuthMethod::Anonymous => n,
+    }
+}
+
+/// The 429 of a publish past the caller's rate, naming the limit and its setting.
+fn rate_limited(node: &Node, who: &Identity) -> ApiError {
+    let limits = &node.config.limits;
+    let message = match who.method {
+        AuthMethod::ApiKey(_) => format!(
+            "more than {} publications per second with this API key (limits.publishes_per_api_key_per_s)",
+            limits.publishes_per_api_key_per_s
         ),
-    )
+        _ => format!(
+            "more than {} publications per second by this user (limits.publishes_per_user_per_s)",
+            limits.publishes_per_user_per_s
+        ),
+    };
+    ApiError::new(code::LIMIT, message)
 }
 
 /// A batch publish on behalf of the caller: items it may not publish get 401 / 403, items
-/// past its API key's rate get 429; the others are published in order.
+/// past its rate (API key or user) get 429; the others are published in order.
 pub async fn publish_batch(
     node: &Node,
     caller: &Option<axum::Extension<Caller>>,
@@ -168,15 +186,13 @@ pub async fn publish_batch(
     let who = identity(caller);
     let mut verdicts: Vec<Result<(), ApiError>> =
         items.iter().map(|(ch, _)| allow_publish_one(node, &who, ch)).collect();
-    if let AuthMethod::ApiKey(i) = who.method {
-        let wanted = verdicts.iter().filter(|v| v.is_ok()).count();
-        let mut granted = node.config.security.auth.limiter.take_api_key(i, wanted);
-        for v in verdicts.iter_mut().filter(|v| v.is_ok()) {
-            if granted == 0 {
-                *v = Err(rate_limited(node));
-            } else {
-                granted -= 1;
-            }
+    let wanted = verdicts.iter().filter(|v| v.is_ok()).count();
+    let mut granted = take_publishes(node, &who, wanted);
+    for v in verdicts.iter_mut().filter(|v| v.is_ok()) {
+        if granted == 0 {
+            *v = Err(rate_limited(node, &who));
+        } else {
+            granted -= 1;
         }
     }
     let allowed: Vec<(String, Data)> =
@@ -189,4 +205,72 @@ pub async fn publish_batch(
             Err(e) => Err(e),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::config::Config;
+
+    fn node() -> Arc<Node> {
+        let env = [
+            ("SWITCHBOARD_JWT_SECRET", "http-auth-test-secret-0123456789abcdef"),
+            ("SWITCHBOARD_API_KEYS", &super::super::apikey::hash_key("http-auth-test-api-key-0123456789")),
+            ("SWITCHBOARD_PUBLISHES_PER_USER_PER_S", "3"),
+            ("SWITCHBOARD_PUBLISHES_PER_API_KEY_PER_S", "3"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let config = Config::load(None, env, &[]).unwrap();
+        Node::new(config, Arc::new(switchboard_broker::MemoryBroker::new()))
+    }
+
+    fn caller(method: AuthMethod, user: &str) -> Option<axum::Extension<Caller>> {
+        let who = Identity { method, user: user.into(), ..Identity::anonymous() };
+        Some(axum::Extension(Caller(who)))
+    }
+
+    fn data(n: usize) -> Data {
+        Arc::new(serde_json::value::RawValue::from_string(n.to_string()).unwrap())
+    }
+
+    #[test]
+    fn auth_http_users_have_a_publish_rate_of_their_own() {
+        let node = node();
+        let alice = caller(AuthMethod::Token, "alice");
+        // Six (twice the rate) pass, then 429 naming the setting.
+        let verdicts: Vec<_> = (0..10).map(|_| allow_publish(&node, &alice, "room:1")).collect();
+        assert_eq!(verdicts.iter().filter(|v| v.is_ok()).count(), 6);
+        let refused = verdicts.last().unwrap().as_ref().unwrap_err();
+        assert_eq!(refused.code, code::LIMIT);
+        assert!(refused.message.contains("limits.publishes_per_user_per_s"), "{}", refused.message);
+        assert!(refused.message.contains("more than 3 publications per second by this user"), "{}", refused.message);
+        // The same user with Basic credentials shares the bucket; others have their own.
+        assert_eq!(allow_publish(&node, &caller(AuthMethod::Password, "alice"), "room:1").unwrap_err().code, 429);
+        assert!(allow_publish(&node, &caller(AuthMethod::Password, "bob"), "room:1").is_ok());
+        assert!(allow_publish(&node, &caller(AuthMethod::ApiKey(0), "api-key-0"), "room:1").is_ok());
+        // A refused permission costs no token.
+        let carol = caller(AuthMethod::Token, "carol");
+        for _ in 0..10 {
+            assert_eq!(allow_publish(&node, &carol, "nope:1").unwrap_err().code, code::FORBIDDEN);
+        }
+        assert!(allow_publish(&node, &carol, "room:1").is_ok());
+    }
+
+    #[tokio::test]
+    async fn auth_http_batch_items_past_the_user_rate_get_429() {
+        let node = node();
+        let items: Vec<(String, Data)> = (0..10).map(|i| ("room:b".to_string(), data(i))).collect();
+        let results = publish_batch(&node, &caller(AuthMethod::Password, "dave"), items.clone()).await;
+        let codes: Vec<u16> = results.iter().map(|r| r.as_ref().map_or_else(|e| e.code, |_| 200)).collect();
+        assert_eq!(codes, [vec![200; 6], vec![429; 4]].concat());
+        let offsets: Vec<u64> = results.iter().filter_map(|r| r.as_ref().ok().map(|p| p.offset)).collect();
+        assert_eq!(offsets, (1..=6).collect::<Vec<_>>());
+        // Another user's batch and an API key's still pass whole (up to their own rates).
+        let erin = publish_batch(&node, &caller(AuthMethod::Token, "erin"), items[..6].to_vec()).await;
+        assert!(erin.iter().all(Result::is_ok));
+        let key = publish_batch(&node, &caller(AuthMethod::ApiKey(0), "api-key-0"), items[..6].to_vec()).await;
+        assert!(key.iter().all(Result::is_ok));
+    }
 }

@@ -1,11 +1,17 @@
 //! Abuse limits that need state: WebSocket connections and handshakes per client address,
-//! publishes per connection and per API key. All token buckets, refilled continuously, holding
-//! twice the per-second rate so short bursts pass.
+//! publishes per connection, per API key and per user (HTTP publishes with a token or Basic
+//! credentials). All token buckets, refilled continuously, holding twice the per-second rate so
+//! short bursts pass.
 //!
 //! The per-address table is one `parking_lot::Mutex` around a map: it is touched once per
 //! handshake and once per disconnect, never per message, and held for a map lookup. Entries
 //! with no open connection and a full bucket are forgotten once the table doubles, so a flood
 //! from many addresses cannot grow it without bound.
+//!
+//! The per-user table works the same way (one lock, held for a lookup once per HTTP publish
+//! request, never per delivered message): a user whose bucket has refilled — nothing published
+//! for two seconds at most — is idle and forgotten at the next sweep, so the table holds the
+//! users that published in the last seconds, whatever the number of users who ever did.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -65,18 +71,26 @@ pub enum Admission {
     RateLimited,
 }
 
-/// Per-address and per-key counters of one node.
+/// Per-address, per-key and per-user counters of one node.
 pub struct Limiter {
     per_ip: Mutex<IpTable>,
+    per_user: Mutex<UserTable>,
     api_keys: Vec<Mutex<Bucket>>,
     max_conns_per_ip: usize,
     handshake_rate: f64,
     password_rate: f64,
     api_key_rate: f64,
+    user_rate: f64,
 }
 
 struct IpTable {
     map: HashMap<IpAddr, IpEntry>,
+    sweep_at: usize,
+}
+
+/// Publish buckets by user name (token `sub` or Basic user); swept like [`IpTable`].
+struct UserTable {
+    map: HashMap<Box<str>, Bucket>,
     sweep_at: usize,
 }
 
@@ -128,12 +142,20 @@ impl Limiter {
         let now = Instant::now();
         Limiter {
             per_ip: Mutex::new(IpTable { map: HashMap::new(), sweep_at: MIN_SWEEP }),
+            per_user: Mutex::new(UserTable { map: HashMap::new(), sweep_at: MIN_SWEEP }),
             api_keys: (0..api_keys).map(|_| Mutex::new(Bucket::full(api_key_rate as f64, now))).collect(),
             max_conns_per_ip,
             handshake_rate: handshakes_per_s as f64,
             password_rate: 5.0,
             api_key_rate: api_key_rate as f64,
+            user_rate: 1000.0,
         }
+    }
+
+    /// Sets the HTTP publishes per second per user (default 1000).
+    pub fn with_user_rate(mut self, per_s: usize) -> Limiter {
+        self.user_rate = per_s as f64;
+        self
     }
 
     /// Sets the password checks per second per address (default 5).
@@ -205,6 +227,33 @@ impl Limiter {
             Some(b) => b.lock().take_up_to(n, self.api_key_rate, Instant::now()),
             None => n,
         }
+    }
+
+    /// Takes up to `n` publish tokens of `user` (a token's `sub` or a Basic user name); returns
+    /// how many were granted. One bucket per user, whichever credentials it came with.
+    pub fn take_user(&self, user: &str, n: usize) -> usize {
+        self.take_user_at(user, n, Instant::now())
+    }
+
+    fn take_user_at(&self, user: &str, n: usize, now: Instant) -> usize {
+        if n == 0 {
+            return 0;
+        }
+        let rate = self.user_rate;
+        let mut t = self.per_user.lock();
+        if let Some(b) = t.map.get_mut(user) {
+            return b.take_up_to(n, rate, now);
+        }
+        if t.map.len() >= t.sweep_at {
+            t.map.retain(|_, b| !b.is_full(rate, now));
+            t.sweep_at = (2 * t.map.len()).max(MIN_SWEEP);
+        }
+        t.map.entry(user.into()).or_insert_with(|| Bucket::full(rate, now)).take_up_to(n, rate, now)
+    }
+
+    /// Users with a publish bucket in the table.
+    pub fn users_tracked(&self) -> usize {
+        self.per_user.lock().map.len()
     }
 
     fn sweep(&self, t: &mut IpTable, now: Instant) {
@@ -364,6 +413,47 @@ mod tests {
         }
         let len = l.per_ip.lock().map.len();
         assert!(len <= 4096, "{len}");
+    }
+
+    #[test]
+    fn limits_user_publish_rate_is_per_user() {
+        let l = Limiter::new(10, 100, 1, 1000).with_user_rate(5);
+        let t0 = Instant::now();
+        // A burst of two seconds' worth, then nothing until the bucket refills.
+        assert_eq!(l.take_user_at("alice", 100, t0), 10);
+        assert_eq!(l.take_user_at("alice", 1, t0), 0);
+        // Another user, and the API key, have their own buckets.
+        assert_eq!(l.take_user_at("bob", 3, t0), 3);
+        assert_eq!(l.take_api_key(0, 50), 50);
+        assert_eq!(l.take_user_at("alice", 100, t0 + Duration::from_millis(400)), 2);
+        assert_eq!(l.take_user_at("alice", 100, t0 + Duration::from_secs(60)), 10);
+    }
+
+    #[test]
+    fn limits_user_table_forgets_idle_users() {
+        let l = Limiter::new(10, 100, 0, 1).with_user_rate(10);
+        let t0 = Instant::now();
+        for i in 0..5000 {
+            assert_eq!(l.take_user_at(&format!("u{i}"), 1, t0), 1);
+        }
+        // Every one of them published a moment ago: all are kept.
+        assert_eq!(l.users_tracked(), 5000);
+        // Ten seconds on their buckets are full again; the users seen since are what stays.
+        for i in 0..6000 {
+            assert_eq!(l.take_user_at(&format!("v{i}"), 1, t0 + Duration::from_secs(10)), 1);
+        }
+        let len = l.users_tracked();
+        assert!(len <= 6000, "{len}");
+        // A steady stream of new names never grows the table past twice the active ones.
+        for round in 0..20u64 {
+            for i in 0..1000 {
+                let _ = l.take_user_at(&format!("w{round}-{i}"), 1, t0 + Duration::from_secs(20 + 10 * round));
+            }
+        }
+        let len = l.users_tracked();
+        assert!(len <= 4096, "{len}");
+        // A user kept through the sweeps still has its (drained) bucket.
+        assert_eq!(l.take_user_at("w19-0", 100, t0 + Duration::from_secs(210)), 19);
     }
 
     #[test]

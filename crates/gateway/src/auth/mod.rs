@@ -11,8 +11,8 @@
 //! - [`users`]: the Argon2 users file for Basic authentication, and `switchboard user add`.
 //! - [`pool`]: the threads that run Argon2 checks, with a bounded queue (429 when full).
 //! - [`apikey`]: hashed API keys for the HTTP API.
-//! - [`limits`]: per-address connection and handshake limits, per-key publish rates, and the
-//!   client address behind trusted proxies.
+//! - [`limits`]: per-address connection and handshake limits, per-key and per-user publish
+//!   rates, and the client address behind trusted proxies.
 //! - [`http`]: the middleware in front of every route: `Host` checks (DNS rebinding), `Origin`
 //!   checks on writes, HTTP API credentials (401 / 403).
 //!
@@ -327,6 +327,7 @@ pub struct AuthLimits {
     pub max_connections_per_ip: usize,
     pub handshakes_per_ip_per_s: usize,
     pub publishes_per_api_key_per_s: usize,
+    pub publishes_per_user_per_s: usize,
     pub password_checks_per_ip_per_s: usize,
     pub exempt_loopback: bool,
 }
@@ -347,7 +348,10 @@ impl Default for Auth {
             trusted_proxies: Vec::new(),
             grants: HashMap::new(),
             dashboards: HashMap::new(),
-            limiter: Arc::new(Limiter::new(l.max_connections_per_ip, l.handshakes_per_ip_per_s, 0, 1)),
+            limiter: Arc::new(
+                Limiter::new(l.max_connections_per_ip, l.handshakes_per_ip_per_s, 0, 1)
+                    .with_user_rate(l.publishes_per_user_per_s),
+            ),
             exempt_loopback: l.exempt_loopback,
             leeway_s: 0,
             verified: PasswordCache::new(),
@@ -417,7 +421,8 @@ impl Auth {
             api_keys.len(),
             limits.publishes_per_api_key_per_s,
         )
-        .with_password_rate(limits.password_checks_per_ip_per_s);
+        .with_password_rate(limits.password_checks_per_ip_per_s)
+        .with_user_rate(limits.publishes_per_user_per_s);
         let passwords = users.is_some().then(|| pool::PasswordPool::new(pool::THREADS, pool::QUEUE));
         Ok(Auth {
             jwt,
