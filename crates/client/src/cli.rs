@@ -68,10 +68,25 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
     opts.token = args.token.clone();
     let mut client =
         Client::connect_with(&args.url, &opts).await.with_context(|| format!("connect to {}", args.url))?;
-    let reply = client
+    let mut reply = client
         .subscribe(SubscribeOptions::new(args.channels.iter().cloned()).initial(args.initial))
         .await
         .context("subscribe")?;
+    // Channels past the server's reply budget (413) are subscribed again in another command,
+    // while replies take some.
+    let mut asked = reply.channels.len();
+    loop {
+        let again: Vec<String> = reply.errors().filter(|(_, e)| e.code == 413).map(|(ch, _)| ch.to_string()).collect();
+        if again.is_empty() || again.len() >= asked {
+            break;
+        }
+        asked = again.len();
+        let more = client
+            .subscribe(SubscribeOptions::new(again.iter().cloned()).initial(args.initial))
+            .await
+            .context("subscribe")?;
+        reply.channels.extend(more.channels);
+    }
     let mut ok = 0;
     let mut last = Vec::new();
     for ch in &args.channels {

@@ -123,6 +123,13 @@ pub struct HistoryReply {
     pub publications: Vec<Publication>,
     pub epoch: String,
     pub offset: u64,
+    /// `false` when the history no longer reached back to `since`.
+    #[serde(default = "yes")]
+    pub complete: bool,
+    /// The reply reached the server's byte budget before `limit`: more publications follow;
+    /// read them with `since` at the last one.
+    #[serde(default)]
+    pub more: bool,
 }
 
 /// `presence` reply.

@@ -506,10 +506,8 @@ impl Session {
         // ends early with `more`, and the client reads on from its last publication.
         let budget = reply_budget(self.node.config.limits.max_pending_bytes);
         let asked_since = since.is_some();
-        let newest = |head: &Position| Position {
-            epoch: head.epoch.clone(),
-            offset: head.offset.saturating_sub(limit as u64),
-        };
+        let newest =
+            |head: &Position| Position { epoch: head.epoch.clone(), offset: head.offset.saturating_sub(limit as u64) };
         let mut from = since.unwrap_or_else(|| newest(&head));
         let (mut publications, mut used, mut more, mut complete) = (Vec::new(), 0usize, false, true);
         let mut position = head.clone();

@@ -78,7 +78,8 @@ interface Entry {
 
 const NO_RECONNECT_CODES = new Set([4003, 4010]);
 const MAX_CHANNELS_PER_SUBSCRIBE = 5_000;
-/** Channels per subscribe that asks for trends (replies of up to ~70 KB per channel). */
+/** Channels per subscribe that asks for trends (an hour of 1 s buckets is ~250 KB per channel;
+ * the server refuses channels past its reply budget with 413, and they are asked again). */
 const TREND_CHANNELS_PER_SUBSCRIBE = 5;
 const MAX_U32 = 0xffff_ffff;
 
@@ -320,6 +321,7 @@ export class Client implements SubscriptionOwner {
       epoch: r.epoch,
       offset: r.offset,
       complete: r.complete ?? true,
+      more: r.more ?? false,
     };
   }
 
@@ -711,6 +713,11 @@ export class Client implements SubscriptionOwner {
     reply: ReplyBodies['subscribe'] | null,
     err: SwitchboardError | null,
   ): void {
+    // A channel past the reply's byte budget (413) is asked again in the next subscribe, as
+    // long as this reply took some channel (so the retries end: a 413 of a reply that took
+    // none is the channel's own, e.g. a trend too large for any reply).
+    const took = Object.values(reply?.channels ?? {}).some((r) => !('error' in r));
+    let retry = false;
     for (const ch of channels) {
       const e = this.entries.get(ch);
       if (!e || e.inflight !== id) continue;
@@ -723,9 +730,14 @@ export class Client implements SubscriptionOwner {
       }
       const r: WireChannelResult | undefined = reply?.channels?.[ch];
       if (!r) this.refuse(e, new SwitchboardError(500, 'no result for this channel in the reply'));
-      else if ('error' in r) this.refuse(e, new SwitchboardError(r.error.code, r.error.message));
+      else if ('error' in r && r.error.code === 413 && took) {
+        e.status = 'pending';
+        e.early = [];
+        retry = true;
+      } else if ('error' in r) this.refuse(e, new SwitchboardError(r.error.code, r.error.message));
       else this.accept(e, r);
     }
+    if (retry) this.queueFlush();
   }
 
   private refuse(e: Entry, err: SwitchboardError): void {
@@ -789,7 +801,8 @@ export class Client implements SubscriptionOwner {
     const token = ++e.fillToken;
     const limit = this.opts.fillLimit ?? 1000;
     const since = { epoch: upTo.epoch, offset: Math.max(0, upTo.offset - limit) };
-    const finish = (pubs: WirePub[]) => {
+    const pubs: WirePub[] = [];
+    const finish = () => {
       if (this.entries.get(e.channel) !== e || e.fillToken !== token) return;
       for (const p of pubs) if (p.off <= upTo.offset && p.off > e.position!.offset) this.deliverPub(e, p);
       if (last && last.off > e.position!.offset) this.deliverPub(e, last);
@@ -799,10 +812,20 @@ export class Client implements SubscriptionOwner {
       e.buffer = [];
       for (const p of held) if (p.off > e.position!.offset) this.deliverPub(e, p);
     };
-    this.request('history', { channel: e.channel, since, limit }).then(
-      (r) => finish(r.publications),
-      () => finish([]),
-    );
+    // A history reply past the server's byte budget holds fewer and says `more`: read on from
+    // its last publication.
+    const read = (from: Position, left: number) =>
+      this.request('history', { channel: e.channel, since: from, limit: left }).then(
+        (r) => {
+          pubs.push(...r.publications);
+          const tail = r.publications[r.publications.length - 1];
+          if (r.more && tail && left > r.publications.length && e.fillToken === token) {
+            read({ epoch: from.epoch, offset: tail.off }, left - r.publications.length);
+          } else finish();
+        },
+        () => finish(),
+      );
+    read(since, limit);
   }
 
   private onPub(p: WirePub): void {

@@ -92,6 +92,9 @@ export interface HistoryResult {
   epoch: string;
   offset: number;
   complete: boolean;
+  /** The reply reached the server's byte budget before `limit`: more publications follow;
+   * read them with `since` set to the last publication's position. */
+  more: boolean;
 }
 
 export interface ClientStats {

@@ -86,7 +86,7 @@ export interface ReplyBodies {
   subscribe: { channels: Record<string, WireChannelResult> };
   unsubscribe: Record<string, never>;
   publish: { offset: number; epoch: string };
-  history: { publications: WirePub[]; epoch: string; offset: number; complete?: boolean };
+  history: { publications: WirePub[]; epoch: string; offset: number; complete?: boolean; more?: boolean };
   presence: { clients: PresenceClient[] };
   ping: { data?: unknown };
   refresh: { expires: number };

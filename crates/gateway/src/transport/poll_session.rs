@@ -374,8 +374,9 @@ impl Polls {
             return Ok(Found::Session(s));
         }
         let most = self.node.config.limits.max_channels_per_subscribe.max(1);
-        let subs: Vec<&StoredSub> = rec.subs.iter().collect();
-        for chunk in subs.chunks(most) {
+        let mut todo: Vec<&StoredSub> = rec.subs.iter().collect();
+        while !todo.is_empty() && s.wire.closed().is_none() {
+            let chunk: Vec<&StoredSub> = todo.drain(..todo.len().min(most)).collect();
             let recover: serde_json::Map<String, serde_json::Value> = chunk
                 .iter()
                 .map(|x| (x.ch.clone(), serde_json::json!({ "epoch": x.epoch, "offset": x.off })))
@@ -389,6 +390,18 @@ impl Polls {
             });
             let _ = live.session.handle_payload(cmd.to_string().as_bytes()).await;
             live.session.flush();
+            // Channels past the reply's budget (413) go first in the next command. Each reply
+            // takes at least its first channel (a recovery too large alone is cut and marked
+            // incomplete), so this ends; a reply that took none closes the session (4008: the
+            // client recovers itself) rather than leave channels unsubscribed.
+            let again = too_large(&s.wire.take_replies());
+            let sent = chunk.len();
+            let retry: Vec<&StoredSub> = chunk.into_iter().filter(|x| again.contains(&x.ch)).collect();
+            if !retry.is_empty() && retry.len() == sent {
+                s.outbox.close(close::SLOW_CONSUMER, "the recovery does not fit a reply; reconnect and recover", true);
+                break;
+            }
+            todo.splice(0..0, retry);
         }
         let _ = s.wire.take_replies();
         self.sessions.lock().insert(id.to_string(), s.clone());
@@ -568,6 +581,11 @@ impl Polls {
         for ch in channels {
             let Some(r) = ok.channels.get(&ch) else { continue };
             if let Some(e) = &r.error {
+                if e.code == code::TOO_LARGE {
+                    // Past the reply's budget: the takeover subscribes it again in a later
+                    // command, whose reply recovers it.
+                    continue;
+                }
                 out.push(Bytes::from(encode_error(Format::Json, 0, e.code, &format!("{ch}: {}", e.message))));
                 live.head.shift_remove(&ch);
                 continue;
@@ -710,6 +728,21 @@ pub(crate) fn rewrite_commands(body: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<String>
         return Err(bad("no command in the body".into()));
     }
     Ok((out, unsubscribed))
+}
+
+/// The channels that a takeover's resubscribe replies refused for the reply's size (413).
+fn too_large(replies: &[Bytes]) -> std::collections::HashSet<String> {
+    let mut out = std::collections::HashSet::new();
+    for text in replies {
+        if let Ok(ReplyIn { ok: Some(ok), .. }) = serde_json::from_slice::<ReplyIn<'_>>(text) {
+            for (ch, r) in ok.channels {
+                if r.error.is_some_and(|e| e.code == code::TOO_LARGE) {
+                    out.insert(ch);
+                }
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
