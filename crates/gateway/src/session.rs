@@ -590,7 +590,7 @@ impl Session {
             );
             return self.err(id, e);
         }
-        let sampling = match Sampling::of(&req) {
+        let sampling = match switchboard_protocol::bounds::subscribe(&req).map_err(crate::sampling::bad_number) {
             Ok(s) => s,
             Err(e) => return self.err(id, e),
         };
