@@ -43,7 +43,9 @@ pub fn start(node: &Arc<Node>) {
         ttl: Duration::from_secs(node.config.source_lease_ttl_s),
     };
     let sink: Arc<dyn Sink> = Arc::new(NodeSink(Arc::downgrade(node)));
-    let sources = Sources::start(node.config.sources.clone(), sink, lease, node.stopping());
+    let max_publication = node.config.limits.max_publication_bytes;
+    let configs = node.config.sources.iter().map(|s| s.clone().with_node_limits(max_publication)).collect();
+    let sources = Sources::start(configs, sink, lease, node.stopping());
     forward::start(node, &sources);
     let _ = node.sources.set(sources);
 }

@@ -1,17 +1,30 @@
 //! The MQTT source: subscribes to topics of an MQTT broker (a plant's unified namespace) and
 //! publishes what arrives as points; writes to its channels become MQTT publishes.
 //!
-//! - Payloads: a JSON point `{"v", "t", "q"}` (passed through; `t` and `q` filled in when
-//!   missing), a bare JSON value or plain text (wrapped as `{"v", "t": <arrival ms>,
-//!   "q": "good"}`), or Sparkplug B on `spBv1.0/...` topics ([`crate::sparkplug`]). Anything
-//!   else (a JSON object without `v`, a bad `t` or `q`, text that starts as JSON but is not,
-//!   bytes that are not UTF-8, a topic that gives no valid channel name) is a decode error:
-//!   counted, logged at debug, never fatal. Empty payloads (retained-message deletions) are
-//!   ignored.
+//! - Payloads ([`payload`]): a JSON point `{"v", "t", "q"}` (passed through; `t` and `q` filled
+//!   in when missing), a bare JSON value or plain text (wrapped as `{"v", "t": <arrival ms>,
+//!   "q": "good"}`), or Sparkplug B on `spBv1.0/...` topics ([`crate::sparkplug`]). Empty
+//!   payloads (retained-message deletions) are ignored.
 //! - Channels: the `channel` template with `{topic}` replaced by the topic, `/` turned into `.`.
-//! - The connection: QoS `qos` (1 by default) subscriptions, made again after every connect; reconnects with jittered exponential backoff (0.5 s to
-//!   30 s). When the connection drops every channel the source fed gets its last value again
-//!   with `q: "bad"`; fresh values follow once it is back.
+//! - Refused input ([`refusals`]): a message larger than `max_packet_bytes` (`oversized`), one
+//!   that does not decode (`decode`: a JSON object without `v`, a bad `t` or `q`, text that
+//!   starts as JSON but is not, bytes that are not UTF-8, a bad Sparkplug topic or payload), a
+//!   topic that gives no valid channel name (`topic`), and a new channel, Sparkplug edge node,
+//!   device, metric or alias past its bound (`bound`) are counted by reason and logged at warn
+//!   (rate-limited), never a reason to drop the connection. The client library acknowledges
+//!   every message it reads before the source looks at it, so the MQTT broker never delivers a
+//!   refused message again.
+//! - Sizes: the client library is given the largest packet MQTT can frame
+//!   ([`LIBRARY_MAX_PACKET`]), so it never drops the connection over a packet's size (it would
+//!   drop it before acknowledging, and under a persistent session the broker would deliver the
+//!   same message again on every reconnect, forever); the source refuses by `max_packet_bytes`
+//!   itself. The memory one message may take is bounded by the MQTT broker's own limit
+//!   (mosquitto `message_size_limit`).
+//! - The connection: QoS `qos` (1 by default) subscriptions, made again after every connect;
+//!   reconnects with jittered exponential backoff ([`backoff`]: 0.5 s to 30 s, starting over
+//!   only after a connection stayed up [`backoff::STABLE_AFTER`]). When the connection drops
+//!   every channel the source fed gets its last value again with `q: "bad"`; fresh values
+//!   follow once it is back.
 //! - Points go to the sink in batches: whatever arrived within [`BATCH_WAIT`] of the first,
 //!   at most [`BATCH_MAX`]. One task publishes the batches in order, so each channel's points
 //!   keep the order they arrived in.
@@ -19,7 +32,8 @@
 //!   published with QoS 1 (not retained); the write is accepted once the broker acknowledges
 //!   it (PUBACK). MQTT 3.1.1 has no way to refuse a publish: a broker that drops it (an ACL)
 //!   still acknowledges. A channel fed by a Sparkplug B metric is written with an `NCMD` or
-//!   `DCMD` instead ([`Sparkplug::command`]), also QoS 1 and accepted on PUBACK.
+//!   `DCMD` instead ([`Sparkplug::command`]), also QoS 1 and accepted on PUBACK. A write whose
+//!   message would pass `max_packet_bytes` is not writable.
 //! - Sparkplug B rebirth requests ([`crate::sparkplug`] says when) are published with QoS 0, as
 //!   the specification wants commands, and counted in [`SourceStats::rebirths`].
 
@@ -37,12 +51,27 @@ use tokio::time::Instant;
 use crate::sparkplug::{self, Sparkplug};
 use crate::{SourceCtx, SourceStats, Write, WriteError};
 
+pub mod backoff;
+pub mod payload;
+pub mod refusals;
+
+use backoff::Backoff;
+pub use payload::{decode, point, Template};
+use refusals::Refusals;
+
 /// How long a batch waits for more points after its first one.
 pub const BATCH_WAIT: Duration = Duration::from_millis(2);
 /// Most points in one batch.
 pub const BATCH_MAX: usize = 500;
-/// Largest MQTT packet accepted or sent (a Sparkplug birth of thousands of metrics fits).
-const MAX_PACKET: usize = 1024 * 1024;
+/// `max_packet_bytes` when neither it nor the node's `limits.max_publication_bytes` is larger:
+/// a Sparkplug birth of thousands of metrics fits.
+pub const DEFAULT_MAX_PACKET: usize = 1024 * 1024;
+/// The packet size limit given to the client library, both ways: the largest remaining length
+/// an MQTT fixed header can encode, so the library never refuses a packet the broker sends
+/// (see the module doc); the source's own limit is `max_packet_bytes`.
+pub const LIBRARY_MAX_PACKET: usize = 268_435_455;
+/// `max_channels` unless set.
+pub const DEFAULT_MAX_CHANNELS: usize = 100_000;
 /// Points decoded but not yet published; when full the source stops reading the socket, so a
 /// slow node pushes back on the MQTT broker instead of growing memory.
 const QUEUE: usize = 8192;
@@ -86,6 +115,15 @@ pub struct MqttConfig {
     /// was not seen or its `seq` skipped.
     #[serde(default = "default_true")]
     pub sparkplug_rebirth: bool,
+    /// Largest MQTT message (the whole PUBLISH packet, in bytes) the source reads or writes.
+    /// A larger one it receives is acknowledged and refused (`oversized`). Unset: the larger of
+    /// the node's `limits.max_publication_bytes` and [`DEFAULT_MAX_PACKET`] (filled in by the
+    /// node through [`crate::SourceConfig::with_node_limits`]).
+    pub max_packet_bytes: Option<usize>,
+    /// Most channels the source feeds (and Sparkplug B metrics and aliases it keeps): a new
+    /// one past it is refused (`bound`), the ones it has carry on.
+    #[serde(default = "default_max_channels")]
+    pub max_channels: usize,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
@@ -114,41 +152,8 @@ fn default_write_timeout_ms() -> u64 {
 fn default_true() -> bool {
     true
 }
-
-/// The channel template split around `{topic}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Template {
-    prefix: String,
-    suffix: String,
-}
-
-impl Template {
-    pub fn parse(text: &str) -> Result<Template, String> {
-        let (prefix, suffix) =
-            text.split_once("{topic}").ok_or_else(|| format!("channel: {text:?} has no {{topic}}"))?;
-        if suffix.contains("{topic}") {
-            return Err(format!("channel: {text:?} has {{topic}} more than once"));
-        }
-        switchboard_protocol::validate_channel(&format!("{prefix}x{suffix}"))
-            .map_err(|e| format!("channel: {text:?} does not make channel names ({e})"))?;
-        Ok(Template { prefix: prefix.into(), suffix: suffix.into() })
-    }
-
-    /// The channel of a topic (or a Sparkplug point path), if it makes a valid name.
-    pub fn channel(&self, topic: &str) -> Option<String> {
-        let mut ch = String::with_capacity(self.prefix.len() + topic.len() + self.suffix.len());
-        ch.push_str(&self.prefix);
-        ch.extend(topic.chars().map(|c| if c == '/' { '.' } else { c }));
-        ch.push_str(&self.suffix);
-        switchboard_protocol::validate_channel(&ch).is_ok().then_some(ch)
-    }
-
-    /// The topic a write to `channel` goes to: the inverse of [`Template::channel`], every `.`
-    /// becoming `/`.
-    pub fn topic(&self, channel: &str) -> Option<String> {
-        let mid = channel.strip_prefix(&self.prefix)?.strip_suffix(&self.suffix)?;
-        (!mid.is_empty()).then(|| mid.replace('.', "/"))
-    }
+fn default_max_channels() -> usize {
+    DEFAULT_MAX_CHANNELS
 }
 
 impl MqttConfig {
@@ -168,7 +173,25 @@ impl MqttConfig {
         if self.username.is_none() && self.password.is_some() {
             return Err("password: needs a username".into());
         }
+        if self.max_packet_bytes.is_some_and(|n| !(1024..=LIBRARY_MAX_PACKET).contains(&n)) {
+            return Err(format!("max_packet_bytes: 1024 to {LIBRARY_MAX_PACKET}"));
+        }
+        if self.max_channels == 0 {
+            return Err("max_channels: at least 1".into());
+        }
         Ok(())
+    }
+
+    /// Fills `max_packet_bytes` when unset: the larger of the node's largest publication and
+    /// [`DEFAULT_MAX_PACKET`].
+    pub fn with_node_limits(mut self, max_publication_bytes: usize) -> MqttConfig {
+        self.max_packet_bytes.get_or_insert(max_publication_bytes.clamp(DEFAULT_MAX_PACKET, LIBRARY_MAX_PACKET));
+        self
+    }
+
+    /// The largest message the source reads or writes.
+    pub fn max_packet(&self) -> usize {
+        self.max_packet_bytes.unwrap_or(DEFAULT_MAX_PACKET)
     }
 
     /// Host, port and TLS from the URL.
@@ -199,7 +222,7 @@ impl MqttConfig {
         let mut o = MqttOptions::new(id, host, port);
         o.set_keep_alive(Duration::from_secs(self.keep_alive_s))
             .set_clean_session(self.clean_session)
-            .set_max_packet_size(MAX_PACKET, MAX_PACKET);
+            .set_max_packet_size(LIBRARY_MAX_PACKET, LIBRARY_MAX_PACKET);
         if let Some(user) = &self.username {
             o.set_credentials(user.clone(), self.password.clone().unwrap_or_default());
         }
@@ -236,59 +259,6 @@ fn qos(level: u8) -> QoS {
     }
 }
 
-/// A point as published: `{"v", "t", "q"}`.
-pub fn point(v: &Value, t: u64, good: bool) -> Data {
-    let q = if good { "good" } else { "bad" };
-    let text = serde_json::json!({"v": v, "t": t, "q": q}).to_string();
-    // Serialized from a JSON value: always valid JSON.
-    Arc::new(serde_json::value::RawValue::from_string(text).unwrap_or_else(|_| raw_null()))
-}
-
-fn raw_null() -> Box<serde_json::value::RawValue> {
-    serde_json::value::RawValue::NULL.to_owned()
-}
-
-/// Reads a non-Sparkplug payload: the point's value and the data to publish; `Ok(None)` for an
-/// empty payload.
-pub fn decode(payload: &[u8], now_ms: u64) -> Result<Option<(Value, Data)>, String> {
-    if payload.is_empty() {
-        return Ok(None);
-    }
-    let text = std::str::from_utf8(payload).map_err(|_| "payload is not UTF-8 text".to_string())?.trim();
-    if text.starts_with('{') {
-        let Value::Object(mut obj) = serde_json::from_str::<Value>(text).map_err(|e| format!("bad JSON: {e}"))? else {
-            return Err("bad JSON object".into());
-        };
-        let v = obj.get("v").cloned().ok_or("a JSON object without \"v\"")?;
-        let t_ok = match obj.get("t") {
-            None => false,
-            Some(t) if t.is_u64() => true,
-            Some(_) => return Err("\"t\" is not unix milliseconds".into()),
-        };
-        let q_ok = match obj.get("q") {
-            None => false,
-            Some(Value::String(q)) if matches!(q.as_str(), "good" | "bad" | "uncertain") => true,
-            Some(_) => return Err("\"q\" is not \"good\", \"bad\" or \"uncertain\"".into()),
-        };
-        if t_ok && q_ok {
-            let raw = serde_json::value::RawValue::from_string(text.to_string()).map_err(|e| e.to_string())?;
-            return Ok(Some((v, Arc::new(raw))));
-        }
-        obj.entry("t").or_insert(now_ms.into());
-        obj.entry("q").or_insert("good".into());
-        let raw =
-            serde_json::value::RawValue::from_string(Value::Object(obj).to_string()).map_err(|e| e.to_string())?;
-        return Ok(Some((v, Arc::new(raw))));
-    }
-    let v = match serde_json::from_str::<Value>(text) {
-        Ok(v) => v,
-        Err(e) if text.starts_with(['[', '"']) => return Err(format!("bad JSON: {e}")),
-        Err(_) => Value::String(text.to_string()),
-    };
-    let data = point(&v, now_ms, true);
-    Ok(Some((v, data)))
-}
-
 /// What the connection task knows of one channel it fed.
 struct Fed {
     last: Value,
@@ -303,8 +273,12 @@ struct Conn {
     template: Template,
     stats: Arc<SourceStats>,
     sparkplug: Sparkplug,
+    /// Every channel the source fed, at most `cfg.max_channels`.
     fed: HashMap<String, Fed>,
     points: mpsc::Sender<(String, Data)>,
+    refusals: Refusals,
+    /// `cfg.max_packet()`.
+    max_packet: usize,
     /// Writes handed to the client, waiting for their packet id (assigned in order).
     unsent: VecDeque<(Instant, oneshot::Sender<Result<(), WriteError>>)>,
     /// Writes sent, by packet id, waiting for PUBACK.
@@ -325,7 +299,9 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
     let (tx, rx) = mpsc::channel(QUEUE);
     let publisher = tokio::spawn(publish_batches(rx, ctx.sink.clone(), ctx.stats.clone(), name.clone()));
     let mut conn = Conn {
-        sparkplug: Sparkplug::new(cfg.sparkplug_rebirth),
+        sparkplug: Sparkplug::new(cfg.sparkplug_rebirth, sparkplug::Bounds::new(cfg.max_channels)),
+        refusals: Refusals::new(name.clone(), ctx.stats.clone()),
+        max_packet: cfg.max_packet(),
         cfg,
         client: client.clone(),
         template,
@@ -336,7 +312,7 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
         inflight: HashMap::new(),
     };
     let write_timeout = Duration::from_millis(conn.cfg.write_timeout_ms);
-    let mut backoff = Duration::from_millis(500);
+    let mut backoff = Backoff::default();
     let mut connected_once = false;
     let mut expiry = tokio::time::interval(Duration::from_millis(200));
     loop {
@@ -354,7 +330,7 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
                         conn.stats.reconnects.fetch_add(1, Relaxed);
                     }
                     connected_once = true;
-                    backoff = Duration::from_millis(500);
+                    backoff.up(Instant::now());
                     tracing::info!(source = %name, session_present = ack.session_present, "MQTT connected");
                     // Subscribed on every connect, even when the broker says it kept the
                     // session: a broker restarted without persistence, or one that reports a
@@ -370,7 +346,7 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
                         tracing::warn!(source = %name, refused, "MQTT broker refused topic filters");
                     }
                 }
-                Ok(Event::Incoming(Incoming::Publish(p))) => conn.received(&p.topic, &p.payload).await,
+                Ok(Event::Incoming(Incoming::Publish(p))) => conn.received(&p.topic, &p.payload, p.size()).await,
                 Ok(Event::Incoming(Incoming::PubAck(ack))) => {
                     if let Some((_, reply)) = conn.inflight.remove(&ack.pkid) {
                         conn.stats.writes_ok.fetch_add(1, Relaxed);
@@ -396,8 +372,7 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
                     // Writes not acknowledged are answered now and never sent later.
                     events.pending.clear();
                     conn.fail_writes("the MQTT connection was lost before the broker acknowledged the write");
-                    let wait = backoff.mul_f64(0.5 + fastrand::f64());
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    let wait = backoff.down(Instant::now());
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
                         _ = ctx.stop.changed() => break,
@@ -423,51 +398,32 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
 }
 
 impl Conn {
-    /// One MQTT publish received.
-    async fn received(&mut self, topic: &str, payload: &[u8]) {
+    /// One MQTT publish received (the client library has acknowledged it): `size` is the
+    /// whole packet's.
+    async fn received(&mut self, topic: &str, payload: &[u8], size: usize) {
         self.stats.messages.fetch_add(1, Relaxed);
+        if size > self.max_packet {
+            let why = format!("{size} bytes, larger than max_packet_bytes ({})", self.max_packet);
+            return self.refusals.refuse("oversized", 1, topic, size, &why);
+        }
         let now = now_ms();
         let items = match sparkplug::parse_topic(topic) {
             Some(Ok(t)) => match self.sparkplug.handle(&t, payload, now) {
-                Ok(decoded) => {
-                    if decoded.skipped > 0 {
-                        self.stats.decode_errors.fetch_add(decoded.skipped as u64, Relaxed);
-                        tracing::debug!(source = %self.cfg.name, topic, skipped = decoded.skipped, "Sparkplug metrics skipped");
-                    }
-                    if let Some((expected, got)) = decoded.gap {
-                        self.stats.decode_errors.fetch_add(1, Relaxed);
-                        tracing::debug!(source = %self.cfg.name, topic, expected, got, "Sparkplug seq gap: messages lost");
-                    }
-                    if let Some(cmd) = decoded.rebirth {
-                        self.rebirth(cmd);
-                    }
-                    let mut items = Vec::with_capacity(decoded.points.len());
-                    for p in decoded.points {
-                        match self.template.channel(&p.path) {
-                            Some(ch) => {
-                                let data = point(&p.v, p.t, p.good);
-                                self.fed.insert(ch.clone(), Fed { last: p.v, sparkplug: Some((p.path, p.device)) });
-                                items.push((ch, data));
-                            }
-                            None => self.bad_input(topic, "the metric gives no valid channel name"),
-                        }
-                    }
-                    items
-                }
-                Err(e) => return self.bad_input(topic, &e.to_string()),
+                Ok(decoded) => self.sparkplug_points(topic, size, decoded),
+                Err(e) => return self.undecodable(topic, size, &e.to_string()),
             },
-            Some(Err(e)) => return self.bad_input(topic, &e.to_string()),
+            Some(Err(e)) => return self.undecodable(topic, size, &e.to_string()),
             None => {
                 let Some(ch) = self.template.channel(topic) else {
-                    return self.bad_input(topic, "the topic gives no valid channel name");
+                    return self.no_channel(topic, size, "the topic gives no valid channel name");
                 };
                 match decode(payload, now) {
-                    Ok(Some((v, data))) => {
-                        self.fed.insert(ch.clone(), Fed { last: v, sparkplug: None });
-                        vec![(ch, data)]
-                    }
+                    Ok(Some((v, data))) => match self.feed(&ch, Fed { last: v, sparkplug: None }, topic, size) {
+                        true => vec![(ch, data)],
+                        false => return,
+                    },
                     Ok(None) => return,
-                    Err(e) => return self.bad_input(topic, &e),
+                    Err(e) => return self.undecodable(topic, size, &e),
                 }
             }
         };
@@ -478,9 +434,65 @@ impl Conn {
         }
     }
 
-    fn bad_input(&self, topic: &str, why: &str) {
+    /// The points of a decoded Sparkplug B message, with its skipped metrics, `seq` gap,
+    /// refusals and rebirth request accounted for.
+    fn sparkplug_points(&mut self, topic: &str, size: usize, decoded: sparkplug::Decoded) -> Vec<(String, Data)> {
+        if decoded.skipped > 0 {
+            self.stats.decode_errors.fetch_add(decoded.skipped as u64, Relaxed);
+            tracing::debug!(source = %self.cfg.name, topic, skipped = decoded.skipped, "Sparkplug metrics skipped");
+        }
+        if let Some((expected, got)) = decoded.gap {
+            self.stats.decode_errors.fetch_add(1, Relaxed);
+            tracing::debug!(source = %self.cfg.name, topic, expected, got, "Sparkplug seq gap: messages lost");
+        }
+        if let Some((what, bound)) = decoded.bound {
+            let why = format!("the source keeps at most {bound} Sparkplug B {what}");
+            self.refusals.refuse("bound", decoded.bounded as u64, topic, size, &why);
+        }
+        if let Some(cmd) = decoded.rebirth {
+            self.rebirth(cmd);
+        }
+        let mut items = Vec::with_capacity(decoded.points.len());
+        for p in decoded.points {
+            let Some(ch) = self.template.channel(&p.path) else {
+                self.no_channel(topic, size, "a metric gives no valid channel name");
+                continue;
+            };
+            let data = point(&p.v, p.t, p.good);
+            if self.feed(&ch, Fed { last: p.v, sparkplug: Some((p.path, p.device)) }, topic, size) {
+                items.push((ch, data));
+            }
+        }
+        items
+    }
+
+    /// Records what feeds `ch`; false (refused, `bound`) for a new channel past
+    /// `max_channels`.
+    fn feed(&mut self, ch: &str, fed: Fed, topic: &str, size: usize) -> bool {
+        if let Some(known) = self.fed.get_mut(ch) {
+            *known = fed;
+            return true;
+        }
+        if self.fed.len() >= self.cfg.max_channels {
+            let why = format!("the source feeds at most max_channels ({}) channels", self.cfg.max_channels);
+            self.refusals.refuse("bound", 1, topic, size, &why);
+            return false;
+        }
+        self.fed.insert(ch.to_string(), fed);
+        true
+    }
+
+    /// A message that does not decode: counted as a decode error and refused (`decode`).
+    fn undecodable(&mut self, topic: &str, size: usize, why: &str) {
         self.stats.decode_errors.fetch_add(1, Relaxed);
-        tracing::debug!(source = %self.cfg.name, topic = %topic.chars().take(200).collect::<String>(), "MQTT payload not decoded: {why}");
+        self.refusals.refuse("decode", 1, topic, size, &format!("not decoded: {why}"));
+    }
+
+    /// A topic (or Sparkplug metric) that gives no channel name: counted as a decode error and
+    /// refused (`topic`).
+    fn no_channel(&mut self, topic: &str, size: usize, why: &str) {
+        self.stats.decode_errors.fetch_add(1, Relaxed);
+        self.refusals.refuse("topic", 1, topic, size, why);
     }
 
     /// The connection dropped: every channel fed gets its last value with `q: "bad"`.
@@ -515,6 +527,14 @@ impl Conn {
             Err(WriteError::Unavailable("not connected to the MQTT broker".into()))
         };
         let result = target.and_then(|(topic, payload)| {
+            // The PUBLISH packet: fixed header (at most 5 bytes), topic, packet id, payload.
+            let size = 5 + 2 + topic.len() + 2 + payload.len();
+            if size > self.max_packet {
+                return Err(WriteError::NotWritable(format!(
+                    "the MQTT message would be {size} bytes, larger than max_packet_bytes ({})",
+                    self.max_packet
+                )));
+            }
             self.client
                 .try_publish(topic, QoS::AtLeastOnce, false, payload)
                 .map_err(|e| WriteError::Unavailable(format!("MQTT client busy: {e}")))
@@ -604,7 +624,7 @@ async fn publish_batches(
         let ok = results.iter().filter(|r| r.is_ok()).count();
         stats.points.fetch_add(ok as u64, Relaxed);
         if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-            stats.refused.fetch_add((results.len() - ok) as u64, Relaxed);
+            stats.refuse("node", (results.len() - ok) as u64);
             tracing::warn!(source = %name, refused = results.len() - ok, "the node refused MQTT points: {e}");
         }
     }
@@ -613,37 +633,6 @@ async fn publish_batches(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mqtt_template_maps_topics_to_channels_and_back() {
-        let t = Template::parse("pt:{topic}").unwrap();
-        assert_eq!(t.channel("plant/line1/temp").as_deref(), Some("pt:plant.line1.temp"));
-        assert_eq!(t.channel("plant/line 1"), None, "a space is outside the channel alphabet");
-        assert_eq!(t.topic("pt:plant.line1.sp").as_deref(), Some("plant/line1/sp"));
-        assert_eq!(t.topic("room:x"), None);
-        let t = Template::parse("pt:site1.{topic}.raw").unwrap();
-        assert_eq!(t.channel("a/b").as_deref(), Some("pt:site1.a.b.raw"));
-        assert_eq!(t.topic("pt:site1.a.b.raw").as_deref(), Some("a/b"));
-        assert!(Template::parse("pt:x").is_err());
-        assert!(Template::parse("p t:{topic}").is_err());
-    }
-
-    #[test]
-    fn mqtt_payloads_decode_to_points() {
-        let v = |p: &str| decode(p.as_bytes(), 7).map(|o| o.map(|(_, d)| d.get().to_string()));
-        assert_eq!(v("21.5").unwrap().unwrap(), r#"{"q":"good","t":7,"v":21.5}"#);
-        assert_eq!(v("true").unwrap().unwrap(), r#"{"q":"good","t":7,"v":true}"#);
-        assert_eq!(v(" RUNNING ").unwrap().unwrap(), r#"{"q":"good","t":7,"v":"RUNNING"}"#);
-        assert_eq!(v("[1,2]").unwrap().unwrap(), r#"{"q":"good","t":7,"v":[1,2]}"#);
-        let full = r#"{"v":1,"t":5,"q":"uncertain"}"#;
-        assert_eq!(v(full).unwrap().unwrap(), full, "a full point passes through");
-        assert_eq!(v(r#"{"v":1}"#).unwrap().unwrap(), r#"{"q":"good","t":7,"v":1}"#);
-        assert_eq!(v("").unwrap(), None);
-        for bad in [r#"{"x":1}"#, r#"{"v":1,"q":"meh"}"#, r#"{"v":1,"t":-3}"#, "{oops", "[1,", "\"open"] {
-            assert!(v(bad).is_err(), "{bad}");
-        }
-        assert!(decode(&[0xff, 0xfe], 1).is_err());
-    }
 
     #[test]
     fn mqtt_config_is_checked_by_key() {
@@ -662,6 +651,8 @@ mod tests {
             write_timeout_ms: 5000,
             write_format: WriteFormat::Json,
             sparkplug_rebirth: true,
+            max_packet_bytes: None,
+            max_channels: DEFAULT_MAX_CHANNELS,
         };
         assert_eq!(cfg("mqtt://127.0.0.1:1884").endpoint().unwrap(), ("127.0.0.1".into(), 1884, false));
         assert_eq!(cfg("mqtts://broker").endpoint().unwrap(), ("broker".into(), 8883, true));
@@ -670,5 +661,19 @@ mod tests {
         let mut c = cfg("mqtt://x");
         c.qos = 3;
         assert!(c.check().unwrap_err().starts_with("qos"));
+        let mut c = cfg("mqtt://x");
+        c.max_packet_bytes = Some(100);
+        assert!(c.check().unwrap_err().starts_with("max_packet_bytes"));
+        c.max_packet_bytes = Some(LIBRARY_MAX_PACKET + 1);
+        assert!(c.check().unwrap_err().starts_with("max_packet_bytes"));
+        c.max_packet_bytes = None;
+        c.max_channels = 0;
+        assert!(c.check().unwrap_err().starts_with("max_channels"));
+        // Unset, the largest packet follows the node's largest publication, never below 1 MiB.
+        assert_eq!(cfg("mqtt://x").with_node_limits(64 * 1024).max_packet(), DEFAULT_MAX_PACKET);
+        assert_eq!(cfg("mqtt://x").with_node_limits(4 << 20).max_packet(), 4 << 20);
+        let mut c = cfg("mqtt://x");
+        c.max_packet_bytes = Some(2048);
+        assert_eq!(c.with_node_limits(4 << 20).max_packet(), 2048, "a setting wins");
     }
 }

@@ -25,6 +25,11 @@
 //! declared) or whose `seq` skipped is asked for a rebirth (`NCMD` `Node Control/Rebirth`), at
 //! most once per edge node per [`command::REBIRTH_INTERVAL_MS`].
 //!
+//! Bounds ([`Bounds`]): the state kept for edge nodes, devices, metrics and aliases has a
+//! ceiling each; past it a message of a new edge node or device, or a new metric or alias, is
+//! refused and reported ([`Decoded::bounded`]), never asked to be born again (a new birth would
+//! meet the same bound), while everything already known carries on.
+//!
 //! Not handled: `NCMD`/`DCMD`/`STATE` messages (ignored), `bdSeq` (an `NDEATH` is taken as the
 //! death of the current session), waiting for a message that came out of order, datasets,
 //! templates, bytes and files (such metrics are skipped and counted; they take no writes).
@@ -220,6 +225,64 @@ pub struct Decoded {
     /// resolved, or `seq` skipped (never more than one per edge node per
     /// [`command::REBIRTH_INTERVAL_MS`]).
     pub rebirth: Option<Command>,
+    /// Refused because the state reached one of its [`Bounds`]: the whole message (a new edge
+    /// node or device) or metrics of it (a new metric, a new alias, or data naming an alias
+    /// refused so).
+    pub bounded: usize,
+    /// Which bound, and its value, when `bounded` is not 0.
+    pub bound: Option<(&'static str, usize)>,
+}
+
+impl Decoded {
+    fn refuse(&mut self, what: &'static str, bound: usize) {
+        self.bounded += 1;
+        self.bound = Some((what, bound));
+    }
+}
+
+/// Most edge nodes one source keeps state for.
+pub const MAX_EDGE_NODES: usize = 4096;
+/// Most devices, over all edge nodes, one source keeps state for.
+pub const MAX_DEVICES: usize = 65_536;
+
+/// How much state one source keeps: past a bound, messages of a new edge node or device, and
+/// new metrics and aliases, are refused (reported in [`Decoded::bounded`]), while everything
+/// already known carries on. An `NBIRTH` gives back what its edge node held, a `DBIRTH` what
+/// its device held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub edge_nodes: usize,
+    pub devices: usize,
+    /// Metrics of edge nodes and devices together.
+    pub metrics: usize,
+    /// Aliases of all edge nodes together.
+    pub aliases: usize,
+}
+
+impl Bounds {
+    /// The bounds of a source that feeds at most `max_channels` channels: one metric, and one
+    /// alias, per channel; [`MAX_EDGE_NODES`] and [`MAX_DEVICES`].
+    pub fn new(max_channels: usize) -> Bounds {
+        Bounds { edge_nodes: MAX_EDGE_NODES, devices: MAX_DEVICES, metrics: max_channels, aliases: max_channels }
+    }
+}
+
+/// What the state holds, counted against its [`Bounds`] (edge nodes are the map's length).
+#[derive(Debug, Default)]
+struct Held {
+    devices: usize,
+    metrics: usize,
+    aliases: usize,
+}
+
+impl Held {
+    /// Gives back what `edge` holds (before it is replaced by a new session).
+    fn release(&mut self, edge: &Edge) {
+        let metrics = edge.node.metrics.len() + edge.devices.values().map(|d| d.metrics.len()).sum::<usize>();
+        self.devices = self.devices.saturating_sub(edge.devices.len());
+        self.metrics = self.metrics.saturating_sub(metrics);
+        self.aliases = self.aliases.saturating_sub(edge.aliases.len());
+    }
 }
 
 /// A metric as the last birth declared it (or as data showed it, without a birth).
@@ -253,6 +316,9 @@ struct Edge {
     dead: bool,
     /// The `seq` its next message should have; `None` before the first message.
     next_seq: Option<u8>,
+    /// A metric or alias of it was refused at a bound since its last `NBIRTH`: data naming an
+    /// alias no birth could record is expected then, and asks for no rebirth.
+    bounded: bool,
 }
 
 impl Edge {
@@ -276,11 +342,13 @@ pub struct Sparkplug {
     /// Ask edge nodes for a rebirth when needed.
     rebirth: bool,
     rebirths: Rebirths,
+    bounds: Bounds,
+    held: Held,
 }
 
 impl Default for Sparkplug {
     fn default() -> Sparkplug {
-        Sparkplug::new(true)
+        Sparkplug::new(true, Bounds::new(crate::mqtt::DEFAULT_MAX_CHANNELS))
     }
 }
 
@@ -295,10 +363,10 @@ pub fn map_name(name: &str) -> String {
 }
 
 impl Sparkplug {
-    /// The state of a source that has seen nothing yet; `rebirth` false: edge nodes are never
-    /// asked for a rebirth.
-    pub fn new(rebirth: bool) -> Sparkplug {
-        Sparkplug { edges: HashMap::new(), rebirth, rebirths: Rebirths::default() }
+    /// The state of a source that has seen nothing yet, kept within `bounds`; `rebirth` false:
+    /// edge nodes are never asked for a rebirth.
+    pub fn new(rebirth: bool, bounds: Bounds) -> Sparkplug {
+        Sparkplug { edges: HashMap::new(), rebirth, rebirths: Rebirths::default(), bounds, held: Held::default() }
     }
 
     /// Reads one message of `topic`; `now_ms` stands for missing timestamps.
@@ -341,18 +409,42 @@ impl Sparkplug {
         let payload =
             <proto::Payload as prost::Message>::decode(payload).map_err(|e| DecodeError::Protobuf(e.to_string()))?;
         let at = payload.timestamp.unwrap_or(now_ms);
+        let bounds = self.bounds;
+        if !self.edges.contains_key(&key) && self.edges.len() >= bounds.edge_nodes {
+            out.refuse("edge nodes", bounds.edge_nodes);
+            return Ok(out);
+        }
         let edge = self.edges.entry(key).or_default();
+        let held = &mut self.held;
         let birth = matches!(topic.kind, Kind::NBirth | Kind::DBirth);
-        match (topic.kind, topic.device) {
+        if topic.kind == Kind::NBirth {
             // A new session of the node: its devices will be born again too.
-            (Kind::NBirth, _) => *edge = Edge { born: true, ..Edge::default() },
-            (Kind::DBirth, Some(device)) => {
-                edge.aliases.retain(|_, (d, _)| d.as_deref() != Some(device));
-                edge.devices.insert(device.to_string(), Scope::default());
-            }
-            _ => {}
+            held.release(edge);
+            *edge = Edge { born: true, ..Edge::default() };
         }
         out.gap = edge.check_seq(topic.kind == Kind::NBirth, payload.seq);
+        if let Some(device) = topic.device {
+            match edge.devices.get_mut(device) {
+                Some(scope) if topic.kind == Kind::DBirth => {
+                    held.metrics = held.metrics.saturating_sub(scope.metrics.len());
+                    *scope = Scope::default();
+                }
+                Some(_) => {}
+                None if held.devices >= bounds.devices => {
+                    out.refuse("devices", bounds.devices);
+                    return Ok(out);
+                }
+                None => {
+                    held.devices += 1;
+                    edge.devices.insert(device.to_string(), Scope::default());
+                }
+            }
+            if topic.kind == Kind::DBirth {
+                let before = edge.aliases.len();
+                edge.aliases.retain(|_, (d, _)| d.as_deref() != Some(device));
+                held.aliases = held.aliases.saturating_sub(before - edge.aliases.len());
+            }
+        }
         // Data (or a device birth) from an edge node whose birth was not seen: its aliases and
         // datatypes are unknown, and it takes no commands until it is born again.
         let mut rebirth = out.gap.is_some() || !edge.born;
@@ -362,6 +454,10 @@ impl Sparkplug {
                 (Some(name), _) => map_name(name),
                 (None, Some(alias)) => match edge.aliases.get(&alias) {
                     Some((_, name)) => name.clone(),
+                    None if edge.bounded => {
+                        out.refuse("aliases", bounds.aliases);
+                        continue;
+                    }
                     None => {
                         out.skipped += 1;
                         rebirth = true;
@@ -374,12 +470,34 @@ impl Sparkplug {
                 }
             };
             let scope = match topic.device {
-                Some(device) => edge.devices.entry(device.to_string()).or_default(),
+                // Present: a device's scope is made (or the message refused) above.
+                Some(device) => match edge.devices.get_mut(device) {
+                    Some(scope) => scope,
+                    None => continue,
+                },
                 None => &mut edge.node,
             };
+            if !scope.metrics.contains_key(&name) {
+                if held.metrics >= bounds.metrics {
+                    out.refuse("metrics", bounds.metrics);
+                    edge.bounded = true;
+                    continue;
+                }
+                held.metrics += 1;
+            }
             if birth {
                 if let Some(alias) = m.alias {
-                    edge.aliases.insert(alias, (topic.device.map(str::to_string), name.clone()));
+                    if edge.aliases.contains_key(&alias) || held.aliases < bounds.aliases {
+                        let owner = (topic.device.map(str::to_string), name.clone());
+                        if edge.aliases.insert(alias, owner).is_none() {
+                            held.aliases += 1;
+                        }
+                    } else {
+                        // The metric is kept (data naming it works); data naming the alias is
+                        // refused.
+                        out.refuse("aliases", bounds.aliases);
+                        edge.bounded = true;
+                    }
                 }
                 let datatype = m.datatype.unwrap_or(0);
                 let named = m.name.clone().map(|n| (n, m.alias));
@@ -519,216 +637,4 @@ fn json_of(v: &proto::Value, datatype: u32) -> Option<Value> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::proto::{Metric, Payload, Value as mv};
-    use super::*;
-    use prost::Message;
-
-    fn metric(name: Option<&str>, alias: Option<u64>, datatype: u32, value: Option<proto::Value>) -> Metric {
-        Metric { name: name.map(str::to_string), alias, datatype: Some(datatype), value, ..Default::default() }
-    }
-
-    fn encode(ts: u64, metrics: Vec<Metric>) -> Vec<u8> {
-        encode_seq(ts, 0, metrics)
-    }
-
-    fn encode_seq(ts: u64, seq: u64, metrics: Vec<Metric>) -> Vec<u8> {
-        Payload { timestamp: Some(ts), metrics, seq: Some(seq), ..Default::default() }.encode_to_vec()
-    }
-
-    fn run(sp: &mut Sparkplug, topic: &str, payload: &[u8]) -> Decoded {
-        run_at(sp, topic, payload, 999)
-    }
-
-    fn run_at(sp: &mut Sparkplug, topic: &str, payload: &[u8], now_ms: u64) -> Decoded {
-        let t = parse_topic(topic).expect("sparkplug topic").expect("valid topic");
-        sp.handle(&t, payload, now_ms).expect("decodes")
-    }
-
-    /// The edge node a decoded rebirth request goes to, if any.
-    fn rebirth_of(d: &Decoded) -> Option<&str> {
-        d.rebirth.as_ref().map(|c| c.topic.as_str())
-    }
-
-    #[test]
-    fn sparkplug_topics_are_parsed_and_others_left_alone() {
-        assert_eq!(parse_topic("plant/line1"), None);
-        let t = parse_topic("spBv1.0/G1/DDATA/E1/D1").unwrap().unwrap();
-        assert_eq!((t.group, t.kind, t.edge, t.device), ("G1", Kind::DData, "E1", Some("D1")));
-        let t = parse_topic("spBv1.0/G1/NBIRTH/E1").unwrap().unwrap();
-        assert_eq!((t.kind, t.device), (Kind::NBirth, None));
-        assert_eq!(parse_topic("spBv1.0/G1/NCMD/E1").unwrap().unwrap().kind, Kind::Other);
-        assert_eq!(parse_topic("spBv1.0/STATE/host").unwrap().unwrap().kind, Kind::Other);
-        assert!(parse_topic("spBv1.0/G1/NDATA/E1/extra").unwrap().is_err());
-        assert!(parse_topic("spBv1.0/G1/DDATA/E1").unwrap().is_err());
-        assert!(parse_topic("spBv1.0/G1/BOGUS/E1").unwrap().is_err());
-    }
-
-    #[test]
-    fn sparkplug_birth_names_aliases_that_data_resolves() {
-        let mut sp = Sparkplug::default();
-        let birth = encode(
-            1000,
-            vec![
-                metric(Some("Inputs/Temp 1"), Some(1), datatype::DOUBLE, Some(mv::DoubleValue(20.5))),
-                metric(Some("Run"), Some(2), datatype::BOOLEAN, Some(mv::BooleanValue(true))),
-                metric(Some("Offset"), Some(3), datatype::INT16, Some(mv::IntValue(0xffff_fffe))),
-            ],
-        );
-        let d = run(&mut sp, "spBv1.0/G1/NBIRTH/E1", &birth);
-        let got: Vec<(&str, serde_json::Value, bool)> =
-            d.points.iter().map(|p| (p.path.as_str(), p.v.clone(), p.good)).collect();
-        assert_eq!(
-            got,
-            vec![
-                ("G1/E1/Inputs/Temp_1", 20.5.into(), true),
-                ("G1/E1/Run", true.into(), true),
-                ("G1/E1/Offset", (-2).into(), true),
-            ]
-        );
-        assert_eq!(d.points[0].t, 1000, "the payload's timestamp");
-        let mut by_alias = metric(None, Some(1), 0, Some(mv::DoubleValue(21.0)));
-        by_alias.datatype = None;
-        by_alias.timestamp = Some(2000);
-        let d = run(&mut sp, "spBv1.0/G1/NDATA/E1", &encode(1500, vec![by_alias]));
-        let want = Point { path: "G1/E1/Inputs/Temp_1".into(), device: false, v: 21.0.into(), t: 2000, good: true };
-        assert_eq!(d.points, vec![want]);
-        // An alias no birth declared is skipped and counted, never a crash.
-        let d = run(&mut sp, "spBv1.0/G1/NDATA/E1", &encode(1500, vec![metric(None, Some(77), 0, None)]));
-        assert_eq!((d.points.len(), d.skipped), (0, 1));
-    }
-
-    #[test]
-    fn sparkplug_null_and_death_mark_every_metric_bad() {
-        let mut sp = Sparkplug::default();
-        run(
-            &mut sp,
-            "spBv1.0/G/NBIRTH/E",
-            &encode(1, vec![metric(Some("a"), Some(1), datatype::INT64, Some(mv::LongValue(u64::MAX)))]),
-        );
-        let d = run(
-            &mut sp,
-            "spBv1.0/G/DBIRTH/E/D",
-            &encode(1, vec![metric(Some("s"), Some(2), datatype::STRING, Some(mv::StringValue("on".into())))]),
-        );
-        assert_eq!(d.points[0].path, "G/E/D/s");
-        let mut null = metric(None, Some(2), 0, None);
-        null.is_null = Some(true);
-        let d = run(&mut sp, "spBv1.0/G/DDATA/E/D", &encode(5, vec![null]));
-        assert_eq!(d.points, vec![Point { path: "G/E/D/s".into(), device: true, v: "on".into(), t: 5, good: false }]);
-        let d = run(&mut sp, "spBv1.0/G/DDEATH/E/D", &encode(6, vec![]));
-        assert_eq!(d.points.iter().map(|p| (p.path.as_str(), p.good)).collect::<Vec<_>>(), vec![("G/E/D/s", false)]);
-        let d = run(&mut sp, "spBv1.0/G/NDEATH/E", &[]);
-        let got: Vec<(&str, serde_json::Value, bool)> =
-            d.points.iter().map(|p| (p.path.as_str(), p.v.clone(), p.good)).collect();
-        assert_eq!(got, vec![("G/E/a", (-1).into(), false), ("G/E/D/s", "on".into(), false)]);
-    }
-
-    #[test]
-    fn sparkplug_garbage_is_an_error_and_unsupported_values_are_skipped() {
-        let mut sp = Sparkplug::default();
-        let t = parse_topic("spBv1.0/G/NDATA/E").unwrap().unwrap();
-        assert!(matches!(sp.handle(&t, &[0xff, 0xff, 0xff], 1), Err(DecodeError::Protobuf(_))));
-        let bytes = metric(Some("blob"), None, 17, Some(mv::BytesValue(vec![1, 2])));
-        let nan = metric(Some("nan"), None, 9, Some(mv::FloatValue(f32::NAN)));
-        let d = run(&mut sp, "spBv1.0/G/NDATA/E", &encode(1, vec![bytes, nan]));
-        assert_eq!((d.points.len(), d.skipped), (0, 2));
-        assert_eq!(map_name("Motor 1/Speed (rpm)"), "Motor_1/Speed__rpm_");
-    }
-
-    #[test]
-    fn sparkplug_seq_gaps_are_found_across_message_kinds_and_wrap_at_255() {
-        let mut sp = Sparkplug::default();
-        let m = || vec![metric(Some("a"), Some(1), datatype::INT32, Some(mv::IntValue(1)))];
-        let step =
-            |sp: &mut Sparkplug, topic: &str, seq: u64, now: u64| run_at(sp, topic, &encode_seq(1, seq, m()), now);
-        let d = step(&mut sp, "spBv1.0/G/NBIRTH/E", 254, 1000);
-        assert_eq!((d.gap, rebirth_of(&d)), (None, None), "a birth sets the count");
-        assert_eq!(step(&mut sp, "spBv1.0/G/NDATA/E", 255, 1000).gap, None);
-        assert_eq!(step(&mut sp, "spBv1.0/G/DBIRTH/E/D", 0, 1000).gap, None, "255 wraps to 0");
-        assert_eq!(step(&mut sp, "spBv1.0/G/DDATA/E/D", 1, 1000).gap, None);
-        let d = step(&mut sp, "spBv1.0/G/DDATA/E/D", 3, 1000);
-        assert_eq!(d.gap, Some((2, 3)), "seq 2 was lost");
-        assert_eq!(rebirth_of(&d), Some("spBv1.0/G/NCMD/E"));
-        assert_eq!(d.points.len(), 1, "the message itself still counts");
-        let d = step(&mut sp, "spBv1.0/G/NDATA/E", 3, 1001);
-        assert_eq!((d.gap, rebirth_of(&d)), (Some((4, 3)), None), "a repeat is a gap too; one rebirth request");
-        let d = run_at(&mut sp, "spBv1.0/G/DDEATH/E/D", &encode_seq(1, 9, vec![]), 1000 + command::REBIRTH_INTERVAL_MS);
-        assert_eq!((d.gap, rebirth_of(&d)), (Some((4, 9)), Some("spBv1.0/G/NCMD/E")), "a DDEATH counts");
-        // Another edge node counts on its own; a new NBIRTH starts the count again.
-        assert_eq!(step(&mut sp, "spBv1.0/G/NBIRTH/E2", 0, 1000).gap, None);
-        assert_eq!(step(&mut sp, "spBv1.0/G/NBIRTH/E", 77, 20_000).gap, None);
-        assert_eq!(step(&mut sp, "spBv1.0/G/NDATA/E", 78, 20_000).gap, None);
-        assert_eq!(step(&mut sp, "spBv1.0/G/NDATA/E2", 1, 20_000).gap, None);
-        // After a death the next birth sets the count, whatever seq the death left.
-        run(&mut sp, "spBv1.0/G/NDEATH/E", &[]);
-        assert_eq!(step(&mut sp, "spBv1.0/G/NBIRTH/E", 0, 30_000).gap, None);
-    }
-
-    #[test]
-    fn sparkplug_data_without_a_birth_asks_for_one_rebirth_per_interval() {
-        let mut sp = Sparkplug::default();
-        let data = || encode(1, vec![metric(Some("a"), None, datatype::DOUBLE, Some(mv::DoubleValue(1.5)))]);
-        let d = run_at(&mut sp, "spBv1.0/G/NDATA/E", &data(), 1000);
-        assert_eq!(d.points.len(), 1, "named metrics are published meanwhile");
-        let cmd = d.rebirth.expect("a rebirth request");
-        assert_eq!(cmd.topic, "spBv1.0/G/NCMD/E");
-        let p = Payload::decode(cmd.payload.as_slice()).expect("decodes");
-        assert_eq!(p.metrics[0].name.as_deref(), Some("Node Control/Rebirth"));
-        assert_eq!(p.metrics[0].value, Some(mv::BooleanValue(true)));
-        for now in [1001, 2000, 5999] {
-            assert_eq!(rebirth_of(&run_at(&mut sp, "spBv1.0/G/DDATA/E/D", &data(), now)), None, "at {now}");
-        }
-        assert_eq!(rebirth_of(&run_at(&mut sp, "spBv1.0/G/NDATA/E", &data(), 6000)), Some("spBv1.0/G/NCMD/E"));
-        // Born: no more requests, until an alias no birth declared shows up.
-        run_at(&mut sp, "spBv1.0/G/NBIRTH/E", &encode_seq(1, 0, vec![]), 7000);
-        let d = run_at(&mut sp, "spBv1.0/G/NDATA/E", &encode_seq(1, 1, vec![]), 20_000);
-        assert_eq!((d.gap, rebirth_of(&d)), (None, None));
-        let d = run_at(&mut sp, "spBv1.0/G/NDATA/E", &encode_seq(1, 2, vec![metric(None, Some(9), 0, None)]), 20_000);
-        assert_eq!((d.skipped, rebirth_of(&d)), (1, Some("spBv1.0/G/NCMD/E")));
-        // Switched off: never.
-        let mut quiet = Sparkplug::new(false);
-        assert_eq!(rebirth_of(&run_at(&mut quiet, "spBv1.0/G/NDATA/E", &data(), 1000)), None);
-    }
-
-    #[test]
-    fn sparkplug_writes_become_commands_named_and_typed_as_born() {
-        let mut sp = Sparkplug::default();
-        let nbirth =
-            encode_seq(1, 0, vec![metric(Some("Set Point"), Some(5), datatype::DOUBLE, Some(mv::DoubleValue(1.0)))]);
-        run(&mut sp, "spBv1.0/G/NBIRTH/E", &nbirth);
-        let dbirth =
-            encode_seq(1, 1, vec![metric(Some("Outputs/Speed"), None, datatype::INT32, Some(mv::IntValue(0)))]);
-        let d = run(&mut sp, "spBv1.0/G/DBIRTH/E/D", &dbirth);
-        assert_eq!((d.points[0].path.as_str(), d.points[0].device), ("G/E/D/Outputs/Speed", true));
-        let cmd = sp.command("G/E/Set_Point", false, &serde_json::json!(12), 77).expect("a command");
-        assert_eq!(cmd.topic, "spBv1.0/G/NCMD/E");
-        let m = Payload::decode(cmd.payload.as_slice()).expect("decodes").metrics.remove(0);
-        assert_eq!(m.name.as_deref(), Some("Set Point"), "the birth's name, not the channel's");
-        assert_eq!((m.alias, m.datatype, m.value), (Some(5), Some(datatype::DOUBLE), Some(mv::DoubleValue(12.0))));
-        let cmd = sp.command("G/E/D/Outputs/Speed", true, &serde_json::json!(-3), 77).expect("a command");
-        assert_eq!(cmd.topic, "spBv1.0/G/DCMD/E/D");
-        let m = Payload::decode(cmd.payload.as_slice()).expect("decodes").metrics.remove(0);
-        assert_eq!((m.name.as_deref(), m.alias), (Some("Outputs/Speed"), None));
-        assert_eq!(m.value, Some(mv::IntValue(-3i32 as u32)));
-        let e = sp.command("G/E/D/Outputs/Speed", true, &serde_json::json!("fast"), 77).unwrap_err();
-        assert!(matches!(&e, WriteError::NotWritable(m) if m.contains("is not a valid Int32")), "{e}");
-        // Unknown, unborn and dead: unavailable, saying which.
-        let e = sp.command("G/X/m", false, &serde_json::json!(1), 77).unwrap_err();
-        assert!(matches!(&e, WriteError::Unavailable(m) if m.contains("no birth")), "{e}");
-        run(
-            &mut sp,
-            "spBv1.0/G/NDATA/F",
-            &encode(1, vec![metric(Some("m"), None, datatype::INT8, Some(mv::IntValue(1)))]),
-        );
-        let e = sp.command("G/F/m", false, &serde_json::json!(1), 77).unwrap_err();
-        assert!(matches!(&e, WriteError::Unavailable(m) if m.contains("no birth")), "{e}");
-        run(&mut sp, "spBv1.0/G/DDEATH/E/D", &encode_seq(1, 2, vec![]));
-        let e = sp.command("G/E/D/Outputs/Speed", true, &serde_json::json!(1), 77).unwrap_err();
-        assert!(matches!(&e, WriteError::Unavailable(m) if m.contains("DDEATH")), "{e}");
-        assert!(sp.command("G/E/Set_Point", false, &serde_json::json!(1), 77).is_ok(), "the node lives on");
-        run(&mut sp, "spBv1.0/G/NDEATH/E", &[]);
-        let e = sp.command("G/E/Set_Point", false, &serde_json::json!(1), 77).unwrap_err();
-        assert!(matches!(&e, WriteError::Unavailable(m) if m.contains("NDEATH")), "{e}");
-    }
-}
+mod tests;
