@@ -12,8 +12,8 @@
 //! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes.
 //! - [`sampling`]: per-subscription `max_rate_hz` and deadbands, beside the hub's fan-out.
 //! - [`trend`]: trend reads (`/api/channels/{ch}/trend`, the `trend` option of subscribe).
-//! - [`session`]: one client's commands and subscriptions, transport-free (`session/reply.rs`:
-//!   how its subscribe reply is written).
+//! - [`session`]: one client's commands and subscriptions, transport-free (`session/subscribe.rs`:
+//!   subscribe and unsubscribe; `session/reply.rs`: replies within the connection's budget).
 //! - [`transport`]: the accepted connection (`transport::conn`, TLS in `transport::tls`), the
 //!   WebSocket handshake and connection task (`transport::ws`), Server-Sent Events
 //!   (`transport::sse`) and long-poll sessions (`transport::poll`, `transport::poll_session`,

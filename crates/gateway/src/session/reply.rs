@@ -12,7 +12,7 @@ use switchboard_protocol::command::SubscribeRequest;
 use switchboard_protocol::message::{Data, ErrorBody, Pub};
 use switchboard_protocol::Format;
 
-use super::Outcome;
+use super::subscribe::Outcome;
 use crate::node::ApiError;
 
 pub(super) fn failed_code(failed: &[&(String, Outcome)]) -> u16 {
