@@ -1,7 +1,7 @@
 """A real OPC UA server for the OPC UA source's tests, built on the third-party `asyncua` package.
 
     .venv/bin/python tests/python/opcua_server.py --port 4840 [--cert server.der --key server.pem]
-        [--points 1000 --hz 10]
+        [--points 1000 --hz 10] [--blob] [--mute]
 
 Address space (namespace `urn:switchboard:test`, its index is printed at start):
 
@@ -13,6 +13,12 @@ Address space (namespace `urn:switchboard:test`, its index is printed at start):
     Objects/Plant/Line1/Count     Int32 7, writable
     Objects/Plant/Line1/Serial    String "SN-0001", read-only
     Objects/Plant/Bench/P0000...  (--points N) Double, all written at --hz
+    Objects/Plant/Line1/BlobSize  (--blob) Int32 16, writable: writing N sets Blob and BlobBytes
+    Objects/Plant/Line1/Blob      (--blob) String of BlobSize bytes ("x" repeated)
+    Objects/Plant/Line1/BlobBytes (--blob) ByteString of BlobSize bytes
+
+With --mute the server accepts sessions, subscriptions and monitored items but never sends a
+data change (keep-alives only): a server that goes away before its first notification.
 
 Node ids are strings named after the path below Plant: `ns=<idx>;s=Line1.Temp`. With --cert and
 --key the server offers Basic256Sha256 SignAndEncrypt beside None. It prints one line
@@ -41,8 +47,18 @@ async def main() -> None:
     ap.add_argument("--key", help="server private key (PEM) for Basic256Sha256")
     ap.add_argument("--points", type=int, default=0, help="extra Double variables under Plant/Bench")
     ap.add_argument("--hz", type=float, default=10.0, help="update rate of the --points variables")
+    ap.add_argument("--blob", action="store_true", help="add Blob, BlobBytes and BlobSize to Line1")
+    ap.add_argument("--mute", action="store_true", help="never send data changes")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.mute:
+        from asyncua.server.internal_subscription import InternalSubscription
+
+        def drop_datachanges(self, result) -> None:
+            # Queued data changes are discarded instead of going into the publish response.
+            self._triggered_datachanges = {}
+
+        InternalSubscription._pop_triggered_datachanges = drop_datachanges
 
     server = Server()
     await server.init()
@@ -76,6 +92,13 @@ async def main() -> None:
     await var("Serial", "SN-0001", ua.VariantType.String)
     await setpoint.set_writable()
     await count.set_writable()
+    blob = blob_bytes = blob_size = None
+    blob_len = 16
+    if args.blob:
+        blob_size = await var("BlobSize", blob_len, ua.VariantType.Int32)
+        blob = await var("Blob", "x" * blob_len, ua.VariantType.String)
+        blob_bytes = await var("BlobBytes", b"x" * blob_len, ua.VariantType.ByteString)
+        await blob_size.set_writable()
 
     bench = []
     if args.points:
@@ -127,6 +150,12 @@ async def main() -> None:
             await temp.write_value(dv(20.0 + 5.0 * math.sin(tick / 10.0), ua.VariantType.Double))
             if tick % 20 == 0:
                 await running.write_value(dv(tick % 40 == 0, ua.VariantType.Boolean))
+            if blob_size is not None:
+                wanted = await blob_size.read_value()
+                if wanted != blob_len and 0 <= wanted <= 64 << 20:
+                    blob_len = wanted
+                    await blob.write_value(dv("x" * blob_len, ua.VariantType.String))
+                    await blob_bytes.write_value(dv(b"x" * blob_len, ua.VariantType.ByteString))
             if bench_task is not None and bench_task.done():
                 bench_task.result()  # raise what stopped it
 

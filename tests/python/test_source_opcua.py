@@ -30,8 +30,11 @@ def free_port() -> int:
 
 
 class OpcServer:
-    def __init__(self, port: int):
+    """opcua_server.py on `port`; `extra` are its options (`--blob`, `--mute`)."""
+
+    def __init__(self, port: int, extra: tuple = ()):
         self.port = port
+        self.extra = list(extra)
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -40,7 +43,7 @@ class OpcServer:
 
     def start(self) -> "OpcServer":
         self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / "opcua_server.py"), "--port", str(self.port)],
+            [sys.executable, str(HERE / "opcua_server.py"), "--port", str(self.port), *self.extra],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
             preexec_fn=sb._die_with_parent,
         )

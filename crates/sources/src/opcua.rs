@@ -8,14 +8,25 @@
 //! - `session`: one connection (client, certificates, session event loop, subscription, writes).
 //! - `browse`: which variables to subscribe (node ids, or a walk below a browse path).
 //! - `convert`: status → `q`, timestamps, variants ↔ JSON, node names → channel names.
+//! - `queue`: the queue between the session and the publisher, bounded in bytes.
 //!
 //! # Contract
 //! Values of one variable are published in the order the server sent them. When the connection
-//! is lost every subscribed point is published once with `q: "bad"` (its last value kept), the
-//! source reconnects with jittered exponential backoff (0.5 s doubling to 30 s), browses again
-//! and resumes: a monitored item's first notification is its current value. Stopping (node
-//! shutdown, lease moved) closes the session without marking points bad: another node takes
-//! over the same points.
+//! is lost every point is published once with `q: "bad"` carrying its last value, the source
+//! reconnects with jittered exponential backoff (0.5 s doubling to 30 s), browses again and
+//! resumes: a monitored item's first notification is its current value. A point's last value
+//! outlives connections, so a connection lost again before its first notification leaves the
+//! points as they were (bad, with their value); a point the source never had a value for is
+//! not marked (a point always carries a value, never `null`).
+//!
+//! One node's value never costs the session: a value too large for the node (its JSON over
+//! `max_value_bytes`) or that cannot be a point (a structure) is refused, counted
+//! (`switchboard_source_refused_total{reason="oversized"|"decode"}`, and `decode` also in
+//! `decode_errors`) and logged, and that one point is marked bad with its last value until a
+//! good value comes. Values the bounded queue could not keep are counted as `queue_full`.
+//!
+//! Stopping (node shutdown, lease moved) closes the session without marking points bad:
+//! another node takes over the same points.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -31,10 +42,12 @@ use crate::{SourceCtx, Write, WriteError};
 
 mod browse;
 mod convert;
+mod queue;
 mod session;
 
 use convert::{JsonVariant, Point};
-use session::{Changes, Connection};
+use queue::{Change, ChangeQueue, Refusal};
+use session::Connection;
 
 /// Security of the connection to the server.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
@@ -83,7 +96,20 @@ pub struct OpcuaConfig {
     /// `.`, or for `nodes` its identifier (characters outside the channel alphabet become `_`).
     #[serde(default = "default_channel")]
     pub channel: String,
+    /// Largest point (its JSON, bytes) the source publishes; a larger value is refused and its
+    /// point marked bad. Default: the node's `limits.max_publication_bytes`.
+    pub max_value_bytes: Option<usize>,
+    /// Largest message the client takes from the server (bytes); strings, byte strings and
+    /// arrays may be as long as a message. Default: 16 MiB, or four times the node's
+    /// `limits.max_publication_bytes` when that is more.
+    pub max_message_bytes: Option<usize>,
 }
+
+/// `max_value_bytes` when the node did not fill it: the node's default largest publication.
+const DEFAULT_MAX_VALUE: usize = 64 * 1024;
+/// `max_message_bytes` by default, and its range.
+const DEFAULT_MAX_MESSAGE: usize = 16 << 20;
+const MESSAGE_BYTES_RANGE: std::ops::RangeInclusive<usize> = (64 * 1024)..=(1 << 30);
 
 fn default_max_nodes() -> usize {
     10_000
@@ -114,6 +140,8 @@ impl std::fmt::Debug for OpcuaConfig {
             .field("sampling_ms", &self.sampling_ms)
             .field("publishing_ms", &self.publishing_ms)
             .field("channel", &self.channel)
+            .field("max_value_bytes", &self.max_value_bytes)
+            .field("max_message_bytes", &self.max_message_bytes)
             .finish()
     }
 }
@@ -139,6 +167,13 @@ impl OpcuaConfig {
         if self.max_nodes == 0 || self.sampling_ms == 0 || self.publishing_ms == Some(0) {
             return Err("max_nodes, sampling_ms and publishing_ms must be positive".into());
         }
+        if self.max_value_bytes == Some(0) {
+            return Err("max_value_bytes must be positive".into());
+        }
+        if self.max_message_bytes.is_some_and(|n| !MESSAGE_BYTES_RANGE.contains(&n)) {
+            let (lo, hi) = (MESSAGE_BYTES_RANGE.start(), MESSAGE_BYTES_RANGE.end());
+            return Err(format!("max_message_bytes: {lo} to {hi}"));
+        }
         if self.username.is_some() != self.password.is_some() {
             return Err("username and password go together".into());
         }
@@ -152,12 +187,32 @@ impl OpcuaConfig {
         }
         Ok(())
     }
+
+    /// Fills the byte limits left unset from the node's largest publication (see
+    /// `max_value_bytes` and `max_message_bytes`).
+    pub fn with_node_limits(mut self, max_publication_bytes: usize) -> OpcuaConfig {
+        self.max_value_bytes.get_or_insert(max_publication_bytes);
+        let message = DEFAULT_MAX_MESSAGE.max(max_publication_bytes.saturating_mul(4));
+        self.max_message_bytes.get_or_insert(message.min(*MESSAGE_BYTES_RANGE.end()));
+        self
+    }
+
+    pub fn max_value_bytes(&self) -> usize {
+        self.max_value_bytes.unwrap_or(DEFAULT_MAX_VALUE)
+    }
+
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes.unwrap_or(DEFAULT_MAX_MESSAGE)
+    }
+
+    /// Bound of the queue between the session and the publisher: two messages' worth.
+    fn queue_bytes(&self) -> usize {
+        self.max_message_bytes().saturating_mul(2)
+    }
 }
 
 /// Writes to the server in flight at once; more are answered `Unavailable` at once.
 const MAX_WRITES_IN_FLIGHT: usize = 16;
-/// Notification messages waiting for the source before new ones are dropped (and logged).
-const CHANGES_QUEUE: usize = 1024;
 /// A connection that lived this long resets the reconnect backoff.
 const STABLE_AFTER: Duration = Duration::from_secs(10);
 
@@ -187,10 +242,13 @@ pub async fn run(cfg: OpcuaConfig, mut ctx: SourceCtx) {
     };
     let mut backoff = Backoff::default();
     let mut connected_before = false;
+    // What the source knows of each point (by channel), across connections.
+    let mut kept: HashMap<String, Kept> = HashMap::new();
     loop {
+        let stats = ctx.stats.clone();
         let attempt = async {
-            let conn = Connection::open(&mut client, &cfg).await?;
-            let live = Live::start(conn, &cfg).await?;
+            let conn = Connection::open(&mut client, &cfg, stats).await?;
+            let live = Live::start(conn, &cfg, &mut kept).await?;
             Ok::<_, String>(live)
         };
         let live = match serve_until(&mut ctx, attempt, "not connected to the OPC UA server").await {
@@ -215,7 +273,7 @@ pub async fn run(cfg: OpcuaConfig, mut ctx: SourceCtx) {
         }
         connected_before = true;
         let since = Instant::now();
-        let outcome = live.serve(&mut ctx).await;
+        let outcome = live.serve(&mut ctx, &cfg, &mut kept).await;
         ctx.stats.connected.store(false, Ordering::Relaxed);
         match outcome {
             Outcome::Stopped => break,
@@ -260,14 +318,36 @@ async fn serve_until<T>(ctx: &mut SourceCtx, fut: impl std::future::Future<Outpu
     }
 }
 
+/// What the source keeps of a point across connections.
+#[derive(Default)]
+struct Kept {
+    /// Its last accepted value (`v`), published again with `q: "bad"` when the point can no
+    /// longer be vouched for.
+    last: Option<Box<RawValue>>,
+    /// Its latest publication is such a bad marker: no second one until a value comes.
+    marked: bool,
+}
+
 /// One subscribed variable.
 struct PointState {
     channel: String,
     node: opcua::types::NodeId,
     /// Monitoring started on the server (else it refused the node and nothing arrives).
     monitored: bool,
-    /// Its last value (`v`), kept to publish it again marked bad when the connection goes.
-    last: Option<Box<RawValue>>,
+    kept: Kept,
+}
+
+impl PointState {
+    /// The bad marker of this point (its last value, `q`, at `t`), unless it has no value yet
+    /// or its latest publication already is one.
+    fn mark(&mut self, t: i64, q: &'static str) -> Option<(String, switchboard_broker::Data)> {
+        if self.kept.marked {
+            return None;
+        }
+        let data = to_raw_value(&Point { v: self.kept.last.as_deref()?, t, q }).ok()?;
+        self.kept.marked = true;
+        Some((self.channel.clone(), Arc::new(data)))
+    }
 }
 
 enum Outcome {
@@ -280,15 +360,16 @@ struct Live {
     conn: Connection,
     points: Vec<PointState>,
     by_channel: HashMap<String, usize>,
-    changes: mpsc::Receiver<Changes>,
+    changes: Arc<ChangeQueue>,
     /// The server ended the subscription.
     lost: mpsc::Receiver<String>,
-    dropped: Arc<AtomicU64>,
+    max_value_bytes: usize,
 }
 
 impl Live {
-    /// Resolves the variables (node ids or browse), names their channels and subscribes.
-    async fn start(conn: Connection, cfg: &OpcuaConfig) -> Result<Live, String> {
+    /// Resolves the variables (node ids or browse), names their channels and subscribes. Once
+    /// subscribed, the points take over what `kept` knew of them (the rest is forgotten).
+    async fn start(conn: Connection, cfg: &OpcuaConfig, kept: &mut HashMap<String, Kept>) -> Result<Live, String> {
         let mut named: Vec<(opcua::types::NodeId, String)> = Vec::new();
         if let Some(path) = &cfg.browse {
             let root = browse::resolve_root(&conn.session, path).await?;
@@ -316,13 +397,13 @@ impl Live {
                 continue;
             }
             by_channel.insert(channel.clone(), points.len());
-            points.push(PointState { channel, node, monitored: false, last: None });
+            points.push(PointState { channel, node, monitored: false, kept: Kept::default() });
         }
-        let (tx, changes) = mpsc::channel(CHANGES_QUEUE);
+        let changes = Arc::new(ChangeQueue::new(cfg.queue_bytes()));
         let (lost_tx, lost) = mpsc::channel(1);
-        let dropped = Arc::new(AtomicU64::new(0));
         let nodes: Vec<_> = points.iter().map(|p| p.node.clone()).collect();
-        let feed = session::Feed { changes: tx, lost: lost_tx, dropped: dropped.clone() };
+        let max_value_bytes = cfg.max_value_bytes();
+        let feed = session::Feed { changes: changes.clone(), lost: lost_tx, max_value_bytes };
         let refused = session::subscribe(&conn.session, cfg, &nodes, feed).await?;
         for (p, refusal) in points.iter_mut().zip(refused) {
             match refusal {
@@ -332,15 +413,30 @@ impl Live {
                 }
             }
         }
-        Ok(Live { conn, points, by_channel, changes, lost, dropped })
+        for p in &mut points {
+            p.kept = kept.remove(&p.channel).unwrap_or_default();
+        }
+        kept.clear();
+        Ok(Live { conn, points, by_channel, changes, lost, max_value_bytes })
     }
 
     /// Publishes value changes and serves writes until the connection is lost or the source
-    /// stops; on loss every monitored point is published once more with `q: "bad"`.
-    async fn serve(mut self, ctx: &mut SourceCtx) -> Outcome {
+    /// stops; on loss every point is marked bad (its last value kept). What the points know
+    /// goes back to `kept` for the next connection.
+    async fn serve(mut self, ctx: &mut SourceCtx, cfg: &OpcuaConfig, kept: &mut HashMap<String, Kept>) -> Outcome {
+        let outcome = self.serve_inner(ctx, cfg).await;
+        kept.extend(self.points.into_iter().map(|p| (p.channel, p.kept)));
+        outcome
+    }
+
+    async fn serve_inner(&mut self, ctx: &mut SourceCtx, cfg: &OpcuaConfig) -> Outcome {
         let writes_gate = Arc::new(Semaphore::new(MAX_WRITES_IN_FLIGHT));
         let mut writes_open = true;
-        let mut dropped_seen = 0;
+        // Points the server no longer monitors keep their last value, marked bad.
+        let now = now_ms();
+        let unmonitored = self.points.iter_mut().filter(|p| !p.monitored).filter_map(|p| p.mark(now, "bad")).collect();
+        self.send(ctx, unmonitored).await;
+        let changes = self.changes.clone();
         let reason = loop {
             if *ctx.stop.borrow() {
                 self.conn.close().await;
@@ -359,17 +455,13 @@ impl Live {
                     self.conn.close().await;
                     return Outcome::Lost(format!("the server ended the subscription: {status}"));
                 }
-                batch = self.changes.recv() => match batch {
-                    Some(batch) => {
-                        self.publish(ctx, batch).await;
-                        let dropped = self.dropped.load(Ordering::Relaxed);
-                        if dropped > dropped_seen {
-                            warn!(source = %ctx.name, dropped, "OPC UA notifications dropped: the node publishes slower than the server sends");
-                            dropped_seen = dropped;
-                        }
+                taken = changes.take() => {
+                    if taken.dropped > 0 {
+                        ctx.stats.refuse("queue_full", taken.dropped);
+                        warn!(source = %ctx.name, dropped = taken.dropped, queue_bytes = cfg.queue_bytes(), "OPC UA values dropped: the node publishes slower than the server sends (the latest value of each node is kept)");
                     }
-                    None => break "subscription ended".into(),
-                },
+                    self.publish(ctx, taken.changes).await;
+                }
                 w = ctx.writes.recv(), if writes_open => match w {
                     Some(w) => self.dispatch_write(ctx, w, &writes_gate),
                     None => writes_open = false,
@@ -380,52 +472,58 @@ impl Live {
         Outcome::Lost(reason)
     }
 
-    async fn publish(&mut self, ctx: &SourceCtx, batch: Changes) {
+    async fn publish(&mut self, ctx: &SourceCtx, batch: Vec<Change>) {
         ctx.stats.messages.fetch_add(batch.len() as u64, Ordering::Relaxed);
         let now = now_ms();
         let mut items = Vec::with_capacity(batch.len());
-        for (handle, dv) in batch {
-            let Some(point) = (handle as usize).checked_sub(1).and_then(|i| self.points.get_mut(i)) else {
+        for change in batch {
+            let Some(point) = (change.handle as usize).checked_sub(1).and_then(|i| self.points.get_mut(i)) else {
                 continue;
             };
-            let variant = dv.value.clone().unwrap_or_default();
-            if !convert::supported(&variant) {
-                ctx.stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-                warn!(source = %ctx.name, node = %point.node, "OPC UA value of a type a point cannot carry (structure); skipped");
-                continue;
-            }
-            let encoded = to_raw_value(&JsonVariant(&variant)).and_then(|v| {
-                let data =
-                    to_raw_value(&Point { v: &v, t: convert::point_time(&dv, now), q: convert::quality(dv.status) })?;
-                Ok((v, data))
-            });
-            match encoded {
+            let dv = &change.value;
+            let t = convert::point_time(dv, now);
+            let accepted = match (change.refused, &dv.value) {
+                (Some(Refusal::Oversized(floor)), _) => Err(("oversized", floor)),
+                (Some(Refusal::QueueFull), _) => Err(("queue_full", 0)),
+                (None, None | Some(opcua::types::Variant::Empty)) => {
+                    // No value (a device reporting a fault sends a bad status alone): the
+                    // point keeps its last value with the status's quality.
+                    let q = match convert::quality(dv.status) {
+                        "good" => "bad",
+                        q => q,
+                    };
+                    items.extend(point.mark(t, q));
+                    continue;
+                }
+                (None, Some(variant)) => encode(variant, t, convert::quality(dv.status), self.max_value_bytes),
+            };
+            match accepted {
                 Ok((v, data)) => {
-                    point.last = Some(v);
+                    point.kept = Kept { last: Some(v), marked: false };
                     items.push((point.channel.clone(), Arc::new(data)));
                 }
-                Err(e) => {
-                    ctx.stats.decode_errors.fetch_add(1, Ordering::Relaxed);
-                    warn!(source = %ctx.name, node = %point.node, "OPC UA value not encodable: {e}");
+                Err((reason, bytes)) => {
+                    // Counted once per value; the queue counted its own drops.
+                    if reason != "queue_full" {
+                        ctx.stats.refuse(reason, 1);
+                    }
+                    if reason == "decode" {
+                        ctx.stats.decode_errors.fetch_add(1, Ordering::Relaxed);
+                        warn!(source = %ctx.name, node = %point.node, channel = %point.channel, "OPC UA value of a type a point cannot carry (a structure); the point is marked bad");
+                    } else if reason == "oversized" {
+                        warn!(source = %ctx.name, node = %point.node, channel = %point.channel, bytes, max_value_bytes = self.max_value_bytes, "OPC UA value larger than max_value_bytes refused; the point is marked bad");
+                    }
+                    items.extend(point.mark(t, "bad"));
                 }
             }
         }
         self.send(ctx, items).await;
     }
 
+    /// Marks every point bad (connection lost), each with its last value.
     async fn mark_bad(&mut self, ctx: &SourceCtx) {
         let now = now_ms();
-        let null = RawValue::NULL;
-        let items = self
-            .points
-            .iter()
-            .filter(|p| p.monitored)
-            .filter_map(|p| {
-                let v = p.last.as_deref().unwrap_or(null);
-                let data = to_raw_value(&Point { v, t: now, q: "bad" }).ok()?;
-                Some((p.channel.clone(), Arc::new(data)))
-            })
-            .collect();
+        let items = self.points.iter_mut().filter_map(|p| p.mark(now, "bad")).collect();
         self.send(ctx, items).await;
     }
 
@@ -436,7 +534,7 @@ impl Live {
         let results = ctx.sink.publish_batch(items).await;
         let ok = results.iter().filter(|r| r.is_ok()).count();
         ctx.stats.points.fetch_add(ok as u64, Ordering::Relaxed);
-        ctx.stats.refused.fetch_add((results.len() - ok) as u64, Ordering::Relaxed);
+        ctx.stats.refuse("node", (results.len() - ok) as u64);
         if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
             warn!(source = %ctx.name, refused = results.len() - ok, "the node refused OPC UA points: {e}");
         }
@@ -470,6 +568,28 @@ impl Live {
             let _ = w.reply.send(result);
         });
     }
+}
+
+/// A value ready to publish: its `v` and the whole point.
+type Encoded = (Box<RawValue>, Box<RawValue>);
+
+/// A value as a point, or why it is refused (`decode`: a type a point cannot carry;
+/// `oversized`: its JSON is over `max_bytes`, with its length).
+fn encode(
+    variant: &opcua::types::Variant,
+    t: i64,
+    q: &'static str,
+    max_bytes: usize,
+) -> Result<Encoded, (&'static str, usize)> {
+    if !convert::supported(variant) {
+        return Err(("decode", 0));
+    }
+    let v = to_raw_value(&JsonVariant(variant)).map_err(|_| ("decode", 0))?;
+    let data = to_raw_value(&Point { v: &v, t, q }).map_err(|_| ("decode", 0))?;
+    if data.get().len() > max_bytes {
+        return Err(("oversized", data.get().len()));
+    }
+    Ok((v, data))
 }
 
 fn now_ms() -> i64 {
@@ -537,6 +657,25 @@ mod tests {
         assert!(
             bad(serde_json::json!({"name": "p", "url": "opc.tcp://h", "browse": "O", "colour": 1})).contains("colour")
         );
+        assert!(bad(serde_json::json!({"name": "p", "url": "opc.tcp://h", "browse": "O", "max_message_bytes": 1000}))
+            .contains("max_message_bytes"));
+    }
+
+    #[test]
+    fn opcua_byte_limits_follow_the_node_unless_set() {
+        let cfg = |extra: serde_json::Value| {
+            let mut json = serde_json::json!({"name": "p", "url": "opc.tcp://h", "browse": "O"});
+            json.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+            parse(json).expect("valid")
+        };
+        let c = cfg(serde_json::json!({}));
+        assert_eq!((c.max_value_bytes(), c.max_message_bytes()), (64 * 1024, 16 << 20));
+        let c = cfg(serde_json::json!({})).with_node_limits(8 << 20);
+        assert_eq!((c.max_value_bytes(), c.max_message_bytes()), (8 << 20, 32 << 20));
+        let c =
+            cfg(serde_json::json!({"max_value_bytes": 1000, "max_message_bytes": 1 << 20})).with_node_limits(8 << 20);
+        assert_eq!((c.max_value_bytes(), c.max_message_bytes()), (1000, 1 << 20), "settings win");
+        assert_eq!(c.queue_bytes(), 2 << 20);
     }
 
     #[test]

@@ -307,6 +307,129 @@ async fn opcua_a_notification_of_thousands_of_values_is_taken_whole() {
     src.shutdown().await;
 }
 
+fn refused(stats: &SourceStats, reason: &str) -> u64 {
+    stats.refusals().iter().find(|(r, _)| *r == reason).map_or(0, |(_, n)| *n)
+}
+
+fn assert_no_null_values(sink: &VecSink) {
+    let items = sink.items.lock().expect("lock");
+    assert!(items.iter().all(|(_, p)| !p["v"].is_null()), "a point with v null: {items:?}");
+}
+
+// Regression: a String or ByteString value of 65,536 bytes or more failed to decode in the
+// client library, which dropped the session; the server sent the value again after every
+// resubscribe, so the source looped with every point bad.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opcua_a_value_too_large_for_the_node_marks_only_its_point_bad() {
+    let server = OpcServer::start(free_port(), &["--blob"]);
+    let src = start(serde_json::json!({
+        "name": "plc", "url": server.url(), "browse": "Objects/Plant/Line1", "sampling_ms": 50, "publishing_ms": 100,
+    }));
+    let x = |n: usize| "x".repeat(n);
+    wait_for("blobs", 20, || !src.sink.on("pt:Blob").is_empty() && !src.sink.on("pt:BlobBytes").is_empty()).await;
+    assert_eq!(src.sink.on("pt:Blob")[0]["v"], x(16));
+    let small_bytes = src.sink.on("pt:BlobBytes")[0]["v"].clone();
+
+    // 60,000 bytes: the String's point fits the node's 64 KiB, the ByteString's base64 does not.
+    assert_eq!(src.write("pt:BlobSize", "60000").await, Ok(()));
+    wait_for("the 60,000-byte string", 20, || src.sink.on("pt:Blob").iter().any(|p| p["v"] == x(60_000))).await;
+    wait_for("the byte string marked bad", 10, || src.sink.on("pt:BlobBytes").iter().any(|p| p["q"] == "bad")).await;
+    assert_eq!(src.sink.on("pt:BlobBytes").last().expect("marker"), &src.sink.on("pt:BlobBytes")[1]);
+    assert_eq!(src.sink.on("pt:BlobBytes")[1]["v"], small_bytes, "the marker carries the last value");
+    assert_eq!(refused(&src.stats, "oversized"), 1);
+
+    // 70,000 bytes: both refused; the String's point keeps its 60,000 bytes, marked bad.
+    assert_eq!(src.write("pt:BlobSize", "70000").await, Ok(()));
+    wait_for("both refused", 20, || refused(&src.stats, "oversized") == 3).await;
+    wait_for("the string marked bad", 10, || src.sink.on("pt:Blob").last().is_some_and(|p| p["q"] == "bad")).await;
+    assert_eq!(src.sink.on("pt:Blob").last().expect("marker")["v"], x(60_000));
+    // The byte string was marked already: no second marker.
+    assert_eq!(src.sink.on("pt:BlobBytes").iter().filter(|p| p["q"] == "bad").count(), 1);
+
+    // The session stayed and the other points go on.
+    let temps = src.sink.on("pt:Temp").len();
+    wait_for("temperatures after the refusals", 10, || src.sink.on("pt:Temp").len() >= temps + 5).await;
+    assert!(src.sink.on("pt:Temp")[temps..].iter().all(|p| p["q"] == "good"));
+    assert_eq!(src.stats.reconnects.load(Ordering::Relaxed), 0);
+    assert!(src.stats.connected.load(Ordering::Relaxed));
+    assert_eq!(src.sink.on("pt:Mode").len(), 1, "nothing marked the other points bad");
+
+    // A small value again: both points good.
+    assert_eq!(src.write("pt:BlobSize", "20").await, Ok(()));
+    wait_for("good blobs", 20, || {
+        [src.sink.on("pt:Blob"), src.sink.on("pt:BlobBytes")]
+            .iter()
+            .all(|ps| ps.last().is_some_and(|p| p["q"] == "good"))
+    })
+    .await;
+    assert_eq!(src.sink.on("pt:Blob").last().expect("value")["v"], x(20));
+    assert_eq!(src.stats.decode_errors.load(Ordering::Relaxed), 0);
+    assert_no_null_values(&src.sink);
+    src.shutdown().await;
+}
+
+// A publish response larger than max_message_bytes is refused by the client library before it
+// is decoded: that response is lost and counted, the session stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opcua_a_message_over_max_message_bytes_is_refused_without_dropping_the_session() {
+    let server = OpcServer::start(free_port(), &["--blob"]);
+    let src = start(serde_json::json!({
+        "name": "plc", "url": server.url(), "browse": "Objects/Plant/Line1", "sampling_ms": 50, "publishing_ms": 100,
+        "max_message_bytes": 65536,
+    }));
+    wait_for("blobs", 20, || !src.sink.on("pt:Blob").is_empty()).await;
+    // Two values of 300,000 bytes: one response of about 700 KB, over two 64 KiB chunks.
+    assert_eq!(src.write("pt:BlobSize", "300000").await, Ok(()));
+    wait_for("the response refused", 20, || refused(&src.stats, "oversized") >= 1).await;
+    let temps = src.sink.on("pt:Temp").len();
+    wait_for("temperatures after the refusal", 10, || src.sink.on("pt:Temp").len() >= temps + 5).await;
+    assert_eq!(src.stats.reconnects.load(Ordering::Relaxed), 0);
+    assert!(src.stats.connected.load(Ordering::Relaxed));
+    assert_eq!(src.stats.decode_errors.load(Ordering::Relaxed), 0);
+    src.shutdown().await;
+}
+
+// Regression: a connection lost again before its first notification published every point as
+// `{"v": null, "q": "bad"}`, overwriting its last value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opcua_a_session_lost_before_its_first_notification_keeps_the_last_values() {
+    let port = free_port();
+    let mut server = OpcServer::start(port, &[]);
+    let src = start(serde_json::json!({
+        "name": "plc", "url": server.url(), "browse": "Objects/Plant/Line1", "sampling_ms": 50, "publishing_ms": 100,
+    }));
+    wait_for("every point", 20, || {
+        ["pt:Temp", "pt:Mode", "pt:Count", "pt:Serial"].iter().all(|c| !src.sink.on(c).is_empty())
+    })
+    .await;
+    server.stop();
+    wait_for("bad marks", 20, || src.sink.on("pt:Mode").iter().any(|p| p["q"] == "bad")).await;
+    let marked = src.sink.len();
+
+    // A server that accepts the session and the subscription but sends no value, then goes.
+    let mut mute = OpcServer::start(port, &["--mute"]);
+    wait_for("the reconnect", 40, || {
+        src.stats.reconnects.load(Ordering::Relaxed) == 1 && src.stats.connected.load(Ordering::Relaxed)
+    })
+    .await;
+    mute.stop();
+    wait_for("the second loss", 20, || !src.stats.connected.load(Ordering::Relaxed)).await;
+    // Nothing new: the points were marked bad already, with their values.
+    assert_eq!(src.sink.len(), marked, "{:?}", &src.sink.items.lock().expect("lock")[marked..]);
+    for channel in ["pt:Mode", "pt:Count", "pt:Serial", "pt:Temp"] {
+        let last = src.sink.on(channel).last().cloned().expect("published");
+        assert_eq!(last["q"], "bad", "{channel}: {last}");
+    }
+    assert_eq!(src.sink.on("pt:Mode").last().expect("marker")["v"], "auto");
+    assert_eq!(src.sink.on("pt:Count").last().expect("marker")["v"], 7);
+
+    // A server again: good values.
+    let _server = OpcServer::start(port, &[]);
+    wait_for("good values", 40, || src.sink.on("pt:Mode").last().is_some_and(|p| p["q"] == "good")).await;
+    assert_no_null_values(&src.sink);
+    src.shutdown().await;
+}
+
 /// A self-signed certificate (DER) and key (PEM) made with openssl, for an application URI.
 fn make_cert(dir: &Path, name: &str, uri: &str) -> (PathBuf, PathBuf) {
     let key = dir.join(format!("{name}.pem"));

@@ -1,6 +1,16 @@
 //! One connection to an OPC UA server: the client (certificates, trust), the session and its
 //! event loop, the subscription that feeds values to the source, and writes.
 //!
+//! Decoding limits: a notification message is decoded whole, and one value that fails to decode
+//! (a string longer than the library's limit) fails the whole message and drops the connection;
+//! the server sends the same value again after every resubscribe. So the limits on strings,
+//! byte strings and arrays are set to the largest message body the client reassembles
+//! (`max_message_bytes`, at most [`CHUNK`] bytes a chunk): a value inside a message the client
+//! takes can never fail on its length, and the source refuses values too large for the node
+//! itself, one node at a time. A message over `max_message_bytes` is refused by the library
+//! before decoding (BadEncodingLimitsExceeded): that one publish response is lost, counted
+//! (`oversized`) and logged, and the session stays.
+//!
 //! The library's own reconnect is off (`session_retry_limit(0)`): the source owns reconnecting
 //! (jittered backoff, a fresh browse, `q: "bad"` for the gap), so a lost connection ends the
 //! [`Connection`] and the source builds a new one.
@@ -13,18 +23,21 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use opcua::client::{
     Client, ClientBuilder, IdentityToken, MonitoredItemMap, OnSubscriptionNotificationCore, Session, SessionPollResult,
+    SubscriptionActivity,
 };
 use opcua::crypto::{CertificateStore, SecurityPolicy};
 use opcua::types::{
     AttributeId, DataChangeNotification, DataValue, MessageSecurityMode, MonitoredItemCreateRequest, MonitoringMode,
-    MonitoringParameters, NodeId, NotificationMessage, ReadValueId, StatusChangeNotification, TimestampsToReturn,
-    UserTokenPolicy, Variant, WriteValue,
+    MonitoringParameters, NodeId, NotificationMessage, ReadValueId, StatusChangeNotification, StatusCode,
+    TimestampsToReturn, UserTokenPolicy, Variant, WriteValue,
 };
 use tokio::sync::{mpsc, oneshot};
+use tracing::warn;
 
 use super::convert::{self, WriteType};
+use super::queue::{json_floor, Change, ChangeQueue, Refusal};
 use super::{OpcuaConfig, Security};
-use crate::WriteError;
+use crate::{SourceStats, WriteError};
 
 /// How long connecting (endpoints, secure channel, session) may take before it counts as failed.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
@@ -32,12 +45,17 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Monitored items created per request: servers cap their operation count per call.
 const CREATE_CHUNK: usize = 1000;
-/// Longest array and largest message the client decodes (values of a notification, bytes).
-const MAX_ARRAY: usize = 1_000_000;
-const MAX_MESSAGE: usize = 64 << 20;
+/// Largest chunk the client takes (its receive buffer, in the Hello): the library's default.
+const CHUNK: usize = 65_535;
 
-/// Value changes of one notification message: (client handle, value).
-pub type Changes = Vec<(u32, DataValue)>;
+/// The client's decoding limits for a `max_message_bytes`: (chunks per message, the limit on
+/// a string's, byte string's and array's length). The library checks the chunk count only
+/// before the final chunk, so a message reassembles from up to `chunks + 1` chunks; no value
+/// inside one can be longer than that many chunks hold.
+fn decode_limits(max_message_bytes: usize) -> (usize, usize) {
+    let chunks = (max_message_bytes / CHUNK).max(1);
+    (chunks, (chunks + 1) * CHUNK)
+}
 
 /// Builds the OPC UA client of a source: its application identity, its certificate and key
 /// (Basic256Sha256), and which server certificates it trusts. The library keeps trusted and
@@ -59,11 +77,15 @@ pub fn client(cfg: &OpcuaConfig, pki_dir: &Path) -> Result<Client, String> {
         .max_failed_keep_alive_count(3)
         .request_timeout(Duration::from_secs(10))
         // A notification carries every value that changed since the last publish: thousands
-        // of items in one message. The library's defaults (arrays of 1,000, messages of
-        // 320 KiB) would drop the connection on the first large one.
-        .max_array_length(MAX_ARRAY)
-        .max_message_size(MAX_MESSAGE)
-        .max_chunk_count(MAX_MESSAGE / 8192)
+        // of items in one message. The library's defaults (arrays of 1,000, strings of 64 KiB,
+        // messages of 320 KiB) would drop the connection on the first large one; see the
+        // module doc for the limits used.
+        .max_incoming_chunk_size(CHUNK)
+        .max_message_size(cfg.max_message_bytes())
+        .max_chunk_count(decode_limits(cfg.max_message_bytes()).0)
+        .max_string_length(decode_limits(cfg.max_message_bytes()).1)
+        .max_byte_string_length(decode_limits(cfg.max_message_bytes()).1)
+        .max_array_length(decode_limits(cfg.max_message_bytes()).1)
         .session_name(format!("switchboard {}", cfg.name));
     if let (Some(cert), Some(key)) = (&cfg.certificate, &cfg.private_key) {
         builder = builder.certificate_path(absolute(cert)?).private_key_path(absolute(key)?);
@@ -92,14 +114,15 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Connects and activates a session (bounded by [`CONNECT_TIMEOUT`]).
-    pub async fn open(client: &mut Client, cfg: &OpcuaConfig) -> Result<Connection, String> {
-        tokio::time::timeout(CONNECT_TIMEOUT, Self::open_inner(client, cfg))
+    /// Connects and activates a session (bounded by [`CONNECT_TIMEOUT`]). Publish responses
+    /// the library refuses for their size are counted in `stats` (`oversized`).
+    pub async fn open(client: &mut Client, cfg: &OpcuaConfig, stats: Arc<SourceStats>) -> Result<Connection, String> {
+        tokio::time::timeout(CONNECT_TIMEOUT, Self::open_inner(client, cfg, stats))
             .await
             .map_err(|_| format!("no session within {} s", CONNECT_TIMEOUT.as_secs()))?
     }
 
-    async fn open_inner(client: &mut Client, cfg: &OpcuaConfig) -> Result<Connection, String> {
+    async fn open_inner(client: &mut Client, cfg: &OpcuaConfig, stats: Arc<SourceStats>) -> Result<Connection, String> {
         let (policy, mode) = match cfg.security {
             Security::None => (SecurityPolicy::None, MessageSecurityMode::None),
             Security::Basic256Sha256 => (SecurityPolicy::Basic256Sha256, MessageSecurityMode::SignAndEncrypt),
@@ -115,6 +138,7 @@ impl Connection {
             .map_err(|e| format!("{} ({})", e.status(), e))?;
         let (connected_tx, connected_rx) = oneshot::channel();
         let (ended_tx, ended) = oneshot::channel();
+        let (source, max_message_bytes) = (cfg.name.clone(), cfg.max_message_bytes());
         let event_loop = tokio::spawn(async move {
             let stream = event_loop.enter();
             tokio::pin!(stream);
@@ -127,6 +151,14 @@ impl Connection {
                         }
                     }
                     Some(Ok(SessionPollResult::ConnectionLost(code))) => break format!("connection lost: {code}"),
+                    Some(Ok(SessionPollResult::Subscription(SubscriptionActivity::PublishFailed(
+                        StatusCode::BadEncodingLimitsExceeded,
+                    )))) => {
+                        // A publish response over max_message_bytes: the library dropped it
+                        // unread (its values are lost) and the session goes on.
+                        stats.refuse("oversized", 1);
+                        warn!(%source, max_message_bytes, "OPC UA publish response larger than max_message_bytes refused; its values are lost");
+                    }
                     Some(Ok(_)) => {}
                     Some(Err(code)) => break format!("{code}"),
                     None => break "session closed".to_string(),
@@ -146,7 +178,7 @@ impl Connection {
     }
 
     /// Closes the session on the server (deleting its subscription) and stops the event loop.
-    pub async fn close(self) {
+    pub async fn close(&mut self) {
         let _ = tokio::time::timeout(Duration::from_secs(2), self.session.disconnect()).await;
         self.event_loop.abort();
     }
@@ -158,21 +190,21 @@ impl Drop for Connection {
     }
 }
 
-/// Hands each notification message's value changes to the source in one batch. Runs inside
-/// the session's event loop, so it never waits: when the source falls `changes` capacity
-/// behind, the batch is dropped and counted.
+/// Hands each notification message's value changes to the source's [`ChangeQueue`]. Runs
+/// inside the session's event loop, so it never waits. A value whose JSON could not be under
+/// `max_value_bytes` is refused here (its text dropped at once, not queued).
 struct Notify {
-    tx: mpsc::Sender<Changes>,
+    changes: Arc<ChangeQueue>,
     /// The subscription's end, with the server's status (capacity 1: the first says it all).
     lost: mpsc::Sender<String>,
-    dropped: Arc<std::sync::atomic::AtomicU64>,
+    max_value_bytes: usize,
 }
 
-/// Where a subscription delivers: value changes, its end, and a count of dropped batches.
+/// Where a subscription delivers: value changes and its end.
 pub struct Feed {
-    pub changes: mpsc::Sender<Changes>,
+    pub changes: Arc<ChangeQueue>,
     pub lost: mpsc::Sender<String>,
-    pub dropped: Arc<std::sync::atomic::AtomicU64>,
+    pub max_value_bytes: usize,
 }
 
 impl OnSubscriptionNotificationCore for Notify {
@@ -181,7 +213,20 @@ impl OnSubscriptionNotificationCore for Notify {
         for obj in msg.notification_data.into_iter().flatten() {
             if let Some(dc) = obj.inner_as::<DataChangeNotification>() {
                 for item in dc.monitored_items.iter().flatten() {
-                    batch.push((item.client_handle, item.value.clone()));
+                    let dv = &item.value;
+                    let floor = dv.value.as_ref().map_or(0, json_floor);
+                    batch.push(if floor > self.max_value_bytes {
+                        // Only the status and timestamps: the value itself is not copied.
+                        let value = DataValue {
+                            status: dv.status,
+                            source_timestamp: dv.source_timestamp,
+                            server_timestamp: dv.server_timestamp,
+                            ..DataValue::default()
+                        };
+                        Change { handle: item.client_handle, value, refused: Some(Refusal::Oversized(floor)) }
+                    } else {
+                        Change { handle: item.client_handle, value: dv.clone(), refused: None }
+                    });
                 }
             } else if let Some(sc) = obj.inner_as::<StatusChangeNotification>() {
                 // The server ended the subscription (BadTimeout, …): nothing more will come on
@@ -191,9 +236,7 @@ impl OnSubscriptionNotificationCore for Notify {
                 }
             }
         }
-        if !batch.is_empty() && self.tx.try_send(batch).is_err() {
-            self.dropped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
+        self.changes.push(batch);
     }
 }
 
@@ -216,7 +259,7 @@ pub async fn subscribe(
             0,
             0,
             true,
-            Notify { tx: feed.changes, lost: feed.lost, dropped: feed.dropped },
+            Notify { changes: feed.changes, lost: feed.lost, max_value_bytes: feed.max_value_bytes },
         )
         .await
         .map_err(|e| format!("create subscription: {}", e.status()))?;
@@ -307,4 +350,20 @@ async fn write_inner(session: &Session, node: &NodeId, value: serde_json::Value)
 /// Parses a `nodes` entry (`ns=2;s=Line1.Temp`, `i=2258`, …).
 pub fn parse_node(text: &str) -> Result<NodeId, String> {
     NodeId::from_str(text).map_err(|_| format!("{text:?} is not an OPC UA node id (e.g. ns=2;s=Line1.Temp)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opcua_decode_limits_cover_every_message_the_client_takes() {
+        for max in [64 * 1024, 1 << 20, 16 << 20, 100_000_000] {
+            let (chunks, limit) = decode_limits(max);
+            // The library takes up to chunks + 1 chunks of CHUNK bytes: no string, byte string
+            // or array inside such a message is longer than the limit.
+            assert!(limit >= (chunks + 1) * CHUNK, "{max}");
+            assert!(chunks * CHUNK <= max.max(CHUNK), "{max}: {chunks} chunks");
+        }
+    }
 }
