@@ -26,7 +26,9 @@ import pytest
 
 import sb
 from sb import WS, api_get, api_publish, http, uniq
+from mqtt_kit import Mosquitto, Publisher
 from test_poll import Poller
+from test_source_mqtt import flowing, source_config
 
 FAILPOINTS_BIN = os.environ.get("SWITCHBOARD_FAILPOINTS_BIN") or str(
     pathlib.Path(__file__).resolve().parents[2] / "target" / "debug" / "switchboard-failpoints")
@@ -155,7 +157,9 @@ def fault_server(start_server, tmp_path):
 
     def start(*args) -> sb.Server:
         log = tmp_path / f"fault{time.monotonic_ns()}.stderr.log"
-        srv = sb.start_server(FAILPOINTS_BIN, list(args), str(log), startup_timeout=30)
+        # Panics are logged as one line; a backtrace resolved in a debug build takes seconds.
+        srv = sb.start_server(FAILPOINTS_BIN, list(args), str(log), startup_timeout=30,
+                              env={"RUST_BACKTRACE": "0"})
         started.append(srv)
         return srv
 
@@ -244,7 +248,9 @@ def test_faults_simulator_panic_restarts_it_and_is_counted(fault_server):
         failpoint(srv, "simulator.tick", "1*return")
         after = [p["off"] for p in ws.pubs("pt:sim.0", 30, timeout=20)]
     offs = before + after
-    assert offs == list(range(start + 1, start + 41)), "one stream, no gap, no repeat"
+    # One stream going on: offsets only grow (a point channel may conflate under load, so a
+    # skipped offset is allowed; a repeat or a step back is not).
+    assert offs[0] > start and all(b > a for a, b in zip(offs, offs[1:])), offs
     assert metric(srv, "switchboard_task_restarts_total", task="simulator") == 1
     assert srv.alive()
 
@@ -284,6 +290,47 @@ def test_faults_redis_link_panic_restarts_it_and_its_clients_recover(fault_serve
         assert c.code == 4008, c
     victim.close()
     calm.close()
+
+
+def test_faults_source_decode_panic_refuses_that_message_only(fault_server, tmp_path):
+    """A panic decoding one device's messages refuses those messages (counted as decode) while
+    the source stays connected and every other topic keeps flowing (mosquitto, and a
+    hand-written MQTT 3.1.1 publisher)."""
+    mq = Mosquitto(tmp_path).start()
+    pub = None
+    try:
+        srv = fault_server("--config", source_config(tmp_path, mq))
+        flowing(srv, mq)
+        u = uniq()
+        poison, calm = f"plant/{u}/poison", f"plant/{u}/calm"
+        ch = {t: "pt:" + t.replace("/", ".") for t in (poison, calm)}
+        pub = Publisher(mq.port, uniq("pub-"))
+        reconnects = metric(srv, "switchboard_source_reconnects_total", source="plant", kind="mqtt")
+        refused = metric(srv, "switchboard_source_refused_total", source="plant", kind="mqtt", reason="decode")
+        with WS(srv.ws_url) as ws:
+            ws.subscribe(list(ch.values()))
+            failpoint(srv, "source.decode", f"return({poison})")
+            for i in range(5):
+                pub.publish(poison, str(i))
+                pub.publish(calm, str(i))
+            # Point channels conflate (latest value wins), so the last value is what must arrive.
+            got = settle(lambda: ws.pubs(ch[calm], 1)[0]["data"]["v"], 4)
+            assert got == 4
+            assert api_get(srv, f"/api/channels/{sb.ch_path(ch[calm])}").json()["offset"] == 5
+            failpoint(srv, "source.decode", "off")
+            pub.publish(poison, "10")
+            first = ws.pubs(ch[poison], 1)[0]
+            assert (first["off"], first["data"]["v"]) == (1, 10), "the refused messages never reached the channel"
+        assert metric(srv, "switchboard_source_refused_total", source="plant", kind="mqtt",
+                      reason="decode") == refused + 5
+        assert metric(srv, "switchboard_panics_isolated_total", site="source-decode") == 5
+        assert metric(srv, "switchboard_source_reconnects_total", source="plant", kind="mqtt") == reconnects
+        assert metric(srv, "switchboard_source_connected", source="plant", kind="mqtt") == 1
+        assert metric(srv, "switchboard_task_restarts_total", task="source") == 0
+    finally:
+        if pub is not None:
+            pub.close()
+        mq.stop()
 
 
 def test_faults_metrics_list_every_supervised_task(server):

@@ -407,29 +407,52 @@ impl Conn {
             return self.refusals.refuse("oversized", 1, topic, size, &why);
         }
         let now = now_ms();
-        let items = match sparkplug::parse_topic(topic) {
-            Some(Ok(t)) => match self.sparkplug.handle(&t, payload, now) {
-                Ok(decoded) => self.sparkplug_points(topic, size, decoded),
-                Err(e) => return self.undecodable(topic, size, &e.to_string()),
-            },
-            Some(Err(e)) => return self.undecodable(topic, size, &e.to_string()),
-            None => {
-                let Some(ch) = self.template.channel(topic) else {
-                    return self.no_channel(topic, size, "the topic gives no valid channel name");
-                };
-                match decode(payload, now) {
-                    Ok(Some((v, data))) => match self.feed(&ch, Fed { last: v, sparkplug: None }, topic, size) {
-                        true => vec![(ch, data)],
-                        false => return,
-                    },
-                    Ok(None) => return,
-                    Err(e) => return self.undecodable(topic, size, &e),
-                }
-            }
+        // A panic while decoding one message (a bug meeting a device's bytes) refuses that
+        // message like an undecodable one: the source and its connection go on.
+        let items = match switchboard_supervisor::isolate("source-decode", || {
+            switchboard_supervisor::fault::hit("source.decode", topic);
+            self.points_of(topic, payload, size, now)
+        }) {
+            Ok(items) => items,
+            Err(panicked) => return self.undecodable(topic, size, &panicked.to_string()),
         };
         for item in items {
             if self.points.send(item).await.is_err() {
                 return;
+            }
+        }
+    }
+
+    /// The points of one message (none when it is refused, counted and logged).
+    fn points_of(&mut self, topic: &str, payload: &[u8], size: usize, now: u64) -> Vec<(String, Data)> {
+        match sparkplug::parse_topic(topic) {
+            Some(Ok(t)) => match self.sparkplug.handle(&t, payload, now) {
+                Ok(decoded) => self.sparkplug_points(topic, size, decoded),
+                Err(e) => {
+                    self.undecodable(topic, size, &e.to_string());
+                    Vec::new()
+                }
+            },
+            Some(Err(e)) => {
+                self.undecodable(topic, size, &e.to_string());
+                Vec::new()
+            }
+            None => {
+                let Some(ch) = self.template.channel(topic) else {
+                    self.no_channel(topic, size, "the topic gives no valid channel name");
+                    return Vec::new();
+                };
+                match decode(payload, now) {
+                    Ok(Some((v, data))) => match self.feed(&ch, Fed { last: v, sparkplug: None }, topic, size) {
+                        true => vec![(ch, data)],
+                        false => Vec::new(),
+                    },
+                    Ok(None) => Vec::new(),
+                    Err(e) => {
+                        self.undecodable(topic, size, &e);
+                        Vec::new()
+                    }
+                }
             }
         }
     }

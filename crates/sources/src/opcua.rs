@@ -495,7 +495,16 @@ impl Live {
                     items.extend(point.mark(t, q));
                     continue;
                 }
-                (None, Some(variant)) => encode(variant, t, convert::quality(dv.status), self.max_value_bytes),
+                (None, Some(variant)) => {
+                    // A panic while encoding one value (a bug meeting a device's value) refuses
+                    // that value like an undecodable one: the other points and the session go on.
+                    let max = self.max_value_bytes;
+                    switchboard_supervisor::isolate("source-decode", || {
+                        switchboard_supervisor::fault::hit("source.decode", &point.node);
+                        encode(variant, t, convert::quality(dv.status), max)
+                    })
+                    .unwrap_or(Err(("decode", 0)))
+                }
             };
             match accepted {
                 Ok((v, data)) => {

@@ -60,6 +60,21 @@ pub fn message(payload: &(dyn Any + Send)) -> &str {
         .unwrap_or("panic without a message")
 }
 
+/// Logs every panic as one error line (`tracing`, with the panic's location) instead of the
+/// standard report. Panics are caught and the node goes on, so the standard report — with a
+/// backtrace resolved on the panicking thread when `RUST_BACKTRACE` is set, which can take
+/// seconds — would stall the worker that caught it. With `RUST_BACKTRACE` set to anything but
+/// `0`, the standard report (and its backtrace) is kept for debugging.
+pub fn log_panics() {
+    if std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0") {
+        return;
+    }
+    std::panic::set_hook(Box::new(|info| {
+        let location = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
+        tracing::error!(location, panic = message(info.payload()), "panic");
+    }));
+}
+
 /// Which start of a supervised task this is: 0 the first, then 1, 2, … after each panic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Start(pub u64);

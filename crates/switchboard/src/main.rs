@@ -250,6 +250,7 @@ fn init_logging() {
     // Colors only on a terminal: logs redirected to files stay plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr).try_init();
+    switchboard_supervisor::log_panics();
 }
 
 fn load(config: Option<&std::path::Path>, overrides: &[(&str, toml::Value)]) -> Result<Config, ConfigError> {
