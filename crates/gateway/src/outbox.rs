@@ -495,6 +495,8 @@ impl Outbox {
             st.queue.clear();
             st.latest.clear();
             st.pending = 0;
+        } else {
+            self.drop_held(&mut st);
         }
         let frame = Frame::message(self.format, &msg);
         st.queue.push_back(Item::Message { frame, channel: None, offset: 0, born: None });
@@ -508,12 +510,30 @@ impl Outbox {
         self.wake.notify_one();
     }
 
+    /// Drops what was queued while a subscribe held the outbox: its reply will never come, and
+    /// a publication must not reach the client before its channel's reply (the client recovers
+    /// it after reconnecting). What was queued before the first hold stays.
+    fn drop_held(&self, st: &mut OutState) {
+        let Some(&mark) = st.hold_marks.first() else { return };
+        let mut dropped = 0;
+        while st.queue.len() > mark {
+            match st.queue.pop_back() {
+                Some(Item::Message { frame, .. }) => st.pending = st.pending.saturating_sub(frame.bytes.len()),
+                Some(Item::Latest(ch)) => drop(st.latest.remove(&ch)),
+                _ => {}
+            }
+            dropped += 1;
+        }
+        self.metrics.dropped.fetch_add(dropped, Relaxed);
+    }
+
     /// Answers a client's close frame with `payload` (its code) and closes; no `disconnect`.
     pub fn close_echo(&self, payload: &[u8]) {
         let mut st = self.state.lock();
         if st.closing || st.dead {
             return;
         }
+        self.drop_held(&mut st);
         st.queue.push_back(Item::Control(Bytes::from(websocket::encode_frame(Opcode::Close, payload))));
         st.closing = true;
         st.hold = 0;
@@ -552,243 +572,4 @@ impl Outbox {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-    use switchboard_protocol::message::encode_publication;
-
-    /// A socket stand-in that accepts `room` bytes until `open_up` is called.
-    #[derive(Default)]
-    pub struct TestWire {
-        pub written: Mutex<Vec<u8>>,
-        pub room: Mutex<usize>,
-        pub writes: AtomicU64,
-    }
-
-    impl TestWire {
-        pub fn open(room: usize) -> Arc<TestWire> {
-            Arc::new(TestWire { room: Mutex::new(room), ..Default::default() })
-        }
-        /// Parses what was written into (opcode, payload) frames.
-        pub fn frames(&self) -> Vec<(Opcode, Vec<u8>)> {
-            let buf = self.written.lock().clone();
-            let mut out = Vec::new();
-            let mut pos = 0;
-            while let Some(h) = websocket::parse_header(&buf[pos..], usize::MAX, false).unwrap() {
-                let start = pos + h.header_len;
-                out.push((h.opcode, buf[start..start + h.payload_len].to_vec()));
-                pos = start + h.payload_len;
-            }
-            assert_eq!(pos, buf.len(), "trailing partial frame");
-            out
-        }
-        /// Every JSON message written, split on newlines.
-        pub fn messages(&self) -> Vec<serde_json::Value> {
-            self.frames()
-                .into_iter()
-                .filter(|(op, _)| *op == Opcode::Text)
-                .flat_map(|(_, p)| {
-                    String::from_utf8(p)
-                        .unwrap()
-                        .split('\n')
-                        .map(|l| serde_json::from_str(l).unwrap())
-                        .collect::<Vec<_>>()
-                })
-                .collect()
-        }
-    }
-
-    impl Wire for TestWire {
-        fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-            self.writes.fetch_add(1, Relaxed);
-            let mut room = self.room.lock();
-            if *room == 0 {
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
-            let n = buf.len().min(*room);
-            *room -= n;
-            self.written.lock().extend_from_slice(&buf[..n]);
-            Ok(n)
-        }
-    }
-
-    pub fn delivery(ch: &str, off: u64, v: &str) -> Delivery {
-        let data = serde_json::value::RawValue::from_string(v.to_string()).unwrap();
-        Delivery {
-            frame: Frame::message(Format::Json, &encode_publication(Format::Json, ch, off, &data)),
-            channel: ch.into(),
-            offset: off,
-            born: Instant::now(),
-        }
-    }
-
-    fn outbox(wire: &Arc<TestWire>, max_pending: usize) -> Outbox {
-        Outbox::new(1, Format::Json, wire.clone(), max_pending, Arc::new(Metrics::default()))
-    }
-
-    #[test]
-    fn outbox_idle_connection_gets_the_shared_frame_in_one_write() {
-        let wire = TestWire::open(usize::MAX);
-        let ob = outbox(&wire, 1 << 20);
-        let d = delivery("a", 1, "1");
-        assert_eq!(ob.push(d.clone(), false), Pushed::Schedule);
-        ob.flush();
-        assert_eq!(wire.writes.load(Relaxed), 1);
-        assert_eq!(*wire.written.lock(), d.frame.bytes.to_vec());
-    }
-
-    #[test]
-    fn outbox_merges_queued_messages_into_one_frame_and_one_write() {
-        let wire = TestWire::open(usize::MAX);
-        let ob = outbox(&wire, 1 << 20);
-        assert_eq!(ob.push(delivery("a", 1, "1"), false), Pushed::Schedule);
-        for i in 2..=50 {
-            assert_eq!(ob.push(delivery("a", i, &i.to_string()), false), Pushed::Queued);
-        }
-        ob.flush();
-        assert_eq!(wire.writes.load(Relaxed), 1);
-        assert_eq!(wire.frames().len(), 1);
-        let offs: Vec<u64> = wire.messages().iter().map(|m| m["pub"]["off"].as_u64().unwrap()).collect();
-        assert_eq!(offs, (1..=50).collect::<Vec<_>>());
-    }
-
-    #[test]
-    fn outbox_conflates_a_stalled_point_channel_to_its_latest_value() {
-        let wire = TestWire::open(0);
-        let ob = outbox(&wire, 4096);
-        for i in 1..=10_000u64 {
-            for ch in ["pt:a", "pt:b"] {
-                let _ = ob.push(delivery(ch, i, &format!("{{\"v\":{i}}}")), true);
-            }
-            ob.flush();
-        }
-        assert_eq!(ob.backlog().1, 2, "one pending value per channel, however many arrived");
-        assert!(!ob.is_closing());
-        *wire.room.lock() = usize::MAX;
-        ob.flush_blocked();
-        let msgs = wire.messages();
-        // The chunk already handed to the socket when it filled up cannot be taken back; after
-        // it, each channel gets exactly one message: its latest value.
-        assert!(msgs.len() <= 4, "{} messages", msgs.len());
-        for ch in ["pt:a", "pt:b"] {
-            let last = msgs.iter().rev().find(|m| m["pub"]["ch"] == ch).unwrap();
-            assert_eq!(last["pub"]["data"]["v"], 10_000);
-            assert_eq!(msgs.iter().filter(|m| m["pub"]["ch"] == ch && m["pub"]["data"]["v"] == 10_000).count(), 1);
-        }
-    }
-
-    #[test]
-    fn outbox_slow_consumer_is_closed_with_4008_and_memory_stays_bounded() {
-        let wire = TestWire::open(0);
-        let ob = outbox(&wire, 10_000);
-        let mut dropped = 0;
-        for i in 1..=1000u64 {
-            if ob.push(delivery("a", i, "\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\""), false) == Pushed::Dropped {
-                dropped += 1;
-            }
-            ob.flush();
-            assert!(ob.backlog().0 < 10_200);
-        }
-        assert!(dropped > 800);
-        assert!(ob.is_closing());
-        *wire.room.lock() = usize::MAX;
-        ob.flush_blocked();
-        assert!(ob.finished());
-        let frames = wire.frames();
-        let (op, last) = frames.last().unwrap();
-        assert_eq!(*op, Opcode::Close);
-        assert_eq!(&last[..2], &4008u16.to_be_bytes());
-        let msgs = wire.messages();
-        assert_eq!(msgs.last().unwrap()["disconnect"]["code"], 4008);
-        // Only the frame in flight when the socket filled is completed; the backlog is dropped.
-        assert_eq!(msgs.len(), 2, "in-flight publication + disconnect");
-        assert_eq!(msgs[0]["pub"]["off"], 1);
-    }
-
-    #[test]
-    fn outbox_replies_pongs_and_presence_count_against_the_bound() {
-        // Regression: only publications were counted, so a client pipelining large `history`
-        // commands (or pings) without reading made the node queue without bound.
-        let big = format!("{{\"id\":1,\"ok\":\"{}\"}}", "x".repeat(30_000));
-        for kind in ["reply", "pong", "presence"] {
-            let wire = TestWire::open(0);
-            let ob = outbox(&wire, 10_000);
-            // One large reply on an empty queue is taken whatever its size.
-            let _ = ob.push_message(big.as_bytes());
-            ob.flush();
-            assert!(!ob.is_closing() && ob.is_full());
-            let presence = Frame::message(Format::Json, br#"{"join":{"ch":"a","client":"c","user":""}}"#);
-            for _ in 0..1000 {
-                let _ = match kind {
-                    "reply" => ob.push_message(b"{\"id\":2,\"ok\":{}}"),
-                    "pong" => ob.push_control(Bytes::from(websocket::encode_frame(Opcode::Pong, b"0123456789"))),
-                    _ => ob.push_frame(&presence),
-                };
-                assert!(ob.backlog().0 < 40_000 + 10_000, "{kind}");
-            }
-            assert!(ob.is_closing(), "{kind}");
-            *wire.room.lock() = usize::MAX;
-            ob.flush_blocked();
-            assert_eq!(wire.messages().last().unwrap()["disconnect"]["code"], 4008, "{kind}");
-        }
-    }
-
-    #[test]
-    fn outbox_partial_writes_resume_where_they_stopped() {
-        let wire = TestWire::open(7);
-        let ob = outbox(&wire, 1 << 20);
-        let _ = ob.push(delivery("a", 1, "\"hello world\""), false);
-        ob.flush();
-        assert!(ob.is_blocked());
-        let _ = ob.push(delivery("a", 2, "2"), false);
-        *wire.room.lock() = usize::MAX;
-        ob.flush_blocked();
-        let offs: Vec<u64> = wire.messages().iter().map(|m| m["pub"]["off"].as_u64().unwrap()).collect();
-        assert_eq!(offs, vec![1, 2]);
-    }
-
-    #[test]
-    fn outbox_reply_follows_earlier_replies_and_precedes_publications_queued_while_held() {
-        let wire = TestWire::open(usize::MAX);
-        let ob = outbox(&wire, 1 << 20);
-        // The socket is full: a ping reply and a publication of another channel wait.
-        *wire.room.lock() = 0;
-        ob.push_message(br#"{"id":1,"ok":{}}"#);
-        ob.flush();
-        let _ = ob.push(delivery("b", 3, "0"), false);
-        ob.hold();
-        let _ = ob.push(delivery("a", 7, "0"), false);
-        // Writable again while the subscribe runs: nothing may go out before its reply.
-        *wire.room.lock() = usize::MAX;
-        ob.flush_blocked();
-        assert!(wire.messages().is_empty(), "nothing is written while a subscribe holds the outbox");
-        let covered: HashMap<Arc<str>, u64> = [(Arc::from("a"), 6)].into_iter().collect();
-        ob.release(br#"{"id":2,"ok":{}}"#, &covered);
-        let order: Vec<String> = wire
-            .messages()
-            .iter()
-            .map(|m| match m.get("id") {
-                Some(id) => format!("reply {id}"),
-                None => format!("{} {}", m["pub"]["ch"].as_str().unwrap(), m["pub"]["off"]),
-            })
-            .collect();
-        assert_eq!(order, vec!["reply 1", "b 3", "reply 2", "a 7"]);
-    }
-
-    #[test]
-    fn outbox_hold_puts_the_reply_first_and_drops_covered_publications() {
-        let wire = TestWire::open(usize::MAX);
-        let ob = outbox(&wire, 1 << 20);
-        ob.hold();
-        for i in 5..=8 {
-            assert_eq!(ob.push(delivery("a", i, "0"), false), Pushed::Queued);
-        }
-        ob.flush();
-        assert!(wire.written.lock().is_empty(), "nothing is written while held");
-        let covered: HashMap<Arc<str>, u64> = [(Arc::from("a"), 6)].into_iter().collect();
-        ob.release(br#"{"id":1,"ok":{}}"#, &covered);
-        let msgs = wire.messages();
-        assert_eq!(msgs[0]["id"], 1);
-        let offs: Vec<u64> = msgs[1..].iter().map(|m| m["pub"]["off"].as_u64().unwrap()).collect();
-        assert_eq!(offs, vec![7, 8]);
-    }
-}
+pub(crate) mod tests;
