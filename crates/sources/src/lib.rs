@@ -59,6 +59,10 @@ pub enum WriteError {
     NotWritable(String),
 }
 
+/// Most channels one source feeds (and Sparkplug B metrics and aliases it keeps) unless its
+/// `max_channels` says otherwise.
+pub const DEFAULT_MAX_CHANNELS: usize = 100_000;
+
 /// Counters of one source, rendered by the node's metrics.
 #[derive(Debug, Default)]
 pub struct SourceStats {

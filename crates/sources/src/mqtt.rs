@@ -70,8 +70,7 @@ pub const DEFAULT_MAX_PACKET: usize = 1024 * 1024;
 /// an MQTT fixed header can encode, so the library never refuses a packet the broker sends
 /// (see the module doc); the source's own limit is `max_packet_bytes`.
 pub const LIBRARY_MAX_PACKET: usize = 268_435_455;
-/// `max_channels` unless set.
-pub const DEFAULT_MAX_CHANNELS: usize = 100_000;
+pub use crate::DEFAULT_MAX_CHANNELS;
 /// Points decoded but not yet published; when full the source stops reading the socket, so a
 /// slow node pushes back on the MQTT broker instead of growing memory.
 const QUEUE: usize = 8192;

@@ -348,7 +348,7 @@ pub struct Sparkplug {
 
 impl Default for Sparkplug {
     fn default() -> Sparkplug {
-        Sparkplug::new(true, Bounds::new(crate::mqtt::DEFAULT_MAX_CHANNELS))
+        Sparkplug::new(true, Bounds::new(crate::DEFAULT_MAX_CHANNELS))
     }
 }
 

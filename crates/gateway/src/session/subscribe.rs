@@ -8,28 +8,17 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
 
-use switchboard_broker::{ClientInfo, Position, Publication};
+use switchboard_broker::{ClientInfo, Position};
 use switchboard_protocol::code;
 use switchboard_protocol::command::SubscribeRequest;
 use switchboard_protocol::message::{encode_error, encode_ok, ErrorBody};
 use switchboard_protocol::{namespace_of, validate_channel};
 
-use super::reply::{asked, failed_code, reply_budget, ReplyBudget, SubscribeReply};
+use super::reply::{asked, failed_code, reply_budget, Outcome, ReplyBudget, SubscribeReply};
 use super::Session;
 use crate::auth::Action;
 use crate::node::{ApiError, Node};
 use crate::sampling::{PointView, Sampling};
-
-pub(super) enum Outcome {
-    Ok {
-        position: Position,
-        last: Option<Publication>,
-        recovered: Vec<Publication>,
-        complete: bool,
-        trend: Option<crate::trend::TrendReply>,
-    },
-    Err(ErrorBody),
-}
 
 /// Channels of one subscribe whose broker work runs at once (pipelined on a shared broker).
 const SUBSCRIBE_CONCURRENCY: usize = 256;
