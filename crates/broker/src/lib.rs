@@ -130,7 +130,8 @@ pub struct HistoryResult {
     pub publications: Vec<Publication>,
     pub position: Position,
     /// False when the history no longer reaches back to the requested position or the epoch
-    /// differs: the reader missed publications it cannot get back.
+    /// differs (the publications are then the current epoch's, from its oldest kept one): the
+    /// reader missed publications it cannot get back.
     pub complete: bool,
 }
 
@@ -289,6 +290,9 @@ pub trait Broker: Send + Sync + 'static {
     async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError>;
 
     /// Publications after `since` (all kept ones when `None`), at most `limit`, oldest first.
+    /// A `since` of another epoch selects the current epoch's publications from its oldest kept
+    /// one (`complete: false`: what followed `since` in its own epoch is lost); one ahead of the
+    /// channel in its own epoch selects none (`complete: false`).
     async fn history(
         &self,
         channel: &str,
