@@ -329,6 +329,15 @@ pub trait Broker: Send + Sync + 'static {
     /// Whether the broker is reachable (`/readyz`).
     async fn ready(&self) -> bool;
 
+    /// The round trip to the broker's server as last measured, or the age of a probe still
+    /// unanswered when that is longer; for a broker over several servers the slowest one's.
+    /// Shared brokers measure it once a second on each pub/sub connection (the keepalive PING,
+    /// which queues behind what the server sends there, so a long one means late deliveries).
+    /// `None` when nothing was measured yet, and for a broker without a server (the default).
+    fn round_trip(&self) -> Option<Duration> {
+        None
+    }
+
     /// Forgets every channel idle for longer than `keep(channel)` (zero: kept forever) — no
     /// local subscriber, no present client, no publication — with its epoch, offset, last
     /// value and history, so that months of channel churn leave no state behind. A client
