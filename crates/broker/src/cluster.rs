@@ -567,6 +567,11 @@ impl Broker for ClusterBroker {
             && futures_util::future::join_all(nodes.iter().map(|n| n.ready())).await.into_iter().all(|r| r)
     }
 
+    /// The slowest primary's.
+    fn round_trip(&self) -> Option<Duration> {
+        self.shared.all_nodes().iter().filter_map(|n| n.round_trip()).max()
+    }
+
     /// On the primary serving the slot of the lease's name (its key's hash tag).
     async fn lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, BrokerError> {
         self.shared.on_owner(name, |n| async move { n.lease(name, holder, ttl).await }).await

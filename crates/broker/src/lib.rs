@@ -130,7 +130,8 @@ pub struct HistoryResult {
     pub publications: Vec<Publication>,
     pub position: Position,
     /// False when the history no longer reaches back to the requested position or the epoch
-    /// differs: the reader missed publications it cannot get back.
+    /// differs (the publications are then the current epoch's, from its oldest kept one): the
+    /// reader missed publications it cannot get back.
     pub complete: bool,
 }
 
@@ -289,6 +290,9 @@ pub trait Broker: Send + Sync + 'static {
     async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError>;
 
     /// Publications after `since` (all kept ones when `None`), at most `limit`, oldest first.
+    /// A `since` of another epoch selects the current epoch's publications from its oldest kept
+    /// one (`complete: false`: what followed `since` in its own epoch is lost); one ahead of the
+    /// channel in its own epoch selects none (`complete: false`).
     async fn history(
         &self,
         channel: &str,
@@ -324,6 +328,15 @@ pub trait Broker: Send + Sync + 'static {
 
     /// Whether the broker is reachable (`/readyz`).
     async fn ready(&self) -> bool;
+
+    /// The round trip to the broker's server as last measured, or the age of a probe still
+    /// unanswered when that is longer; for a broker over several servers the slowest one's.
+    /// Shared brokers measure it once a second on each pub/sub connection (the keepalive PING,
+    /// which queues behind what the server sends there, so a long one means late deliveries).
+    /// `None` when nothing was measured yet, and for a broker without a server (the default).
+    fn round_trip(&self) -> Option<Duration> {
+        None
+    }
 
     /// Forgets every channel idle for longer than `keep(channel)` (zero: kept forever) — no
     /// local subscriber, no present client, no publication — with its epoch, offset, last

@@ -262,13 +262,17 @@ impl Broker for MemoryBroker {
             let publications = s.history.iter().skip(skip).cloned().collect();
             return Ok(HistoryResult { publications, position, complete: true });
         };
-        if since.epoch != s.epoch || since.offset > s.offset {
-            // Offsets of another epoch mean nothing here: the reader must re-read state.
-            return Ok(HistoryResult { publications: Vec::new(), position, complete: false });
-        }
+        // A position of another epoch: what the reader had is lost, but everything this epoch
+        // holds is new to it, from its first offset. A position ahead of the channel in its own
+        // epoch: the reader has every offset kept here, and more that are lost.
+        let (from, lost) = match (since.epoch == s.epoch, since.offset > s.offset) {
+            (false, _) => (0, true),
+            (true, true) => return Ok(HistoryResult { publications: Vec::new(), position, complete: false }),
+            (true, false) => (since.offset, false),
+        };
         let oldest_kept = s.history.front().map(|p| p.offset).unwrap_or(s.offset + 1);
-        let complete = since.offset + 1 >= oldest_kept;
-        let publications = s.history.iter().filter(|p| p.offset > since.offset).take(limit).cloned().collect();
+        let complete = !lost && from + 1 >= oldest_kept;
+        let publications = s.history.iter().filter(|p| p.offset > from).take(limit).cloned().collect();
         Ok(HistoryResult { publications, position, complete })
     }
 

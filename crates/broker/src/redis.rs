@@ -10,7 +10,7 @@
 //!   restarted without persistence, or was flushed), the next use creates a new random epoch, so
 //!   a client recovering from an old position learns `complete: false`.
 //! - Each node holds one Redis subscription per channel with local subscribers, on one pub/sub
-//!   connection ([`link`]); a publication costs one Redis message per subscribed node, however
+//!   connection ([`link`]; `round_trip`: its keepalive PING's round trip); a publication costs one Redis message per subscribed node, however
 //!   many clients it has there. Commands from all tasks share one multiplexed connection, which
 //!   pipelines whatever is in flight together.
 //! - Presence is a sorted set per channel with an expiry per client, refreshed by the node that
@@ -28,6 +28,7 @@ mod endpoint;
 mod lease;
 mod link;
 mod listing;
+mod round_trip;
 mod scripts;
 mod subscriber;
 
@@ -591,6 +592,11 @@ impl Broker for RedisBroker {
             redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(|e| inner.failed(e))
         };
         matches!(tokio::time::timeout(Duration::from_secs(1), ping).await, Ok(Ok(_)))
+    }
+
+    /// The pub/sub link's keepalive PING ([`link::PING_EVERY`]).
+    fn round_trip(&self) -> Option<Duration> {
+        self.inner.link.round_trip.current()
     }
 
     async fn lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, BrokerError> {

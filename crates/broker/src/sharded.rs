@@ -161,6 +161,11 @@ impl Broker for ShardedRedisBroker {
         futures_util::future::join_all(self.shards.iter().map(|s| s.ready())).await.into_iter().all(|r| r)
     }
 
+    /// The slowest shard's.
+    fn round_trip(&self) -> Option<std::time::Duration> {
+        self.shards.iter().filter_map(|s| s.round_trip()).max()
+    }
+
     /// On the shard the lease's name hashes to, as a channel of that name would.
     async fn lease(&self, name: &str, holder: &str, ttl: std::time::Duration) -> Result<bool, BrokerError> {
         self.shard(name).lease(name, holder, ttl).await

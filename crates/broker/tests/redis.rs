@@ -404,3 +404,31 @@ async fn broker_redis_idle_channels_expire_but_subscribed_and_kept_ones_stay() {
     })
     .await;
 }
+
+/// The pub/sub link measures its keepalive PING's round trip; a server that stops answering
+/// shows as the age of the PING in flight, and the round trip is short again once it runs.
+#[tokio::test]
+async fn broker_redis_round_trip_grows_while_the_server_is_stopped() {
+    let r = Redis::start();
+    let b = broker(&r, "rtt");
+    ready(&b).await;
+    until("a measured round trip", Duration::from_secs(10), async || b.round_trip().is_some()).await;
+    assert!(b.round_trip().unwrap() < Duration::from_secs(1), "{:?}", b.round_trip());
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill").args([sig, &r.pid().to_string()]).status().unwrap().success();
+        assert!(ok, "kill {sig}");
+    };
+    signal("-STOP");
+    // Polled without panicking, so that Redis runs again whatever is seen.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut slow = false;
+    while !slow && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        slow = b.round_trip().is_some_and(|rtt| rtt > Duration::from_millis(1500));
+    }
+    signal("-CONT");
+    assert!(slow, "the round trip never passed 1.5 s while Redis was stopped");
+    ready(&b).await;
+    let fast = async || b.round_trip().is_some_and(|rtt| rtt < Duration::from_secs(1));
+    until("a short round trip after Redis resumed", Duration::from_secs(15), fast).await;
+}

@@ -98,10 +98,12 @@ pub struct Subscribed {
     /// The latest publication, with `initial: true`.
     #[serde(default)]
     pub last: Option<Publication>,
-    /// With `recover`: the publications after the given position, in order.
+    /// With `recover`: the publications after the given position, in order; when the epoch
+    /// changed, the current epoch's from its first kept offset (with `complete: false`).
     #[serde(default)]
     pub recovered: Vec<Publication>,
-    /// `false` when the history no longer reached back to the recovery position.
+    /// `false` when the history no longer reached back to the recovery position (or its epoch
+    /// is gone).
     #[serde(default = "yes")]
     pub complete: bool,
 }

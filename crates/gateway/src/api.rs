@@ -305,6 +305,13 @@ async fn readyz(State(node): State<Arc<Node>>) -> Response {
     if node.is_stopping() {
         return (StatusCode::SERVICE_UNAVAILABLE, "stopping\n").into_response();
     }
+    // A broker answering late makes deliveries late: a load balancer drains the node before
+    // its clients see it. Read from the last measure, so this answers at once.
+    let limit = node.config.broker_max_rtt_ms;
+    if let Some(rtt) = node.broker.round_trip().filter(|rtt| limit > 0 && rtt.as_millis() > u128::from(limit)) {
+        let why = format!("broker slow: round trip {} ms, over broker_max_rtt_ms {limit}\n", rtt.as_millis());
+        return (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
+    }
     if node.broker.ready().await {
         "ready\n".into_response()
     } else {
@@ -334,7 +341,7 @@ fn failpoints() -> Router<Arc<Node>> {
 async fn metrics(State(node): State<Arc<Node>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        node.metrics.render(node.hub.channel_count(), node.broker.channel_count())
+        node.metrics.render(node.hub.channel_count(), node.broker.channel_count(), node.broker.round_trip())
             + &crate::sources::render_metrics(&node),
     )
         .into_response()

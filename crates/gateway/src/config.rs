@@ -26,6 +26,9 @@ pub struct Config {
     /// `memory` (the embedded default) or `redis://host:port/db` (a cluster of nodes sharing
     /// one Redis; query options `prefix` and `presence_ttl_s`).
     pub broker: String,
+    /// `/readyz` answers 503 while the broker's measured round trip
+    /// ([`switchboard_broker::Broker::round_trip`]) is over this many ms; 0: never.
+    pub broker_max_rtt_ms: u64,
     /// This node's id in replies and `/api/info`; random when unset.
     pub node_id: Option<String>,
     /// `N@HZ`: simulate N point channels `pt:sim.<i>` at HZ each.
@@ -158,6 +161,7 @@ impl Default for Config {
             listen: "127.0.0.1:8700".to_string(),
             workers: 0,
             broker: "memory".to_string(),
+            broker_max_rtt_ms: 1000,
             node_id: None,
             simulate: None,
             allow_anonymous: false,

@@ -48,8 +48,9 @@ impl Metrics {
 
     /// Prometheus text exposition.
     /// `channels`: the hub's channels (with local subscribers); `broker_channels`: the channels
-    /// the broker holds, when it knows (the memory broker).
-    pub fn render(&self, channels: usize, broker_channels: Option<usize>) -> String {
+    /// the broker holds, when it knows (the memory broker); `broker_rtt`: its measured round
+    /// trip, for shared brokers.
+    pub fn render(&self, channels: usize, broker_channels: Option<usize>, broker_rtt: Option<Duration>) -> String {
         let mut out = String::with_capacity(4096);
         let g = |out: &mut String, name: &str, help: &str, kind: &str, v: u64| {
             let _ = writeln!(
@@ -76,6 +77,15 @@ impl Metrics {
         g(&mut out, "channels", "Channels with local subscribers.", "gauge", channels as u64);
         if let Some(n) = broker_channels {
             g(&mut out, "broker_channels", "Channels the node's memory broker holds.", "gauge", n as u64);
+        }
+        if let Some(rtt) = broker_rtt {
+            let _ = writeln!(
+                out,
+                "# HELP switchboard_broker_rtt_seconds Round trip of the broker link's keepalive PING (or the age of \
+                 one unanswered), the slowest server's.\n# TYPE switchboard_broker_rtt_seconds gauge\n\
+                 switchboard_broker_rtt_seconds {}",
+                rtt.as_secs_f64()
+            );
         }
         g(&mut out, "messages_in_total", "Client frames received.", "counter", self.messages_in.load(Relaxed));
         g(&mut out, "bytes_in_total", "Client bytes received.", "counter", self.bytes_in.load(Relaxed));
@@ -251,7 +261,7 @@ mod tests {
         m.observe_lag(Duration::from_micros(50));
         m.observe_lag(Duration::from_millis(3));
         m.observe_lag(Duration::from_secs(9));
-        let text = m.render(0, None);
+        let text = m.render(0, None, None);
         assert!(text.contains("switchboard_delivery_lag_seconds_bucket{le=\"0.0001\"} 1\n"));
         assert!(text.contains("switchboard_delivery_lag_seconds_bucket{le=\"0.005\"} 2\n"));
         assert!(text.contains("switchboard_delivery_lag_seconds_bucket{le=\"+Inf\"} 3\n"));

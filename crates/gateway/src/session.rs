@@ -452,11 +452,20 @@ impl Session {
                 renewed = true;
                 continue;
             }
+            if !publications.is_empty() && r.position.epoch != from.epoch {
+                // A new epoch began between two pages: the reply ends with the old epoch's,
+                // and the client reads the new one's from where this reply ends.
+                more = true;
+                break;
+            }
             // Without `since`, a history that holds fewer than `limit` is what was asked for.
             if asked_since || !first_page {
                 complete &= r.complete;
             }
             first_page = false;
+            // A `since` of another epoch reads the current epoch's publications: the pages
+            // that follow continue in it.
+            from.epoch = r.position.epoch.clone();
             position = r.position;
             let got = r.publications.len();
             for p in r.publications {

@@ -769,7 +769,18 @@ export class Client implements SubscriptionOwner {
     } else if (prev) {
       this.gap(e, prev, now, true);
       e.position = { epoch: r.epoch, offset: 0 };
-      if (!e.point && (this.opts.fillOnEpochChange ?? true) && r.offset > 0) {
+      const fresh = r.recovered ?? [];
+      if (fresh.length > 0) {
+        // A recovery from another epoch carries what the new epoch holds, oldest first.
+        for (const p of fresh) {
+          if (p.off > e.position.offset) {
+            this.deliverPub(e, p);
+            recovered++;
+          }
+        }
+        if (r.last && r.last.off > e.position.offset) this.deliverPub(e, r.last);
+        if (r.offset > e.position.offset) e.position = now;
+      } else if (!e.point && (this.opts.fillOnEpochChange ?? true) && r.offset > 0) {
         this.fill(e, now, r.last ?? null);
       } else {
         if (r.last) this.deliverPub(e, r.last);

@@ -55,7 +55,9 @@ export interface ClientOptions {
   isPointChannel?: (channel: string) => boolean;
   /** When the frame batch is delivered (default: `requestAnimationFrame`, else a 16 ms timer). */
   schedule?: Scheduler;
-  /** After an epoch change of a non-point channel, fetch the new epoch's history (default true). */
+  /** After an epoch change of a non-point channel whose recovery carried none of the new
+   * epoch's publications, fetch the new epoch's history (default true). Publications a recovery
+   * carries are always delivered. */
   fillOnEpochChange?: boolean;
   /** Most publications fetched by that fill (default 1,000). */
   fillLimit?: number;

@@ -335,6 +335,10 @@ describe('recovery', () => {
         for (const p of b.publications) (p.channel === ch ? got : pts).push(p);
       });
       c.on('gap', (g) => gaps.push(g));
+      const resubscribed: SubscribedEvent[] = [];
+      c.on('subscribed', (ev) => {
+        if (ev.channel === ch && ev.resubscribed) resubscribed.push(ev);
+      });
       await c.connect();
       await Promise.all(c.subscribeMany([ch, pt]).map((s) => s.ready));
       await own.publish(ch, 'before');
@@ -355,6 +359,8 @@ describe('recovery', () => {
       expect(got.slice(1).map((p) => p.data)).toEqual(Array.from({ length: 20 }, (_, i) => `after-${i + 1}`));
       expect(got.slice(1).map((p) => p.offset)).toEqual(Array.from({ length: 20 }, (_, i) => i + 1));
       expect(gaps.find((g) => g.channel === ch)).toMatchObject({ epochChanged: true, from: { epoch: oldEpoch } });
+      // The recovery from the old epoch carried the new epoch's publications: delivered from it.
+      expect(resubscribed.map((ev) => ev.recovered)).toEqual([20]);
       await until(() => pts.some((p) => (p.data as { v: number }).v === 42), 'the point value');
       await own.publish(ch, 'live');
       await until(() => got.length === 22, 'live after the restart');

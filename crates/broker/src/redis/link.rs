@@ -6,7 +6,8 @@
 //! - the *manager* turns the subscription counts into SUBSCRIBE / UNSUBSCRIBE commands, batched
 //!   (every channel that changed since the last round goes into one command), then reads each
 //!   newly subscribed channel's position so later reads can tell what the handler still has to
-//!   receive; a PING every few seconds detects a dead connection;
+//!   receive; a PING every second measures the link's round trip ([`RoundTrip`]: readiness
+//!   turns 503 on a slow one) and detects a dead connection;
 //! - the *consumer* hands each message to the handler in arrival order, which is offset order
 //!   per channel (one connection; Redis publishes from the atomic publish script), checks that
 //!   offsets follow each other, and calls `after_publications` once per burst of messages.
@@ -39,6 +40,7 @@ use serde_json::value::RawValue;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use super::round_trip::RoundTrip;
 use super::subscriber::{self, Event, Sink, Source};
 use super::Inner;
 use crate::{BrokerError, ClientInfo, Position, Publication};
@@ -47,8 +49,9 @@ use crate::{BrokerError, ClientInfo, Position, Publication};
 const SUBSCRIBE_CHUNK: usize = 1000;
 /// Messages handed to the handler before one `after_publications` (socket writes).
 const BURST: usize = 512;
-/// Pub/sub keepalive: a PING this often, the connection is dropped without a PONG in time.
-const PING_EVERY: Duration = Duration::from_secs(5);
+/// Pub/sub keepalive: a PING this often (its round trip is the link's [`RoundTrip`], so this
+/// bounds how late a slow server is noticed), the connection is dropped without a PONG in time.
+pub const PING_EVERY: Duration = Duration::from_secs(1);
 const PING_TIMEOUT: Duration = Duration::from_secs(3);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -104,6 +107,8 @@ pub(super) struct Link {
     pub connected: Notify,
     /// Subscription counts changed since the heartbeat last published them.
     pub counts_changed: AtomicBool,
+    /// The keepalive PING's round trip on the current connection.
+    pub round_trip: RoundTrip,
 }
 
 /// What a subscriber waits for.
@@ -243,6 +248,7 @@ impl Link {
         }
         drop(dirty);
         drop(entries);
+        self.round_trip.reset();
         self.generation.fetch_add(1, Relaxed);
         self.up.store(true, Relaxed);
         self.down.store(false, Relaxed);
@@ -280,6 +286,7 @@ impl Link {
     /// are compared with Redis once resubscribed.
     fn on_lost(&self) {
         self.up.store(false, Relaxed);
+        self.round_trip.reset();
         self.down.store(true, Relaxed);
         let mut entries = self.entries.lock();
         entries.retain(|_, e| {
@@ -379,8 +386,12 @@ async fn manage(inner: &Inner, sink: &mut Sink) -> Result<(), redis::RedisError>
             tokio::select! {
                 _ = link.wake.notified() => {}
                 _ = ping.tick() => {
+                    link.round_trip.start();
                     match tokio::time::timeout(PING_TIMEOUT, sink.ping()).await {
-                        Ok(r) => { r?; }
+                        Ok(r) => {
+                            r?;
+                            link.round_trip.finish();
+                        }
                         Err(_) => return Err(redis::RedisError::from((redis::ErrorKind::Io, "no PONG on the pub/sub connection"))),
                     }
                 }

@@ -257,10 +257,17 @@ if ARGV[2] == '' then
   return {epoch, offset, 1, out}
 end
 local since = tonumber(ARGV[3])
-if ARGV[2] ~= epoch or since > offset then
+-- A position of another epoch: what the reader had is lost, but everything this epoch holds
+-- is new to it, from its first offset. A position ahead of the channel in its own epoch: the
+-- reader has every offset kept here, and more that are lost.
+local lost = ARGV[2] ~= epoch
+if lost then
+  since = 0
+elseif since > offset then
   return {epoch, offset, 0, out}
 end
 if since == offset then
+  if lost then return {epoch, offset, 0, out} end
   return {epoch, offset, 1, out}
 end
 local entries = redis.call('XRANGE', KEYS[2], (math.max(since, floor) + 1) .. '-0', '+', 'COUNT', limit)
@@ -268,7 +275,7 @@ local complete = 0
 for i = 1, #entries do
   local off, t, d = entry(entries[i])
   if t >= cutoff then
-    if i == 1 and off == since + 1 then complete = 1 end
+    if i == 1 and off == since + 1 and not lost then complete = 1 end
     if not none then out[#out + 1] = {off, t, d} end
   end
 end

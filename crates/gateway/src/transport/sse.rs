@@ -324,8 +324,9 @@ impl Stream {
             let from = self.recover.get(ch).filter(|p| &p.epoch == epoch).map(|p| p.offset);
             let mut at = from.unwrap_or(0);
             let emit = |out: &mut Vec<u8>, positions: &mut Positions, p: &PubIn<'_>| {
+                // The epoch too: a recovery from another epoch delivers the current one's.
                 if let Some(pos) = positions.map.get_mut(ch) {
-                    pos.offset = p.off;
+                    *pos = ChannelPos { epoch: epoch.clone(), offset: p.off };
                 }
                 let id = positions.id(Some(ch));
                 write_event(out, None, id.as_deref(), &encode_publication(Format::Json, &p.ch, p.off, p.data));
@@ -337,9 +338,9 @@ impl Stream {
                     at = p.off;
                 }
                 // The history did not reach back (or the epoch changed): the latest value is
-                // what can still be given.
+                // what can still be given, unless the recovered publications hold it.
                 if r.complete == Some(false) {
-                    if let Some(l) = r.last.as_ref().filter(|l| from.is_none() || l.off > at) {
+                    if let Some(l) = r.last.as_ref().filter(|l| l.off > at) {
                         emit(out, &mut self.positions, l);
                     }
                 }
