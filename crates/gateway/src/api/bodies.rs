@@ -9,9 +9,10 @@ use serde_json::value::RawValue;
 pub struct PublishOne {
     pub channel: String,
     pub data: Box<RawValue>,
+    pub idempotency_key: Option<String>,
 }
 
-/// `{"channel", "data"}` or `{"batch": [...]}`. Not an untagged enum: raw JSON values cannot
+/// `{"channel", "data", "idempotency_key"?}` or `{"batch": [...]}`. Not an untagged enum: raw JSON values cannot
 /// pass through serde's buffering of untagged variants.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -19,6 +20,7 @@ pub struct PublishBody {
     pub channel: Option<String>,
     #[serde(default, deserialize_with = "switchboard_protocol::command::present")]
     pub data: Option<Box<RawValue>>,
+    pub idempotency_key: Option<String>,
     pub batch: Option<Vec<PublishOne>>,
 }
 
