@@ -213,10 +213,7 @@ async fn a_trend_keeps_numeric_values_in_buckets(b: Arc<dyn Broker>) {
 async fn paging_lists_each_channel_once_while_channels_are_created(b: Arc<dyn Broker>) {
     let names: Vec<String> = (0..300).map(|i| format!("pg:{i:04}")).collect();
     for chunk in names.chunks(100) {
-        let items = chunk
-            .iter()
-            .map(|ch| crate::Outgoing::new(ch, data("1"), KEEP))
-            .collect();
+        let items = chunk.iter().map(|ch| crate::Outgoing::new(ch, data("1"), KEEP)).collect();
         for r in b.publish_batch(items).await {
             r.unwrap();
         }
@@ -431,9 +428,8 @@ async fn a_batch_keeps_item_order_per_channel(b: Arc<dyn Broker>) {
     }
     b.publish("c:bb", data("0"), KEEP).await.unwrap();
     // 1,200 items: more than one script call or chunk wherever a broker splits batches.
-    let items: Vec<crate::Outgoing> = (0..1200)
-        .map(|i| crate::Outgoing::new(channels[i % 4], data(&i.to_string()), KEEP))
-        .collect();
+    let items: Vec<crate::Outgoing> =
+        (0..1200).map(|i| crate::Outgoing::new(channels[i % 4], data(&i.to_string()), KEEP)).collect();
     let results = b.publish_batch(items).await;
     assert_eq!(results.len(), 1200);
     for (i, r) in results.iter().enumerate() {

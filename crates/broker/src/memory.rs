@@ -48,8 +48,9 @@ struct RecentKeys {
 }
 
 impl RecentKeys {
-    /// The position of a publication taken with `key` and not yet expired.
-    fn find(&mut self, key: &str, now: u64) -> Option<Position> {
+    /// Drops the keys whose window ended by `now` (every publication calls it: a channel
+    /// holds at most the keys of its last window).
+    fn expire(&mut self, now: u64) {
         while let Some((expiry, old)) = self.order.front() {
             if *expiry > now {
                 break;
@@ -57,6 +58,11 @@ impl RecentKeys {
             self.positions.remove(old);
             self.order.pop_front();
         }
+    }
+
+    /// The position of a publication taken with `key` and not yet expired.
+    fn find(&mut self, key: &str, now: u64) -> Option<Position> {
+        self.expire(now);
         self.positions.get(key).cloned()
     }
 
@@ -219,6 +225,7 @@ impl MemoryBroker {
         s.offset += 1;
         let now = now_ms();
         s.touched_ms = now;
+        s.keys.expire(now);
         let publication = Publication { offset: s.offset, data, time_ms: now };
         if policy.size > 0 {
             s.history_ttl_ms = ttl_ms;

@@ -6,6 +6,10 @@
 //!   publication), bump the offset, store the last value and PUBLISH on the channel's Redis
 //!   pub/sub channel — atomic in Redis, so offsets are dense and ordered per channel and history
 //!   never disagrees with what was published.
+//! - A publish waits for an unreachable or failing-over Redis up to [`crate::PUBLISH_WAIT`],
+//!   and tells "nothing was published" ([`BrokerError::Unavailable`]) from "sent, not answered"
+//!   ([`BrokerError::Unknown`]); an item's idempotency key is kept beside its channel by the
+//!   publish script (`publishing`).
 //! - The epoch lives in Redis beside the offset. When the channel's keys are gone (Redis
 //!   restarted without persistence, or was flushed), the next use creates a new random epoch, so
 //!   a client recovering from an old position learns `complete: false`.

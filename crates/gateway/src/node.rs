@@ -156,7 +156,12 @@ impl Node {
     /// check): validates the channel, size and idempotency key, then hands it to the broker. A
     /// retry with the same `idempotency_key` on the same channel within
     /// [`switchboard_broker::IDEMPOTENCY_WINDOW`] answers the first publication's position.
-    pub async fn publish(&self, channel: &str, data: Data, idempotency_key: Option<&str>) -> Result<Position, ApiError> {
+    pub async fn publish(
+        &self,
+        channel: &str,
+        data: Data,
+        idempotency_key: Option<&str>,
+    ) -> Result<Position, ApiError> {
         let item = self.outgoing(channel, data, idempotency_key)?;
         let published = if item.idempotency_key.is_some() {
             let mut out = self.broker.publish_batch(vec![item]).await;

@@ -120,8 +120,33 @@ pub struct PublishRequest {
     pub data: Box<RawValue>,
     /// A publish retried with the same key on the same channel within the idempotency window
     /// answers the first result instead of publishing again ([`check_idempotency_key`]).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "idempotency_key")]
     pub idempotency_key: Option<String>,
+}
+
+/// Reads an optional `idempotency_key`: a string (checked later by
+/// [`check_idempotency_key`]) or `null`; any other value is an error naming the field.
+pub fn idempotency_key<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    struct Key;
+    impl<'de> serde::de::Visitor<'de> for Key {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "idempotency_key: a string of 1 to {MAX_IDEMPOTENCY_KEY} characters of [A-Za-z0-9_.:-]")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(v.to_owned()))
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(Key)
+        }
+    }
+    d.deserialize_option(Key)
 }
 
 /// The longest idempotency key, in bytes.
@@ -446,5 +471,9 @@ mod tests {
         let cmd = Command::from_json(br#"{"id":1,"publish":{"channel":"a","data":1,"idempotency_key":"k1"}}"#).unwrap();
         let CommandBody::Publish(p) = cmd.body else { panic!("not a publish") };
         assert_eq!(p.idempotency_key.as_deref(), Some("k1"));
+        let cmd = Command::from_json(br#"{"id":1,"publish":{"channel":"a","data":1,"idempotency_key":7}}"#).unwrap();
+        assert!(matches!(cmd.body, CommandBody::Invalid(ref e) if e.contains("idempotency_key")), "{:?}", cmd.body);
+        let cmd = Command::from_json(br#"{"id":1,"publish":{"channel":"a","data":1,"idempotency_key":null}}"#).unwrap();
+        assert!(matches!(cmd.body, CommandBody::Publish(PublishRequest { idempotency_key: None, .. })));
     }
 }

@@ -43,7 +43,9 @@ impl Inner {
     ) -> Result<Vec<Option<Position>>, BrokerError> {
         let mut conn = match tokio::time::timeout_at(deadline.into(), self.conn()).await {
             Ok(Ok(conn)) => conn,
-            Ok(Err(BrokerError::Unavailable(e))) => return Err(BrokerError::Unavailable(format!("not connected: {e}"))),
+            Ok(Err(BrokerError::Unavailable(e))) => {
+                return Err(BrokerError::Unavailable(format!("not connected: {e}")))
+            }
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(BrokerError::Unavailable("redis: not connected in time".into())),
         };
@@ -148,5 +150,4 @@ impl Inner {
             .map(|r| r.unwrap_or_else(|| Err(BrokerError::Unavailable("redis: publish not answered".into()))))
             .collect()
     }
-
 }

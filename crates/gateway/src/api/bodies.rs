@@ -9,6 +9,7 @@ use serde_json::value::RawValue;
 pub struct PublishOne {
     pub channel: String,
     pub data: Box<RawValue>,
+    #[serde(default, deserialize_with = "switchboard_protocol::command::idempotency_key")]
     pub idempotency_key: Option<String>,
 }
 
@@ -20,6 +21,7 @@ pub struct PublishBody {
     pub channel: Option<String>,
     #[serde(default, deserialize_with = "switchboard_protocol::command::present")]
     pub data: Option<Box<RawValue>>,
+    #[serde(default, deserialize_with = "switchboard_protocol::command::idempotency_key")]
     pub idempotency_key: Option<String>,
     pub batch: Option<Vec<PublishOne>>,
 }

@@ -261,7 +261,8 @@ mod tests {
     #[tokio::test]
     async fn auth_http_batch_items_past_the_user_rate_get_429() {
         let node = node();
-        let items: Vec<(String, Data, Option<String>)> = (0..10).map(|i| ("room:b".to_string(), data(i), None)).collect();
+        let items: Vec<(String, Data, Option<String>)> =
+            (0..10).map(|i| ("room:b".to_string(), data(i), None)).collect();
         let results = publish_batch(&node, &caller(AuthMethod::Password, "dave"), items.clone()).await;
         let codes: Vec<u16> = results.iter().map(|r| r.as_ref().map_or_else(|e| e.code, |_| 200)).collect();
         assert_eq!(codes, [vec![200; 6], vec![429; 4]].concat());
