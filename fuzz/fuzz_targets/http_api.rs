@@ -20,6 +20,7 @@ use bodies::{HistoryQuery, ListQuery, PublishBody};
 use libfuzzer_sys::fuzz_target;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use switchboard_protocol::command::check_idempotency_key;
 use switchboard_protocol::message::{check_data, single_line};
 use switchboard_protocol::validate_channel;
 
@@ -39,12 +40,26 @@ fn published(channel: &str, data: Box<RawValue>) {
     }
 }
 
+/// As the node checks a publish's key: a key that passes is 1-128 bytes of the documented
+/// alphabet, so it can never reach outside its channel's Redis key (`P:{ch}:i:<key>`).
+fn keyed(key: Option<String>) {
+    if let Some(k) = key {
+        if check_idempotency_key(&k).is_ok() {
+            assert!((1..=128).contains(&k.len()) && !k.contains(['{', '}', ' ']));
+        }
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     if let Ok(body) = serde_json::from_slice::<PublishBody>(data) {
         match body {
-            PublishBody { channel: Some(ch), data: Some(d), batch: None } => published(&ch, d),
-            PublishBody { channel: None, data: None, batch: Some(items) } => {
+            PublishBody { channel: Some(ch), data: Some(d), idempotency_key, batch: None } => {
+                keyed(idempotency_key);
+                published(&ch, d)
+            }
+            PublishBody { channel: None, data: None, idempotency_key: None, batch: Some(items) } => {
                 for p in items {
+                    keyed(p.idempotency_key);
                     published(&p.channel, p.data);
                 }
             }

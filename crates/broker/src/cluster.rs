@@ -406,7 +406,7 @@ impl Broker for ClusterBroker {
     }
 
     async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
-        let item = Outgoing { channel: Arc::from(channel), data, policy };
+        let item = Outgoing::new(channel, data, policy);
         let mut out = self.publish_batch(vec![item]).await;
         out.pop().unwrap_or_else(|| Err(BrokerError::Unavailable("redis cluster answered an empty publish".into())))
     }
@@ -433,18 +433,23 @@ impl Broker for ClusterBroker {
             }
             let calls = parts.iter().map(|(node, part)| {
                 let batch: Vec<Outgoing> = part.iter().map(|&i| items[i].clone()).collect();
-                async move { node.publish_on_node(&batch).await }
+                async move { node.publish_on_node(&batch, deadline.into_std()).await }
             });
             let answers = futures_util::future::join_all(calls).await;
             let mut again = Vec::new();
+            let time_left = Instant::now() + RETRY_PAUSE < deadline;
             for ((_, part), answer) in parts.iter().zip(answers) {
                 for (&i, r) in part.iter().zip(answer) {
                     match r {
                         Ok(Some(position)) => results[i] = Some(Ok(position)),
                         // Not served there (nothing was done): to the new owner.
                         Ok(None) => again.push(i),
-                        // The script did not run: safe to send again.
-                        Err(e) if retriable_publish(&e) => again.push(i),
+                        // The script did not run, or its outcome is unknown and the item's
+                        // idempotency key makes a second attempt answer the first result:
+                        // safe to send again (to wherever the slot map points by then).
+                        Err(e) if time_left && (retriable_publish(&e) || crate::redis::may_retry(&e, &items[i])) => {
+                            again.push(i)
+                        }
                         Err(e) => results[i] = Some(Err(e)),
                     }
                 }

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde_json::value::RawValue;
 
-use crate::{Broker, BrokerHandler, ChannelQuery, ChannelSummary, ClientInfo, HistoryPolicy, Publication};
+use crate::{
+    Broker, BrokerHandler, ChannelQuery, ChannelSummary, ClientInfo, HistoryPolicy, Outgoing, Position, Publication,
+};
 
 /// Records what a broker delivered.
 #[derive(Default)]
@@ -95,6 +97,45 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     a_zero_history_ttl_keeps_history_by_size_only(make()).await;
     a_zero_history_limit_reads_no_publications(make()).await;
     internal_channels_are_delivered_but_never_listed(make()).await;
+    an_idempotency_key_publishes_once_per_channel(make()).await;
+}
+
+/// A publication with an idempotency key is published once per channel within the window: the
+/// same key again (alone, in a later batch, or twice in one batch) answers the first position
+/// and publishes nothing; another key, no key, or the same key on another channel publishes.
+async fn an_idempotency_key_publishes_once_per_channel(b: Arc<dyn Broker>) {
+    let h = Arc::new(RecordingHandler::default());
+    b.set_handler(h.clone());
+    b.subscribe("c:once").await.unwrap();
+    let keyed = |ch: &str, d: &str, key: &str| {
+        let mut item = Outgoing::new(ch, data(d), KEEP);
+        item.idempotency_key = Some(key.into());
+        item
+    };
+    let first = b.publish_batch(vec![keyed("c:once", "1", "k-1")]).await.pop().unwrap().unwrap();
+    assert_eq!(first.offset, 1);
+    let again = b.publish_batch(vec![keyed("c:once", "2", "k-1")]).await.pop().unwrap().unwrap();
+    assert_eq!(again, first, "a retry answers the first result");
+    let batch = vec![
+        keyed("c:once", "3", "k-2"),
+        Outgoing::new("c:once", data("4"), KEEP),
+        keyed("c:once", "5", "k-2"),
+        keyed("c:once", "6", "k-1"),
+        keyed("c:once-other", "7", "k-1"),
+    ];
+    let got: Vec<Position> = b.publish_batch(batch).await.into_iter().map(Result::unwrap).collect();
+    let offsets: Vec<u64> = got.iter().map(|p| p.offset).collect();
+    assert_eq!(offsets, [2, 3, 2, 1, 1]);
+    assert_eq!(got[3], first);
+    assert!(got[..4].iter().all(|p| p.epoch == first.epoch));
+    b.publish("c:once", data("8"), KEEP).await.unwrap();
+    h.wait_for("4 publications", |h| h.offsets("c:once").len() >= 4).await;
+    let delivered: Vec<String> =
+        h.publications.lock().iter().filter(|p| p.0 == "c:once").map(|p| p.2.clone()).collect();
+    assert_eq!(delivered, ["1", "3", "4", "8"], "retries are neither delivered nor kept");
+    let history = b.history("c:once", None, 10).await.unwrap();
+    let kept: Vec<&str> = history.publications.iter().map(|p| p.data.get()).collect();
+    assert_eq!(kept, ["1", "3", "4", "8"]);
 }
 
 /// Channels starting with `$` carry messages between nodes (forwarded source writes): they
@@ -172,10 +213,7 @@ async fn a_trend_keeps_numeric_values_in_buckets(b: Arc<dyn Broker>) {
 async fn paging_lists_each_channel_once_while_channels_are_created(b: Arc<dyn Broker>) {
     let names: Vec<String> = (0..300).map(|i| format!("pg:{i:04}")).collect();
     for chunk in names.chunks(100) {
-        let items = chunk
-            .iter()
-            .map(|ch| crate::Outgoing { channel: Arc::from(ch.as_str()), data: data("1"), policy: KEEP })
-            .collect();
+        let items = chunk.iter().map(|ch| crate::Outgoing::new(ch, data("1"), KEEP)).collect();
         for r in b.publish_batch(items).await {
             r.unwrap();
         }
@@ -413,9 +451,8 @@ async fn a_batch_keeps_item_order_per_channel(b: Arc<dyn Broker>) {
     }
     b.publish("c:bb", data("0"), KEEP).await.unwrap();
     // 1,200 items: more than one script call or chunk wherever a broker splits batches.
-    let items: Vec<crate::Outgoing> = (0..1200)
-        .map(|i| crate::Outgoing { channel: Arc::from(channels[i % 4]), data: data(&i.to_string()), policy: KEEP })
-        .collect();
+    let items: Vec<crate::Outgoing> =
+        (0..1200).map(|i| crate::Outgoing::new(channels[i % 4], data(&i.to_string()), KEEP)).collect();
     let results = b.publish_batch(items).await;
     assert_eq!(results.len(), 1200);
     for (i, r) in results.iter().enumerate() {

@@ -97,12 +97,34 @@ pub struct Publication {
     pub time_ms: u64,
 }
 
+/// How long a publication's idempotency key is remembered on its channel
+/// ([`Outgoing::idempotency_key`]): a publish retried with the same key within it returns the
+/// first result instead of publishing again.
+pub const IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(300);
+
+/// How long a publish waits for a failing or failing-over broker (a new primary, a connection
+/// made again) before it answers [`BrokerError::Unavailable`] or [`BrokerError::Unknown`].
+pub const PUBLISH_WAIT: Duration = Duration::from_secs(5);
+
 /// One item of [`Broker::publish_batch`].
 #[derive(Debug, Clone)]
 pub struct Outgoing {
     pub channel: Arc<str>,
     pub data: Data,
     pub policy: HistoryPolicy,
+    /// The publisher's key for this publication (checked by the caller): when the channel
+    /// already took a publication with this key within [`IDEMPOTENCY_WINDOW`], the broker
+    /// publishes nothing and answers that publication's position. The key is stored beside the
+    /// channel, in the same atomic step as the publication, and expires after the window (or
+    /// with the channel, when it is forgotten sooner).
+    pub idempotency_key: Option<Arc<str>>,
+}
+
+impl Outgoing {
+    /// An item without idempotency key.
+    pub fn new(channel: &str, data: Data, policy: HistoryPolicy) -> Outgoing {
+        Outgoing { channel: Arc::from(channel), data, policy, idempotency_key: None }
+    }
 }
 
 /// A channel's current position.
@@ -210,8 +232,14 @@ pub struct ChannelPage {
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum BrokerError {
+    /// The broker could not be reached or refused the command: nothing was done.
     #[error("broker unavailable: {0}")]
     Unavailable(String),
+    /// A publish was sent but not answered (a timeout, a connection lost on the way back): the
+    /// publication may or may not have been committed. Publishing again with the same
+    /// idempotency key is safe (it answers the first result if there was one).
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
     /// A new channel would pass the broker's ceiling ([`MemoryBroker::with_max_channels`]);
     /// channels that exist keep working.
     #[error("channel limit reached: {0}")]
@@ -256,17 +284,23 @@ pub trait Broker: Send + Sync + 'static {
     }
 
     /// Publishes: assigns the next offset, keeps history per `policy`, updates the last value
-    /// and delivers to every node with subscribers.
+    /// and delivers to every node with subscribers. A shared broker that is unreachable or
+    /// failing over is waited for up to [`PUBLISH_WAIT`]. A publication with an idempotency key
+    /// goes through [`Broker::publish_batch`].
     async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError>;
 
-    /// Publishes several publications, each as [`Broker::publish`] would, and returns one result
-    /// per item in the same order. Items of one channel get their offsets in item order. A
+    /// Publishes several publications, each as [`Broker::publish`] would (honouring each item's
+    /// idempotency key), and returns one result per item in the same order. Items of one channel get their offsets in item order. A
     /// shared broker sends the whole batch in as few round trips as it can (one per shard), so
     /// a batch of a thousand costs about what one publication costs in waiting. The default
     /// publishes one after the other.
     async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
         let mut out = Vec::with_capacity(items.len());
         for item in items {
+            if item.idempotency_key.is_some() {
+                out.push(Err(BrokerError::Unavailable("this broker does not keep idempotency keys".into())));
+                continue;
+            }
             out.push(self.publish(&item.channel, item.data, item.policy).await);
         }
         out

@@ -33,6 +33,44 @@ struct Stream {
     history_ttl_ms: u64,
     /// Numeric values downsampled, when the namespace keeps a trend.
     trend: Option<Box<TrendRing>>,
+    /// Idempotency keys of recent publications, with the position each got.
+    keys: Box<RecentKeys>,
+}
+
+/// A channel's idempotency keys of the last [`crate::IDEMPOTENCY_WINDOW`]: key → position, and
+/// the keys in the order they were taken (which is the order they expire in), so that expiry
+/// costs nothing per publication beyond dropping what passed the window.
+#[derive(Default)]
+struct RecentKeys {
+    positions: HashMap<Arc<str>, Position>,
+    /// (expiry ms, key), oldest first.
+    order: VecDeque<(u64, Arc<str>)>,
+}
+
+impl RecentKeys {
+    /// Drops the keys whose window ended by `now` (every publication calls it: a channel
+    /// holds at most the keys of its last window).
+    fn expire(&mut self, now: u64) {
+        while let Some((expiry, old)) = self.order.front() {
+            if *expiry > now {
+                break;
+            }
+            self.positions.remove(old);
+            self.order.pop_front();
+        }
+    }
+
+    /// The position of a publication taken with `key` and not yet expired.
+    fn find(&mut self, key: &str, now: u64) -> Option<Position> {
+        self.expire(now);
+        self.positions.get(key).cloned()
+    }
+
+    fn insert(&mut self, key: Arc<str>, position: Position, now: u64) {
+        let window = crate::IDEMPOTENCY_WINDOW.as_millis() as u64;
+        self.order.push_back((now + window, key.clone()));
+        self.positions.insert(key, position);
+    }
 }
 
 impl Stream {
@@ -46,6 +84,7 @@ impl Stream {
             touched_ms: now_ms(),
             history_ttl_ms: u64::MAX,
             trend: None,
+            keys: Box::default(),
         }
     }
 
@@ -162,12 +201,31 @@ impl MemoryBroker {
         self.with_stream(channel, |s| self.append_to(s, channel, data, policy, ttl_ms))
     }
 
+    /// [`Self::append`] of a batch item: with an idempotency key the channel took within the
+    /// window, nothing is published and the first publication's position is answered (the
+    /// check and the append share the stream's lock, so two concurrent publishes with one key
+    /// publish once).
+    fn append_item(&self, item: Outgoing) -> Result<Position, BrokerError> {
+        let Some(key) = item.idempotency_key else { return self.append(&item.channel, item.data, item.policy) };
+        let ttl_ms = u64::try_from(item.policy.ttl.as_millis()).unwrap_or(u64::MAX);
+        self.with_stream(&item.channel, |s| {
+            let now = now_ms();
+            if let Some(first) = s.keys.find(&key, now) {
+                return first;
+            }
+            let position = self.append_to(s, &item.channel, item.data, item.policy, ttl_ms);
+            s.keys.insert(key, position.clone(), now);
+            position
+        })
+    }
+
     fn append_to(&self, s: &mut Stream, channel: &str, data: Data, policy: HistoryPolicy, ttl_ms: u64) -> Position {
         // A ttl of 0 means no expiry by time (history bounded by its size only), as in Redis.
         let ttl_ms = if ttl_ms == 0 { u64::MAX } else { ttl_ms };
         s.offset += 1;
         let now = now_ms();
         s.touched_ms = now;
+        s.keys.expire(now);
         let publication = Publication { offset: s.offset, data, time_ms: now };
         if policy.size > 0 {
             s.history_ttl_ms = ttl_ms;
@@ -211,7 +269,7 @@ impl Broker for MemoryBroker {
     }
 
     async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
-        let out = items.into_iter().map(|i| self.append(&i.channel, i.data, i.policy)).collect();
+        let out = items.into_iter().map(|i| self.append_item(i)).collect();
         if let Some(h) = self.handler.get() {
             h.after_publications();
         }
@@ -431,5 +489,19 @@ mod tests {
         let pa = a.last("x").await.unwrap().0;
         let pb = b.last("x").await.unwrap().0;
         assert_ne!(pa.epoch, pb.epoch);
+    }
+
+    #[test]
+    fn broker_memory_idempotency_keys_expire_after_the_window() {
+        let window = crate::IDEMPOTENCY_WINDOW.as_millis() as u64;
+        let mut keys = RecentKeys::default();
+        let at = |offset| Position { epoch: "e".into(), offset };
+        keys.insert("a".into(), at(1), 1_000);
+        keys.insert("b".into(), at(2), 2_000);
+        assert_eq!(keys.find("a", 1_000 + window - 1), Some(at(1)));
+        assert_eq!(keys.find("a", 1_000 + window), None, "expired with its window");
+        assert_eq!(keys.find("b", 1_000 + window), Some(at(2)));
+        assert_eq!(keys.find("b", 2_000 + window), None);
+        assert!(keys.positions.is_empty() && keys.order.is_empty(), "expired keys are dropped");
     }
 }

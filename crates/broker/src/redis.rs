@@ -6,6 +6,10 @@
 //!   publication), bump the offset, store the last value and PUBLISH on the channel's Redis
 //!   pub/sub channel — atomic in Redis, so offsets are dense and ordered per channel and history
 //!   never disagrees with what was published.
+//! - A publish waits for an unreachable or failing-over Redis up to [`crate::PUBLISH_WAIT`],
+//!   and tells "nothing was published" ([`BrokerError::Unavailable`]) from "sent, not answered"
+//!   ([`BrokerError::Unknown`]); an item's idempotency key is kept beside its channel by the
+//!   publish script (`publishing`).
 //! - The epoch lives in Redis beside the offset. When the channel's keys are gone (Redis
 //!   restarted without persistence, or was flushed), the next use creates a new random epoch, so
 //!   a client recovering from an old position learns `complete: false`.
@@ -28,6 +32,7 @@ mod endpoint;
 mod lease;
 mod link;
 mod listing;
+mod publishing;
 mod round_trip;
 mod scripts;
 mod subscriber;
@@ -50,14 +55,13 @@ pub use endpoint::{client_for, take_tls_ca};
 use endpoint::{Commands, Endpoint};
 use link::Link;
 pub(crate) use listing::page_over;
+pub(crate) use publishing::may_retry;
 use scripts::Scripts;
 
 /// How long a subscribe waits for Redis to confirm before failing.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a read waits for the pub/sub connection to deliver what the read has seen.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
-/// Publications per publish script call: bounds how long one call holds Redis (a few ms).
-const PUBLISH_CHUNK: usize = 500;
 /// Longest history read in one script call.
 const MAX_HISTORY_READ: usize = 1_000_000;
 
@@ -136,6 +140,10 @@ impl Keys {
     }
     fn pubsub(&self, ch: &str) -> String {
         format!("{}:{{{ch}}}:p", self.prefix)
+    }
+    /// Where the position of the publication with idempotency key `key` is kept.
+    fn idempotency(&self, ch: &str, key: &str) -> String {
+        format!("{}:{{{ch}}}:i:{key}", self.prefix)
     }
     fn presence(&self, ch: &str) -> String {
         format!("{}:{{{ch}}}:pz", self.prefix)
@@ -240,9 +248,14 @@ impl RedisBroker {
         RedisBroker::start(redis_url, options, Some(registry_tag))
     }
 
-    /// Publishes on this cluster node; `None` for items whose slot it does not serve.
-    pub(crate) async fn publish_on_node(&self, items: &[Outgoing]) -> Vec<Result<Option<Position>, BrokerError>> {
-        self.inner.publish_all(items).await
+    /// Publishes on this cluster node, one attempt until `deadline`; `None` for items whose
+    /// slot it does not serve.
+    pub(crate) async fn publish_on_node(
+        &self,
+        items: &[Outgoing],
+        deadline: Instant,
+    ) -> Vec<Result<Option<Position>, BrokerError>> {
+        self.inner.publish_all(items, deadline).await
     }
 
     fn start(redis_url: &str, options: RedisOptions, cluster_node: Option<&str>) -> Result<RedisBroker, BrokerError> {
@@ -338,55 +351,6 @@ impl Inner {
         Ok((Position { epoch: epoch.into(), offset }, last))
     }
 
-    /// Publishes `items` with one script call (one round trip, one `TIME`): offsets in item
-    /// order per channel. The positions come back in item order; `None` for an item whose
-    /// slot a Cluster node does not serve (nothing was done for it).
-    pub(crate) async fn publish_chunk(&self, items: &[Outgoing]) -> Result<Vec<Option<Position>>, BrokerError> {
-        let mut call = self.scripts.publish.prepare_invoke();
-        call.arg(new_epoch());
-        if self.cluster {
-            call.arg(items.len());
-            for item in items {
-                call.arg(self.keys.meta(&item.channel)).arg(self.keys.history(&item.channel));
-            }
-        } else {
-            for item in items {
-                call.key(self.keys.meta(&item.channel)).key(self.keys.history(&item.channel));
-            }
-        }
-        for item in items {
-            let ttl_ms = u64::try_from(item.policy.ttl.as_millis()).unwrap_or(u64::MAX);
-            call.arg(item.data.get()).arg(item.policy.size).arg(ttl_ms).arg(self.keys.pubsub(&item.channel));
-            call.arg(self.keep_ms(&item.channel));
-            match (item.policy.trend, item.policy.trend.and_then(|_| crate::trend::sample(item.data.get()))) {
-                (Some(t), Some((v, at))) => {
-                    call.arg(format!("{},{},{v:?},{}", t.step_ms.max(1), t.len.max(1), at.unwrap_or(0)))
-                }
-                _ => call.arg(""),
-            };
-        }
-        let flat: Vec<(String, u64)> = call.invoke_async(&mut self.conn().await?).await.map_err(|e| self.failed(e))?;
-        if flat.len() != items.len() {
-            return Err(BrokerError::Unavailable("redis answered a publish batch with the wrong count".into()));
-        }
-        Ok(flat
-            .into_iter()
-            .map(|(epoch, offset)| (!epoch.is_empty()).then(|| Position { epoch: epoch.into(), offset }))
-            .collect())
-    }
-
-    /// [`Self::publish_chunk`] over any number of items, in chunks of [`PUBLISH_CHUNK`].
-    pub(crate) async fn publish_all(&self, items: &[Outgoing]) -> Vec<Result<Option<Position>, BrokerError>> {
-        let mut out = Vec::with_capacity(items.len());
-        for chunk in items.chunks(PUBLISH_CHUNK) {
-            match self.publish_chunk(chunk).await {
-                Ok(positions) => out.extend(positions.into_iter().map(Ok)),
-                Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
-            }
-        }
-        out
-    }
-
     /// Read-your-deliveries: returns once the handler has every publication up to `position`
     /// (for channels this node delivers), so a subscriber's read and its live stream line up.
     async fn settle(&self, channel: &str, position: &Position) {
@@ -423,13 +387,13 @@ impl Broker for RedisBroker {
     }
 
     async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
-        let item = Outgoing { channel: Arc::from(channel), data, policy };
-        let mut positions = self.inner.publish_chunk(std::slice::from_ref(&item)).await?;
-        positions.pop().flatten().ok_or_else(moved)
+        let item = Outgoing::new(channel, data, policy);
+        let mut out = self.inner.publish_waiting(std::slice::from_ref(&item)).await;
+        out.pop().unwrap_or_else(|| Err(BrokerError::Unavailable("redis answered an empty publish".into())))
     }
 
     async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
-        self.inner.publish_all(&items).await.into_iter().map(|r| r?.ok_or_else(moved)).collect()
+        self.inner.publish_waiting(&items).await
     }
 
     async fn subscribe(&self, channel: &str) -> Result<(), BrokerError> {

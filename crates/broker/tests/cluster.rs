@@ -64,7 +64,7 @@ async fn broker_cluster_spreads_channels_by_slot_and_publishes_with_sharded_pubs
     b.subscribe("pt:s.7").await.unwrap();
 
     let names: Vec<String> = (0..300).map(|i| format!("pt:s.{i}")).collect();
-    let items = names.iter().map(|c| Outgoing { channel: Arc::from(c.as_str()), data: data("1"), policy: KEEP });
+    let items = names.iter().map(|c| Outgoing::new(c, data("1"), KEEP));
     let results = b.publish_batch(items.collect()).await;
     assert!(results.iter().all(|r| r.as_ref().map(|p| p.offset).ok() == Some(1)), "{:?}", results.first());
     h.wait_for("the subscribed channel's publication", |h| h.offsets("pt:s.7") == vec![1]).await;
@@ -125,13 +125,14 @@ async fn broker_cluster_failover_under_load_never_reuses_an_offset_and_tells_of_
                 while !(f_done && other_done) {
                     let mut batch = Vec::new();
                     if !f_done {
-                        batch.push(Outgoing { channel: Arc::from("pt:f"), data: data(&i.to_string()), policy: KEEP });
+                        batch.push(Outgoing::new("pt:f", data(&i.to_string()), KEEP));
                     }
                     if !other_done {
                         batch.push(Outgoing {
                             channel: Arc::from(other.as_str()),
                             data: data(&i.to_string()),
                             policy: KEEP,
+                            idempotency_key: None,
                         });
                     }
                     for (item, r) in batch.iter().zip(b.publish_batch(batch.clone()).await) {
@@ -225,6 +226,7 @@ async fn broker_cluster_a_slot_moved_under_load_keeps_every_publication_once_and
                     channel: Arc::from(c),
                     data: data(&i.to_string()),
                     policy: KEEP,
+                    idempotency_key: None,
                 });
                 for (item, r) in batch.iter().zip(b.publish_batch(batch.to_vec()).await) {
                     // Every publication is taken: while the slot moves, the broker waits for it.

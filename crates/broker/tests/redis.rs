@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::value::RawValue;
 use switchboard_broker::conformance::{list_all, run_all, RecordingHandler};
 use switchboard_broker::redis::{RedisBroker, RedisOptions};
-use switchboard_broker::{Broker, ClientInfo, HistoryPolicy};
+use switchboard_broker::{Broker, BrokerError, ClientInfo, HistoryPolicy, Outgoing};
 
 type Redis = switchboard_testkit::RedisServer;
 
@@ -431,4 +431,40 @@ async fn broker_redis_round_trip_grows_while_the_server_is_stopped() {
     ready(&b).await;
     let fast = async || b.round_trip().is_some_and(|rtt| rtt < Duration::from_secs(1));
     until("a short round trip after Redis resumed", Duration::from_secs(15), fast).await;
+}
+
+/// A publish made while Redis is down waits for it (up to `PUBLISH_WAIT`) and succeeds once
+/// it is back; past the wait it answers `Unavailable` (nothing published), never publishes
+/// twice, and a retry with the same idempotency key answers the first result.
+#[tokio::test]
+async fn broker_redis_publish_waits_for_redis_and_keeps_its_key() {
+    let mut r = Redis::start();
+    let port = r.port();
+    let a = broker(&r, "sb");
+    ready(&a).await;
+    a.publish("wait", data("0"), KEEP).await.unwrap();
+    let keyed = |d: &str, key: &str| {
+        let mut item = Outgoing::new("wait", data(d), KEEP);
+        item.idempotency_key = Some(key.into());
+        item
+    };
+
+    r.kill();
+    until("readyz to fail while Redis is down", Duration::from_secs(10), async || !a.ready().await).await;
+    let down = a.publish_batch(vec![keyed("1", "k-down")]).await.pop().unwrap();
+    assert!(matches!(down, Err(BrokerError::Unavailable(_))), "{down:?}");
+
+    let waiting = {
+        let a = a.clone();
+        tokio::spawn(async move { a.publish_batch(vec![keyed("2", "k-back")]).await.pop().unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "the publish waits for Redis");
+    let _r = Redis::start_on(port);
+    let first = waiting.await.unwrap().expect("published once Redis is back within the wait");
+    let again = a.publish_batch(vec![keyed("2", "k-back")]).await.pop().unwrap().unwrap();
+    assert_eq!(again, first);
+    let history = a.history("wait", None, 10).await.unwrap();
+    let kept: Vec<&str> = history.publications.iter().map(|p| p.data.get()).collect();
+    assert_eq!(kept, ["2"], "Redis restarted empty; the waiting publish is there once");
 }

@@ -54,7 +54,7 @@ async fn broker_sharded_keeps_a_channel_on_its_shard_and_a_batch_on_every_shard(
     let b = ShardedRedisBroker::new(&shards.urls_joined()).unwrap();
     until("three shards ready", Duration::from_secs(10), async || b.ready().await).await;
     let names: Vec<String> = (0..300).map(|i| format!("pt:s.{i}")).collect();
-    let items = names.iter().map(|c| Outgoing { channel: Arc::from(c.as_str()), data: data("1"), policy: KEEP });
+    let items = names.iter().map(|c| Outgoing::new(c, data("1"), KEEP));
     let results = b.publish_batch(items.collect()).await;
     assert!(results.iter().all(|r| r.as_ref().map(|p| p.offset).ok() == Some(1)));
     for (i, server) in shards.servers().iter().enumerate() {

@@ -78,26 +78,26 @@ async fn publish(
     let body: PublishBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(400, format!("expected {{\"channel\", \"data\"}} or {{\"batch\": [...]}}: {e}")))?;
     match body {
-        PublishBody { channel: Some(channel), data: Some(data), batch: None } => {
+        PublishBody { channel: Some(channel), data: Some(data), idempotency_key, batch: None } => {
             allow_publish(&node, &caller, &channel)?;
             if let Some(source) = crate::sources::write_source(&node, &channel) {
                 let reply = crate::sources::write(&node, source, &channel, Arc::new(data)).await?;
                 return Ok(Json(reply).into_response());
             }
-            let pos = node.publish(&channel, Arc::new(data)).await?;
+            let pos = node.publish(&channel, Arc::new(data), idempotency_key.as_deref()).await?;
             Ok(Json(Published { offset: pos.offset, epoch: &pos.epoch }).into_response())
         }
-        PublishBody { channel: None, data: None, batch: Some(batch) } => {
-            let items: Vec<(String, switchboard_broker::Data)> =
-                batch.into_iter().map(|p| (p.channel, Arc::new(p.data))).collect();
+        PublishBody { channel: None, data: None, idempotency_key: None, batch: Some(batch) } => {
+            let items: Vec<(String, switchboard_broker::Data, Option<String>)> =
+                batch.into_iter().map(|p| (p.channel, Arc::new(p.data), p.idempotency_key)).collect();
             // Items of namespaces written to a source are writes, one after the other.
             let (writes, publishes): (Vec<_>, Vec<_>) = items
                 .into_iter()
                 .enumerate()
-                .partition(|(_, (ch, _))| crate::sources::write_source(&node, ch).is_some());
+                .partition(|(_, (ch, _, _))| crate::sources::write_source(&node, ch).is_some());
             let mut results: Vec<Option<serde_json::Value>> = vec![None; writes.len() + publishes.len()];
             let error = |e: ApiError| serde_json::json!({"error": {"code": e.code, "message": e.message}});
-            for (i, (channel, data)) in writes {
+            for (i, (channel, data, _)) in writes {
                 let source = crate::sources::write_source(&node, &channel).unwrap_or_default();
                 let written = match allow_publish(&node, &caller, &channel) {
                     Ok(()) => crate::sources::write(&node, source, &channel, data).await,

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use switchboard_broker::{Broker, BrokerError, Data, Outgoing, Position};
 use switchboard_protocol::code::{self, close};
+use switchboard_protocol::command::check_idempotency_key;
 use switchboard_protocol::websocket::{self, Opcode};
 use switchboard_protocol::{validate_channel, Format};
 use tokio::sync::watch;
@@ -118,7 +119,9 @@ impl Node {
 
     /// What a client sees of a broker failure: 429 when a new channel would pass
     /// `limits.max_channels` (counted in `switchboard_channels_refused_total`), 400 for a
-    /// listing cursor the broker never handed out, 500 otherwise.
+    /// listing cursor the broker never handed out, 503 when the broker could not be reached
+    /// (or failed over) within its wait and nothing was done, 504 when a publish was sent but
+    /// not answered, so the publication may or may not exist.
     pub fn broker_error(&self, e: BrokerError) -> ApiError {
         match e {
             BrokerError::Full(_) => {
@@ -126,7 +129,16 @@ impl Node {
                 ApiError::new(code::LIMIT, format!("{e}: new channels are refused until idle ones are forgotten"))
             }
             BrokerError::BadCursor(_) => ApiError::new(code::BAD_REQUEST, e.to_string()),
-            BrokerError::Unavailable(_) => ApiError::new(code::INTERNAL, e.to_string()),
+            BrokerError::Unavailable(_) => {
+                ApiError::new(code::UNAVAILABLE, format!("{e}; nothing was done, retry later"))
+            }
+            BrokerError::Unknown(_) => ApiError::new(
+                code::OUTCOME_UNKNOWN,
+                format!(
+                    "{e}; the publication may have been committed: retry with the same idempotency_key \
+                     (a retry without one may publish it twice)"
+                ),
+            ),
         }
     }
 
@@ -141,18 +153,32 @@ impl Node {
     }
 
     /// Publishes on behalf of the HTTP API, the simulator or a client (after its permission
-    /// check): validates the channel and size, then hands it to the broker.
-    pub async fn publish(&self, channel: &str, data: Data) -> Result<Position, ApiError> {
-        let item = self.outgoing(channel, data)?;
-        self.broker.publish(&item.channel, item.data, item.policy).await.map_err(|e| self.broker_error(e))
+    /// check): validates the channel, size and idempotency key, then hands it to the broker. A
+    /// retry with the same `idempotency_key` on the same channel within
+    /// [`switchboard_broker::IDEMPOTENCY_WINDOW`] answers the first publication's position.
+    pub async fn publish(
+        &self,
+        channel: &str,
+        data: Data,
+        idempotency_key: Option<&str>,
+    ) -> Result<Position, ApiError> {
+        let item = self.outgoing(channel, data, idempotency_key)?;
+        let published = if item.idempotency_key.is_some() {
+            let mut out = self.broker.publish_batch(vec![item]).await;
+            out.pop().unwrap_or_else(|| Err(BrokerError::Unavailable("broker returned no result".into())))
+        } else {
+            self.broker.publish(&item.channel, item.data, item.policy).await
+        };
+        published.map_err(|e| self.broker_error(e))
     }
 
-    /// Publishes several publications: each is validated as by [`Node::publish`], the valid
-    /// ones go to the broker as one batch (one round trip per Redis shard) and every subscriber
-    /// is written to once for the whole batch. One result per item, in order.
-    pub async fn publish_batch(&self, items: Vec<(String, Data)>) -> Vec<Result<Position, ApiError>> {
+    /// Publishes several publications (channel, data, idempotency key): each is validated as
+    /// by [`Node::publish`], the valid ones go to the broker as one batch (one round trip per
+    /// Redis shard) and every subscriber is written to once for the whole batch. One result
+    /// per item, in order.
+    pub async fn publish_batch(&self, items: Vec<(String, Data, Option<String>)>) -> Vec<Result<Position, ApiError>> {
         let checked: Vec<Result<Outgoing, ApiError>> =
-            items.into_iter().map(|(channel, data)| self.outgoing(&channel, data)).collect();
+            items.into_iter().map(|(channel, data, key)| self.outgoing(&channel, data, key.as_deref())).collect();
         let valid: Vec<Outgoing> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
         let published = IN_BATCH.scope((), self.broker.publish_batch(valid)).await;
         self.hub.flush_pending();
@@ -169,10 +195,13 @@ impl Node {
             .collect()
     }
 
-    /// Checks a publication (channel name, size, data every format can carry) and attaches
-    /// its namespace's history policy.
-    fn outgoing(&self, channel: &str, data: Data) -> Result<Outgoing, ApiError> {
+    /// Checks a publication (channel name, size, data every format can carry, idempotency
+    /// key) and attaches its namespace's history policy.
+    fn outgoing(&self, channel: &str, data: Data, idempotency_key: Option<&str>) -> Result<Outgoing, ApiError> {
         validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+        if let Some(key) = idempotency_key {
+            check_idempotency_key(key).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
+        }
         if data.get().len() > self.config.limits.max_publication_bytes {
             return Err(ApiError::new(
                 code::TOO_LARGE,
@@ -182,7 +211,9 @@ impl Node {
         // Data every subscriber can take, whatever its format (no silent empty deliveries).
         switchboard_protocol::message::check_data(data.get()).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
         let data = one_line(data);
-        Ok(Outgoing { channel: Arc::from(channel), data, policy: self.config.history_policy(channel) })
+        let mut item = Outgoing::new(channel, data, self.config.history_policy(channel));
+        item.idempotency_key = idempotency_key.map(Arc::from);
+        Ok(item)
     }
 
     /// A receiver that turns true when the node starts shutting down.

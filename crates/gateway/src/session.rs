@@ -412,7 +412,7 @@ impl Session {
             self.ok(id, &reply);
             return Ok(());
         }
-        let pos = self.node.publish(&req.channel, Arc::new(req.data)).await?;
+        let pos = self.node.publish(&req.channel, Arc::new(req.data), req.idempotency_key.as_deref()).await?;
         self.ok(id, &serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}));
         Ok(())
     }

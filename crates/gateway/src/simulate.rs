@@ -40,13 +40,13 @@ async fn run(node: Arc<Node>, n: usize, hz: f64) {
         switchboard_supervisor::fault::hit("simulator.tick", "tick");
         let t_ms = switchboard_broker::now_ms();
         let secs = start.elapsed().as_secs_f64();
-        let batch: Vec<(String, switchboard_broker::Data)> = points
+        let batch: Vec<(String, switchboard_broker::Data, Option<String>)> = points
             .iter_mut()
             .enumerate()
             .filter_map(|(i, p)| {
                 let v = next_value(i, p, secs);
                 let raw = RawValue::from_string(format!("{{\"v\":{v},\"t\":{t_ms},\"q\":\"good\"}}")).ok()?;
-                Some((p.channel.clone(), Arc::new(raw)))
+                Some((p.channel.clone(), Arc::new(raw), None))
             })
             .collect();
         let _ = node.publish_batch(batch).await;
@@ -110,7 +110,7 @@ async fn chatter(node: Arc<Node>, lines: [&'static str; 6]) {
         let user = ["ana", "ben", "chen", "dara"][n % 4];
         let body = serde_json::json!({"user": user, "text": text, "t": switchboard_broker::now_ms()}).to_string();
         if let Ok(raw) = RawValue::from_string(body) {
-            let _ = node.publish(room, Arc::new(raw)).await;
+            let _ = node.publish(room, Arc::new(raw), None).await;
         }
     }
 }

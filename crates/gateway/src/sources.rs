@@ -26,7 +26,7 @@ impl Sink for NodeSink {
         let Some(node) = self.0.upgrade() else {
             return items.iter().map(|_| Err("the node stopped".to_string())).collect();
         };
-        let results = node.publish_batch(items).await;
+        let results = node.publish_batch(items.into_iter().map(|(ch, data)| (ch, data, None)).collect()).await;
         results.into_iter().map(|r| r.map(drop).map_err(|e| e.to_string())).collect()
     }
 }

@@ -10,10 +10,16 @@ pub const LIMIT: u16 = 429;
 pub const INTERNAL: u16 = 500;
 /// A write to a plant data source that the device (or its MQTT broker / OPC UA server) refused.
 pub const DEVICE_REFUSED: u16 = 502;
-/// A write to a plant data source that could not be made now: the source is not connected,
-/// the device did not answer in time, or (in a cluster) the node running the source did not
-/// answer the forwarded write.
+/// Not done, try again later: a publish or read while the broker (Redis) is unreachable or
+/// failing over, once the wait for it is over (nothing was published); a write to a plant
+/// data source that could not be made now (the source is not connected, the device did not
+/// answer in time, or in a cluster the node running the source did not answer the forwarded
+/// write).
 pub const UNAVAILABLE: u16 = 503;
+/// A publish whose outcome is unknown: it reached the broker but no answer came back in time,
+/// so the publication may or may not have been committed. Retrying with the same
+/// `idempotency_key` is safe (it answers the first result if there was one).
+pub const OUTCOME_UNKNOWN: u16 = 504;
 
 /// Close codes. 1000 and 1009 are RFC 6455's; the 4xxx codes are Switchboard's.
 pub mod close {

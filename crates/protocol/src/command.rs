@@ -118,6 +118,51 @@ pub struct UnsubscribeRequest {
 pub struct PublishRequest {
     pub channel: String,
     pub data: Box<RawValue>,
+    /// A publish retried with the same key on the same channel within the idempotency window
+    /// answers the first result instead of publishing again ([`check_idempotency_key`]).
+    #[serde(default, deserialize_with = "idempotency_key")]
+    pub idempotency_key: Option<String>,
+}
+
+/// Reads an optional `idempotency_key`: a string (checked later by
+/// [`check_idempotency_key`]) or `null`; any other value is an error naming the field.
+pub fn idempotency_key<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    struct Key;
+    impl<'de> serde::de::Visitor<'de> for Key {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "idempotency_key: a string of 1 to {MAX_IDEMPOTENCY_KEY} characters of [A-Za-z0-9_.:-]")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(v.to_owned()))
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(Key)
+        }
+    }
+    d.deserialize_option(Key)
+}
+
+/// The longest idempotency key, in bytes.
+pub const MAX_IDEMPOTENCY_KEY: usize = 128;
+
+/// Checks a publish's `idempotency_key`: 1 to [`MAX_IDEMPOTENCY_KEY`] bytes of
+/// `[A-Za-z0-9_.:-]` (room for UUIDs, ULIDs and `source:sequence` ids). The error names the
+/// field.
+pub fn check_idempotency_key(key: &str) -> Result<(), String> {
+    let ok = (1..=MAX_IDEMPOTENCY_KEY).contains(&key.len())
+        && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("idempotency_key: expected 1 to {MAX_IDEMPOTENCY_KEY} characters of [A-Za-z0-9_.:-]"))
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -413,5 +458,22 @@ mod tests {
         let CommandBody::Ping(p) = c.body else { panic!() };
         assert_eq!(p.data.unwrap().get(), r#"{"t":5}"#);
         assert!(Command::from_msgpack(b"\xc1").is_err());
+    }
+
+    #[test]
+    fn command_idempotency_keys_are_checked() {
+        for good in ["a", "0b6f-1e2a", "src:42", "A.b_c", &"k".repeat(MAX_IDEMPOTENCY_KEY)] {
+            assert!(check_idempotency_key(good).is_ok(), "{good}");
+        }
+        for bad in ["", "a b", "a{b}", "é", "a/b", &"k".repeat(MAX_IDEMPOTENCY_KEY + 1)] {
+            assert!(check_idempotency_key(bad).unwrap_err().starts_with("idempotency_key:"), "{bad}");
+        }
+        let cmd = Command::from_json(br#"{"id":1,"publish":{"channel":"a","data":1,"idempotency_key":"k1"}}"#).unwrap();
+        let CommandBody::Publish(p) = cmd.body else { panic!("not a publish") };
+        assert_eq!(p.idempotency_key.as_deref(), Some("k1"));
+        let cmd = Command::from_json(br#"{"id":1,"publish":{"channel":"a","data":1,"idempotency_key":7}}"#).unwrap();
+        assert!(matches!(cmd.body, CommandBody::Invalid(ref e) if e.contains("idempotency_key")), "{:?}", cmd.body);
+        let cmd = Command::from_json(br#"{"id":1,"publish":{"channel":"a","data":1,"idempotency_key":null}}"#).unwrap();
+        assert!(matches!(cmd.body, CommandBody::Publish(PublishRequest { idempotency_key: None, .. })));
     }
 }

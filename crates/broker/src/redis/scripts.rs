@@ -10,6 +10,9 @@
 //!   size (`MAXLEN ~`; reads return only the newest `h`)
 //! - `P:{ch}:p` the pub/sub channel: `p<epoch> <offset> <ms> <data>`, `j<info>`, `l<info>`
 //! - `P:{ch}:pz` zset client → presence expiry (ms); `P:{ch}:pi` hash client → info JSON
+//! - `P:{ch}:i:<key>` string `<epoch> <offset>`: the position of the publication published with
+//!   idempotency key `<key>` (written by the publish script, expiring after
+//!   [`crate::IDEMPOTENCY_WINDOW`])
 //!
 //! Cluster-wide: `P:nodes` zset node id → heartbeat expiry (ms), `P:node:<id>:subs` hash
 //! channel → that node's subscription count. Times come from Redis `TIME`, so node clocks
@@ -41,8 +44,12 @@ end
 /// Publishes a batch: KEYS meta, history for each item (a channel may repeat; its items get
 /// offsets in order); ARGV[1] a seed for new epochs, then per item: data, history size,
 /// history ttl ms, pub/sub channel, channel keep ms (0: forever), trend (`step,len,value,t` or
-/// `''`). One `TIME` and one identity read for the whole batch.
-/// Returns `{epoch, offset, ...}`, one pair per item.
+/// `''`), idempotency key name (`''`: none), how long it is kept (ms). One `TIME` and one
+/// identity read for the whole batch.
+/// Returns `{epoch, offset, ...}`, one pair per item. An item whose idempotency key exists is
+/// not published: it is answered the position stored under the key (the first publication's).
+/// The key is in the channel's slot (`P:{ch}:i:<key>`) but travels in ARGV, like the cluster
+/// keys below.
 ///
 /// On a Redis Cluster node the keys of many slots cannot be declared in one call, so they
 /// travel in ARGV instead (no KEYS; ARGV[2] the item count, then the meta, history pairs, then
@@ -99,6 +106,14 @@ local function trend(tkey, spec, hold, k, keep)
   end
 end
 local function one(i, meta, hist, a)
+  local ikey = ARGV[a + 6]
+  if ikey ~= '' then
+    local first = redis.call('GET', ikey)
+    if first then
+      local e, o = string.match(first, '^(%S+) (%d+)$')
+      if e then return e, tonumber(o) end
+    end
+  end
   local data, size, ttl, keep = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2], tonumber(ARGV[a + 4])
   local m = redis.call('HMGET', meta, 'e', 'o', 'r', 'ttl', 'h', 'x', 'k')
   local epoch, offset = m[1], 1
@@ -162,13 +177,16 @@ local function one(i, meta, hist, a)
     trend(string.sub(meta, 1, -2) .. 't', tr, hold, k, keep)
   end
   redis.call('PUBLISH', ARGV[a + 3], 'p' .. epoch .. ' ' .. offset .. ' ' .. ms .. ' ' .. data)
+  if ikey ~= '' then
+    redis.call('SET', ikey, epoch .. ' ' .. offset, 'PX', ARGV[a + 7])
+  end
   return epoch, offset
 end
 local out = {}
 for i = 1, #K / 2 do
   local meta, hist = K[2 * i - 1], K[2 * i]
   if here(meta, hist) then
-    out[2 * i - 1], out[2 * i] = one(i, meta, hist, base + 1 + (i - 1) * 6)
+    out[2 * i - 1], out[2 * i] = one(i, meta, hist, base + 1 + (i - 1) * 8)
   else
     out[2 * i - 1], out[2 * i] = '', 0
   end

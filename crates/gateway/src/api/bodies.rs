@@ -9,9 +9,11 @@ use serde_json::value::RawValue;
 pub struct PublishOne {
     pub channel: String,
     pub data: Box<RawValue>,
+    #[serde(default, deserialize_with = "switchboard_protocol::command::idempotency_key")]
+    pub idempotency_key: Option<String>,
 }
 
-/// `{"channel", "data"}` or `{"batch": [...]}`. Not an untagged enum: raw JSON values cannot
+/// `{"channel", "data", "idempotency_key"?}` or `{"batch": [...]}`. Not an untagged enum: raw JSON values cannot
 /// pass through serde's buffering of untagged variants.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -19,6 +21,8 @@ pub struct PublishBody {
     pub channel: Option<String>,
     #[serde(default, deserialize_with = "switchboard_protocol::command::present")]
     pub data: Option<Box<RawValue>>,
+    #[serde(default, deserialize_with = "switchboard_protocol::command::idempotency_key")]
+    pub idempotency_key: Option<String>,
     pub batch: Option<Vec<PublishOne>>,
 }
 

@@ -181,11 +181,11 @@ fn rate_limited(node: &Node, who: &Identity) -> ApiError {
 pub async fn publish_batch(
     node: &Node,
     caller: &Option<axum::Extension<Caller>>,
-    items: Vec<(String, Data)>,
+    items: Vec<(String, Data, Option<String>)>,
 ) -> Vec<Result<Position, ApiError>> {
     let who = identity(caller);
     let mut verdicts: Vec<Result<(), ApiError>> =
-        items.iter().map(|(ch, _)| allow_publish_one(node, &who, ch)).collect();
+        items.iter().map(|(ch, _, _)| allow_publish_one(node, &who, ch)).collect();
     let wanted = verdicts.iter().filter(|v| v.is_ok()).count();
     let mut granted = take_publishes(node, &who, wanted);
     for v in verdicts.iter_mut().filter(|v| v.is_ok()) {
@@ -195,7 +195,7 @@ pub async fn publish_batch(
             granted -= 1;
         }
     }
-    let allowed: Vec<(String, Data)> =
+    let allowed: Vec<(String, Data, Option<String>)> =
         items.into_iter().zip(&verdicts).filter(|(_, v)| v.is_ok()).map(|(item, _)| item).collect();
     let mut published = node.publish_batch(allowed).await.into_iter();
     verdicts
@@ -261,7 +261,8 @@ mod tests {
     #[tokio::test]
     async fn auth_http_batch_items_past_the_user_rate_get_429() {
         let node = node();
-        let items: Vec<(String, Data)> = (0..10).map(|i| ("room:b".to_string(), data(i))).collect();
+        let items: Vec<(String, Data, Option<String>)> =
+            (0..10).map(|i| ("room:b".to_string(), data(i), None)).collect();
         let results = publish_batch(&node, &caller(AuthMethod::Password, "dave"), items.clone()).await;
         let codes: Vec<u16> = results.iter().map(|r| r.as_ref().map_or_else(|e| e.code, |_| 200)).collect();
         assert_eq!(codes, [vec![200; 6], vec![429; 4]].concat());

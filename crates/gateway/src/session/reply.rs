@@ -278,7 +278,7 @@ mod tests {
 
     async fn publish(node: &Node, ch: &str, data: Value) {
         let raw = serde_json::value::to_raw_value(&data).unwrap();
-        node.publish(ch, Arc::new(raw)).await.unwrap();
+        node.publish(ch, Arc::new(raw), None).await.unwrap();
     }
 
     #[tokio::test]

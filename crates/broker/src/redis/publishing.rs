@@ -1,0 +1,153 @@
+//! Publishing on one Redis server: the publish script's call, and waiting for a server that
+//! is unreachable or failing over ([`crate::PUBLISH_WAIT`]) without ever publishing an item
+//! twice.
+
+use std::time::{Duration, Instant};
+
+use super::{moved, new_epoch, Inner};
+use crate::{BrokerError, Outgoing, Position};
+
+/// Publications per publish script call: bounds how long one call holds Redis (a few ms).
+const PUBLISH_CHUNK: usize = 500;
+/// Pause between attempts of a publish waiting for Redis ([`crate::PUBLISH_WAIT`]).
+const PUBLISH_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Whether a failed publish attempt of `item` may be sent again: it was certainly not
+/// published and the cause may pass (a connection, a failover, a server loading), or its
+/// outcome is unknown and its idempotency key makes a second attempt harmless.
+pub(crate) fn may_retry(e: &BrokerError, item: &Outgoing) -> bool {
+    match e {
+        BrokerError::Unknown(_) => item.idempotency_key.is_some(),
+        BrokerError::Unavailable(text) => {
+            ["not connected", "READONLY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"]
+                .iter()
+                .any(|s| text.contains(s))
+        }
+        _ => false,
+    }
+}
+
+impl Inner {
+    /// Publishes `items` with one script call (one round trip, one `TIME`): offsets in item
+    /// order per channel. The positions come back in item order; `None` for an item whose
+    /// slot a Cluster node does not serve (nothing was done for it). Gives up at `deadline`.
+    ///
+    /// Errors say whether the items may have been published: [`BrokerError::Unavailable`]
+    /// when the script was never sent or Redis refused it (no connection, a replica, loading),
+    /// [`BrokerError::Unknown`] when it was sent and no answer came back (a timeout, a
+    /// connection lost on the way).
+    pub(crate) async fn publish_chunk(
+        &self,
+        items: &[Outgoing],
+        deadline: Instant,
+    ) -> Result<Vec<Option<Position>>, BrokerError> {
+        let mut conn = match tokio::time::timeout_at(deadline.into(), self.conn()).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(BrokerError::Unavailable(e))) => {
+                return Err(BrokerError::Unavailable(format!("not connected: {e}")))
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(BrokerError::Unavailable("redis: not connected in time".into())),
+        };
+        let mut call = self.scripts.publish.prepare_invoke();
+        call.arg(new_epoch());
+        if self.cluster {
+            call.arg(items.len());
+            for item in items {
+                call.arg(self.keys.meta(&item.channel)).arg(self.keys.history(&item.channel));
+            }
+        } else {
+            for item in items {
+                call.key(self.keys.meta(&item.channel)).key(self.keys.history(&item.channel));
+            }
+        }
+        let window_ms = crate::IDEMPOTENCY_WINDOW.as_millis() as u64;
+        for item in items {
+            let ttl_ms = u64::try_from(item.policy.ttl.as_millis()).unwrap_or(u64::MAX);
+            call.arg(item.data.get()).arg(item.policy.size).arg(ttl_ms).arg(self.keys.pubsub(&item.channel));
+            call.arg(self.keep_ms(&item.channel));
+            match (item.policy.trend, item.policy.trend.and_then(|_| crate::trend::sample(item.data.get()))) {
+                (Some(t), Some((v, at))) => {
+                    call.arg(format!("{},{},{v:?},{}", t.step_ms.max(1), t.len.max(1), at.unwrap_or(0)))
+                }
+                _ => call.arg(""),
+            };
+            match &item.idempotency_key {
+                Some(key) => call.arg(self.keys.idempotency(&item.channel, key)),
+                None => call.arg(""),
+            };
+            call.arg(window_ms);
+        }
+        let answer = tokio::time::timeout_at(deadline.into(), call.invoke_async::<Vec<(String, u64)>>(&mut conn)).await;
+        let flat = match answer {
+            Ok(Ok(flat)) => flat,
+            Ok(Err(e)) if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() => {
+                let e = self.failed(e);
+                return Err(BrokerError::Unknown(e.to_string()));
+            }
+            Ok(Err(e)) => return Err(self.failed(e)),
+            Err(_) => return Err(BrokerError::Unknown("redis: no answer in time".into())),
+        };
+        if flat.len() != items.len() {
+            return Err(BrokerError::Unavailable("redis answered a publish batch with the wrong count".into()));
+        }
+        Ok(flat
+            .into_iter()
+            .map(|(epoch, offset)| (!epoch.is_empty()).then(|| Position { epoch: epoch.into(), offset }))
+            .collect())
+    }
+
+    /// [`Self::publish_chunk`] over any number of items, in chunks of [`PUBLISH_CHUNK`], one
+    /// attempt each (a Cluster node: the [`crate::cluster`] broker retries where the slot map
+    /// points).
+    pub(crate) async fn publish_all(
+        &self,
+        items: &[Outgoing],
+        deadline: Instant,
+    ) -> Vec<Result<Option<Position>, BrokerError>> {
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks(PUBLISH_CHUNK) {
+            match self.publish_chunk(chunk, deadline).await {
+                Ok(positions) => out.extend(positions.into_iter().map(Ok)),
+                Err(e) => out.extend(chunk.iter().map(|_| Err(e.clone()))),
+            }
+        }
+        out
+    }
+
+    /// [`Self::publish_all`] that waits for Redis up to [`crate::PUBLISH_WAIT`]: items that
+    /// were certainly not published (no connection, a replica that has not been replaced
+    /// yet, a server loading its data) are sent again every [`PUBLISH_RETRY_PAUSE`], and so are
+    /// items with an idempotency key whose outcome is unknown (Redis answers the first
+    /// result for them if the first attempt was committed). Items without a key whose outcome
+    /// is unknown are answered [`BrokerError::Unknown`] at once: sending them again could
+    /// publish them twice.
+    pub(super) async fn publish_waiting(&self, items: &[Outgoing]) -> Vec<Result<Position, BrokerError>> {
+        let deadline = Instant::now() + crate::PUBLISH_WAIT;
+        let mut results: Vec<Option<Result<Position, BrokerError>>> = vec![None; items.len()];
+        let mut pending: Vec<usize> = (0..items.len()).collect();
+        loop {
+            let batch: Vec<Outgoing> = pending.iter().map(|&i| items[i].clone()).collect();
+            let answers = self.publish_all(&batch, deadline).await;
+            let mut again = Vec::new();
+            let time_left = Instant::now() + PUBLISH_RETRY_PAUSE < deadline;
+            for (&i, answer) in pending.iter().zip(answers) {
+                match answer {
+                    Ok(Some(position)) => results[i] = Some(Ok(position)),
+                    Ok(None) => results[i] = Some(Err(moved())),
+                    Err(e) if time_left && may_retry(&e, &items[i]) => again.push(i),
+                    Err(e) => results[i] = Some(Err(e)),
+                }
+            }
+            if again.is_empty() {
+                break;
+            }
+            pending = again;
+            tokio::time::sleep(PUBLISH_RETRY_PAUSE).await;
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(BrokerError::Unavailable("redis: publish not answered".into()))))
+            .collect()
+    }
+}
