@@ -12,66 +12,15 @@ Clients: Python `websockets` (sb.WS) and urllib.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import socket
-import subprocess
 import time
 
 import pytest
 
 import sb
+from redis_kit import redis  # noqa: F401 (the fixture)
 from sb import WS, api_get, api_publish, uniq
-
-
-class Redis:
-    """One `redis-server` without persistence on a fixed loopback port, so it can be restarted
-    empty where the node expects it."""
-
-    def __init__(self, tmp_path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.dir = tmp_path
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start")
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def signal(self, sig) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, sig)
-
-
-@pytest.fixture
-def redis(tmp_path):
-    r = Redis(tmp_path)
-    r.start()
-    yield r
-    r.kill()
 
 
 def readyz(server: sb.Server) -> sb.HttpResponse:

@@ -14,10 +14,6 @@ The contract (docs/protocol.md "Publishing exactly once", docs/operations.md):
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
 import threading
 import time
 
@@ -25,52 +21,10 @@ import httpx
 import pytest
 from websockets.sync.client import connect as ws_connect
 
+from redis_kit import redis  # noqa: F401 (the fixture)
 from sb import uniq
 
 JSON_PROTOCOL = "switchboard.v1.json"
-
-
-class Redis:
-    """One redis-server on a fixed loopback port, stoppable and restartable by PID."""
-
-    def __init__(self, tmp_path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.dir = tmp_path
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("redis-server did not start")
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-
-@pytest.fixture
-def redis(tmp_path):
-    r = Redis(tmp_path)
-    r.start()
-    yield r
-    r.stop()
 
 
 @pytest.fixture
@@ -201,7 +155,7 @@ def test_publish_retry_through_a_redis_outage_waits_or_answers_503_never_500(nod
     and retrying the unknown ones with their key never publishes twice."""
     ch = uniq("room:")
     assert publish(node, ch, {"n": 0}, key="before").status_code == 200
-    redis.stop()
+    redis.kill()
     answers: dict[str, httpx.Response] = {}
 
     def one(key: str):
@@ -238,7 +192,7 @@ def test_publish_retry_during_a_long_outage_answers_503_not_500(node, redis):
     """Redis stays down past the 5 s wait: the publish answers 503 (nothing published), never
     500; once Redis is back the same key publishes it once."""
     ch = uniq("room:")
-    redis.stop()
+    redis.kill()
     try:
         started = time.monotonic()
         plain = publish(node, ch, {"n": 2})

@@ -1,0 +1,60 @@
+"""A real `redis-server` for black-box tests: one server without persistence on a fixed
+loopback port, so that it can be killed, paused and restarted empty where a node expects it
+(by PID), and the `redis` fixture that starts one per test."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+
+class Redis:
+    def __init__(self, tmp_path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.dir = tmp_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("redis-server did not start")
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL (after SIGCONT, in case it is paused); what it held is gone."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def signal(self, sig) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, sig)
+
+
+@pytest.fixture
+def redis(tmp_path):
+    r = Redis(tmp_path)
+    r.start()
+    yield r
+    r.kill()
