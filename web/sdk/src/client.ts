@@ -12,6 +12,7 @@ import { defaultScheduler, FrameBatcher, type FrameBatch } from './batcher.js';
 import { codecFor, type Codec } from './codec.js';
 import { Emitter } from './emitter.js';
 import type { ClientEvents, ClientState, SubscribedEvent } from './events.js';
+import { Recovery, type Entry } from './recovery.js';
 import { Subscription, type SubscriptionOwner, type SubscriptionState } from './subscription.js';
 import { baseUrlOf, type Transport, type TransportFactory } from './transport.js';
 import {
@@ -24,7 +25,6 @@ import {
   type DisconnectBody,
   type ErrorBody,
   type Position,
-  type Publication,
   type ReplyBodies,
   type ServerMessage,
   type WireChannelResult,
@@ -50,32 +50,6 @@ type Pending = {
   timer: ReturnType<typeof setTimeout> | null;
 };
 
-/** Per-channel state, shared by the channel's handles. */
-interface Entry {
-  channel: string;
-  point: boolean;
-  handles: Set<Subscription>;
-  /** `pending`: to be sent; `sending`: awaiting its reply. */
-  status: 'pending' | 'sending' | 'subscribed' | 'error';
-  /** Position of the latest publication delivered (or covered by a subscribe reply). */
-  position: Position | null;
-  /** Id of the subscribe command awaiting its reply. */
-  inflight: number;
-  initial: boolean;
-  everSubscribed: boolean;
-  /** Live publications held while the new epoch's history is fetched. */
-  filling: boolean;
-  fillToken: number;
-  buffer: WirePub[];
-  /** Publications that arrived before their subscribe reply was applied: a reply resolves in a
-   * microtask, and the publications after it in the same frame (or poll batch) come first. */
-  early: WirePub[];
-  /** The latest publication delivered, for handles added later with `initial`. */
-  latest: Publication | null;
-  /** The options asked for per command (`max_rate_hz`, `deadband`, `trend`), as JSON; '' for none. */
-  sampling: string;
-}
-
 const NO_RECONNECT_CODES = new Set([4003, 4010]);
 const MAX_CHANNELS_PER_SUBSCRIBE = 5_000;
 /** Channels per subscribe that asks for trends (an hour of 1 s buckets is ~250 KB per channel;
@@ -92,6 +66,7 @@ export class Client implements SubscriptionOwner {
   private readonly batcher: FrameBatcher;
   private readonly backoff: Backoff;
   private readonly isPoint: (ch: string) => boolean;
+  private readonly recovery: Recovery;
 
   private transport: Transport | null = null;
   private _state: ClientState = 'idle';
@@ -131,6 +106,14 @@ export class Client implements SubscriptionOwner {
     this.batcher = new FrameBatcher((b) => this.deliver(b), opts.schedule ?? defaultScheduler);
     this.backoff = new Backoff(opts.reconnect === false ? {} : opts.reconnect, opts.random);
     this.isPoint = opts.isPointChannel ?? ((ch) => ch.startsWith('pt:'));
+    this.recovery = new Recovery({
+      events: this.events,
+      batcher: this.batcher,
+      entries: this.entries,
+      fillOnEpochChange: opts.fillOnEpochChange ?? true,
+      fillLimit: opts.fillLimit ?? 1000,
+      history: (channel, since, limit) => this.request('history', { channel, since, limit }),
+    });
   }
 
   /** The server's base URL (`http://host:port`), for the HTTP API. */
@@ -196,7 +179,7 @@ export class Client implements SubscriptionOwner {
     this.waiting = [];
     this.outgoing = [];
     this.batcher.clear();
-    for (const e of this.entries.values()) this.resetEntry(e);
+    for (const e of this.entries.values()) this.recovery.reset(e);
     this.setState('closed');
   }
 
@@ -454,7 +437,7 @@ export class Client implements SubscriptionOwner {
     this.session = null;
     this.failPending(LocalCode.Disconnected, `connection closed (${info.code} ${info.reason})`.trim());
     this.outgoing = [];
-    for (const e of this.entries.values()) this.resetEntry(e);
+    for (const e of this.entries.values()) this.recovery.reset(e);
     this.toUnsubscribe.clear();
     if (this.connectedAt && Date.now() - this.connectedAt >= (this.opts.stableAfterMs ?? 5_000)) this.backoff.reset();
     this.connectedAt = 0;
@@ -725,154 +708,24 @@ export class Client implements SubscriptionOwner {
       if (err) {
         // The connection dropped before the reply: the entry was reset and goes out again.
         if (err.code === LocalCode.Disconnected || err.code === LocalCode.Closed) continue;
-        this.refuse(e, err);
+        this.recovery.refuse(e, err);
         continue;
       }
       const r: WireChannelResult | undefined = reply?.channels?.[ch];
-      if (!r) this.refuse(e, new SwitchboardError(500, 'no result for this channel in the reply'));
+      if (!r) this.recovery.refuse(e, new SwitchboardError(500, 'no result for this channel in the reply'));
       else if ('error' in r && r.error.code === 413 && took) {
         e.status = 'pending';
         e.early = [];
         retry = true;
-      } else if ('error' in r) this.refuse(e, new SwitchboardError(r.error.code, r.error.message));
-      else this.accept(e, r);
+      } else if ('error' in r) this.recovery.refuse(e, new SwitchboardError(r.error.code, r.error.message));
+      else this.recovery.accept(e, r);
     }
     if (retry) this.queueFlush();
   }
 
-  private refuse(e: Entry, err: SwitchboardError): void {
-    e.status = 'error';
-    e.early = [];
-    this.events.emit('subscribeError', { channel: e.channel, error: err });
-    for (const h of e.handles) h.emit('error', err);
-  }
-
-  private accept(e: Entry, r: Exclude<WireChannelResult, { error: unknown }>): void {
-    const prev = e.position ? { ...e.position } : null;
-    const resubscribed = e.everSubscribed || prev !== null;
-    e.status = 'subscribed';
-    e.everSubscribed = true;
-    let recovered = 0;
-    const now: Position = { epoch: r.epoch, offset: r.offset };
-    if (prev && prev.epoch === r.epoch) {
-      for (const p of r.recovered ?? []) {
-        if (p.off > e.position!.offset) {
-          this.deliverPub(e, p);
-          recovered++;
-        }
-      }
-      if (r.complete === false) {
-        this.gap(e, prev, now, false);
-        if (r.last && r.last.off > e.position!.offset) this.deliverPub(e, r.last);
-      }
-      if (r.offset > e.position!.offset) e.position = { epoch: r.epoch, offset: r.offset };
-    } else if (prev) {
-      this.gap(e, prev, now, true);
-      e.position = { epoch: r.epoch, offset: 0 };
-      const fresh = r.recovered ?? [];
-      if (fresh.length > 0) {
-        // A recovery from another epoch carries what the new epoch holds, oldest first.
-        for (const p of fresh) {
-          if (p.off > e.position.offset) {
-            this.deliverPub(e, p);
-            recovered++;
-          }
-        }
-        if (r.last && r.last.off > e.position.offset) this.deliverPub(e, r.last);
-        if (r.offset > e.position.offset) e.position = now;
-      } else if (!e.point && (this.opts.fillOnEpochChange ?? true) && r.offset > 0) {
-        this.fill(e, now, r.last ?? null);
-      } else {
-        if (r.last) this.deliverPub(e, r.last);
-        e.position = now;
-      }
-    } else {
-      if (e.initial && r.last) this.deliverPub(e, r.last);
-      e.position = now;
-    }
-    const ev: SubscribedEvent = { channel: e.channel, position: { ...now }, resubscribed, recovered };
-    if (r.trend) ev.trend = r.trend;
-    this.events.emit('subscribed', ev);
-    for (const h of e.handles) h.emit('subscribed', ev);
-    const early = e.early;
-    e.early = [];
-    for (const p of early) this.routePub(p);
-  }
-
-  private gap(e: Entry, from: Position, to: Position, epochChanged: boolean): void {
-    this.events.emit('gap', { channel: e.channel, from: { ...from }, to: { ...to }, epochChanged });
-    for (const h of e.handles) h.emit('gap', { channel: e.channel, from: { ...from }, to: { ...to }, epochChanged });
-  }
-
-  /** After an epoch change: delivers the new epoch's publications up to `upTo` from history,
-   * holding live ones meanwhile, then the held ones. */
-  private fill(e: Entry, upTo: Position, last: WirePub | null): void {
-    e.filling = true;
-    e.buffer = [];
-    const token = ++e.fillToken;
-    const limit = this.opts.fillLimit ?? 1000;
-    const since = { epoch: upTo.epoch, offset: Math.max(0, upTo.offset - limit) };
-    const pubs: WirePub[] = [];
-    const finish = () => {
-      if (this.entries.get(e.channel) !== e || e.fillToken !== token) return;
-      for (const p of pubs) if (p.off <= upTo.offset && p.off > e.position!.offset) this.deliverPub(e, p);
-      if (last && last.off > e.position!.offset) this.deliverPub(e, last);
-      if (e.position!.offset < upTo.offset) e.position = { ...upTo };
-      e.filling = false;
-      const held = e.buffer;
-      e.buffer = [];
-      for (const p of held) if (p.off > e.position!.offset) this.deliverPub(e, p);
-    };
-    // A history reply past the server's byte budget holds fewer and says `more`: read on from
-    // its last publication.
-    const read = (from: Position, left: number) =>
-      this.request('history', { channel: e.channel, since: from, limit: left }).then(
-        (r) => {
-          pubs.push(...r.publications);
-          const tail = r.publications[r.publications.length - 1];
-          if (r.more && tail && left > r.publications.length && e.fillToken === token) {
-            read({ epoch: from.epoch, offset: tail.off }, left - r.publications.length);
-          } else finish();
-        },
-        () => finish(),
-      );
-    read(since, limit);
-  }
-
   private onPub(p: WirePub): void {
     this._stats.received++;
-    this.routePub(p);
-  }
-
-  private routePub(p: WirePub): void {
-    const e = this.entries.get(p.ch);
-    if (e?.status === 'sending') {
-      e.early.push(p);
-      return;
-    }
-    if (!e || e.status !== 'subscribed') return;
-    if (e.filling) {
-      e.buffer.push(p);
-      return;
-    }
-    if (e.position && p.off <= e.position.offset) return;
-    this.deliverPub(e, p);
-  }
-
-  private deliverPub(e: Entry, p: WirePub): void {
-    if (e.position) e.position.offset = p.off;
-    const pub = toPublication(p);
-    e.latest = pub;
-    this.batcher.push(pub, e.point);
-  }
-
-  private resetEntry(e: Entry): void {
-    e.status = 'pending';
-    e.inflight = 0;
-    e.filling = false;
-    e.buffer = [];
-    e.early = [];
-    e.fillToken++;
+    this.recovery.route(p);
   }
 
   private deliver(batch: FrameBatch): void {

@@ -1,0 +1,193 @@
+// Per-channel recovery: what a subscribe reply, a live publication and an epoch change do to one
+// channel's position and deliveries. For each channel, publications are delivered in offset order
+// and at most once: recovered ones first, then live ones; those that arrive before their
+// subscribe reply is applied wait for it, and after an epoch change without recovered
+// publications the new epoch's history is read first (live ones held meanwhile).
+
+import type { FrameBatcher } from './batcher.js';
+import type { Emitter } from './emitter.js';
+import type { ClientEvents, SubscribedEvent } from './events.js';
+import type { Subscription } from './subscription.js';
+import {
+  toPublication,
+  type SwitchboardError,
+  type Position,
+  type Publication,
+  type ReplyBodies,
+  type WireChannelResult,
+  type WirePub,
+} from './types.js';
+
+/** Per-channel state, shared by the channel's handles. */
+export interface Entry {
+  channel: string;
+  point: boolean;
+  handles: Set<Subscription>;
+  /** `pending`: to be sent; `sending`: awaiting its reply. */
+  status: 'pending' | 'sending' | 'subscribed' | 'error';
+  /** Position of the latest publication delivered (or covered by a subscribe reply). */
+  position: Position | null;
+  /** Id of the subscribe command awaiting its reply. */
+  inflight: number;
+  initial: boolean;
+  everSubscribed: boolean;
+  /** Live publications held while the new epoch's history is fetched. */
+  filling: boolean;
+  fillToken: number;
+  buffer: WirePub[];
+  /** Publications that arrived before their subscribe reply was applied: a reply resolves in a
+   * microtask, and the publications after it in the same frame (or poll batch) come first. */
+  early: WirePub[];
+  /** The latest publication delivered, for handles added later with `initial`. */
+  latest: Publication | null;
+  /** The options asked for per command (`max_rate_hz`, `deadband`, `trend`), as JSON; '' for none. */
+  sampling: string;
+}
+
+/** What recovery needs of its client. */
+export interface RecoveryHost {
+  readonly events: Emitter<ClientEvents>;
+  readonly batcher: FrameBatcher;
+  readonly entries: Map<string, Entry>;
+  /** Read the new epoch's history after an epoch change (non-point channels). */
+  readonly fillOnEpochChange: boolean;
+  /** Most publications read by that fill. */
+  readonly fillLimit: number;
+  history(channel: string, since: Position, limit: number): Promise<ReplyBodies['history']>;
+}
+
+export class Recovery {
+  constructor(private readonly host: RecoveryHost) {}
+
+  refuse(e: Entry, err: SwitchboardError): void {
+    e.status = 'error';
+    e.early = [];
+    this.host.events.emit('subscribeError', { channel: e.channel, error: err });
+    for (const h of e.handles) h.emit('error', err);
+  }
+
+  accept(e: Entry, r: Exclude<WireChannelResult, { error: unknown }>): void {
+    const prev = e.position ? { ...e.position } : null;
+    const resubscribed = e.everSubscribed || prev !== null;
+    e.status = 'subscribed';
+    e.everSubscribed = true;
+    let recovered = 0;
+    const now: Position = { epoch: r.epoch, offset: r.offset };
+    if (prev && prev.epoch === r.epoch) {
+      recovered = this.replay(e, r.recovered ?? []);
+      if (r.complete === false) {
+        this.gap(e, prev, now, false);
+        if (r.last && r.last.off > e.position!.offset) this.deliver(e, r.last);
+      }
+      if (r.offset > e.position!.offset) e.position = { epoch: r.epoch, offset: r.offset };
+    } else if (prev) {
+      this.gap(e, prev, now, true);
+      e.position = { epoch: r.epoch, offset: 0 };
+      const fresh = r.recovered ?? [];
+      if (fresh.length > 0) {
+        // A recovery from another epoch carries what the new epoch holds, oldest first.
+        recovered = this.replay(e, fresh);
+        if (r.last && r.last.off > e.position.offset) this.deliver(e, r.last);
+        if (r.offset > e.position.offset) e.position = now;
+      } else if (!e.point && this.host.fillOnEpochChange && r.offset > 0) {
+        this.fill(e, now, r.last ?? null);
+      } else {
+        if (r.last) this.deliver(e, r.last);
+        e.position = now;
+      }
+    } else {
+      if (e.initial && r.last) this.deliver(e, r.last);
+      e.position = now;
+    }
+    const ev: SubscribedEvent = { channel: e.channel, position: { ...now }, resubscribed, recovered };
+    if (r.trend) ev.trend = r.trend;
+    this.host.events.emit('subscribed', ev);
+    for (const h of e.handles) h.emit('subscribed', ev);
+    const early = e.early;
+    e.early = [];
+    for (const p of early) this.route(p);
+  }
+
+  /** Delivers the recovered publications past the channel's position; how many that was. */
+  private replay(e: Entry, pubs: WirePub[]): number {
+    let n = 0;
+    for (const p of pubs) {
+      if (p.off > e.position!.offset) {
+        this.deliver(e, p);
+        n++;
+      }
+    }
+    return n;
+  }
+
+  private gap(e: Entry, from: Position, to: Position, epochChanged: boolean): void {
+    this.host.events.emit('gap', { channel: e.channel, from: { ...from }, to: { ...to }, epochChanged });
+    for (const h of e.handles) h.emit('gap', { channel: e.channel, from: { ...from }, to: { ...to }, epochChanged });
+  }
+
+  /** After an epoch change: delivers the new epoch's publications up to `upTo` from history,
+   * holding live ones meanwhile, then the held ones. */
+  private fill(e: Entry, upTo: Position, last: WirePub | null): void {
+    e.filling = true;
+    e.buffer = [];
+    const token = ++e.fillToken;
+    const limit = this.host.fillLimit;
+    const since = { epoch: upTo.epoch, offset: Math.max(0, upTo.offset - limit) };
+    const pubs: WirePub[] = [];
+    const finish = () => {
+      if (this.host.entries.get(e.channel) !== e || e.fillToken !== token) return;
+      for (const p of pubs) if (p.off <= upTo.offset && p.off > e.position!.offset) this.deliver(e, p);
+      if (last && last.off > e.position!.offset) this.deliver(e, last);
+      if (e.position!.offset < upTo.offset) e.position = { ...upTo };
+      e.filling = false;
+      const held = e.buffer;
+      e.buffer = [];
+      for (const p of held) if (p.off > e.position!.offset) this.deliver(e, p);
+    };
+    // A history reply past the server's byte budget holds fewer and says `more`: read on from
+    // its last publication.
+    const read = (from: Position, left: number) =>
+      this.host.history(e.channel, from, left).then(
+        (r) => {
+          pubs.push(...r.publications);
+          const tail = r.publications[r.publications.length - 1];
+          if (r.more && tail && left > r.publications.length && e.fillToken === token) {
+            read({ epoch: from.epoch, offset: tail.off }, left - r.publications.length);
+          } else finish();
+        },
+        () => finish(),
+      );
+    read(since, limit);
+  }
+
+  route(p: WirePub): void {
+    const e = this.host.entries.get(p.ch);
+    if (e?.status === 'sending') {
+      e.early.push(p);
+      return;
+    }
+    if (!e || e.status !== 'subscribed') return;
+    if (e.filling) {
+      e.buffer.push(p);
+      return;
+    }
+    if (e.position && p.off <= e.position.offset) return;
+    this.deliver(e, p);
+  }
+
+  private deliver(e: Entry, p: WirePub): void {
+    if (e.position) e.position.offset = p.off;
+    const pub = toPublication(p);
+    e.latest = pub;
+    this.host.batcher.push(pub, e.point);
+  }
+
+  reset(e: Entry): void {
+    e.status = 'pending';
+    e.inflight = 0;
+    e.filling = false;
+    e.buffer = [];
+    e.early = [];
+    e.fillToken++;
+  }
+}
