@@ -35,6 +35,18 @@ MSGPACK_PROTOCOL = "switchboard.v1.msgpack"
 DEFAULT_TIMEOUT = 5.0
 
 
+def wait_until(what: str, cond, limit: float, every: float = 0.05):
+    """Polls `cond()` until it is truthy (state the node reaches by itself) and returns it; fails
+    naming `what` after `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while True:
+        v = cond()
+        if v:
+            return v
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(every)
+
+
 def uniq(prefix: str = "t") -> str:
     """A fresh channel name (valid alphabet) so tests never see each other's data."""
     return f"{prefix}{uuid.uuid4().hex[:12]}"

@@ -15,6 +15,7 @@ mosquitto, with paho-mqtt as the device (an MQTT implementation independent of t
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -95,14 +96,7 @@ def refused(srv: sb.Server, reason: str, source: str = "plant") -> float:
     return metric_value(srv, "source_refused_total", source, reason)
 
 
-def wait_until(what: str, cond, limit: float = 20.0, every: float = 0.05):
-    deadline = time.monotonic() + limit
-    while True:
-        v = cond()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(every)
+wait_until = functools.partial(sb.wait_until, limit=20.0)
 
 
 def last_data(srv: sb.Server, ch: str):

@@ -13,6 +13,7 @@ Every server is stopped by PID at teardown; the node's open files are compared w
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -68,11 +69,7 @@ def metric(srv: sb.Server, name: str, reason: str | None = None) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def wait_until(what: str, cond, limit: float = 30.0) -> None:
-    deadline = time.monotonic() + limit
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+wait_until = functools.partial(sb.wait_until, limit=30.0, every=0.1)
 
 
 def open_files(srv: sb.Server) -> int:

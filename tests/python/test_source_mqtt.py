@@ -7,6 +7,7 @@ a node without the source forwarded to the node that runs it).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import signal
@@ -55,14 +56,7 @@ def metric_value(srv: sb.Server, name: str) -> float:
     return float(m.group(1))
 
 
-def wait_until(what: str, cond, limit: float = 15.0, every: float = 0.05):
-    deadline = time.monotonic() + limit
-    while True:
-        v = cond()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(every)
+wait_until = functools.partial(sb.wait_until, limit=15.0)
 
 
 def flowing(srv: sb.Server, mq: Mosquitto, query: str = "") -> None:
