@@ -33,8 +33,9 @@ struct Stream {
     history_ttl_ms: u64,
     /// Numeric values downsampled, when the namespace keeps a trend.
     trend: Option<Box<TrendRing>>,
-    /// Idempotency keys of recent publications, with the position each got.
-    keys: Box<RecentKeys>,
+    /// Idempotency keys of recent publications, with the position each got; allocated with
+    /// the channel's first key, so channels published without keys carry none.
+    keys: Option<Box<RecentKeys>>,
 }
 
 /// A channel's idempotency keys of the last [`crate::IDEMPOTENCY_WINDOW`]: key → position, and
@@ -84,7 +85,7 @@ impl Stream {
             touched_ms: now_ms(),
             history_ttl_ms: u64::MAX,
             trend: None,
-            keys: Box::default(),
+            keys: None,
         }
     }
 
@@ -210,11 +211,11 @@ impl MemoryBroker {
         let ttl_ms = u64::try_from(item.policy.ttl.as_millis()).unwrap_or(u64::MAX);
         self.with_stream(&item.channel, |s| {
             let now = now_ms();
-            if let Some(first) = s.keys.find(&key, now) {
+            if let Some(first) = s.keys.as_mut().and_then(|k| k.find(&key, now)) {
                 return first;
             }
             let position = self.append_to(s, &item.channel, item.data, item.policy, ttl_ms);
-            s.keys.insert(key, position.clone(), now);
+            s.keys.get_or_insert_with(Box::default).insert(key, position.clone(), now);
             position
         })
     }
@@ -225,7 +226,9 @@ impl MemoryBroker {
         s.offset += 1;
         let now = now_ms();
         s.touched_ms = now;
-        s.keys.expire(now);
+        if let Some(keys) = s.keys.as_mut() {
+            keys.expire(now);
+        }
         let publication = Publication { offset: s.offset, data, time_ms: now };
         if policy.size > 0 {
             s.history_ttl_ms = ttl_ms;
