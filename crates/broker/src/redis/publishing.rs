@@ -127,8 +127,13 @@ impl Inner {
         let mut results: Vec<Option<Result<Position, BrokerError>>> = vec![None; items.len()];
         let mut pending: Vec<usize> = (0..items.len()).collect();
         loop {
-            let batch: Vec<Outgoing> = pending.iter().map(|&i| items[i].clone()).collect();
-            let answers = self.publish_all(&batch, deadline).await;
+            // The first attempt sends the items as given; a retry only those still pending.
+            let answers = if pending.len() == items.len() {
+                self.publish_all(items, deadline).await
+            } else {
+                let batch: Vec<Outgoing> = pending.iter().map(|&i| items[i].clone()).collect();
+                self.publish_all(&batch, deadline).await
+            };
             let mut again = Vec::new();
             let time_left = Instant::now() + PUBLISH_RETRY_PAUSE < deadline;
             for (&i, answer) in pending.iter().zip(answers) {
