@@ -447,9 +447,7 @@ impl Broker for ClusterBroker {
                         // The script did not run, or its outcome is unknown and the item's
                         // idempotency key makes a second attempt answer the first result:
                         // safe to send again (to wherever the slot map points by then).
-                        Err(e) if time_left && (retriable_publish(&e) || crate::redis::may_retry(&e, &items[i])) => {
-                            again.push(i)
-                        }
+                        Err(e) if time_left && retriable_publish(&e, &items[i]) => again.push(i),
                         Err(e) => results[i] = Some(Err(e)),
                     }
                 }
@@ -592,11 +590,12 @@ impl Broker for ClusterBroker {
     }
 }
 
-/// A publish error after which the items were certainly not published (the script was
-/// refused before running, or never sent).
-fn retriable_publish(e: &BrokerError) -> bool {
-    let BrokerError::Unavailable(text) = e else { return false };
-    ["MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN", "not connected", "no node serves"].iter().any(|s| text.contains(s))
+/// Whether a failed publish attempt of `item` may be sent again on a Cluster: whenever it may on
+/// one server ([`crate::redis::may_retry`]), and when its slot moved or no primary serves it yet
+/// (the script was refused before running, or never sent).
+fn retriable_publish(e: &BrokerError, item: &Outgoing) -> bool {
+    crate::redis::may_retry(e, item)
+        || matches!(e, BrokerError::Unavailable(text) if ["MOVED", "ASK", "no node serves"].iter().any(|s| text.contains(s)))
 }
 
 #[cfg(test)]
