@@ -92,8 +92,8 @@ web-deps: web/node_modules/.package-lock.json
 web-build: web-deps
 	cd web && npm run --silent build
 
-# SDK tests (vitest) against the real server.
-web-test: web-build build
+# SDK tests (vitest) against the real server; one file runs it on two real Redis shards.
+web-test: web-build build redis-deps
 	cd web && SWITCHBOARD_BIN=$(CURDIR)/$(BIN) npm test --silent
 
 # Browser tests drive Debian's Chromium through playwright-core; never a downloaded browser.

@@ -481,14 +481,35 @@ impl Broker for ClusterBroker {
             .collect()
     }
 
+    /// A primary whose pub/sub link is down fails the subscribe at once, after one more look
+    /// at the slot map (the cluster may have promoted its replica already): a subscribe names
+    /// many channels, and those on healthy primaries must not wait out a failover. The client
+    /// subscribes the refused channel again (503). Moved slots are retried as elsewhere.
     async fn subscribe(&self, channel: &str) -> Result<(), BrokerError> {
         let shared = &self.shared;
-        let node = shared
-            .on_owner(channel, |node| async move {
-                node.subscribe(channel).await?;
-                Ok(node)
-            })
-            .await?;
+        let deadline = Instant::now() + RETRY_FOR;
+        let mut looked_again = false;
+        let node = loop {
+            let result = match shared.route(channel) {
+                Ok(node) => node.subscribe(channel).await.map(|()| node),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(node) => break node,
+                Err(e) if crate::redis::link_down(&e) => {
+                    if looked_again {
+                        return Err(e);
+                    }
+                    looked_again = true;
+                    shared.refresh(false).await;
+                }
+                Err(e) if retriable(&e) && Instant::now() < deadline => {
+                    shared.refresh(false).await;
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let mut subs = shared.subs.lock();
         let held = subs.entry(Arc::from(channel)).or_default();
         match held.iter_mut().find(|(n, _)| Arc::ptr_eq(n, &node)) {

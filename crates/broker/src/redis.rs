@@ -53,6 +53,7 @@ use crate::{
 };
 pub use endpoint::{client_for, take_tls_ca};
 use endpoint::{Commands, Endpoint};
+pub(crate) use link::link_down;
 use link::Link;
 pub(crate) use listing::page_over;
 pub(crate) use publishing::may_retry;

@@ -157,8 +157,24 @@ async fn broker_cluster_failover_under_load_never_reuses_an_offset_and_tells_of_
         })
     };
     h.wait_for("300 publications before the failover", |h| h.offsets("pt:f").len() >= 300).await;
+    // Fresh channels on the primary about to die and on a live one.
+    let fresh = |same: bool| {
+        (0..)
+            .map(|i| format!("pt:g{i}"))
+            .find(|c| (cluster.primary_for_slot(key_slot(c.as_bytes())) == cluster.primary_for_slot(slot)) == same)
+            .unwrap()
+    };
+    let (on_dead, on_live) = (fresh(true), fresh(false));
     let mut cluster = cluster;
     let old = cluster.kill_primary_of_slot(slot);
+    // While the cluster has not promoted a replica (node timeout 1 s), a subscribe on the dead
+    // primary is refused at once — a client's other channels must not wait for the failover —
+    // and one on a live primary goes through.
+    match subscriber.subscribe(&on_dead).await {
+        Err(e) => assert!(e.to_string().contains("connection is down"), "refused as down, not timed out: {e}"),
+        Ok(()) => panic!("subscribed {on_dead} on a dead primary before its failover"),
+    }
+    subscriber.subscribe(&on_live).await.unwrap();
     let (cluster, new) = tokio::task::spawn_blocking(move || {
         let new = cluster.wait_failover(slot, Duration::from_secs(30));
         (cluster, new)
@@ -200,6 +216,8 @@ async fn broker_cluster_failover_under_load_never_reuses_an_offset_and_tells_of_
     }
     let (pos, value) = subscriber.last("pt:f").await.unwrap();
     assert_eq!((pos, value.unwrap().data.get()), (last, "1000"));
+    // The refused subscribe held nothing: asked again after the failover, it is served.
+    subscriber.subscribe(&on_dead).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

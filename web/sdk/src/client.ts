@@ -80,6 +80,9 @@ export class Client implements SubscriptionOwner {
   private readonly entries = new Map<string, Entry>();
   private readonly toUnsubscribe = new Set<string>();
   private reconnectTimer: ReturnType<typeof setTimeout> | null = null;
+  /** Channels refused for now (503) are asked again when this fires, after `retryBackoff`. */
+  private retryTimer: ReturnType<typeof setTimeout> | null = null;
+  private readonly retryBackoff: Backoff;
   private heartbeat: ReturnType<typeof setInterval> | null = null;
   private lastRx = 0;
   private pingSentAt = 0;
@@ -105,6 +108,7 @@ export class Client implements SubscriptionOwner {
     this.events = new Emitter<ClientEvents>((e) => this.events.emit('error', asError(e)));
     this.batcher = new FrameBatcher((b) => this.deliver(b), opts.schedule ?? defaultScheduler);
     this.backoff = new Backoff(opts.reconnect === false ? {} : opts.reconnect, opts.random);
+    this.retryBackoff = new Backoff({ minDelayMs: 200, maxDelayMs: 5_000 }, opts.random);
     this.isPoint = opts.isPointChannel ?? ((ch) => ch.startsWith('pt:'));
     this.recovery = new Recovery({
       events: this.events,
@@ -170,6 +174,8 @@ export class Client implements SubscriptionOwner {
     this.generation++;
     if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
     this.reconnectTimer = null;
+    if (this.retryTimer) clearTimeout(this.retryTimer);
+    this.retryTimer = null;
     this.stopHeartbeat();
     const t = this.transport;
     this.transport = null;
@@ -701,6 +707,7 @@ export class Client implements SubscriptionOwner {
     // none is the channel's own, e.g. a trend too large for any reply).
     const took = Object.values(reply?.channels ?? {}).some((r) => !('error' in r));
     let retry = false;
+    let later = false;
     for (const ch of channels) {
       const e = this.entries.get(ch);
       if (!e || e.inflight !== id) continue;
@@ -717,10 +724,30 @@ export class Client implements SubscriptionOwner {
         e.status = 'pending';
         e.early = [];
         retry = true;
+      } else if ('error' in r && r.error.code === 503) {
+        // The channel's broker shard is unavailable (a failover): the others go on, this one
+        // is asked again, recovering from its position.
+        e.status = 'waiting';
+        e.early = [];
+        later = true;
       } else if ('error' in r) this.recovery.refuse(e, new SwitchboardError(r.error.code, r.error.message));
       else this.recovery.accept(e, r);
     }
     if (retry) this.queueFlush();
+    if (later) this.retryLater();
+    else if (took) this.retryBackoff.reset();
+  }
+
+  /** Asks the channels refused for now again after a jittered delay that grows while they
+   * keep being refused, so the clients of a failed shard do not retry in step. */
+  private retryLater(): void {
+    if (this.retryTimer) return;
+    const delayMs = Math.max(50, this.retryBackoff.next());
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = null;
+      for (const e of this.entries.values()) if (e.status === 'waiting') e.status = 'pending';
+      this.queueFlush();
+    }, delayMs);
   }
 
   private onPub(p: WirePub): void {

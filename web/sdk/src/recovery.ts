@@ -23,8 +23,9 @@ export interface Entry {
   channel: string;
   point: boolean;
   handles: Set<Subscription>;
-  /** `pending`: to be sent; `sending`: awaiting its reply. */
-  status: 'pending' | 'sending' | 'subscribed' | 'error';
+  /** `pending`: to be sent; `sending`: awaiting its reply; `waiting`: refused for now (503,
+   * its broker shard is failing over), asked again after a delay. */
+  status: 'pending' | 'sending' | 'waiting' | 'subscribed' | 'error';
   /** Position of the latest publication delivered (or covered by a subscribe reply). */
   position: Position | null;
   /** Id of the subscribe command awaiting its reply. */

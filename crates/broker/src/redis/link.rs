@@ -85,6 +85,14 @@ struct Track {
     seen: u64,
 }
 
+/// Why a subscribe failed at once: the pub/sub connection is down (Redis unreachable).
+const LINK_DOWN: &str = "redis pub/sub connection is down";
+
+/// A subscribe refused because the server is known unreachable, not because it is slow.
+pub(crate) fn link_down(e: &BrokerError) -> bool {
+    matches!(e, BrokerError::Unavailable(text) if text == LINK_DOWN)
+}
+
 /// Subscription state shared by the broker's methods and the link task.
 #[derive(Default)]
 pub(super) struct Link {
@@ -122,7 +130,7 @@ impl Link {
     /// Counts one local subscription. `Err` (nothing counted) while Redis is unreachable.
     pub fn acquire(&self, channel: &str) -> Result<Arc<Entry>, BrokerError> {
         if self.down.load(Relaxed) {
-            return Err(BrokerError::Unavailable("redis pub/sub connection is down".into()));
+            return Err(BrokerError::Unavailable(LINK_DOWN.into()));
         }
         let entry = {
             let mut entries = self.entries.lock();
@@ -182,7 +190,7 @@ impl Link {
             };
             match state {
                 Wait::Ready => return Ok(()),
-                Wait::Failed => return Err(BrokerError::Unavailable("redis pub/sub connection is down".into())),
+                Wait::Failed => return Err(BrokerError::Unavailable(LINK_DOWN.into())),
                 Wait::Pending => {
                     if tokio::time::timeout_at(deadline, notified).await.is_err() {
                         return Err(BrokerError::Unavailable("redis subscription not confirmed in time".into()));

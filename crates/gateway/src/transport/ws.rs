@@ -428,6 +428,8 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
     // connection without authentication carries no timer.
     let mut deadline: Option<SystemTime> = None;
     let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    // The closing frames are written and the socket shut (see `handle_until_closed`).
+    let mut finished = false;
     loop {
         if outbox.is_closing() {
             break;
@@ -478,7 +480,10 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
                     outbox.last_seen.store(crate::unix_s(), Relaxed);
                     // Boxed: command handling needs a large future, but only while a
                     // command runs; an idle connection keeps just this loop's small state.
-                    if let Err(reason) = Box::pin(handle_events(&mut session, &mut events)).await {
+                    let (handled, done) =
+                        Box::pin(handle_until_closed(&mut session, &mut events, &socket, &outbox)).await;
+                    finished |= done;
+                    if let Err(reason) = handled {
                         close_with(&node, &session, reason);
                     }
                 }
@@ -487,7 +492,9 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
         }
     }
     Box::pin(session.cleanup()).await;
-    Box::pin(finish(&socket, &outbox)).await;
+    if !finished {
+        Box::pin(finish(&socket, &outbox)).await;
+    }
     node.unregister(outbox.id);
 }
 
@@ -535,6 +542,32 @@ async fn handle_events(session: &mut Session, events: &mut Vec<Event>) -> Result
     }
     session.flush();
     Ok(())
+}
+
+/// Runs the commands read. When the connection closes meanwhile — a slow consumer, a broker
+/// gap, while a command still waits on the broker — its closing frames are written and the
+/// socket shut at once rather than after the command: the client learns of the close without
+/// waiting, and the command still runs to its end (a broker subscription is never abandoned
+/// half made; the session's teardown undoes it). Returns whether the socket was finished.
+async fn handle_until_closed(
+    session: &mut Session,
+    events: &mut Vec<Event>,
+    socket: &Socket,
+    outbox: &crate::outbox::Outbox,
+) -> (Result<(), CloseReason>, bool) {
+    let mut handled = Box::pin(handle_events(session, events));
+    let closed = async {
+        while !outbox.is_closing() {
+            outbox.notified().await;
+        }
+    };
+    tokio::select! {
+        biased;
+        r = &mut handled => return (r, false),
+        () = closed => {}
+    }
+    let (r, ()) = tokio::join!(handled, finish(socket, outbox));
+    (r, true)
 }
 
 /// Writes out the closing frames (waiting for writability), half-closes, and waits briefly
