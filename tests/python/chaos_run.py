@@ -1,0 +1,963 @@
+"""A chaos run: gateway nodes on a Redis topology, clients that follow `room:` channels through
+faults, a publisher with idempotency keys, and a checker that decides, from what the clients
+and the publisher saw alone, whether every publication reached every client exactly once — or
+the client was told it could not (SPEC §2: a `complete: false` recovery or a new epoch).
+
+The clients speak the JSON protocol with `websockets` directly; the publisher uses
+`POST /api/publish`. Nothing of the project's own clients or bookkeeping is used.
+
+What the checker counts, per fault window (from one fault to the next):
+
+- lost without notice: an offset of an epoch a client followed, after its subscribe point,
+  never delivered to it, and no announced gap covering it. Offsets are dense per channel and
+  epoch, so every integer between a client's subscribe point and the channel's last offset
+  (the publisher's last answer) is expected; a client left in an older epoch than the
+  channel's last one without being told has lost all of the newer epoch;
+- duplicated: the same (channel, epoch, offset) delivered twice to one client;
+- announced gaps: recoveries answered `complete: false` or in another epoch;
+- order violations: a publication of a channel before its subscribe reply on that connection,
+  an offset going backwards within an epoch; also a delivered offset that is not the one the
+  publisher was answered for that publication, and one offset answered for two publications;
+- disconnects by close code, and how long the close frame took after a `disconnect` message;
+- recovery: per affected client, from the fault to its first delivery after it;
+- healthy stall: on (client, channel) pairs the fault should not touch, the longest time
+  without a delivery in the window, beside the longest time without a committed publication
+  of that channel (what the publisher could do);
+- publisher: attempts answered 200 / 503 / 504 / other / connection error, and the time to
+  the first 200 after the fault (any channel, and a publication of an affected channel).
+
+Run: `python tests/python/chaos_run.py --topology cluster` (short) or `--long` (the issue's
+scenario); `--help` for the knobs. Prints the JSON report, exits 1 when `"pass": false`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import chaos_kit  # noqa: E402
+import sb  # noqa: E402
+
+_T0 = time.monotonic()
+
+
+def now() -> float:
+    """Seconds on the run's clock (it starts when the clients are created; the load starts at
+    `Run.t_load`)."""
+    return time.monotonic() - _T0
+
+
+# --------------------------------------------------------------------------------------------
+# Scenario
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Fault:
+    at: float
+    kind: str  # primary | node | sentinel | shard | latency | pause | reset
+    hold: float = 0.0  # latency/pause: how long; shard: seconds until restarted empty
+    arg: int = 0  # node: which node; latency: milliseconds; shard: which shard
+
+
+@dataclass
+class Scenario:
+    name: str
+    topology: str  # cluster | sentinel | shards | proxy
+    faults: list
+    nodes: int = 2
+    clients: int = 10
+    channels: int = 6
+    subs: int = 0  # channels per client; 0 = all
+    rate: float = 50.0
+    duration: float = 20.0
+    drain: float = 20.0
+    stall_window: float = 10.0
+
+
+def short_scenarios() -> dict:
+    return {
+        "cluster": Scenario("cluster", "cluster", [Fault(5, "primary"), Fault(12, "node", arg=1)],
+                            duration=18),
+        "sentinel": Scenario("sentinel", "sentinel", [Fault(5, "sentinel"), Fault(12, "node", arg=1)],
+                             duration=18),
+        "shards": Scenario("shards", "shards", [Fault(5, "shard", hold=2, arg=1), Fault(12, "node", arg=1)],
+                           duration=18),
+        "proxy": Scenario("proxy", "proxy", [Fault(4, "pause", hold=5)], duration=13),
+    }
+
+
+def long_scenarios() -> dict:
+    big = dict(clients=50, channels=20, rate=200.0, duration=60.0, drain=30.0)
+    return {
+        "cluster": Scenario("cluster-long", "cluster", [Fault(15, "primary"), Fault(35, "node", arg=1)], **big),
+        "sentinel": Scenario("sentinel-long", "sentinel", [Fault(15, "sentinel"), Fault(35, "node", arg=1)], **big),
+        "shards": Scenario("shards-long", "shards", [Fault(15, "shard", hold=3, arg=1), Fault(35, "node", arg=1)],
+                           **big),
+        "proxy": Scenario("proxy-long", "proxy", [Fault(10, "latency", hold=5, arg=300), Fault(25, "pause", hold=5),
+                                                  Fault(40, "reset")], **big),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Clients
+# --------------------------------------------------------------------------------------------
+
+
+class ChanState:
+    """One client's view of one channel: the epoch and last offset it processed, the spans of
+    offsets it followed (epoch, start exclusive, end inclusive or None while open), and every
+    delivery (time, epoch, offset, publication id, how, connection)."""
+
+    def __init__(self):
+        self.epoch: str | None = None
+        self.last = 0
+        self.spans: list = []
+        self.seen: dict = {}
+        self.deliveries: list = []
+
+
+class Client:
+    def __init__(self, run: "Run", cid: int, channels: list):
+        self.run, self.cid, self.channels = run, cid, channels
+        self.ch = {c: ChanState() for c in channels}
+        self.conns: list = []  # [t_open, t_end, node, conn number]
+        self.violations: list = []
+        self.gaps: list = []
+        self.disconnects: list = []
+        self.sub_errors: dict = {}
+        self.pubs_after_disconnect = 0
+        self.stopping = False
+        self.ws = None
+        self.watchers: set = set()
+
+    def violation(self, kind: str, **kw) -> None:
+        self.violations.append({"kind": kind, "client": self.cid, "t": round(now(), 3), **kw})
+
+    async def main(self) -> None:
+        attempt = 0
+        for _ in range(100000):  # bounded: one connection per pass
+            if self.stopping:
+                return
+            live = self.run.nodes.live()
+            if not live:
+                await asyncio.sleep(0.2)
+                continue
+            node, srv = live[(self.cid + attempt) % len(live)]
+            attempt += 1
+            try:
+                ws = await ws_connect(srv.ws_url, open_timeout=3, ping_interval=None, close_timeout=1,
+                                      max_size=None, compression=None, proxy=None,
+                                      subprotocols=[sb.JSON_PROTOCOL])
+            except Exception:
+                await asyncio.sleep(min(1.0, 0.1 * attempt))
+                continue
+            attempt = 0
+            entry = [now(), None, node, len(self.conns)]
+            self.conns.append(entry)
+            try:
+                await self.session(ws, node, entry[3])
+            finally:
+                entry[1] = now()
+            if not self.stopping:
+                await asyncio.sleep(0.05 + random.random() * 0.1)
+
+    async def session(self, ws, node: int, conn_no: int) -> None:
+        self.ws = ws
+        subscribed: dict = {}  # channel -> epoch of its reply on this connection
+        pending: dict = {}  # command id -> {channel: recover position or None}
+        next_id = [0]
+        retry_task = None
+
+        async def subscribe(channels: list) -> None:
+            next_id[0] += 1
+            recover, sent = {}, {}
+            for c in channels:
+                st = self.ch[c]
+                if st.epoch is not None:
+                    recover[c] = {"epoch": st.epoch, "offset": st.last}
+                    sent[c] = (st.epoch, st.last)
+                else:
+                    sent[c] = None
+            pending[next_id[0]] = sent
+            body = {"channels": channels}
+            if recover:
+                body["recover"] = recover
+            await ws.send(json.dumps({"id": next_id[0], "subscribe": body}))
+
+        async def retry(channels: list) -> None:
+            await asyncio.sleep(0.5)
+            await subscribe(channels)
+
+        try:
+            await subscribe(list(self.channels))
+            while not self.stopping:
+                frame = await ws.recv()
+                t = now()
+                for line in frame.split("\n"):
+                    if not line:
+                        continue
+                    m = json.loads(line)
+                    if "pub" in m:
+                        p = m["pub"]
+                        c = p["ch"]
+                        if c not in subscribed:
+                            self.violation("pub_before_reply", channel=c, offset=p["off"], node=node, conn=conn_no,
+                                           data=p.get("data"))
+                            continue
+                        self.deliver(c, subscribed[c], p["off"], p.get("data"), t, "live", conn_no)
+                    elif "id" in m and m["id"] in pending:
+                        sent = pending.pop(m["id"])
+                        if "error" in m:
+                            code = m["error"].get("code")
+                            self.sub_errors[code] = self.sub_errors.get(code, 0) + 1
+                            failed = list(sent)
+                        else:
+                            failed = []
+                            for c, r in m["ok"]["channels"].items():
+                                if "error" in r:
+                                    code = r["error"].get("code")
+                                    self.sub_errors[code] = self.sub_errors.get(code, 0) + 1
+                                    failed.append(c)
+                                    continue
+                                self.apply_reply(c, r, sent.get(c), t, node, conn_no)
+                                subscribed[c] = r["epoch"]
+                        if failed and (retry_task is None or retry_task.done()):
+                            retry_task = asyncio.ensure_future(retry(failed))
+                    elif "disconnect" in m:
+                        d = m["disconnect"]
+                        rec = {"t": t, "node": node, "conn": conn_no, "code": d.get("code"),
+                               "reason": d.get("reason"), "close_code": None, "close_after_s": None}
+                        self.disconnects.append(rec)
+                        w = asyncio.ensure_future(self.watch_close(ws, rec))
+                        self.watchers.add(w)
+                        w.add_done_callback(self.watchers.discard)
+                        return
+        except ConnectionClosed as e:
+            if self.stopping:
+                return
+            code = e.rcvd.code if e.rcvd is not None else 1006
+            self.disconnects.append({"t": now(), "node": node, "conn": conn_no, "code": None,
+                                     "reason": e.rcvd.reason if e.rcvd is not None else "no close frame",
+                                     "close_code": code, "close_after_s": None})
+        except (OSError, asyncio.IncompleteReadError) as e:
+            if self.stopping:
+                return
+            self.disconnects.append({"t": now(), "node": node, "conn": conn_no, "code": None, "reason": repr(e),
+                                     "close_code": 1006, "close_after_s": None})
+        finally:
+            if retry_task is not None:
+                retry_task.cancel()
+            if self.stopping:
+                await ws.close()
+
+    async def watch_close(self, ws, rec: dict) -> None:
+        """After a `disconnect` message: how long until the close frame (the client has already
+        moved on; anything arriving meanwhile is not processed, only counted)."""
+        try:
+            async with asyncio.timeout(20):
+                while True:
+                    frame = await ws.recv()
+                    self.pubs_after_disconnect += frame.count('{"pub"')
+        except ConnectionClosed as e:
+            rec["close_code"] = e.rcvd.code if e.rcvd is not None else 1006
+            rec["close_after_s"] = round(now() - rec["t"], 3)
+        except (TimeoutError, asyncio.TimeoutError):
+            rec["close_code"] = "none within 20 s"
+            await ws.close()
+        except Exception as e:
+            rec["close_code"] = repr(e)
+
+    def apply_reply(self, c: str, r: dict, sent, t: float, node: int, conn_no: int) -> None:
+        st = self.ch[c]
+        epoch, offset = r["epoch"], r["offset"]
+        rec = r.get("recovered") or []
+        complete = r.get("complete", True)
+        if sent is None:
+            st.spans.append([epoch, offset, None, t, "subscribe"])
+            st.epoch, st.last = epoch, offset
+            if rec:
+                self.violation("recovered_without_recover", channel=c, offsets=[p["off"] for p in rec][:10])
+        else:
+            e0, o0 = sent
+            if not (complete and epoch == e0):
+                start = rec[0]["off"] - 1 if rec else offset
+                if complete:
+                    self.violation("epoch_change_complete_true", channel=c, from_epoch=e0, to_epoch=epoch)
+                self.gaps.append({"t": round(t, 3), "client": self.cid, "channel": c, "node": node,
+                                  "conn": conn_no, "from": [e0, o0], "to": [epoch, start],
+                                  "reply_offset": offset, "complete": complete,
+                                  "new_epoch": epoch != e0})
+                if st.spans:
+                    st.spans[-1][2] = st.last
+                st.spans.append([epoch, start, None, t, "told"])
+                st.epoch, st.last = epoch, start
+        for p in rec:
+            self.deliver(c, epoch, p["off"], p.get("data"), t, "recovered", conn_no)
+
+    def deliver(self, c: str, epoch: str, off: int, data, t: float, how: str, conn_no: int) -> None:
+        st = self.ch[c]
+        pid = data.get("id") if isinstance(data, dict) else None
+        key = (epoch, off)
+        first = st.seen.get(key)
+        if first is not None:
+            self.violation("duplicate", channel=c, epoch=epoch, offset=off, pid=pid, how=how, conn=conn_no,
+                           first_t=round(first, 3))
+        else:
+            st.seen[key] = t
+            if epoch == st.epoch and off <= st.last:
+                self.violation("backwards", channel=c, epoch=epoch, offset=off, last=st.last, how=how, conn=conn_no)
+        st.deliveries.append((t, epoch, off, pid, how, conn_no))
+        if epoch == st.epoch and off > st.last:
+            st.last = off
+
+    def node_at(self, t: float):
+        for t_open, t_end, node, _ in self.conns:
+            if t_open <= t and (t_end is None or t < t_end):
+                return node
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Publisher
+# --------------------------------------------------------------------------------------------
+
+
+class Publisher:
+    def __init__(self, run: "Run"):
+        self.run = run
+        self.records: list = []
+        self.late_max = 0.0
+        self.tasks: set = set()
+
+    async def main(self, t_end: float) -> None:
+        channels, rate = self.run.channels, self.run.sc.rate
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
+        async with httpx.AsyncClient(timeout=15.0, limits=limits, trust_env=False) as http:
+            start = now()
+            i = 0
+            while True:
+                due = start + i / rate
+                if due >= t_end:
+                    break
+                wait = due - now()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                else:
+                    self.late_max = max(self.late_max, -wait)
+                rec = {"seq": i, "ch": channels[i % len(channels)], "t_due": due, "attempts": [],
+                       "answer": None, "t_ok": None}
+                self.records.append(rec)
+                task = asyncio.ensure_future(self.publish(http, rec))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+                i += 1
+            if self.tasks:
+                await asyncio.wait(list(self.tasks), timeout=120)
+
+    async def publish(self, http, rec: dict) -> None:
+        body = {"channel": rec["ch"], "data": {"id": rec["seq"], "t": round(now(), 3)},
+                "idempotency_key": f"{self.run.run_id}-{rec['seq']}"}
+        for a in range(60):  # bounded; each attempt is bounded by the client's 15 s timeout
+            live = self.run.nodes.live()
+            # round-robin over the live nodes, a channel's publications alternating between them
+            node, srv = live[(rec["seq"] + rec["seq"] // len(self.run.channels) + a) % len(live)]
+            t_send = now()
+            try:
+                r = await http.post(srv.http_url + "/api/publish", json=body)
+                status = r.status_code
+            except httpx.HTTPError as e:
+                status, r = "conn", None
+                err = type(e).__name__
+            t_ans = now()
+            att = [round(t_send, 3), round(t_ans, 3), node, status]
+            if status == "conn":
+                att.append(err)
+            elif status != 200:
+                att.append(r.text[:200])
+            rec["attempts"].append(att)
+            if status == 200:
+                ans = r.json()
+                rec["answer"] = (ans["epoch"], ans["offset"])
+                rec["t_ok"] = t_ans
+                return
+            await asyncio.sleep(0.2 if status in (503, 504, "conn") else 0.5)
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
+
+
+class Run:
+    def __init__(self, sc: Scenario, log_dir: str):
+        self.sc = sc
+        self.log_dir = log_dir
+        self.run_id = "chaos" + os.urandom(4).hex()
+        self.channels = [f"room:{i}" for i in range(sc.channels)]
+        self.topo = None
+        self.proxy = None
+        self.nodes = chaos_kit.Nodes(log_dir)
+        self.clients: list = []
+        self.publisher = Publisher(self)
+        self.faults: list = []
+        self.loop_lag: list = []
+        self.t_load = 0.0
+        self.t_end = 0.0
+        self.t_pub_end = 0.0
+
+    # -- setup
+    def start_topology(self) -> None:
+        sc = self.sc
+        root = os.path.join(self.log_dir, "redis")
+        os.makedirs(root, exist_ok=True)
+        if sc.topology == "cluster":
+            self.topo = chaos_kit.Cluster(3, 1, 2000, root=root).start()
+            urls = [self.topo.url] * sc.nodes
+        elif sc.topology == "sentinel":
+            self.topo = chaos_kit.Sentinel(root=root).start()
+            urls = [self.topo.url] * sc.nodes
+        elif sc.topology == "shards":
+            self.topo = chaos_kit.Shards(3, root=root).start()
+            urls = [self.topo.url] * sc.nodes
+        elif sc.topology == "proxy":
+            self.topo = chaos_kit.Single(root=root).start()
+            self.proxy = chaos_kit.Proxy(self.topo.server.port)
+            # node 0 reaches Redis through the proxy, the others directly
+            urls = [self.proxy.url] + [self.topo.url] * (sc.nodes - 1)
+        else:
+            raise ValueError(f"unknown topology {sc.topology}")
+        for u in urls:
+            self.nodes.start(u)
+
+    def stop(self) -> None:
+        self.nodes.stop()
+        if self.proxy is not None:
+            self.proxy.kill()
+        if self.topo is not None:
+            self.topo.stop()
+
+    # -- faults
+    def affected_channels(self, f: Fault) -> set:
+        if f.kind == "primary":
+            return {c for c in self.channels if self.topo.primary_of(c) == f.target}
+        if f.kind == "shard":
+            return {c for c in self.channels if self.topo.shard_of(c) == f.arg}
+        if f.kind == "sentinel":
+            return set(self.channels)
+        return set()
+
+    def inject(self, f: Fault) -> dict:
+        """Runs in a thread: the fault itself, then (for failovers) how long until the topology
+        was whole again."""
+        d = {"kind": f.kind, "at": f.at, "after_load_start_s": None}
+        if f.kind == "primary":
+            # the primary serving the most channels among those that are not the seed
+            counts: dict = {}
+            for c in self.channels:
+                p = self.topo.primary_of(c)
+                counts[p] = counts.get(p, 0) + 1
+            seed = self.topo.nodes[0].port
+            choice = max((p for p in counts if p != seed), key=lambda p: counts[p])
+            f.target = choice
+            d["affected"] = sorted(self.affected_channels(f), key=lambda c: int(c.split(":")[1]))
+            d["t"] = now()
+            self.topo.node(choice).kill()
+            d["detail"] = f"kill -9 Redis Cluster primary :{choice} ({len(d['affected'])} of the channels)"
+            self.faults.append(d)
+            try:
+                d["failover_s"] = round(self.topo.wait_failover(choice, 30), 2)
+            except TimeoutError as e:
+                d["failover_s"] = str(e)
+        elif f.kind == "sentinel":
+            d["affected"] = list(self.channels)
+            port = self.topo.current_primary()
+            d["t"] = now()
+            self.topo.kill_primary()
+            d["detail"] = f"kill -9 Sentinel primary :{port}"
+            self.faults.append(d)
+            try:
+                d["failover_s"] = round(self.topo.wait_failover(port, 30), 2)
+            except TimeoutError as e:
+                d["failover_s"] = str(e)
+        elif f.kind == "shard":
+            d["affected"] = sorted(self.affected_channels(f), key=lambda c: int(c.split(":")[1]))
+            d["t"] = now()
+            port = self.topo.kill(f.arg)
+            d["detail"] = f"kill -9 shard {f.arg} :{port}, restarted empty after {f.hold} s"
+            self.faults.append(d)
+            time.sleep(f.hold)
+            self.topo.restart(f.arg)
+            d["restarted_t"] = round(now(), 3)
+        elif f.kind == "node":
+            d["t"] = now()
+            self.nodes.kill(f.arg)
+            d["detail"] = f"kill -9 gateway node n{f.arg}"
+            d["node"] = f.arg
+            self.faults.append(d)
+        elif f.kind in ("latency", "pause", "reset"):
+            d["node"] = 0
+            d["t"] = now()
+            if f.kind == "latency":
+                self.proxy.latency(f.arg)
+                d["detail"] = f"+{f.arg} ms each way on node n0's Redis links for {f.hold} s"
+            elif f.kind == "pause":
+                self.proxy.pause()
+                d["detail"] = f"node n0's Redis links paused (held open) for {f.hold} s"
+            else:
+                self.proxy.reset()
+                d["detail"] = "node n0's Redis links reset (RST)"
+            self.faults.append(d)
+            if f.hold:
+                time.sleep(f.hold)
+                if f.kind == "latency":
+                    self.proxy.latency(0)
+                else:
+                    self.proxy.resume()
+                d["ended_t"] = round(now(), 3)
+        d["after_load_start_s"] = round(d["t"] - self.t_load, 3)
+        d["t"] = round(d["t"], 3)
+        return d
+
+    async def run_faults(self) -> None:
+        loop = asyncio.get_running_loop()
+        jobs = []
+        for f in self.sc.faults:
+            wait = self.t_load + f.at - now()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            jobs.append(loop.run_in_executor(None, self.inject, f))
+        for j in jobs:
+            await j
+
+    async def watch_loop(self, stop: asyncio.Event) -> None:
+        """The checker's own event-loop lag: a stall measured while this was high may be ours."""
+        while not stop.is_set():
+            t = time.monotonic()
+            await asyncio.sleep(0.05)
+            self.loop_lag.append((now(), time.monotonic() - t - 0.05))
+
+    async def main(self) -> None:
+        global _T0
+        sc = self.sc
+        # one publication per channel first, so every channel has its epoch before anyone follows it
+        for c in self.channels:
+            srv = self.nodes.live()[0][1]
+            sb.wait_until(f"first publication on {c}", lambda: sb.http(
+                "POST", srv.http_url + "/api/publish", {"channel": c, "data": {"id": -1}}).status == 200, 20, 0.2)
+        if sc.topology == "shards":
+            self.topo.check_placement(self.channels)
+        _T0 = time.monotonic()
+        n = len(self.channels)
+        per = sc.subs or n
+        for cid in range(sc.clients):
+            chs = self.channels if per >= n else [self.channels[(cid * per + j) % n] for j in range(per)]
+            self.clients.append(Client(self, cid, chs))
+        client_tasks = [asyncio.ensure_future(c.main()) for c in self.clients]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(st.spans for c in self.clients for st in c.ch.values()):
+            await asyncio.sleep(0.1)
+        self.t_load = now()
+        stop = asyncio.Event()
+        lag = asyncio.ensure_future(self.watch_loop(stop))
+        faults = asyncio.ensure_future(self.run_faults())
+        await self.publisher.main(self.t_load + sc.duration)
+        await faults
+        self.t_pub_end = now()
+        # drain: until every client holds each channel's last answered position, or the bound
+        final = self.final_positions()
+        deadline = time.monotonic() + sc.drain
+        while time.monotonic() < deadline:
+            if all(st.epoch == final[ch][0] and st.last >= final[ch][1]
+                   for cl in self.clients for ch, st in cl.ch.items() if ch in final):
+                break
+            await asyncio.sleep(0.2)
+        self.t_end = now()
+        stop.set()
+        for c in self.clients:
+            c.stopping = True
+        for c in self.clients:
+            if c.ws is not None:
+                await c.ws.close()
+        for t in client_tasks:
+            t.cancel()
+        await asyncio.gather(*client_tasks, return_exceptions=True)
+        for c in self.clients:
+            for w in list(c.watchers):
+                w.cancel()
+        await lag
+
+    def final_positions(self) -> dict:
+        """Per channel, the (epoch, offset) of its last answered publication (by answer time)."""
+        out: dict = {}
+        best: dict = {}
+        for r in self.publisher.records:
+            if r["answer"] is None:
+                continue
+            e, o = r["answer"]
+            cur = out.get(r["ch"])
+            if cur is None or (e == cur[0] and o > cur[1]) or (e != cur[0] and r["t_ok"] > best[r["ch"]]):
+                out[r["ch"]] = (e, o)
+                best[r["ch"]] = r["t_ok"]
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# The checker
+# --------------------------------------------------------------------------------------------
+
+
+def pct(values: list, q: float):
+    if not values:
+        return None
+    v = sorted(values)
+    return round(v[min(len(v) - 1, int(q * (len(v) - 1) + 0.5))], 3)
+
+
+def check(run: Run) -> dict:
+    sc = run.sc
+    pubs = run.publisher.records
+    by_pid = {r["seq"]: r for r in pubs}
+    # what the publisher was answered: (channel, epoch) -> {offset: seq}
+    answered: dict = {}
+    reused = []
+    for r in pubs:
+        if r["answer"] is None:
+            continue
+        e, o = r["answer"]
+        slot = answered.setdefault((r["ch"], e), {})
+        if o in slot and slot[o] != r["seq"]:
+            reused.append({"channel": r["ch"], "epoch": e, "offset": o, "pids": [slot[o], r["seq"]]})
+        slot[o] = r["seq"]
+    final = run.final_positions()
+
+    faults = sorted(run.faults, key=lambda d: d["t"])
+    bounds = [f["t"] for f in faults]
+
+    def window(t: float) -> int:
+        """0 before the first fault, i+1 from fault i to the next."""
+        w = 0
+        for i, b in enumerate(bounds):
+            if t >= b:
+                w = i + 1
+        return w
+
+    nwin = len(faults) + 1
+    win = [{"lost": [], "duplicated": [], "order": [], "gaps": [], "disconnects": []} for _ in range(nwin)]
+
+    def pub_time(ch: str, e: str, o: int):
+        seq = answered.get((ch, e), {}).get(o)
+        if seq is None:
+            return None, None
+        r = by_pid[seq]
+        return seq, r["attempts"][0][0] if r["attempts"] else r["t_due"]
+
+    expected = 0
+    delivered = 0
+    misnumbered, across_epochs, unacked = [], 0, 0
+    for cl in run.clients:
+        for ch, st in cl.ch.items():
+            delivered += len(st.deliveries)
+            got: dict = {}
+            for (t, e, o, pid, how, conn) in st.deliveries:
+                got.setdefault(e, set()).add(o)
+                r = by_pid.get(pid) if pid is not None and pid >= 0 else None
+                if r is None:
+                    continue
+                if r["answer"] is None:
+                    unacked += 1
+                elif r["answer"][0] == e and r["answer"][1] != o:
+                    misnumbered.append({"client": cl.cid, "channel": ch, "epoch": e, "offset": o, "pid": pid,
+                                        "answered": r["answer"], "t": round(t, 3)})
+                elif r["answer"][0] != e:
+                    across_epochs += 1
+            for i, (e, start, end, t_open, how) in enumerate(st.spans):
+                if end is None:
+                    top = max(answered.get((ch, e), {0: None}).keys(), default=0)
+                    end = max(top, st.last if st.epoch == e else 0)
+                expected += max(0, end - start)
+                have = got.get(e, set())
+                for o in range(start + 1, end + 1):
+                    if o not in have:
+                        seq, t_pub = pub_time(ch, e, o)
+                        item = {"client": cl.cid, "channel": ch, "epoch": e, "offset": o, "pid": seq,
+                                "published_t": None if t_pub is None else round(t_pub, 3),
+                                "span": [start, end], "span_opened_t": round(t_open, 3), "span_how": how,
+                                "client_conns": [[round(a, 3), None if b is None else round(b, 3), n]
+                                                 for a, b, n, _ in cl.conns
+                                                 if t_pub is None or (b is None or b > t_pub - 5) and a < t_pub + 30]}
+                        win[window(t_pub if t_pub is not None else t_open)]["lost"].append(item)
+            # left in an older epoch than the channel's last one, never told
+            if ch in final and st.epoch is not None and st.epoch != final[ch][0]:
+                fe, fo = final[ch]
+                for o in range(1, fo + 1):
+                    seq, t_pub = pub_time(ch, fe, o)
+                    win[window(t_pub if t_pub is not None else run.t_end)]["lost"].append(
+                        {"client": cl.cid, "channel": ch, "epoch": fe, "offset": o, "pid": seq,
+                         "published_t": None if t_pub is None else round(t_pub, 3),
+                         "why": f"client still in epoch {st.epoch} at offset {st.last}, never told of {fe}"})
+                    expected += 1
+        for v in cl.violations:
+            w = win[window(v["t"])]
+            (w["duplicated"] if v["kind"] == "duplicate" else w["order"]).append(v)
+        for g in cl.gaps:
+            win[window(g["t"])]["gaps"].append(g)
+        for d in cl.disconnects:
+            win[window(d["t"])]["disconnects"].append(d)
+
+    # publisher attempts by window
+    pub_win = [{"200": 0, "503": 0, "504": 0, "other": 0, "conn_error": 0} for _ in range(nwin)]
+    others = []
+    for r in pubs:
+        for att in r["attempts"]:
+            s = att[3]
+            key = "200" if s == 200 else "503" if s == 503 else "504" if s == 504 else "conn_error" if s == "conn" \
+                else "other"
+            pub_win[window(att[0])][key] += 1
+            if key == "other" and len(others) < 20:
+                others.append({"seq": r["seq"], "channel": r["ch"], "attempt": att})
+    gave_up = [r["seq"] for r in pubs if r["answer"] is None]
+
+    def summarize_window(i: int) -> dict:
+        w = win[i]
+        codes: dict = {}
+        delays = []
+        for d in w["disconnects"]:
+            k = str(d["code"]) + "+close " + str(d["close_code"]) if d["code"] is not None else "close " + str(
+                d["close_code"])
+            codes[k] = codes.get(k, 0) + 1
+            if d["close_after_s"] is not None:
+                delays.append(d["close_after_s"])
+        return {"lost_without_notice": len(w["lost"]), "duplicated": len(w["duplicated"]),
+                "announced_gaps": len(w["gaps"]), "order_violations": len(w["order"]),
+                "disconnects": codes,
+                "close_frame_after_disconnect_s": {"p50": pct(delays, 0.5), "max": max(delays, default=None)},
+                "publisher": pub_win[i]}
+
+    out_faults = []
+    t_stop = run.t_end
+    for i, f in enumerate(faults):
+        ft = f["t"]
+        w_end = bounds[i + 1] if i + 1 < len(bounds) else t_stop
+        s = summarize_window(i + 1)
+        s.update({k: f[k] for k in f if k not in ("at",)})
+        after = [d["t"] - ft for d in win[i + 1]["disconnects"]]
+        s["disconnect_after_fault_s"] = {"n": len(after), "first": pct(after, 0.0), "p50": pct(after, 0.5),
+                                         "max": pct(after, 1.0)}
+        affected = set(f.get("affected", []))
+        # which (client, channel) pairs the fault touches
+        pairs_aff, pairs_ok = [], []
+        for cl in run.clients:
+            node = cl.node_at(ft)
+            for ch in cl.channels:
+                if f["kind"] in ("node", "latency", "pause", "reset"):
+                    hit = node == f["node"]
+                else:
+                    hit = ch in affected
+                (pairs_aff if hit else pairs_ok).append((cl, ch))
+        # recovery per affected client: fault -> first delivery after it on an affected pair
+        first: dict = {}
+        first_new: dict = {}
+        for cl, ch in pairs_aff:
+            for (t, e, o, pid, how, conn) in cl.ch[ch].deliveries:
+                if t > ft:
+                    first[cl.cid] = min(first.get(cl.cid, 1e9), t - ft)
+                    break
+            for (t, e, o, pid, how, conn) in cl.ch[ch].deliveries:
+                r = by_pid.get(pid) if pid is not None and pid >= 0 else None
+                if t > ft and r is not None and r["attempts"] and r["attempts"][0][0] > ft:
+                    first_new[cl.cid] = min(first_new.get(cl.cid, 1e9), t - ft)
+                    break
+        clients_aff = {cl.cid for cl, _ in pairs_aff}
+        rec = list(first.values())
+        s["recovery_s"] = {"clients": len(clients_aff), "p50": pct(rec, 0.5), "max": pct(rec, 1.0),
+                           "never": len(clients_aff - set(first))}
+        recn = list(first_new.values())
+        s["first_new_publication_s"] = {"p50": pct(recn, 0.5), "max": pct(recn, 1.0),
+                                        "never": len(clients_aff - set(first_new))}
+        # healthy pairs: the longest time without a delivery in [fault, fault + stall_window]
+        hw_end = min(w_end, ft + sc.stall_window)
+        commits: dict = {}
+        for r in pubs:
+            if r["t_ok"] is not None:
+                commits.setdefault(r["ch"], []).append(r["t_ok"])
+        for v in commits.values():
+            v.sort()
+
+        def longest_gap(times: list) -> float:
+            prev = max([x for x in times if x <= ft], default=ft)
+            worst = 0.0
+            for x in times:
+                if ft < x <= hw_end:
+                    worst = max(worst, x - prev)
+                    prev = x
+            return max(worst, hw_end - prev)
+
+        stalls = []
+        for cl, ch in pairs_ok:
+            times = [d[0] for d in cl.ch[ch].deliveries]
+            stalls.append((longest_gap(times), cl.cid, ch))
+        if stalls:
+            stalls.sort(reverse=True)
+            g, cid, ch = stalls[0]
+            per_channel: dict = {}
+            for gg, _, c in stalls:
+                per_channel[c] = max(per_channel.get(c, 0), gg)
+            s["healthy_stall_s"] = {
+                "pairs": len(stalls), "max": round(g, 3), "p50": pct([x[0] for x in stalls], 0.5),
+                "worst": {"client": cid, "channel": ch,
+                          "commit_gap_s": round(longest_gap(commits.get(ch, [])), 3)},
+                "over_1s": sum(1 for x in stalls if x[0] > 1.0),
+                "per_channel_max": {c: round(v, 3) for c, v in sorted(per_channel.items(),
+                                                                      key=lambda kv: -kv[1])[:10]},
+                "window_s": [round(ft, 3), round(hw_end, 3)],
+                "publication_period_per_channel_s": round(len(run.channels) / sc.rate, 3)}
+        else:
+            s["healthy_stall_s"] = None
+        # publisher: first 200 after the fault, any channel and an affected one
+        oks = [(r["t_ok"], r) for r in pubs if r["t_ok"] is not None and r["t_ok"] > ft]
+        s["publisher"]["first_200_after_s"] = round(min(t for t, _ in oks) - ft, 3) if oks else None
+        aff_oks = [t for t, r in oks if r["ch"] in affected and r["attempts"][0][0] > ft]
+        s["publisher"]["first_200_affected_after_s"] = round(min(aff_oks) - ft, 3) if aff_oks else None
+        lat = [r["t_ok"] - r["attempts"][0][0] for r in pubs
+               if r["t_ok"] is not None and ft <= r["attempts"][0][0] < w_end]
+        s["publisher"]["publish_latency_max_s"] = round(max(lat), 3) if lat else None
+        lag = [x for t, x in run.loop_lag if ft <= t < w_end]
+        s["checker_loop_lag_max_s"] = round(max(lag), 3) if lag else None
+        out_faults.append(s)
+
+    def cap(items: list, n: int = 40) -> list:
+        return items[:n]
+
+    lost = [x for w in win for x in w["lost"]]
+    dups = [x for w in win for x in w["duplicated"]]
+    order = [x for w in win for x in w["order"]]
+    gaps = [x for w in win for x in w["gaps"]]
+    last_fault = bounds[-1] if bounds else 0.0
+    silent_clients = [cl.cid for cl in run.clients
+                      if not any(d[0] > last_fault + 0.5 for st in cl.ch.values() for d in st.deliveries)]
+    all_disc: dict = {}
+    for w in win:
+        for d in w["disconnects"]:
+            k = f"{d['code']}/{d['close_code']}"
+            all_disc[k] = all_disc.get(k, 0) + 1
+    stuck = {}
+    for cl in run.clients:
+        for ch, st in cl.ch.items():
+            if ch in final and (st.epoch != final[ch][0] or st.last < final[ch][1]):
+                stuck[f"{cl.cid}/{ch}"] = {"client": [st.epoch, st.last], "channel": list(final[ch])}
+    committed = sum(1 for r in pubs if r["answer"] is not None)
+    criteria = {
+        "lost without notice = 0": len(lost) == 0,
+        "duplicated = 0": len(dups) == 0,
+        "order violations = 0": len(order) == 0,
+        "every delivered offset is the one answered to the publisher": not misnumbered,
+        "no offset answered for two publications": not reused,
+        "every client got deliveries after the last fault": not silent_clients,
+    }
+    report = {
+        "scenario": sc.name, "topology": sc.topology,
+        "params": {"nodes": sc.nodes, "clients": sc.clients, "channels": sc.channels,
+                   "channels_per_client": sc.subs or sc.channels, "publications_per_s": sc.rate,
+                   "duration_s": sc.duration, "faults": [f.__dict__ for f in sc.faults]},
+        "totals": {
+            "publications_committed": committed, "publications_given_up": len(gave_up),
+            "deliveries_expected": expected, "deliveries": delivered,
+            "lost_without_notice": len(lost), "duplicated": len(dups), "announced_gaps": len(gaps),
+            "order_violations": len(order), "misnumbered": len(misnumbered), "offsets_reused": len(reused),
+            "delivered_in_another_epoch_than_answered": across_epochs, "delivered_but_never_answered": unacked,
+            "pubs_after_disconnect_message": sum(cl.pubs_after_disconnect for cl in run.clients),
+            "disconnects_msg_code/close_code": all_disc,
+            "subscribe_errors": _merge([cl.sub_errors for cl in run.clients]),
+            "clients_behind_at_end": len(stuck),
+            "checker_loop_lag_max_s": round(max((x for _, x in run.loop_lag), default=0), 3),
+            "publisher_late_max_s": round(run.publisher.late_max, 3),
+        },
+        "load_started_t": round(run.t_load, 3), "publishing_ended_t": round(run.t_pub_end, 3),
+        "before_faults": summarize_window(0),
+        "faults": out_faults,
+        "evidence": {
+            "lost_without_notice": cap(lost), "duplicated": cap(dups), "order_violations": cap(order),
+            "announced_gaps": cap(gaps, 20), "misnumbered": cap(misnumbered), "offsets_reused": cap(reused),
+            "publisher_other_statuses": others, "publications_given_up": cap(gave_up),
+            "clients_behind_at_end": dict(list(stuck.items())[:20]), "silent_clients": silent_clients,
+        },
+        "criteria": criteria,
+        "pass": all(criteria.values()),
+    }
+    return report
+
+
+def _merge(dicts: list) -> dict:
+    out: dict = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[str(k)] = out.get(str(k), 0) + v
+    return out
+
+
+def run_scenario(sc: Scenario, log_dir: str | None = None) -> dict:
+    """Starts everything, runs the load and the faults, stops everything (by PID) and returns
+    the checker's report."""
+    own = log_dir is None
+    log_dir = log_dir or tempfile.mkdtemp(prefix="sb-chaos-")
+    os.makedirs(log_dir, exist_ok=True)
+    run = Run(sc, log_dir)
+    t_start = time.monotonic()
+    try:
+        run.start_topology()
+        asyncio.run(run.main())
+    finally:
+        run.stop()
+    report = check(run)
+    report["wall_s"] = round(time.monotonic() - t_start, 1)
+    report["logs"] = None if own else log_dir
+    return report
+
+
+def main(argv: list | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--topology", choices=["cluster", "sentinel", "shards", "proxy", "all"], default="cluster")
+    ap.add_argument("--long", action="store_true", help="the issue's scenario: 50 clients x 20 channels, "
+                    "200 publications/s for 60 s, faults at +15 s and +35 s")
+    ap.add_argument("--clients", type=int)
+    ap.add_argument("--channels", type=int)
+    ap.add_argument("--subs", type=int, help="channels per client (default: all)")
+    ap.add_argument("--rate", type=float)
+    ap.add_argument("--duration", type=float)
+    ap.add_argument("--out", help="write the full report (every violation) to this JSON file")
+    ap.add_argument("--logs", help="keep node and Redis logs in this directory")
+    a = ap.parse_args(argv)
+    table = long_scenarios() if a.long else short_scenarios()
+    names = list(table) if a.topology == "all" else [a.topology]
+    reports = []
+    for name in names:
+        sc = table[name]
+        for k in ("clients", "channels", "subs", "rate", "duration"):
+            if getattr(a, k) is not None:
+                setattr(sc, k, getattr(a, k))
+        logs = os.path.join(a.logs, name) if a.logs else None
+        reports.append(run_scenario(sc, logs))
+        print(json.dumps(reports[-1], indent=1, default=str), flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(reports if len(reports) > 1 else reports[0], f, indent=1, default=str)
+    return 0 if all(r["pass"] for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
