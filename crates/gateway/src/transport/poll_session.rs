@@ -586,6 +586,12 @@ impl Polls {
                     // command, whose reply recovers it.
                     continue;
                 }
+                if e.code == code::UNAVAILABLE {
+                    // Its broker shard is failing over: the session closes with 4008, and the
+                    // client's own subscribe (asked again while refused) recovers the channel.
+                    lost = true;
+                    continue;
+                }
                 out.push(Bytes::from(encode_error(Format::Json, 0, e.code, &format!("{ch}: {}", e.message))));
                 live.head.shift_remove(&ch);
                 continue;
