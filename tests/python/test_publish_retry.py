@@ -14,6 +14,7 @@ The contract (docs/protocol.md "Publishing exactly once", docs/operations.md):
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -202,6 +203,12 @@ def test_publish_retry_during_a_long_outage_answers_503_not_500(node, redis):
         r = publish(node, ch, {"n": 1}, key="late-1")
         assert r.status_code in (503, 504), (r.status_code, r.text)
         print("answers past the wait:", plain.status_code, r.status_code, plain.json()["error"]["message"])
+        # Each answer is counted by its outcome.
+        text = httpx.get(f"{node.http_url}/metrics", timeout=10).text
+        counted = {o: float(re.search(rf'switchboard_broker_failures_total{{outcome="{o}"}} (\S+)', text).group(1))
+                   for o in ("unavailable", "unknown")}
+        codes = [plain.status_code, r.status_code]
+        assert counted["unavailable"] >= codes.count(503) and counted["unknown"] >= codes.count(504), counted
     finally:
         redis.start()
     again = publish(node, ch, {"n": 1}, key="late-1")

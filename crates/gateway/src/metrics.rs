@@ -32,6 +32,10 @@ pub struct Metrics {
     pub channels_forgotten: AtomicU64,
     /// New channels refused at `limits.max_channels`.
     pub channels_refused: AtomicU64,
+    /// Answers 503: the broker was unreachable or failing over, nothing was done.
+    pub broker_unavailable: AtomicU64,
+    /// Answers 504: a publish sent to the broker and not answered (outcome unknown).
+    pub broker_unknown: AtomicU64,
     lag_buckets: [AtomicU64; LAG_BOUNDS.len() + 1],
     lag_sum_us: AtomicU64,
 }
@@ -146,6 +150,16 @@ impl Metrics {
             "New channels refused because the node holds limits.max_channels.",
             "counter",
             self.channels_refused.load(Relaxed),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP switchboard_broker_failures_total Commands answered 503 (unavailable: nothing was done) or 504 \
+             (unknown: a publish sent and not answered) because of the broker.\n\
+             # TYPE switchboard_broker_failures_total counter\n\
+             switchboard_broker_failures_total{{outcome=\"unavailable\"}} {}\n\
+             switchboard_broker_failures_total{{outcome=\"unknown\"}} {}",
+            self.broker_unavailable.load(Relaxed),
+            self.broker_unknown.load(Relaxed),
         );
         g(
             &mut out,

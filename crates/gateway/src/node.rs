@@ -130,15 +130,19 @@ impl Node {
             }
             BrokerError::BadCursor(_) => ApiError::new(code::BAD_REQUEST, e.to_string()),
             BrokerError::Unavailable(_) => {
+                self.metrics.broker_unavailable.fetch_add(1, Relaxed);
                 ApiError::new(code::UNAVAILABLE, format!("{e}; nothing was done, retry later"))
             }
-            BrokerError::Unknown(_) => ApiError::new(
-                code::OUTCOME_UNKNOWN,
-                format!(
-                    "{e}; the publication may have been committed: retry with the same idempotency_key \
+            BrokerError::Unknown(_) => {
+                self.metrics.broker_unknown.fetch_add(1, Relaxed);
+                ApiError::new(
+                    code::OUTCOME_UNKNOWN,
+                    format!(
+                        "{e}; the publication may have been committed: retry with the same idempotency_key \
                      (a retry without one may publish it twice)"
-                ),
-            ),
+                    ),
+                )
+            }
         }
     }
 
