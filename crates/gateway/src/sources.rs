@@ -88,6 +88,7 @@ fn api_error(e: WriteError) -> ApiError {
         WriteError::Refused(_) => code::DEVICE_REFUSED,
         WriteError::Unavailable(_) | WriteError::NotHere(_) => code::UNAVAILABLE,
         WriteError::NotWritable(_) => code::BAD_REQUEST,
+        WriteError::Forbidden(_) => code::FORBIDDEN,
     };
     ApiError::new(code, e.to_string())
 }

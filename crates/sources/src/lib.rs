@@ -57,6 +57,10 @@ pub enum WriteError {
     /// The channel does not map to anything the source can write, or the value has the wrong form.
     #[error("not writable: {0}")]
     NotWritable(String),
+    /// The write's target is outside what the source reads (its topic filters or
+    /// `write_topics`): a write goes only to a device the source was set up for.
+    #[error("forbidden: {0}")]
+    Forbidden(String),
 }
 
 /// Most channels one source feeds (and Sparkplug B metrics and aliases it keeps) unless its
