@@ -31,6 +31,11 @@ pub struct Config {
     pub broker_max_rtt_ms: u64,
     /// This node's id in replies and `/api/info`; random when unset.
     pub node_id: Option<String>,
+    /// Names the deployment (every node of one cluster alike). It tells deployments apart
+    /// where they meet — the default MQTT client id of a source is `switchboard-<cluster>-<name>`
+    /// — so a staging and a production cluster sharing an MQTT broker never take each other's
+    /// connections. Unset: a tag derived from the broker URL ([`Config::cluster_tag`]).
+    pub cluster_name: Option<String>,
     /// `N@HZ`: simulate N point channels `pt:sim.<i>` at HZ each.
     pub simulate: Option<String>,
     /// Allow listening beyond loopback with no authentication configured.
@@ -163,6 +168,7 @@ impl Default for Config {
             broker: "memory".to_string(),
             broker_max_rtt_ms: 1000,
             node_id: None,
+            cluster_name: None,
             simulate: None,
             allow_anonymous: false,
             data_dir: std::path::PathBuf::from("switchboard-data"),
@@ -292,6 +298,25 @@ const SECURITY_KEYS: [(&str, &str, &str); 12] = [
 ];
 
 impl Config {
+    /// What tells this deployment apart: `cluster_name`, or else eight hex digits of a hash of
+    /// what its nodes share — the broker URL without credentials (or, for the embedded broker,
+    /// the host name and listen address of the one node).
+    pub fn cluster_tag(&self) -> String {
+        if let Some(name) = &self.cluster_name {
+            return name.clone();
+        }
+        let shared = match self.broker.as_str() {
+            "memory" => {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+                format!("memory@{}/{}", host.trim(), self.listen)
+            }
+            url => without_credentials(url),
+        };
+        // FNV-1a: stable across processes, versions and machines.
+        let hash = shared.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+        format!("{hash:08x}")
+    }
+
     /// Loads the file (if any), then the environment, then `overrides` (flag key paths and
     /// values), and validates the result.
     pub fn load(
@@ -604,12 +629,36 @@ fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> Res
     Ok(())
 }
 
+/// A broker URL (or comma-separated list) without the `user:password@` of each part.
+fn without_credentials(url: &str) -> String {
+    url.split(',')
+        .map(|part| match (part.find("://"), part.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => format!("{}{}", &part[..scheme + 3], &part[at + 1..]),
+            _ => part.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn config_cluster_tags_tell_deployments_apart_and_ignore_credentials() {
+        let tag = |broker: &str, name: Option<&str>| {
+            Config { broker: broker.into(), cluster_name: name.map(String::from), ..Config::default() }.cluster_tag()
+        };
+        let prod = tag("redis://10.0.0.5:6379/0?prefix=prod", None);
+        assert_eq!(prod.len(), 8);
+        assert_eq!(tag("redis://app:secret@10.0.0.5:6379/0?prefix=prod", None), prod, "credentials do not count");
+        assert_ne!(tag("redis://10.0.0.5:6379/0?prefix=staging", None), prod);
+        assert_eq!(tag("redis://a:1,redis://u:p@b:2", None), tag("redis://a:1,redis://b:2", None));
+        assert_eq!(tag("redis://10.0.0.5:6379", Some("plant-a")), "plant-a");
     }
 
     #[test]

@@ -44,7 +44,13 @@ pub fn start(node: &Arc<Node>) {
     };
     let sink: Arc<dyn Sink> = Arc::new(NodeSink(Arc::downgrade(node)));
     let max_publication = node.config.limits.max_publication_bytes;
-    let configs = node.config.sources.iter().map(|s| s.clone().with_node_limits(max_publication)).collect();
+    let cluster = node.config.cluster_tag();
+    let configs = node
+        .config
+        .sources
+        .iter()
+        .map(|s| s.clone().with_node_limits(max_publication).with_cluster(&cluster))
+        .collect();
     let sources = Sources::start(configs, sink, lease, node.stopping());
     forward::start(node, &sources);
     let _ = node.sources.set(sources);

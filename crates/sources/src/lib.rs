@@ -165,8 +165,21 @@ impl SourceConfig {
         }
     }
 
+    /// Fills settings that name the deployment: the MQTT client id, when unset, is
+    /// `switchboard-<cluster>-<name>` — the same on every node of the cluster (the node taking
+    /// a source over resumes its session), different in another deployment on the same MQTT
+    /// broker.
+    pub fn with_cluster(self, cluster: &str) -> SourceConfig {
+        match self {
+            SourceConfig::Mqtt(mut c) => {
+                c.client_id.get_or_insert_with(|| format!("switchboard-{cluster}-{}", c.name));
+                SourceConfig::Mqtt(c)
+            }
+            other => other,
+        }
+    }
+
     /// Runs the source until `ctx.stop` turns true.
-    pub async fn run(self, ctx: SourceCtx) {
         match self {
             SourceConfig::Mqtt(c) => mqtt::run(c, ctx).await,
             SourceConfig::Opcua(c) => opcua::run(c, ctx).await,
