@@ -180,6 +180,7 @@ impl SourceConfig {
     }
 
     /// Runs the source until `ctx.stop` turns true.
+    pub async fn run(self, ctx: SourceCtx) {
         match self {
             SourceConfig::Mqtt(c) => mqtt::run(c, ctx).await,
             SourceConfig::Opcua(c) => opcua::run(c, ctx).await,
