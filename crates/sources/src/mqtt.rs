@@ -52,10 +52,13 @@ use crate::sparkplug::{self, Sparkplug};
 use crate::{SourceCtx, SourceStats, Write, WriteError};
 
 pub mod backoff;
+pub mod fed;
 pub mod payload;
 pub mod refusals;
+pub mod target;
 
-use backoff::Backoff;
+use backoff::{Backoff, Flaps};
+use fed::{Accepted, Fed, Path};
 pub use payload::{decode, point, Template};
 use refusals::Refusals;
 
@@ -92,6 +95,9 @@ pub struct MqttConfig {
     pub client_id: Option<String>,
     #[serde(default = "default_topics")]
     pub topics: Vec<String>,
+    /// Topic filters writes may go to; unset: `topics` (a write goes only where the source
+    /// reads, [`target`]).
+    pub write_topics: Option<Vec<String>>,
     /// Channel of a topic: `{topic}` is replaced by the topic with `/` turned into `.`.
     #[serde(default = "default_channel")]
     pub channel: String,
@@ -166,6 +172,9 @@ impl MqttConfig {
         if self.topics.is_empty() || self.topics.iter().any(|t| t.is_empty()) {
             return Err("topics: at least one non-empty topic filter".into());
         }
+        if self.write_topics.as_ref().is_some_and(|w| w.iter().any(|t| t.is_empty())) {
+            return Err("write_topics: topic filters must not be empty".into());
+        }
         if self.keep_alive_s < 5 {
             return Err("keep_alive_s: at least 5".into());
         }
@@ -215,9 +224,15 @@ impl MqttConfig {
         Ok((host.trim_matches(|c| c == '[' || c == ']').to_string(), port, tls))
     }
 
+    /// The MQTT client id: `client_id`, or `switchboard-<name>` when no node filled it in
+    /// ([`crate::SourceConfig::with_cluster`]).
+    pub fn client_id(&self) -> String {
+        self.client_id.clone().unwrap_or_else(|| format!("switchboard-{}", self.name))
+    }
+
     fn options(&self) -> Result<MqttOptions, String> {
         let (host, port, tls) = self.endpoint()?;
-        let id = self.client_id.clone().unwrap_or_else(|| format!("switchboard-{}", self.name));
+        let id = self.client_id();
         let mut o = MqttOptions::new(id, host, port);
         o.set_keep_alive(Duration::from_secs(self.keep_alive_s))
             .set_clean_session(self.clean_session)
@@ -258,12 +273,9 @@ fn qos(level: u8) -> QoS {
     }
 }
 
-/// What the connection task knows of one channel it fed.
-struct Fed {
-    last: Value,
-    /// For a channel fed by a Sparkplug metric: its point path and whether it is a device's.
-    sparkplug: Option<(String, bool)>,
-}
+/// A decoded point on its way to the node: channel, data, and its value `v` (recorded as the
+/// channel's last accepted value once the node takes it).
+type Queued = (String, Data, Value);
 
 /// The connection task's state.
 struct Conn {
@@ -272,9 +284,11 @@ struct Conn {
     template: Template,
     stats: Arc<SourceStats>,
     sparkplug: Sparkplug,
-    /// Every channel the source fed, at most `cfg.max_channels`.
-    fed: HashMap<String, Fed>,
-    points: mpsc::Sender<(String, Data)>,
+    /// Every channel the source fed and its path, at most `cfg.max_channels`.
+    fed: Fed,
+    /// The last value the node accepted per channel.
+    accepted: Accepted,
+    points: mpsc::Sender<Queued>,
     refusals: Refusals,
     /// `cfg.max_packet()`.
     max_packet: usize,
@@ -296,7 +310,10 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
     };
     let (client, mut events) = AsyncClient::new(options, 256);
     let (tx, rx) = mpsc::channel(QUEUE);
-    let publisher = tokio::spawn(publish_batches(rx, ctx.sink.clone(), ctx.stats.clone(), name.clone()));
+    let accepted = Accepted::default();
+    let publisher =
+        tokio::spawn(publish_batches(rx, ctx.sink.clone(), ctx.stats.clone(), name.clone(), accepted.clone()));
+    let max_channels = cfg.max_channels;
     let mut conn = Conn {
         sparkplug: Sparkplug::new(cfg.sparkplug_rebirth, sparkplug::Bounds::new(cfg.max_channels)),
         refusals: Refusals::new(name.clone(), ctx.stats.clone()),
@@ -305,13 +322,15 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
         client: client.clone(),
         template,
         stats: ctx.stats.clone(),
-        fed: HashMap::new(),
+        fed: Fed::new(max_channels),
+        accepted,
         points: tx,
         unsent: VecDeque::new(),
         inflight: HashMap::new(),
     };
     let write_timeout = Duration::from_millis(conn.cfg.write_timeout_ms);
     let mut backoff = Backoff::default();
+    let mut flaps = Flaps::default();
     let mut connected_once = false;
     let mut expiry = tokio::time::interval(Duration::from_millis(200));
     loop {
@@ -364,6 +383,17 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
                     let was = conn.stats.connected.swap(false, Relaxed);
                     if was {
                         tracing::warn!(source = %name, "MQTT connection lost: {e}");
+                        let now = Instant::now();
+                        if let Some(n) = backoff.up_for(now).and_then(|up| flaps.dropped(up, now)) {
+                            tracing::warn!(
+                                source = %name,
+                                client_id = %conn.client_id(),
+                                "the MQTT broker closed the connection {n} times within a minute, each soon after it \
+                                 was made: another client is probably connected with this client id and they take \
+                                 the connection from each other (a second deployment on this broker? give each \
+                                 deployment its own cluster_name, or the source its own client_id)"
+                            );
+                        }
                         conn.lost().await;
                     } else {
                         tracing::debug!(source = %name, "MQTT connect failed: {e}");
@@ -397,6 +427,10 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
 }
 
 impl Conn {
+    fn client_id(&self) -> String {
+        self.cfg.client_id()
+    }
+
     /// One MQTT publish received (the client library has acknowledged it): `size` is the
     /// whole packet's.
     async fn received(&mut self, topic: &str, payload: &[u8], size: usize) {
@@ -423,7 +457,7 @@ impl Conn {
     }
 
     /// The points of one message (none when it is refused, counted and logged).
-    fn points_of(&mut self, topic: &str, payload: &[u8], size: usize, now: u64) -> Vec<(String, Data)> {
+    fn points_of(&mut self, topic: &str, payload: &[u8], size: usize, now: u64) -> Vec<Queued> {
         match sparkplug::parse_topic(topic) {
             Some(Ok(t)) => match self.sparkplug.handle(&t, payload, now) {
                 Ok(decoded) => self.sparkplug_points(topic, size, decoded),
@@ -442,8 +476,8 @@ impl Conn {
                     return Vec::new();
                 };
                 match decode(payload, now) {
-                    Ok(Some((v, data))) => match self.feed(&ch, Fed { last: v, sparkplug: None }, topic, size) {
-                        true => vec![(ch, data)],
+                    Ok(Some((v, data))) => match self.feed(&ch, &Path::Topic(topic.to_string()), topic, size) {
+                        true => vec![(ch, data, v)],
                         false => Vec::new(),
                     },
                     Ok(None) => Vec::new(),
@@ -458,7 +492,7 @@ impl Conn {
 
     /// The points of a decoded Sparkplug B message, with its skipped metrics, `seq` gap,
     /// refusals and rebirth request accounted for.
-    fn sparkplug_points(&mut self, topic: &str, size: usize, decoded: sparkplug::Decoded) -> Vec<(String, Data)> {
+    fn sparkplug_points(&mut self, topic: &str, size: usize, decoded: sparkplug::Decoded) -> Vec<Queued> {
         if decoded.skipped > 0 {
             self.stats.decode_errors.fetch_add(decoded.skipped as u64, Relaxed);
             tracing::debug!(source = %self.cfg.name, topic, skipped = decoded.skipped, "Sparkplug metrics skipped");
@@ -480,28 +514,34 @@ impl Conn {
                 self.no_channel(topic, size, "a metric gives no valid channel name");
                 continue;
             };
-            let data = point(&p.v, p.t, p.good);
-            if self.feed(&ch, Fed { last: p.v, sparkplug: Some((p.path, p.device)) }, topic, size) {
-                items.push((ch, data));
+            if !self.feed(&ch, &Path::Sparkplug { path: p.path, device: p.device }, topic, size) {
+                continue;
             }
+            // A bad marker (a death, a null) carries the last value the node accepted.
+            let v = match p.good {
+                true => p.v,
+                false => self.accepted.get(&ch).unwrap_or(p.v),
+            };
+            items.push((ch, point(&v, p.t, p.good), v));
         }
         items
     }
 
-    /// Records what feeds `ch`; false (refused, `bound`) for a new channel past
-    /// `max_channels`.
-    fn feed(&mut self, ch: &str, fed: Fed, topic: &str, size: usize) -> bool {
-        if let Some(known) = self.fed.get_mut(ch) {
-            *known = fed;
-            return true;
+    /// Records that `path` feeds `ch`; false when refused: another path feeds it
+    /// (`collision`), or it is new past `max_channels` (`bound`).
+    fn feed(&mut self, ch: &str, path: &Path, topic: &str, size: usize) -> bool {
+        match self.fed.feed(ch, path) {
+            Ok(()) => true,
+            Err(fed::Refused::Collision(why)) => {
+                self.refusals.refuse("collision", 1, topic, size, &format!("{why}; one channel, one source path"));
+                false
+            }
+            Err(fed::Refused::Bound(max)) => {
+                let why = format!("the source feeds at most max_channels ({max}) channels");
+                self.refusals.refuse("bound", 1, topic, size, &why);
+                false
+            }
         }
-        if self.fed.len() >= self.cfg.max_channels {
-            let why = format!("the source feeds at most max_channels ({}) channels", self.cfg.max_channels);
-            self.refusals.refuse("bound", 1, topic, size, &why);
-            return false;
-        }
-        self.fed.insert(ch.to_string(), fed);
-        true
     }
 
     /// A message that does not decode: counted as a decode error and refused (`decode`).
@@ -517,11 +557,12 @@ impl Conn {
         self.refusals.refuse("topic", 1, topic, size, why);
     }
 
-    /// The connection dropped: every channel fed gets its last value with `q: "bad"`.
+    /// The connection dropped: every channel fed gets the last value the node accepted on it
+    /// with `q: "bad"`.
     async fn lost(&mut self) {
         let now = now_ms();
-        let mut bad: Vec<(String, Data)> =
-            self.fed.iter().map(|(ch, f)| (ch.clone(), point(&f.last, now, false))).collect();
+        let mut bad: Vec<Queued> =
+            self.accepted.of(self.fed.channels()).into_iter().map(|(ch, v)| (ch, point(&v, now, false), v)).collect();
         bad.sort_by(|a, b| a.0.cmp(&b.0));
         for item in bad {
             if self.points.send(item).await.is_err() {
@@ -571,19 +612,25 @@ impl Conn {
     }
 
     /// The topic and payload of a write: a Sparkplug command for a channel a Sparkplug metric
-    /// feeds, else the template's topic with the data per `write_format`.
+    /// feeds, else the topic that fed the channel (or, for one not fed, the template's) with
+    /// the data per `write_format` — only inside the source's write filters ([`target`]).
     fn target(&self, w: &Write) -> Result<(String, Vec<u8>), WriteError> {
-        if let Some(Fed { sparkplug: Some((path, device)), .. }) = self.fed.get(&w.channel) {
-            let value = crate::write_value(w.data.get()).map_err(WriteError::NotWritable)?;
-            let cmd = self.sparkplug.command(path, *device, &value, now_ms())?;
-            return Ok((cmd.topic, cmd.payload));
-        }
-        let Some(topic) = self.template.topic(&w.channel) else {
-            return Err(WriteError::NotWritable(format!("the channel is not of the form {}", self.cfg.channel)));
+        let topic = match self.fed.path(&w.channel) {
+            Some(Path::Sparkplug { path, device }) => {
+                let value = crate::write_value(w.data.get()).map_err(WriteError::NotWritable)?;
+                let cmd = self.sparkplug.command(path, *device, &value, now_ms())?;
+                return Ok((cmd.topic, cmd.payload));
+            }
+            Some(Path::Topic(t)) => t.clone(),
+            None => self.template.topic(&w.channel).ok_or_else(|| {
+                WriteError::NotWritable(format!("the channel is not of the form {}", self.cfg.channel))
+            })?,
         };
         if topic.starts_with(sparkplug::NAMESPACE) {
             return Err(WriteError::NotWritable("Sparkplug B topics take no writes".into()));
         }
+        let filters = self.cfg.write_topics.as_ref().unwrap_or(&self.cfg.topics);
+        target::allowed(filters, &topic).map_err(|why| WriteError::Forbidden(format!("{}: {why}", w.channel)))?;
         let payload = match self.cfg.write_format {
             WriteFormat::Json => w.data.get().as_bytes().to_vec(),
             WriteFormat::Value => match crate::write_value(w.data.get()).unwrap_or(Value::Null) {
@@ -623,10 +670,11 @@ impl Conn {
 
 /// Publishes decoded points in batches, in the order they were decoded.
 async fn publish_batches(
-    mut rx: mpsc::Receiver<(String, Data)>,
+    mut rx: mpsc::Receiver<Queued>,
     sink: Arc<dyn crate::Sink>,
     stats: Arc<SourceStats>,
     name: String,
+    accepted: Accepted,
 ) {
     while let Some(first) = rx.recv().await {
         let mut batch = Vec::with_capacity(64);
@@ -642,7 +690,13 @@ async fn publish_batches(
                 },
             }
         }
-        let results = sink.publish_batch(batch).await;
+        let (items, values): (Vec<(String, Data)>, Vec<Value>) =
+            batch.into_iter().map(|(ch, data, v)| ((ch, data), v)).unzip();
+        let channels: Vec<String> = items.iter().map(|(ch, _)| ch.clone()).collect();
+        let results = sink.publish_batch(items).await;
+        accepted.record(
+            channels.iter().zip(&values).zip(&results).filter(|(_, r)| r.is_ok()).map(|((ch, v), _)| (ch.as_str(), v)),
+        );
         let ok = results.iter().filter(|r| r.is_ok()).count();
         stats.points.fetch_add(ok as u64, Relaxed);
         if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
@@ -666,6 +720,7 @@ mod tests {
             password: None,
             client_id: None,
             topics: default_topics(),
+            write_topics: None,
             channel: default_channel(),
             qos: 1,
             clean_session: false,

@@ -54,11 +54,71 @@ impl Backoff {
     pub fn step(&self) -> Duration {
         self.step
     }
+
+    /// How long the current connection has been up at `now` (`None`: not connected).
+    pub fn up_for(&self, now: Instant) -> Option<Duration> {
+        self.up_since.map(|since| now.saturating_duration_since(since))
+    }
+}
+
+/// Connections dropped within [`STABLE_AFTER`] of being made, within the last [`FLAP_WINDOW`]:
+/// past [`FLAPS`] of them the source is probably in a take-over loop — another client uses its
+/// client id, and the MQTT broker drops the older connection each time one connects — which
+/// the log must say (the broker only closes the socket).
+pub const FLAPS: usize = 3;
+pub const FLAP_WINDOW: Duration = Duration::from_secs(60);
+
+/// Counts short-lived connections; says when to warn (at most once per [`FLAP_WINDOW`]).
+#[derive(Debug, Default)]
+pub struct Flaps {
+    recent: std::collections::VecDeque<Instant>,
+    warned: Option<Instant>,
+}
+
+impl Flaps {
+    /// A connection that had been up `up_for` dropped at `now`: the number of short-lived
+    /// connections within the window when it is time to warn about them.
+    pub fn dropped(&mut self, up_for: Duration, now: Instant) -> Option<usize> {
+        if up_for >= STABLE_AFTER {
+            return None;
+        }
+        self.recent.push_back(now);
+        while self.recent.front().is_some_and(|t| now.saturating_duration_since(*t) > FLAP_WINDOW) {
+            self.recent.pop_front();
+        }
+        let quiet = self.warned.is_none_or(|t| now.saturating_duration_since(t) >= FLAP_WINDOW);
+        if self.recent.len() >= FLAPS && quiet {
+            self.warned = Some(now);
+            return Some(self.recent.len());
+        }
+        None
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mqtt_flaps_warn_after_three_short_connections_a_minute_and_not_for_stable_ones() {
+        let mut f = Flaps::default();
+        let mut now = Instant::now();
+        let short = Duration::from_secs(1);
+        assert_eq!(f.dropped(STABLE_AFTER, now), None, "a stable connection is no flap");
+        assert_eq!(f.dropped(short, now), None);
+        now += Duration::from_secs(2);
+        assert_eq!(f.dropped(short, now), None);
+        now += Duration::from_secs(2);
+        assert_eq!(f.dropped(short, now), Some(3));
+        now += Duration::from_secs(2);
+        assert_eq!(f.dropped(short, now), None, "warned once per window");
+        now += FLAP_WINDOW;
+        assert_eq!(f.dropped(short, now), None, "the old flaps left the window");
+        now += Duration::from_secs(1);
+        assert_eq!(f.dropped(short, now), None);
+        now += Duration::from_secs(1);
+        assert_eq!(f.dropped(short, now), Some(3), "a new loop is warned about again");
+    }
 
     #[test]
     fn mqtt_backoff_grows_across_short_connections_and_restarts_after_a_stable_one() {
