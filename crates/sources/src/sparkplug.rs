@@ -19,8 +19,18 @@
 //! `seq` is not the one expected reports the gap: a message was lost (or came out of order), so
 //! values may be missing.
 //!
+//! Sessions: an `NBIRTH` carries the metric `bdSeq`, and the `NDEATH` that ends that session
+//! (the MQTT will the edge node registered with it) carries the same number. An `NDEATH` whose
+//! `bdSeq` is not the current session's is the late will of an earlier session and is ignored
+//! ([`Decoded::stale_death`]); one without `bdSeq`, or after an `NBIRTH` without it, ends the
+//! current session.
+//!
+//! Values ([`value`]): each datatype is read from and written to the protobuf field and width
+//! Sparkplug gives it; a Float is published in its shortest decimal form.
+//!
 //! Commands ([`command`]): a write to a metric becomes an `NCMD` (node metric) or `DCMD`
-//! (device metric) naming the metric as its birth did, with the birth's datatype; an edge node
+//! (device metric) naming the metric as its birth did, with the birth's datatype, only while
+//! its edge node (and device) is born and alive; an edge node
 //! whose birth was not seen (data or a device birth before any `NBIRTH`, an alias no birth
 //! declared) or whose `seq` skipped is asked for a rebirth (`NCMD` `Node Control/Rebirth`), at
 //! most once per edge node per [`command::REBIRTH_INTERVAL_MS`].
@@ -30,9 +40,9 @@
 //! refused and reported ([`Decoded::bounded`]), never asked to be born again (a new birth would
 //! meet the same bound), while everything already known carries on.
 //!
-//! Not handled: `NCMD`/`DCMD`/`STATE` messages (ignored), `bdSeq` (an `NDEATH` is taken as the
-//! death of the current session), waiting for a message that came out of order, datasets,
-//! templates, bytes and files (such metrics are skipped and counted; they take no writes).
+//! Not handled: `NCMD`/`DCMD`/`STATE` messages (ignored), waiting for a message that came out
+//! of order, datasets, templates, bytes and files (such metrics are skipped and counted; they
+//! take no writes).
 
 use std::collections::HashMap;
 
@@ -41,6 +51,7 @@ use serde_json::Value;
 use crate::WriteError;
 
 pub mod command;
+pub mod value;
 
 use command::{Command, Rebirths};
 
@@ -90,10 +101,11 @@ pub mod proto {
     /// declared: such metrics decode with no value).
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Value {
-        /// Int8, Int16, Int32 (two's complement) and UInt8, UInt16, UInt32.
+        /// Int8, Int16, Int32 (two's complement in their width), UInt8 and UInt16
+        /// ([`super::value`]).
         #[prost(uint32, tag = "10")]
         IntValue(u32),
-        /// Int64 (two's complement), UInt64 and DateTime (unix ms).
+        /// Int64 (two's complement), UInt32, UInt64 and DateTime (unix ms).
         #[prost(uint64, tag = "11")]
         LongValue(u64),
         #[prost(float, tag = "12")]
@@ -231,6 +243,9 @@ pub struct Decoded {
     pub bounded: usize,
     /// Which bound, and its value, when `bounded` is not 0.
     pub bound: Option<(&'static str, usize)>,
+    /// An `NDEATH` ignored because it ends an earlier session: its `bdSeq` and the current
+    /// session's.
+    pub stale_death: Option<(u64, u64)>,
 }
 
 impl Decoded {
@@ -312,6 +327,8 @@ struct Edge {
     devices: HashMap<String, Scope>,
     /// Its `NBIRTH` was seen (and no `NDEATH` since).
     born: bool,
+    /// The `bdSeq` of its last `NBIRTH`, when it had one: the session an `NDEATH` must name.
+    bd_seq: Option<u64>,
     /// After its `NDEATH` (until its next `NBIRTH`).
     dead: bool,
     /// The `seq` its next message should have; `None` before the first message.
@@ -379,9 +396,23 @@ impl Sparkplug {
         let base = format!("{}/{}", topic.group, topic.edge);
         match topic.kind {
             Kind::NDeath => {
-                // The payload carries only the bdSeq; a death needs nothing from it. The next
-                // NBIRTH starts the seq count again.
+                // The payload carries only the bdSeq of the session it ends; an unreadable one
+                // is still a death. The next NBIRTH starts the seq count again.
                 let Some(edge) = self.edges.get_mut(&key) else { return Ok(out) };
+                let ended = <proto::Payload as prost::Message>::decode(payload).ok().and_then(|p| bd_seq(&p));
+                if let (Some(ended), Some(current)) = (ended, edge.bd_seq) {
+                    if ended != current {
+                        tracing::debug!(
+                            group = topic.group,
+                            edge = topic.edge,
+                            bd_seq = ended,
+                            current,
+                            "Sparkplug NDEATH of an earlier session ignored"
+                        );
+                        out.stale_death = Some((ended, current));
+                        return Ok(out);
+                    }
+                }
                 (edge.born, edge.dead, edge.next_seq) = (false, true, None);
                 out.points = dead(&base, None, &edge.node, now_ms);
                 for (device, scope) in &edge.devices {
@@ -420,7 +451,7 @@ impl Sparkplug {
         if topic.kind == Kind::NBirth {
             // A new session of the node: its devices will be born again too.
             held.release(edge);
-            *edge = Edge { born: true, ..Edge::default() };
+            *edge = Edge { born: true, bd_seq: bd_seq(&payload), ..Edge::default() };
         }
         out.gap = edge.check_seq(topic.kind == Kind::NBirth, payload.seq);
         if let Some(device) = topic.device {
@@ -519,7 +550,7 @@ impl Sparkplug {
                 continue;
             }
             let datatype = m.datatype.unwrap_or(known.datatype);
-            match m.value.as_ref().and_then(|v| json_of(v, datatype)) {
+            match m.value.as_ref().and_then(|v| value::read(v, datatype)) {
                 Some(v) => {
                     known.last = v.clone();
                     out.points.push(Point { path, device, v, t, good: true });
@@ -573,6 +604,9 @@ impl Sparkplug {
                 "edge node {group}/{edge_name} is offline (NDEATH); it takes commands again after its next birth"
             )));
         }
+        if !edge.born {
+            return Err(unborn());
+        }
         let scope = match dev {
             Some(d) => edge.devices.get(d).ok_or_else(unborn)?,
             None => &edge.node,
@@ -584,7 +618,7 @@ impl Sparkplug {
         }
         let known = scope.metrics.get(name).ok_or_else(unborn)?;
         let Some((birth_name, alias)) = &known.birth else { return Err(unborn()) };
-        let v = command::to_value(value, known.datatype)
+        let v = value::write(value, known.datatype)
             .map_err(|e| WriteError::NotWritable(format!("{e} (Sparkplug metric {birth_name} of {who})")))?;
         Ok(Command {
             topic: command::topic(group, edge_name, dev),
@@ -614,26 +648,14 @@ fn dead(base: &str, device: Option<&str>, scope: &Scope, now_ms: u64) -> Vec<Poi
     points
 }
 
-/// A metric value as JSON; `None` for forms a point cannot carry (bytes, non-finite floats).
-fn json_of(v: &proto::Value, datatype: u32) -> Option<Value> {
-    use proto::Value::*;
-    Some(match *v {
-        IntValue(i) => match datatype {
-            datatype::INT8 => (i as u8 as i8).into(),
-            datatype::INT16 => (i as u16 as i16).into(),
-            datatype::INT32 => (i as i32).into(),
-            _ => i.into(),
-        },
-        LongValue(l) => match datatype {
-            datatype::INT64 => (l as i64).into(),
-            _ => l.into(),
-        },
-        FloatValue(f) => serde_json::Number::from_f64(f as f64)?.into(),
-        DoubleValue(d) => serde_json::Number::from_f64(d)?.into(),
-        BooleanValue(b) => b.into(),
-        StringValue(ref s) => s.clone().into(),
-        BytesValue(_) => return None,
-    })
+/// The `bdSeq` metric's value in a payload (an `NBIRTH`, or the `NDEATH` of its session).
+fn bd_seq(payload: &proto::Payload) -> Option<u64> {
+    payload
+        .metrics
+        .iter()
+        .find(|m| m.name.as_deref() == Some("bdSeq"))
+        .and_then(|m| m.value.as_ref())
+        .and_then(value::read_unsigned)
 }
 
 #[cfg(test)]

@@ -1,11 +1,9 @@
 //! Sparkplug B commands the MQTT source sends: a write to a metric (`NCMD`/`DCMD` with the
-//! value converted to the metric's datatype) and a rebirth request (`NCMD`
+//! value converted to the metric's datatype by [`super::value::write`]) and a rebirth request (`NCMD`
 //! `Node Control/Rebirth`), with the rate limit that keeps rebirth requests to one per edge node
 //! per [`REBIRTH_INTERVAL_MS`].
 
 use std::collections::HashMap;
-
-use serde_json::Value;
 
 use super::proto::{self, Metric, Payload};
 use super::{datatype, NAMESPACE};
@@ -55,44 +53,6 @@ pub fn rebirth(group: &str, edge: &str, now_ms: u64) -> Command {
     }
 }
 
-/// Converts a JSON value to a metric value of `datatype`: a whole number in range for the
-/// integer types (300 is not a UInt8), unix milliseconds for DateTime, a number for Float
-/// (in range) and Double, `true`/`false` (or 0/1) for Boolean, a string for String, Text and
-/// UUID. The error names the datatype.
-pub fn to_value(value: &Value, dt: u32) -> Result<proto::Value, String> {
-    use proto::Value::*;
-    let wrong = || format!("{value} is not a valid {}", datatype::name(dt));
-    use crate::whole_number as int;
-    // Signed 8/16/32-bit values go in `int_value` as their 32-bit two's complement.
-    let int32 = |i: i32| IntValue(i as u32);
-    Ok(match dt {
-        datatype::INT8 => int32(int::<i8>(value).ok_or_else(wrong)?.into()),
-        datatype::INT16 => int32(int::<i16>(value).ok_or_else(wrong)?.into()),
-        datatype::INT32 => int32(int::<i32>(value).ok_or_else(wrong)?),
-        datatype::UINT8 => IntValue(int::<u8>(value).ok_or_else(wrong)?.into()),
-        datatype::UINT16 => IntValue(int::<u16>(value).ok_or_else(wrong)?.into()),
-        datatype::UINT32 => IntValue(int::<u32>(value).ok_or_else(wrong)?),
-        datatype::INT64 => LongValue(int::<i64>(value).ok_or_else(wrong)? as u64),
-        datatype::UINT64 | datatype::DATETIME => LongValue(int::<u64>(value).ok_or_else(wrong)?),
-        datatype::FLOAT => {
-            let f = value.as_f64().ok_or_else(wrong)?;
-            if f.abs() > f64::from(f32::MAX) {
-                return Err(wrong());
-            }
-            FloatValue(f as f32)
-        }
-        datatype::DOUBLE => DoubleValue(value.as_f64().ok_or_else(wrong)?),
-        datatype::BOOLEAN => match value {
-            Value::Bool(b) => BooleanValue(*b),
-            Value::Number(_) if value.as_f64() == Some(0.0) => BooleanValue(false),
-            Value::Number(_) if value.as_f64() == Some(1.0) => BooleanValue(true),
-            _ => return Err(wrong()),
-        },
-        datatype::STRING | datatype::TEXT | datatype::UUID => StringValue(value.as_str().ok_or_else(wrong)?.into()),
-        other => return Err(format!("writing Sparkplug {} metrics is not supported", datatype::name(other))),
-    })
-}
-
 /// When each edge node was last asked for a rebirth, so that it is asked at most once per
 /// [`REBIRTH_INTERVAL_MS`] however many messages without a birth it sends. Bounded: at most
 /// [`REBIRTH_EDGES_MAX`] edge nodes; when full, entries older than the interval are dropped,
@@ -131,14 +91,11 @@ impl Rebirths {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::write_value;
     use prost::Message;
-    use serde_json::json;
 
     #[test]
     fn sparkplug_command_payload_carries_name_alias_datatype_and_value() {
-        let bytes =
-            payload("Outputs/Speed", Some(7), datatype::INT32, to_value(&json!(-5), datatype::INT32).unwrap(), 42);
+        let bytes = payload("Outputs/Speed", Some(7), datatype::INT32, proto::Value::IntValue(0xffff_fffb), 42);
         let p = Payload::decode(bytes.as_slice()).expect("decodes");
         assert_eq!((p.timestamp, p.seq, p.metrics.len()), (Some(42), None, 1));
         let m = &p.metrics[0];
@@ -152,36 +109,6 @@ mod tests {
         assert_eq!(p.metrics[0].datatype, Some(datatype::BOOLEAN));
         assert_eq!(p.metrics[0].value, Some(proto::Value::BooleanValue(true)));
         assert_eq!(topic("G", "E", Some("D")), "spBv1.0/G/DCMD/E/D");
-    }
-
-    #[test]
-    fn sparkplug_command_values_convert_to_the_datatype_or_name_it() {
-        use proto::Value::*;
-        let ok = |v: Value, dt: u32| to_value(&v, dt).unwrap();
-        assert_eq!(ok(json!(-1), datatype::INT8), IntValue(u32::MAX));
-        assert_eq!(ok(json!(300.0), datatype::INT16), IntValue(300));
-        assert_eq!(ok(json!(255), datatype::UINT8), IntValue(255));
-        assert_eq!(ok(json!(4294967295u64), datatype::UINT32), IntValue(u32::MAX));
-        assert_eq!(ok(json!(-2), datatype::INT64), LongValue(u64::MAX - 1));
-        assert_eq!(ok(json!(u64::MAX), datatype::UINT64), LongValue(u64::MAX));
-        assert_eq!(ok(json!(1700000000000u64), datatype::DATETIME), LongValue(1700000000000));
-        assert_eq!(ok(json!(1.5), datatype::FLOAT), FloatValue(1.5));
-        assert_eq!(ok(json!(3), datatype::DOUBLE), DoubleValue(3.0));
-        assert_eq!(ok(json!(true), datatype::BOOLEAN), BooleanValue(true));
-        assert_eq!(ok(json!(0), datatype::BOOLEAN), BooleanValue(false));
-        assert_eq!(ok(json!("on"), datatype::TEXT), StringValue("on".into()));
-        let err = |v: Value, dt: u32| to_value(&v, dt).unwrap_err();
-        assert_eq!(err(json!("abc"), datatype::INT32), r#""abc" is not a valid Int32"#);
-        assert_eq!(err(json!(256), datatype::UINT8), "256 is not a valid UInt8");
-        assert_eq!(err(json!(-1), datatype::UINT64), "-1 is not a valid UInt64");
-        assert_eq!(err(json!(12.5), datatype::INT32), "12.5 is not a valid Int32");
-        assert_eq!(err(json!(1e39), datatype::FLOAT), "1e+39 is not a valid Float");
-        assert_eq!(err(json!("true"), datatype::BOOLEAN), r#""true" is not a valid Boolean"#);
-        assert_eq!(err(json!(5), datatype::STRING), "5 is not a valid String");
-        assert_eq!(err(json!("AA=="), datatype::BYTES), "writing Sparkplug Bytes metrics is not supported");
-        assert_eq!(write_value(r#"{"v":42,"t":1}"#), Ok(json!(42)));
-        assert_eq!(write_value("\"x\""), Ok(json!("x")));
-        assert!(write_value("{").is_err());
     }
 
     #[test]

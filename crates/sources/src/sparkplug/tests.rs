@@ -250,3 +250,75 @@ fn sparkplug_state_is_bounded_and_refusals_are_reported() {
     let d = run(&mut sp, "spBv1.0/G/NDATA/E2", &encode_seq(1, 4, named(&[("u", 10)])));
     assert_eq!((d.points.len(), d.bounded, d.bound), (0, 1, Some(("metrics", 4))), "p, q, r, t held");
 }
+
+#[test]
+fn sparkplug_ndeath_of_an_earlier_session_is_ignored_by_its_bdseq() {
+    let mut sp = Sparkplug::default();
+    let bd = |n: u64| metric(Some("bdSeq"), None, datatype::UINT64, Some(mv::LongValue(n)));
+    let birth =
+        |n: u64| encode_seq(1, 0, vec![bd(n), metric(Some("a"), Some(1), datatype::INT32, Some(mv::IntValue(7)))]);
+    let death = |n: u64| encode(2, vec![bd(n)]);
+    run(&mut sp, "spBv1.0/G/NBIRTH/E", &birth(3));
+    run(&mut sp, "spBv1.0/G/NBIRTH/E", &birth(4));
+    // The will of session 3 arrives after session 4 was born: nothing goes bad.
+    let d = run(&mut sp, "spBv1.0/G/NDEATH/E", &death(3));
+    assert_eq!((d.points.len(), d.stale_death), (0, Some((3, 4))));
+    assert!(sp.command("G/E/a", false, &serde_json::json!(1), 9).is_ok(), "still alive: takes commands");
+    // Session 4's own death does.
+    let d = run(&mut sp, "spBv1.0/G/NDEATH/E", &death(4));
+    assert_eq!((d.points.len(), d.points[0].good, d.stale_death), (2, false, None));
+    let e = sp.command("G/E/a", false, &serde_json::json!(1), 9).unwrap_err();
+    assert!(matches!(&e, WriteError::Unavailable(m) if m.contains("NDEATH")), "{e}");
+    // Without a bdSeq on either side, a death ends the current session (as a bdSeq in an
+    // unreadable payload would).
+    run(&mut sp, "spBv1.0/G/NBIRTH/E", &birth(5));
+    let d = run(&mut sp, "spBv1.0/G/NDEATH/E", &encode(3, vec![]));
+    assert_eq!((d.points.len(), d.stale_death), (2, None));
+    run(&mut sp, "spBv1.0/G/NBIRTH/E", &encode_seq(1, 0, vec![metric(Some("a"), None, datatype::INT32, None)]));
+    let d = run(&mut sp, "spBv1.0/G/NDEATH/E", &death(9));
+    assert_eq!((d.points.len(), d.stale_death), (1, None), "a birth without bdSeq: any death ends it");
+    // bdSeq as an Int64 in long_value or in int_value (some edge nodes send it so) matches too.
+    run(&mut sp, "spBv1.0/G/NBIRTH/E", &encode_seq(1, 0, vec![metric(Some("bdSeq"), None, 4, Some(mv::IntValue(6)))]));
+    let d = run(&mut sp, "spBv1.0/G/NDEATH/E", &death(6));
+    assert_eq!(d.stale_death, None);
+}
+
+#[test]
+fn sparkplug_values_are_read_by_datatype_width_and_floats_are_shortest() {
+    let mut sp = Sparkplug::default();
+    let m = |name: &str, dt: u32, v: mv| metric(Some(name), None, dt, Some(v));
+    let d = run(
+        &mut sp,
+        "spBv1.0/G/NBIRTH/E",
+        &encode(
+            1,
+            vec![
+                m("i8", datatype::INT8, mv::IntValue(0xfb)),
+                m("i8x", datatype::INT8, mv::IntValue(0xffff_fffb)),
+                m("i16", datatype::INT16, mv::IntValue(0x8000)),
+                m("u32", datatype::UINT32, mv::LongValue(3_000_000_000)),
+                m("f", datatype::FLOAT, mv::FloatValue(21.7)),
+                m("bad", datatype::UINT8, mv::IntValue(300)),
+            ],
+        ),
+    );
+    let got: Vec<String> = d.points.iter().map(|p| format!("{}={}", p.path, p.v)).collect();
+    assert_eq!(got, ["G/E/i8=-5", "G/E/i8x=-5", "G/E/i16=-32768", "G/E/u32=3000000000", "G/E/f=21.7"]);
+    assert_eq!(d.skipped, 1, "a UInt8 of 300 is no UInt8");
+}
+
+#[test]
+fn sparkplug_commands_need_the_edge_nodes_birth_too() {
+    // A device born while its edge node's NBIRTH was not seen: no commands until it is.
+    let mut sp = Sparkplug::new(true, Bounds::new(100));
+    let dbirth = |seq| encode_seq(1, seq, vec![metric(Some("m"), None, datatype::INT8, Some(mv::IntValue(1)))]);
+    let d = run(&mut sp, "spBv1.0/G/DBIRTH/E/D", &dbirth(5));
+    assert_eq!(rebirth_of(&d), Some("spBv1.0/G/NCMD/E"));
+    let e = sp.command("G/E/D/m", true, &serde_json::json!(-5), 9).unwrap_err();
+    assert!(matches!(&e, WriteError::Unavailable(m) if m.contains("no birth")), "{e}");
+    run(&mut sp, "spBv1.0/G/NBIRTH/E", &encode_seq(1, 0, vec![]));
+    run(&mut sp, "spBv1.0/G/DBIRTH/E/D", &dbirth(1));
+    let cmd = sp.command("G/E/D/m", true, &serde_json::json!(-5), 9).expect("born: a command");
+    let m = Payload::decode(cmd.payload.as_slice()).expect("decodes").metrics.remove(0);
+    assert_eq!((m.datatype, m.value), (Some(datatype::INT8), Some(mv::IntValue(0xfb))), "Int8 -5 in 8 bits");
+}
