@@ -13,14 +13,20 @@ use switchboard_broker::{ChannelQuery, Position, Publication};
 use switchboard_protocol::validate_channel;
 
 use crate::auth::http::{allow, allow_publish, Caller};
-use crate::auth::Action;
+use crate::auth::{Action, Identity};
 use crate::node::{ApiError, Node};
 
 mod bodies;
+mod writes;
 use bodies::{HistoryQuery, ListQuery, PublishBody};
 
 /// The caller attached by the authentication middleware (`auth::http::guard`).
 type CallerExt = Option<axum::Extension<Caller>>;
+
+/// Who the caller is (anonymous while the API is open).
+fn who(caller: &CallerExt) -> Identity {
+    caller.as_ref().map(|c| c.0 .0.clone()).unwrap_or_else(Identity::anonymous)
+}
 
 /// Largest accepted HTTP request body (a batch publish of thousands of points).
 const MAX_BODY: usize = 16 * 1024 * 1024;
@@ -33,6 +39,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/api/channels/{*rest}", get(channel))
         .route("/api/presence/{*channel}", get(presence))
         .route("/api/info", get(info))
+        .route("/api/writes", get(writes::list))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -79,11 +86,13 @@ async fn publish(
         .map_err(|e| ApiError::new(400, format!("expected {{\"channel\", \"data\"}} or {{\"batch\": [...]}}: {e}")))?;
     match body {
         PublishBody { channel: Some(channel), data: Some(data), idempotency_key, batch: None } => {
-            allow_publish(&node, &caller, &channel)?;
+            let permitted = allow_publish(&node, &caller, &channel);
             if let Some(source) = crate::sources::write_source(&node, &channel) {
-                let reply = crate::sources::write(&node, source, &channel, Arc::new(data)).await?;
+                let writer = who(&caller);
+                let reply = crate::sources::write(&node, &writer, source, &channel, Arc::new(data), permitted).await?;
                 return Ok(Json(reply).into_response());
             }
+            permitted?;
             let pos = node.publish(&channel, Arc::new(data), idempotency_key.as_deref()).await?;
             Ok(Json(Published { offset: pos.offset, epoch: &pos.epoch }).into_response())
         }
@@ -97,12 +106,11 @@ async fn publish(
                 .partition(|(_, (ch, _, _))| crate::sources::write_source(&node, ch).is_some());
             let mut results: Vec<Option<serde_json::Value>> = vec![None; writes.len() + publishes.len()];
             let error = |e: ApiError| serde_json::json!({"error": {"code": e.code, "message": e.message}});
+            let writer = who(&caller);
             for (i, (channel, data, _)) in writes {
                 let source = crate::sources::write_source(&node, &channel).unwrap_or_default();
-                let written = match allow_publish(&node, &caller, &channel) {
-                    Ok(()) => crate::sources::write(&node, source, &channel, data).await,
-                    Err(e) => Err(e),
-                };
+                let permitted = allow_publish(&node, &caller, &channel);
+                let written = crate::sources::write(&node, &writer, source, &channel, data, permitted).await;
                 results[i] = Some(written.unwrap_or_else(error));
             }
             let (at, items): (Vec<usize>, Vec<_>) = publishes.into_iter().unzip();

@@ -47,6 +47,8 @@ pub struct Node {
     pub sources: std::sync::OnceLock<switchboard_sources::Sources>,
     /// Writes forwarded to (and from) the node that runs their source, in a cluster.
     pub forwarded: crate::sources::forward::pending::Pending,
+    /// Every write attempt made through this node, and their counts by outcome.
+    pub writes: crate::sources::audit::Audit,
     /// Open connections by id, for heartbeats and shutdown. Touched once per connect and
     /// disconnect, never on the delivery path.
     conns: Mutex<HashMap<u64, Arc<Outbox>>>,
@@ -72,6 +74,7 @@ impl Node {
             metrics,
             sources: std::sync::OnceLock::new(),
             forwarded: Default::default(),
+            writes: Default::default(),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),
@@ -199,13 +202,12 @@ impl Node {
             .collect()
     }
 
-    /// Checks a publication (channel name, size, data every format can carry, idempotency
-    /// key) and attaches its namespace's history policy.
-    fn outgoing(&self, channel: &str, data: Data, idempotency_key: Option<&str>) -> Result<Outgoing, ApiError> {
+    /// The checks every publication passes, wherever it goes (the broker, or a device as a
+    /// write, `crate::sources::write`): a valid channel name (400), data of at most
+    /// `limits.max_publication_bytes` (413) that every format can carry (400). Returns the data
+    /// on one line, as it is stored and sent.
+    pub fn check_publication(&self, channel: &str, data: Data) -> Result<Data, ApiError> {
         validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
-        if let Some(key) = idempotency_key {
-            check_idempotency_key(key).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
-        }
         if data.get().len() > self.config.limits.max_publication_bytes {
             return Err(ApiError::new(
                 code::TOO_LARGE,
@@ -214,7 +216,16 @@ impl Node {
         }
         // Data every subscriber can take, whatever its format (no silent empty deliveries).
         switchboard_protocol::message::check_data(data.get()).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
-        let data = one_line(data);
+        Ok(one_line(data))
+    }
+
+    /// Checks a publication ([`Node::check_publication`], the idempotency key) and attaches its
+    /// namespace's history policy.
+    fn outgoing(&self, channel: &str, data: Data, idempotency_key: Option<&str>) -> Result<Outgoing, ApiError> {
+        let data = self.check_publication(channel, data)?;
+        if let Some(key) = idempotency_key {
+            check_idempotency_key(key).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
+        }
         let mut item = Outgoing::new(channel, data, self.config.history_policy(channel));
         item.idempotency_key = idempotency_key.map(Arc::from);
         Ok(item)

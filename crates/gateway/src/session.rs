@@ -395,25 +395,35 @@ impl Session {
 
     async fn publish(&mut self, id: Option<u32>, req: PublishRequest) -> Result<(), ApiError> {
         validate_channel(&req.channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
-        let ns = self.node.config.namespace(namespace_of(&req.channel));
-        if !ns.client_publish {
+        let permitted = self.may_publish(&req.channel);
+        // A namespace written to a plant data source: the reply is the device's answer, and
+        // the attempt is audited whatever the checks said.
+        if let Some(source) = crate::sources::write_source(&self.node, &req.channel) {
+            let data = Arc::new(req.data);
+            let reply =
+                crate::sources::write(&self.node, &self.identity, source, &req.channel, data, permitted).await?;
+            self.ok(id, &reply);
+            return Ok(());
+        }
+        permitted?;
+        let pos = self.node.publish(&req.channel, Arc::new(req.data), req.idempotency_key.as_deref()).await?;
+        self.ok(id, &serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}));
+        Ok(())
+    }
+
+    /// Whether this client may publish to `channel` now: its namespace takes client
+    /// publications, its permissions allow it, and it is within its publish rate.
+    fn may_publish(&mut self, channel: &str) -> Result<(), ApiError> {
+        if !self.node.config.namespace(namespace_of(channel)).client_publish {
             return Err(ApiError::new(code::FORBIDDEN, "clients may not publish in this namespace"));
         }
-        self.allow(Action::Publish, &req.channel)?;
+        self.allow(Action::Publish, channel)?;
         let rate = self.node.config.limits.publishes_per_connection_per_s;
         if let Some(bucket) = &mut self.publish_rate {
             if !bucket.take(rate as f64, Instant::now()) {
                 return Err(ApiError::new(code::LIMIT, format!("more than {rate} publishes per second")));
             }
         }
-        // A namespace written to a plant data source: the reply is the device's answer.
-        if let Some(source) = crate::sources::write_source(&self.node, &req.channel) {
-            let reply = crate::sources::write(&self.node, source, &req.channel, Arc::new(req.data)).await?;
-            self.ok(id, &reply);
-            return Ok(());
-        }
-        let pos = self.node.publish(&req.channel, Arc::new(req.data), req.idempotency_key.as_deref()).await?;
-        self.ok(id, &serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}));
         Ok(())
     }
 

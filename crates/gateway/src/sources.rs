@@ -5,14 +5,16 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use switchboard_broker::Data;
 use switchboard_protocol::code;
 use switchboard_sources::{Lease, Sink, Sources, WriteError};
 
+use crate::auth::Identity;
 use crate::node::{ApiError, Node};
 
+pub mod audit;
 pub mod demo;
 pub mod forward;
 
@@ -73,19 +75,69 @@ pub fn write_source<'a>(node: &'a Node, channel: &str) -> Option<&'a str> {
     node.config.namespace(switchboard_protocol::namespace_of(channel)).write_source.as_deref()
 }
 
-/// Writes a publication (already permitted) to `source` and waits for the device's answer:
-/// `{"written": true, "source": name}`, or 502 (the device refused), 503 (not available now,
-/// or no answer in time), 400 (not a writable channel or value). In a cluster a write whose
-/// source runs on another node is forwarded there ([`forward`]) and answered the same way.
-pub async fn write(node: &Node, source: &str, channel: &str, data: Data) -> Result<serde_json::Value, ApiError> {
-    switchboard_protocol::validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+/// Writes a publication to `source` on behalf of `who` and waits for the device's answer:
+/// `{"written": true, "source": name}`, or the refusal.
+///
+/// `permitted` is the outcome of the caller's permission and rate checks, made as for any
+/// publish; a refusal there is answered (and audited) as it is. The data then passes the
+/// checks every publication passes ([`Node::check_publication`]: channel name, size against
+/// `limits.max_publication_bytes` 413, data every format can carry 400) before the source
+/// sees it. The source answers 502 (the device refused), 503 (not available now, or no answer
+/// in time), 400 (not a writable channel or value) or 403 (a target the source is not set up
+/// for). In a cluster a write whose source runs on another node is forwarded there
+/// ([`forward`]) and answered the same way. Every attempt is audited here ([`audit`]), on the
+/// node that received it.
+pub async fn write(
+    node: &Node,
+    who: &Identity,
+    source: &str,
+    channel: &str,
+    data: Data,
+    permitted: Result<(), ApiError>,
+) -> Result<serde_json::Value, ApiError> {
+    let (t, started) = (switchboard_broker::now_ms(), Instant::now());
+    let bytes = data.get().len();
+    let author = audit::Author::of(who);
+    let mut forwarded = false;
+    let result = match permitted.and_then(|()| node.check_publication(channel, data)) {
+        Ok(data) => deliver(node, source, channel, data, &mut forwarded).await,
+        Err(e) => Err(e),
+    };
+    node.writes.record(audit::Entry {
+        t,
+        author,
+        channel: channel.to_string(),
+        bytes,
+        source: source.to_string(),
+        forwarded,
+        outcome: audit::outcome(&result),
+        code: result.as_ref().map_or_else(|e| e.code, |()| 200),
+        message: result.as_ref().err().map(|e| e.message.clone()),
+        latency_ms: audit::millis(started.elapsed()),
+    });
+    result?;
+    Ok(serde_json::json!({"written": true, "source": source}))
+}
+
+/// Hands checked data to the source here, or to the node that runs it (`forwarded` set).
+async fn deliver(node: &Node, source: &str, channel: &str, data: Data, forwarded: &mut bool) -> Result<(), ApiError> {
     let sources =
         node.sources.get().ok_or_else(|| ApiError::new(code::UNAVAILABLE, "the node's sources are not running"))?;
     match sources.write(source, channel, data.clone()).await {
-        Err(WriteError::NotHere(_)) if forward::in_cluster(node) => forward::send(node, source, channel, data).await?,
-        result => result.map_err(api_error)?,
+        Err(WriteError::NotHere(_)) if forward::in_cluster(node) => {
+            *forwarded = true;
+            forward::send(node, source, channel, data).await
+        }
+        result => result.map_err(api_error),
     }
-    Ok(serde_json::json!({"written": true, "source": source}))
+}
+
+/// Sources some namespace writes to (`write_source`), each once, in name order.
+fn written_sources(node: &Node) -> Vec<&str> {
+    let mut names: Vec<&str> = node.config.namespaces.values().filter_map(|ns| ns.write_source.as_deref()).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
 }
 
 /// What a client is told of a failed write.
@@ -103,5 +155,7 @@ fn api_error(e: WriteError) -> ApiError {
 /// forwarded between nodes.
 pub fn render_metrics(node: &Node) -> String {
     let Some(sources) = node.sources.get() else { return String::new() };
-    crate::metrics::render_sources(&sources.handles()) + &node.forwarded.render()
+    crate::metrics::render_sources(&sources.handles())
+        + &node.forwarded.render()
+        + &node.writes.render(&written_sources(node))
 }

@@ -81,10 +81,7 @@ pub(super) fn start(node: &Arc<Node>, sources: &Sources) {
         return;
     }
     node.hub.set_internal(Arc::new(Internal(Arc::downgrade(node))));
-    let mut written: Vec<&str> = node.config.namespaces.values().filter_map(|ns| ns.write_source.as_deref()).collect();
-    written.sort_unstable();
-    written.dedup();
-    for source in written {
+    for source in super::written_sources(node) {
         let (node, source, active) = (Arc::downgrade(node), source.to_string(), sources.watch_active(source));
         // Whether the broker counts this node's subscription survives a restart of the task.
         let subscribed = Arc::new(AtomicBool::new(false));
