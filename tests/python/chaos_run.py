@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
+import signal
 import json
 import os
 import random
@@ -44,7 +46,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import httpx
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
@@ -53,6 +54,11 @@ import chaos_kit  # noqa: E402
 import sb  # noqa: E402
 
 _T0 = time.monotonic()
+
+
+def progress(what: str) -> None:
+    """One line on stderr per phase, so a long run shows where it is."""
+    print(f"[chaos {now():7.2f}] {what}", file=sys.stderr, flush=True)
 
 
 def now() -> float:
@@ -87,6 +93,7 @@ class Scenario:
     duration: float = 20.0
     drain: float = 20.0
     stall_window: float = 10.0
+    wait_close: bool = False  # after a `disconnect` message, reconnect only once the close frame came
 
 
 def short_scenarios() -> dict:
@@ -243,6 +250,9 @@ class Client:
                         rec = {"t": t, "node": node, "conn": conn_no, "code": d.get("code"),
                                "reason": d.get("reason"), "close_code": None, "close_after_s": None}
                         self.disconnects.append(rec)
+                        if self.run.sc.wait_close:
+                            await self.watch_close(ws, rec)
+                            return
                         w = asyncio.ensure_future(self.watch_close(ws, rec))
                         self.watchers.add(w)
                         w.add_done_callback(self.watchers.discard)
@@ -337,6 +347,70 @@ class Client:
 # --------------------------------------------------------------------------------------------
 
 
+class HttpPool:
+    """Keep-alive HTTP/1.1 connections to one node, for POSTs of JSON (a plain client: a
+    general one's pool bookkeeping grows with the requests queued behind a failover)."""
+
+    def __init__(self, port: int, limit: int = 256):
+        self.port = port
+        self.free: list = []
+        self.sem = asyncio.Semaphore(limit)
+
+    async def post(self, path: str, body: dict, timeout: float):
+        raw = json.dumps(body, separators=(",", ":")).encode()
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(raw)}\r\n\r\n").encode()
+        async with self.sem:
+            for fresh in (False, True):  # a kept connection the node closed meanwhile: once more, new
+                conn = None if fresh or not self.free else self.free.pop()
+                reused = conn is not None
+                if conn is None:
+                    conn = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port), 3)
+                r, w = conn
+                try:
+                    w.write(head + raw)
+                    await w.drain()
+                    async with asyncio.timeout(timeout):
+                        status_line = await r.readline()
+                        if not status_line:
+                            raise ConnectionResetError("closed before the status line")
+                        status = int(status_line.split()[1])
+                        headers = {}
+                        while True:
+                            line = await r.readline()
+                            if line in (b"\r\n", b""):
+                                break
+                            k, _, v = line.decode("latin-1").partition(":")
+                            headers[k.strip().lower()] = v.strip()
+                        if "content-length" in headers:
+                            data = await r.readexactly(int(headers["content-length"]))
+                        elif headers.get("transfer-encoding", "").lower() == "chunked":
+                            data = b""
+                            while True:
+                                n = int((await r.readline()).split(b";")[0], 16)
+                                chunk = await r.readexactly(n + 2)
+                                if n == 0:
+                                    break
+                                data += chunk[:-2]
+                        else:
+                            data = await r.read()
+                            headers["connection"] = "close"
+                except (ConnectionResetError, asyncio.IncompleteReadError, BrokenPipeError) as e:
+                    w.transport.abort()
+                    if reused and isinstance(e, ConnectionResetError) and "status line" in str(e):
+                        continue
+                    raise
+                except BaseException:
+                    w.transport.abort()
+                    raise
+                if headers.get("connection", "").lower() == "close":
+                    w.transport.abort()
+                else:
+                    self.free.append(conn)
+                return status, data
+        raise ConnectionResetError("unreachable")
+
+
 class Publisher:
     def __init__(self, run: "Run"):
         self.run = run
@@ -346,8 +420,8 @@ class Publisher:
 
     async def main(self, t_end: float) -> None:
         channels, rate = self.run.channels, self.run.sc.rate
-        limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
-        async with httpx.AsyncClient(timeout=15.0, limits=limits, trust_env=False) as http:
+        pools: dict = {}
+        if True:
             start = now()
             i = 0
             while True:
@@ -362,14 +436,14 @@ class Publisher:
                 rec = {"seq": i, "ch": channels[i % len(channels)], "t_due": due, "attempts": [],
                        "answer": None, "t_ok": None}
                 self.records.append(rec)
-                task = asyncio.ensure_future(self.publish(http, rec))
+                task = asyncio.ensure_future(self.publish(pools, rec))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
                 i += 1
             if self.tasks:
                 await asyncio.wait(list(self.tasks), timeout=120)
 
-    async def publish(self, http, rec: dict) -> None:
+    async def publish(self, pools: dict, rec: dict) -> None:
         body = {"channel": rec["ch"], "data": {"id": rec["seq"], "t": round(now(), 3)},
                 "idempotency_key": f"{self.run.run_id}-{rec['seq']}"}
         for a in range(60):  # bounded; each attempt is bounded by the client's 15 s timeout
@@ -377,21 +451,23 @@ class Publisher:
             # round-robin over the live nodes, a channel's publications alternating between them
             node, srv = live[(rec["seq"] + rec["seq"] // len(self.run.channels) + a) % len(live)]
             t_send = now()
+            pool = pools.get(node)
+            if pool is None:
+                pool = pools[node] = HttpPool(srv.port)
             try:
-                r = await http.post(srv.http_url + "/api/publish", json=body)
-                status = r.status_code
-            except httpx.HTTPError as e:
-                status, r = "conn", None
+                status, data = await pool.post("/api/publish", body, 15.0)
+            except (OSError, asyncio.IncompleteReadError, TimeoutError, asyncio.TimeoutError) as e:
+                status, data = "conn", None
                 err = type(e).__name__
             t_ans = now()
             att = [round(t_send, 3), round(t_ans, 3), node, status]
             if status == "conn":
                 att.append(err)
             elif status != 200:
-                att.append(r.text[:200])
+                att.append(data[:200].decode("utf-8", "replace"))
             rec["attempts"].append(att)
             if status == 200:
-                ans = r.json()
+                ans = json.loads(data)
                 rec["answer"] = (ans["epoch"], ans["offset"])
                 rec["t_ok"] = t_ans
                 return
@@ -479,6 +555,7 @@ class Run:
             self.topo.node(choice).kill()
             d["detail"] = f"kill -9 Redis Cluster primary :{choice} ({len(d['affected'])} of the channels)"
             self.faults.append(d)
+            progress(d["detail"])
             try:
                 d["failover_s"] = round(self.topo.wait_failover(choice, 30), 2)
             except TimeoutError as e:
@@ -490,6 +567,7 @@ class Run:
             self.topo.kill_primary()
             d["detail"] = f"kill -9 Sentinel primary :{port}"
             self.faults.append(d)
+            progress(d["detail"])
             try:
                 d["failover_s"] = round(self.topo.wait_failover(port, 30), 2)
             except TimeoutError as e:
@@ -500,6 +578,7 @@ class Run:
             port = self.topo.kill(f.arg)
             d["detail"] = f"kill -9 shard {f.arg} :{port}, restarted empty after {f.hold} s"
             self.faults.append(d)
+            progress(d["detail"])
             time.sleep(f.hold)
             self.topo.restart(f.arg)
             d["restarted_t"] = round(now(), 3)
@@ -509,6 +588,7 @@ class Run:
             d["detail"] = f"kill -9 gateway node n{f.arg}"
             d["node"] = f.arg
             self.faults.append(d)
+            progress(d["detail"])
         elif f.kind in ("latency", "pause", "reset"):
             d["node"] = 0
             d["t"] = now()
@@ -522,6 +602,7 @@ class Run:
                 self.proxy.reset()
                 d["detail"] = "node n0's Redis links reset (RST)"
             self.faults.append(d)
+            progress(d["detail"])
             if f.hold:
                 time.sleep(f.hold)
                 if f.kind == "latency":
@@ -572,10 +653,12 @@ class Run:
         while time.monotonic() < deadline and not all(st.spans for c in self.clients for st in c.ch.values()):
             await asyncio.sleep(0.1)
         self.t_load = now()
+        progress(f"{len(self.clients)} clients subscribed; load starts")
         stop = asyncio.Event()
         lag = asyncio.ensure_future(self.watch_loop(stop))
         faults = asyncio.ensure_future(self.run_faults())
         await self.publisher.main(self.t_load + sc.duration)
+        progress("publishing ended")
         await faults
         self.t_pub_end = now()
         # drain: until every client holds each channel's last answered position, or the bound
@@ -587,6 +670,7 @@ class Run:
                 break
             await asyncio.sleep(0.2)
         self.t_end = now()
+        progress("drained; stopping clients")
         stop.set()
         for c in self.clients:
             c.stopping = True
@@ -666,15 +750,40 @@ def check(run: Run) -> dict:
         r = by_pid[seq]
         return seq, r["attempts"][0][0] if r["attempts"] else r["t_due"]
 
+    # the epochs the publisher was answered, per channel: [epoch, first offset, last offset,
+    # first answer t, last answer t], in answer order
+    epochs: dict = {}
+    for r in sorted((r for r in pubs if r["answer"] is not None), key=lambda r: r["t_ok"]):
+        e, o = r["answer"]
+        runs = epochs.setdefault(r["ch"], [])
+        if runs and runs[-1][0] == e:
+            runs[-1][1], runs[-1][2] = min(runs[-1][1], o), max(runs[-1][2], o)
+            runs[-1][4] = round(r["t_ok"], 3)
+        else:
+            runs.append([e, o, o, round(r["t_ok"], 3), round(r["t_ok"], 3)])
+    epoch_changes = {ch: runs for ch, runs in epochs.items() if len(runs) > 1}
+
     expected = 0
     delivered = 0
     misnumbered, across_epochs, unacked = [], 0, 0
+    across_samples: list = []
+    redelivered = 0
+    redelivered_samples: list = []
     for cl in run.clients:
         for ch, st in cl.ch.items():
             delivered += len(st.deliveries)
             got: dict = {}
+            pid_seen: dict = {}
             for (t, e, o, pid, how, conn) in st.deliveries:
                 got.setdefault(e, set()).add(o)
+                if pid is not None and pid >= 0:
+                    if pid in pid_seen and pid_seen[pid][0] != e:
+                        redelivered += 1
+                        if len(redelivered_samples) < 20:
+                            redelivered_samples.append({"client": cl.cid, "channel": ch, "pid": pid,
+                                                        "first": pid_seen[pid], "again": [e, o, round(t, 3), how]})
+                    else:
+                        pid_seen[pid] = [e, o, round(t, 3), how]
                 r = by_pid.get(pid) if pid is not None and pid >= 0 else None
                 if r is None:
                     continue
@@ -685,6 +794,9 @@ def check(run: Run) -> dict:
                                         "answered": r["answer"], "t": round(t, 3)})
                 elif r["answer"][0] != e:
                     across_epochs += 1
+                    if len(across_samples) < 20:
+                        across_samples.append({"client": cl.cid, "channel": ch, "pid": pid, "delivered": [e, o],
+                                               "answered": list(r["answer"]), "t": round(t, 3), "how": how})
             for i, (e, start, end, t_open, how) in enumerate(st.spans):
                 if end is None:
                     top = max(answered.get((ch, e), {0: None}).keys(), default=0)
@@ -798,14 +910,19 @@ def check(run: Run) -> dict:
         for v in commits.values():
             v.sort()
 
-        def longest_gap(times: list) -> float:
+        def longest_gap_at(times: list) -> tuple:
+            """(longest gap, its start, its end) in [fault, fault + stall_window]."""
             prev = max([x for x in times if x <= ft], default=ft)
-            worst = 0.0
+            worst = (0.0, prev, prev)
             for x in times:
                 if ft < x <= hw_end:
-                    worst = max(worst, x - prev)
+                    if x - prev > worst[0]:
+                        worst = (x - prev, prev, x)
                     prev = x
-            return max(worst, hw_end - prev)
+            return worst if worst[0] >= hw_end - prev else (hw_end - prev, prev, hw_end)
+
+        def longest_gap(times: list) -> float:
+            return longest_gap_at(times)[0]
 
         stalls = []
         for cl, ch in pairs_ok:
@@ -820,7 +937,11 @@ def check(run: Run) -> dict:
             s["healthy_stall_s"] = {
                 "pairs": len(stalls), "max": round(g, 3), "p50": pct([x[0] for x in stalls], 0.5),
                 "worst": {"client": cid, "channel": ch,
-                          "commit_gap_s": round(longest_gap(commits.get(ch, [])), 3)},
+                          "from_to_after_fault_s": [round(x - ft, 3) for x in longest_gap_at(
+                              [d[0] for d in next(c for c in run.clients if c.cid == cid).ch[ch].deliveries])[1:]],
+                          "commit_gap_s": round(longest_gap(commits.get(ch, [])), 3),
+                          "commit_gap_from_to_after_fault_s": [round(x - ft, 3) for x in
+                                                               longest_gap_at(commits.get(ch, []))[1:]]},
                 "over_1s": sum(1 for x in stalls if x[0] > 1.0),
                 "per_channel_max": {c: round(v, 3) for c, v in sorted(per_channel.items(),
                                                                       key=lambda kv: -kv[1])[:10]},
@@ -873,13 +994,16 @@ def check(run: Run) -> dict:
         "scenario": sc.name, "topology": sc.topology,
         "params": {"nodes": sc.nodes, "clients": sc.clients, "channels": sc.channels,
                    "channels_per_client": sc.subs or sc.channels, "publications_per_s": sc.rate,
-                   "duration_s": sc.duration, "faults": [f.__dict__ for f in sc.faults]},
+                   "duration_s": sc.duration, "faults": [f.__dict__ for f in sc.faults],
+                   "clients_wait_for_close_frame": sc.wait_close},
         "totals": {
             "publications_committed": committed, "publications_given_up": len(gave_up),
             "deliveries_expected": expected, "deliveries": delivered,
             "lost_without_notice": len(lost), "duplicated": len(dups), "announced_gaps": len(gaps),
             "order_violations": len(order), "misnumbered": len(misnumbered), "offsets_reused": len(reused),
             "delivered_in_another_epoch_than_answered": across_epochs, "delivered_but_never_answered": unacked,
+            "redelivered_in_a_new_epoch": redelivered,
+            "channels_whose_epoch_changed": len(epoch_changes),
             "pubs_after_disconnect_message": sum(cl.pubs_after_disconnect for cl in run.clients),
             "disconnects_msg_code/close_code": all_disc,
             "subscribe_errors": _merge([cl.sub_errors for cl in run.clients]),
@@ -893,7 +1017,10 @@ def check(run: Run) -> dict:
         "evidence": {
             "lost_without_notice": cap(lost), "duplicated": cap(dups), "order_violations": cap(order),
             "announced_gaps": cap(gaps, 20), "misnumbered": cap(misnumbered), "offsets_reused": cap(reused),
-            "publisher_other_statuses": others, "publications_given_up": cap(gave_up),
+            "publisher_other_statuses": others,
+            "epochs_answered_to_the_publisher": dict(list(epoch_changes.items())[:20]),
+            "delivered_in_another_epoch_than_answered": across_samples,
+            "redelivered_in_a_new_epoch": redelivered_samples, "publications_given_up": cap(gave_up),
             "clients_behind_at_end": dict(list(stuck.items())[:20]), "silent_clients": silent_clients,
         },
         "criteria": criteria,
@@ -920,11 +1047,17 @@ def run_scenario(sc: Scenario, log_dir: str | None = None) -> dict:
     t_start = time.monotonic()
     try:
         run.start_topology()
+        progress(f"{sc.name}: {sc.topology} and {sc.nodes} nodes up")
         asyncio.run(run.main())
     finally:
         run.stop()
+    progress("checking")
     report = check(run)
+    progress("checked")
     report["wall_s"] = round(time.monotonic() - t_start, 1)
+    st = os.stat(chaos_kit.binary())
+    report["binary"] = {"path": chaos_kit.binary(), "size": st.st_size,
+                        "mtime_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(st.st_mtime))}
     report["logs"] = None if own else log_dir
     return report
 
@@ -939,9 +1072,12 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--subs", type=int, help="channels per client (default: all)")
     ap.add_argument("--rate", type=float)
     ap.add_argument("--duration", type=float)
+    ap.add_argument("--wait-close", action="store_true", help="after a disconnect message, reconnect only "
+                    "once the close frame came (as the TypeScript SDK does); default: at once")
     ap.add_argument("--out", help="write the full report (every violation) to this JSON file")
     ap.add_argument("--logs", help="keep node and Redis logs in this directory")
     a = ap.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1)  # kill -USR1 <pid>: every thread's stack on stderr
     table = long_scenarios() if a.long else short_scenarios()
     names = list(table) if a.topology == "all" else [a.topology]
     reports = []
@@ -950,6 +1086,7 @@ def main(argv: list | None = None) -> int:
         for k in ("clients", "channels", "subs", "rate", "duration"):
             if getattr(a, k) is not None:
                 setattr(sc, k, getattr(a, k))
+        sc.wait_close = a.wait_close
         logs = os.path.join(a.logs, name) if a.logs else None
         reports.append(run_scenario(sc, logs))
         print(json.dumps(reports[-1], indent=1, default=str), flush=True)
