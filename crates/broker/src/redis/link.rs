@@ -55,7 +55,10 @@ pub const PING_EVERY: Duration = Duration::from_secs(1);
 const PING_TIMEOUT: Duration = Duration::from_secs(3);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// At most a second between attempts: a server back from a failover or a restart is found
+/// within a second (subscribes to its channels answer 503 until then), and an attempt is one
+/// TCP connect per node.
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// One channel's subscription on this node.
 pub(super) struct Entry {
@@ -76,6 +79,10 @@ struct Track {
     refused: bool,
     /// It was active when the connection dropped: compare positions after resubscribing.
     resync: bool,
+    /// With `resync`: the offset delivered when the connection dropped, what the position read
+    /// after resubscribing is compared with (publications delivered on the new connection
+    /// before that read may be past it, which is neither a loss nor a rollback).
+    before: u64,
     /// Epoch and offset of the last publication handed to the handler (or of the position read
     /// when the subscription started).
     epoch: Option<Arc<str>>,
@@ -302,6 +309,7 @@ impl Link {
             t.redis_subscribed = false;
             if t.active {
                 t.resync = true;
+                t.before = t.delivered;
             }
             t.active = false;
             let keep = t.count > 0;
@@ -501,9 +509,15 @@ async fn manage(inner: &Inner, sink: &mut Sink) -> Result<(), redis::RedisError>
                     // the server lost some and may reuse their offsets — an epoch change.
                     // (Without a reconnect, deliveries may already be past the position read,
                     // which is not a loss.)
-                    let lost = t.resync && position.offset != t.delivered;
-                    rolled_back = t.resync && position.offset < t.delivered;
-                    t.delivered = if lost { position.offset } else { t.delivered.max(position.offset) };
+                    // After a reconnect, compared with what was delivered when it dropped:
+                    // deliveries on the new connection may already be past the position read.
+                    let lost = t.resync && position.offset != t.before;
+                    rolled_back = t.resync && position.offset < t.before;
+                    let moved_on = t.resync && t.delivered != t.before;
+                    t.delivered = match lost && !moved_on {
+                        true => position.offset,
+                        false => t.delivered.max(position.offset),
+                    };
                     lost
                 }
             };

@@ -491,9 +491,12 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
             },
         }
     }
-    Box::pin(session.cleanup()).await;
-    if !finished {
-        Box::pin(finish(&socket, &outbox)).await;
+    // The client is let go at once; the teardown (which may wait on a failing broker: presence
+    // entries, unsubscribes) runs meanwhile instead of holding the close back.
+    let teardown = Box::pin(session.cleanup());
+    match finished {
+        true => teardown.await,
+        false => drop(tokio::join!(teardown, Box::pin(finish(&socket, &outbox)))),
     }
     node.unregister(outbox.id);
 }
