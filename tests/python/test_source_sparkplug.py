@@ -3,19 +3,28 @@ mosquitto and a real node: a write to a metric's channel becomes an NCMD/DCMD na
 the metric's birth said, a value that does not convert is refused naming the datatype, and an
 edge node is asked for a rebirth (once, not once per message) when its birth was not seen or a
 `seq` was skipped. A raw MQTT subscriber on `spBv1.0/#` sees what the node publishes.
+
+Values and sessions are checked against an independent implementation: pysparkplug encodes the
+edge node's births, data and deaths and decodes the commands the node publishes (every numeric
+datatype, negative signed ones, a UInt32 above 2^31, Float 3.14), and `bdSeq` pairs an NDEATH
+with the session it ends. pysparkplug is installed without its MQTT client's dependency
+(`pip install --no-deps pysparkplug==0.6.1`: its paho-mqtt<2 pin conflicts with the paho-mqtt
+2 other tests use); only its payload codec is used here.
 """
 
 from __future__ import annotations
 
+import datetime
 import re
+import struct
 import time
 
 import pytest
 
 import sb
-from mqtt_kit import (BOOLEAN, DOUBLE, INT32, STRING, Mosquitto, Publisher, Subscriber, decode_sparkplug,
-                      metric, sparkplug_payload)
-from sb import WS, http, uniq
+from mqtt_kit import (BOOLEAN, DATETIME, DOUBLE, FLOAT, INT8, INT16, INT32, INT64, STRING, UINT8, UINT16, UINT32,
+                      UINT64, Mosquitto, Publisher, Subscriber, decode_sparkplug, metric, sparkplug_payload)
+from sb import WS, api_get, ch_path, http, uniq
 
 REBIRTH = "Node Control/Rebirth"
 
@@ -211,4 +220,167 @@ def test_source_sparkplug_seq_gap_asks_for_a_rebirth(node, mosquitto, spb):
     pub.publish(f"spBv1.0/{g}/NDATA/E1", sparkplug_payload([metric(alias=1, value=6.0)], seq=1))
     time.sleep(0.5)
     assert metric_value(node, "source_decode_errors_total") == errors + 1
+    pub.close()
+
+
+# --- Values, commands and sessions with pysparkplug as the edge node -------------------------
+
+try:
+    import pysparkplug as spb_lib
+except ImportError:  # the tests that need it fail saying so; the others run
+    spb_lib = None
+
+UTC = datetime.timezone.utc
+
+
+@pytest.fixture
+def pysparkplug():
+    if spb_lib is None:
+        pytest.fail("pysparkplug is not installed: .venv/bin/pip install --no-deps pysparkplug==0.6.1")
+    return spb_lib
+
+
+def f32(x: float) -> float:
+    """`x` as the nearest 32-bit float, the value a Float carries."""
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+# (metric name, datatype, value born with, value written back)
+NUMERIC = [
+    ("i8", INT8, -5, -128),
+    ("i16", INT16, -300, -32768),
+    ("i32", INT32, -2_000_000_000, -7),
+    ("i64", INT64, -9_000_000_000_000, -(2 ** 63)),
+    ("u8", UINT8, 250, 255),
+    ("u16", UINT16, 65000, 65535),
+    ("u32", UINT32, 3_000_000_000, 4_294_967_295),
+    ("u64", UINT64, 2 ** 63 + 5, 2 ** 64 - 1),
+    ("dt", DATETIME, 1_700_000_000_500, 1_800_000_000_000),
+    ("f", FLOAT, 3.14, 3.14),
+    ("d", DOUBLE, -0.1, 2.5),
+    ("b", BOOLEAN, True, False),
+]
+
+
+def lib_value(dt, v):
+    """A value as pysparkplug takes and gives it (DateTime as an aware datetime)."""
+    return datetime.datetime.fromtimestamp(v / 1000, UTC) if dt == DATETIME else v
+
+
+def lib_metric(name, dt, v, alias=None):
+    return spb_lib.Metric(timestamp=int(time.time() * 1000), name=name, datatype=spb_lib.DataType(dt),
+                          value=lib_value(dt, v), alias=alias)
+
+
+def bd_seq(n: int):
+    return spb_lib.Metric(timestamp=None, name="bdSeq", datatype=spb_lib.DataType.UINT64, value=n)
+
+
+def channel_last(srv: sb.Server, channel: str, timeout: float = 10.0) -> dict:
+    """`last.data` of a channel over HTTP, once it exists."""
+    deadline = time.monotonic() + timeout
+    while True:
+        r = api_get(srv, "/api/channels/" + ch_path(channel))
+        if r.status == 200 and r.json().get("last"):
+            return r.json()["last"]["data"]
+        assert time.monotonic() < deadline, f"{channel}: {r.status} {r.text}"
+        time.sleep(0.05)
+
+
+def test_source_sparkplug_values_and_commands_round_trip_with_pysparkplug(pysparkplug, node, mosquitto, spb):
+    g = uniq("G")
+    pub = Publisher(mosquitto.port, uniq("edge-"))
+    now = int(time.time() * 1000)
+    nbirth = spb_lib.NBirth(timestamp=now, seq=0, metrics=(bd_seq(0), *(
+        lib_metric(name, dt, born, alias=i + 1) for i, (name, dt, born, _) in enumerate(NUMERIC))))
+    pub.publish(f"spBv1.0/{g}/NBIRTH/E1", nbirth.encode(include_dtypes=True))
+    dbirth = spb_lib.DBirth(timestamp=now, seq=1, metrics=(lib_metric("Out/i8", INT8, -1, alias=100),
+                                                            lib_metric("Out/u32", UINT32, 2 ** 31, alias=101)))
+    pub.publish(f"spBv1.0/{g}/DBIRTH/E1/D1", dbirth.encode(include_dtypes=True))
+
+    # Births: each value as born, exactly; a Float as the shortest decimal of its f32.
+    for name, dt, born, _ in NUMERIC:
+        last = channel_last(node, f"pt:{g}.E1.{name}")
+        assert (last["v"], last["q"]) == (born, "good"), (name, last)
+        assert type(last["v"]) is type(born), (name, last)
+    raw = api_get(node, "/api/channels/" + ch_path(f"pt:{g}.E1.f")).text
+    assert re.search(r'"v":3\.14[,}]', raw), raw
+    assert channel_last(node, f"pt:{g}.E1.D1.Out.i8")["v"] == -1
+    assert channel_last(node, f"pt:{g}.E1.D1.Out.u32")["v"] == 2 ** 31
+    # Data by alias, signed values in their own width (pysparkplug's encoding).
+    ndata = spb_lib.NData(timestamp=now + 1, seq=2, metrics=(
+        spb_lib.Metric(timestamp=now + 1, name=None, alias=1, datatype=spb_lib.DataType(INT8), value=-100),))
+    pub.publish(f"spBv1.0/{g}/NDATA/E1", ndata.encode(include_dtypes=True))
+    deadline = time.monotonic() + 10
+    while channel_last(node, f"pt:{g}.E1.i8")["v"] != -100:
+        assert time.monotonic() < deadline, "NDATA never arrived"
+        time.sleep(0.05)
+
+    # Writes: each becomes an NCMD that pysparkplug decodes to the value and datatype written.
+    for name, dt, _, written in NUMERIC:
+        r = write(node, f"pt:{g}.E1.{name}", {"v": written})
+        assert r.status == 200 and r.json()["written"] is True, (name, r.body)
+    cmds = [spb_lib.NCmd.decode(p) for p in spb.wait_for(f"spBv1.0/{g}/NCMD/E1", len(NUMERIC))]
+    got = [(m.name, m.datatype, m.value) for c in cmds for m in c.metrics]
+    want = [(name, dt, f32(w) if dt == FLOAT else lib_value(dt, w)) for name, dt, _, w in NUMERIC]
+    assert got == want
+    for r in (write(node, f"pt:{g}.E1.D1.Out.i8", -128), write(node, f"pt:{g}.E1.D1.Out.u32", 2 ** 32 - 2)):
+        assert r.status == 200, r.body
+    cmds = [spb_lib.DCmd.decode(p) for p in spb.wait_for(f"spBv1.0/{g}/DCMD/E1/D1", 2)]
+    assert [(m.name, m.alias, m.datatype, m.value) for c in cmds for m in c.metrics] == [
+        ("Out/i8", 100, INT8, -128), ("Out/u32", 101, UINT32, 2 ** 32 - 2)]
+    # Out of range: refused naming the datatype, nothing published.
+    for ch, v, dt in ((f"pt:{g}.E1.i8", -129, "Int8"), (f"pt:{g}.E1.u32", 2 ** 32, "UInt32"),
+                      (f"pt:{g}.E1.u8", -1, "UInt8")):
+        r = write(node, ch, v)
+        assert r.status == 400 and dt in r.text, r.body
+    time.sleep(0.3)
+    assert len(spb.received(f"spBv1.0/{g}/NCMD/E1")) == len(NUMERIC)
+    pub.close()
+
+
+def test_source_sparkplug_stale_ndeath_is_ignored_by_bdseq(pysparkplug, node, mosquitto, spb):
+    g = uniq("G")
+    level, other = f"pt:{g}.E1.Level", f"pt:{g}.E1.Other"
+    pub = Publisher(mosquitto.port, uniq("edge-"))
+
+    def birth(bd: int, v: float) -> bytes:
+        metrics = (bd_seq(bd), lib_metric("Level", DOUBLE, v, alias=1), lib_metric("Other", INT32, 0, alias=2))
+        return spb_lib.NBirth(timestamp=int(time.time() * 1000), seq=0, metrics=metrics).encode(include_dtypes=True)
+
+    def death(bd: int) -> bytes:
+        return spb_lib.NDeath(timestamp=int(time.time() * 1000), bd_seq_metric=bd_seq(bd)).encode()
+
+    with WS(node.ws_url) as ws:
+        ws.subscribe([level, other])
+        # Session 0, then session 1 (a reconnect); the will of session 0 arrives late.
+        pub.publish(f"spBv1.0/{g}/NBIRTH/E1", birth(0, 1.0))
+        pub.publish(f"spBv1.0/{g}/NBIRTH/E1", birth(1, 2.0))
+        wait_value(ws, level, 2.0)
+        pub.publish(f"spBv1.0/{g}/NDEATH/E1", death(0))
+        data = spb_lib.NData(timestamp=int(time.time() * 1000), seq=1, metrics=(
+            spb_lib.Metric(timestamp=None, name=None, alias=2, datatype=spb_lib.DataType(INT32), value=-3),))
+        pub.publish(f"spBv1.0/{g}/NDATA/E1", data.encode(include_dtypes=True))
+        # The NDATA was sent after the stale NDEATH, so once it shows, the NDEATH was read.
+        seen, deadline = [], time.monotonic() + 10
+        while not seen or seen[-1]["v"] != -3:
+            seen.append(ws.pubs(other, 1, timeout=max(0.01, deadline - time.monotonic()))[0]["data"])
+        assert all(d["q"] == "good" for d in seen), seen
+        assert [m for m in ws.drain() if m.get("pub", {}).get("data", {}).get("q") == "bad"] == []
+        last = channel_last(node, level)
+        assert (last["v"], last["q"]) == (2.0, "good"), last
+        # Still alive: takes commands.
+        assert write(node, level, 5.5).status == 200
+        spb.wait_for(f"spBv1.0/{g}/NCMD/E1")
+        # The current session's NDEATH ends it.
+        pub.publish(f"spBv1.0/{g}/NDEATH/E1", death(1))
+        deadline = time.monotonic() + 10
+        while ws.pubs(level, 1, timeout=max(0.01, deadline - time.monotonic()))[0]["data"]["q"] != "bad":
+            pass
+    assert channel_last(node, level)["q"] == "bad" and channel_last(node, other)["q"] == "bad"
+    # Dead: 503, and nothing is published.
+    r = write(node, level, 6.5)
+    assert r.status == 503 and "NDEATH" in r.text, r.body
+    time.sleep(0.3)
+    assert len(spb.received(f"spBv1.0/{g}/NCMD/E1")) == 1
     pub.close()
