@@ -505,6 +505,15 @@ impl Conn {
             let why = format!("the source keeps at most {bound} Sparkplug B {what}");
             self.refusals.refuse("bound", decoded.bounded as u64, topic, size, &why);
         }
+        if let Some((ended, current)) = decoded.stale_death {
+            tracing::info!(
+                source = %self.cfg.name,
+                topic,
+                ended,
+                current,
+                "Sparkplug NDEATH of an earlier session (bdSeq) ignored: the edge node stays alive"
+            );
+        }
         if let Some(cmd) = decoded.rebirth {
             self.rebirth(cmd);
         }
