@@ -1,6 +1,7 @@
 // The server's HTTP API as the dashboard uses it.
 
 import type { DashboardSpec } from './model.js';
+import type { AuditedWrite } from './widgets/writes.js';
 
 export interface ChannelInfo {
   channel: string;
@@ -93,6 +94,11 @@ export class Api {
       await this.fetch(`/api/channels/${encodeURIComponent(channel)}`),
     );
     return r.last?.data;
+  }
+
+  /** The node's latest writes to devices, newest first (`GET /api/writes`, an API key's view). */
+  async writes(limit = 20): Promise<AuditedWrite[]> {
+    return (await json<{ writes: AuditedWrite[] }>(await this.fetch(`/api/writes?limit=${limit}`))).writes;
   }
 
   async dashboards(): Promise<DashboardSummary[]> {

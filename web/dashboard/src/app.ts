@@ -12,7 +12,8 @@ import { Login } from './login.js';
 import { WidgetForm } from './editor.js';
 import { CELL, DEFAULT_SIZE, ID_PATTERN, parseDashboard, WIDGET_TYPES, type DashboardSpec, type WidgetType } from './model.js';
 import type { Widget } from './widgets/index.js';
-import { ControlWidget } from './widgets/control.js';
+import { ControlWidget, type LastWrite } from './widgets/control.js';
+import { WritesWidget } from './widgets/writes.js';
 import { TrendWidget, trendStep } from './widgets/trend.js';
 
 /** One entry of the event log the page keeps for tests and troubleshooting. */
@@ -129,6 +130,8 @@ export class App {
     });
 
     ControlWidget.publish = (channel, data) => this.client.publish(channel, data);
+    ControlWidget.who = () => this.login.who();
+    WritesWidget.read = (limit) => this.api.writes(limit);
     TrendWidget.fetchTrend = async (channel, windowS, stepS) => (await this.api.trend(channel, windowS, stepS)).buckets;
     this.titleInput.addEventListener('input', () => {
       this.dashboard.title = this.titleInput.value;
@@ -501,6 +504,7 @@ export class App {
     points?: number;
     view?: { windowS: number; paused: boolean; zoom: [number, number] | null };
     error?: string;
+    lastWrite?: LastWrite | null;
     staleFor: number | null;
     alarm: string | null;
     unacked: boolean;
@@ -510,7 +514,8 @@ export class App {
     const points = w instanceof TrendWidget ? w.points() : undefined;
     const view = w instanceof TrendWidget ? w.viewState() : undefined;
     const error = w instanceof ControlWidget ? w.errorText() : undefined;
+    const lastWrite = w instanceof ControlWidget ? w.lastWrite() : undefined;
     const s = { type: w.spec.type, channel: w.spec.channel, hasValue: w.hasValue, offset: w.offset, text: w.describe() };
-    return { ...s, points, view, error, staleFor: w.staleFor, alarm: w.alarm, unacked: w.unacked };
+    return { ...s, points, view, error, lastWrite, staleFor: w.staleFor, alarm: w.alarm, unacked: w.unacked };
   }
 }

@@ -1,6 +1,6 @@
 // Dashboards as stored by the server (`/api/dashboards/{id}`), and widget defaults.
 
-export const WIDGET_TYPES = ['value', 'led', 'gauge', 'trend', 'spectrum', 'scatter', 'control'] as const;
+export const WIDGET_TYPES = ['value', 'led', 'gauge', 'trend', 'spectrum', 'scatter', 'control', 'writes'] as const;
 export type WidgetType = (typeof WIDGET_TYPES)[number];
 
 /** Widget options; every key is optional and kind-specific (see OPTION_FIELDS). */
@@ -36,6 +36,7 @@ export const DEFAULT_SIZE: Record<WidgetType, { w: number; h: number }> = {
   spectrum: { w: 16, h: 8 },
   scatter: { w: 8, h: 8 },
   control: { w: 8, h: 4 },
+  writes: { w: 16, h: 8 },
 };
 
 export interface OptionField {
@@ -119,6 +120,7 @@ export const OPTION_FIELDS: Record<WidgetType, OptionField[]> = {
     { key: 'units', label: 'Units', kind: 'text' },
     field,
   ],
+  writes: [label],
 };
 
 export function isWidgetType(t: unknown): t is WidgetType {

@@ -1,10 +1,19 @@
 //! `switchboard demo`'s optional MQTT path: when mosquitto is installed, a mosquitto on a spare
 //! loopback port, a few topics fed once a second by `mosquitto_pub -l`, and an MQTT source
 //! (`demo-mqtt`) that reads `demo/#` into `pt:demo.*`. Without mosquitto: nothing, quietly.
+//!
+//! It also runs the control room's simulated device: a flow controller that takes its setpoint
+//! on `set/demo/line1/flow` (heard through `mosquitto_sub`) and reports a flow that follows it
+//! on `demo/line1/flow`. Operators write the setpoint through the namespace `cmd`, written to
+//! the source `demo-set` (topics `set/#`, channels `cmd:{topic}`): a permitted publish to
+//! `cmd:set.demo.line1.flow` becomes the MQTT publish the device reads, and the source hears it
+//! back, so the channel shows the setpoint last written. `demo/line1/ambient` is published
+//! once (retained) and never again: the demo's stale point.
 
-use std::io::Write as _;
+use std::io::{BufRead as _, Write as _};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
@@ -31,16 +40,41 @@ fn find(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&path).chain([PathBuf::from("/usr/sbin")]).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
-/// Topics the demo publishes and the value of each at second `i`.
-fn value(topic: &str, i: u64) -> String {
+/// Topics the demo publishes and the value of each at second `i`; `flow` is the simulated
+/// device's reported flow.
+fn value(topic: &str, i: u64, flow: f64) -> String {
     match topic {
         "demo/line1/temperature" => format!("{:.2}", 60.0 + 5.0 * (i as f64 / 10.0).sin()),
         "demo/line1/running" => (i % 20 < 15).to_string(),
+        "demo/line1/flow" => format!("{flow:.2}"),
         _ => (if i % 20 < 15 { "RUNNING" } else { "STOPPED" }).to_string(),
     }
 }
 
-const TOPICS: [&str; 3] = ["demo/line1/temperature", "demo/line1/running", "demo/line1/state"];
+const TOPICS: [&str; 4] = ["demo/line1/temperature", "demo/line1/running", "demo/line1/state", "demo/line1/flow"];
+/// Where the simulated device takes its setpoint, and the setpoint it starts with.
+const SETPOINT_TOPIC: &str = "set/demo/line1/flow";
+const FIRST_SETPOINT: f64 = 40.0;
+
+/// The simulated flow controller: each second the flow moves a third of the way to the
+/// setpoint, with a little noise.
+struct Device {
+    setpoint: f64,
+    flow: f64,
+}
+
+impl Device {
+    fn step(&mut self) -> f64 {
+        self.flow += (self.setpoint - self.flow) / 3.0 + (fastrand::f64() - 0.5) * 0.2;
+        self.flow
+    }
+}
+
+/// The setpoint in a command the device received: `{"v": 55, ...}`, or a bare number.
+fn setpoint_of(line: &str) -> Option<f64> {
+    let v: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
+    v.get("v").unwrap_or(&v).as_f64().filter(|f| f.is_finite())
+}
 
 /// Starts the MQTT path and adds its source to `config`; `None` when mosquitto or
 /// `mosquitto_pub` is missing or the broker does not start.
@@ -61,6 +95,32 @@ pub fn start(config: &mut Config) -> Option<DemoMqtt> {
     if !listening(port, Duration::from_secs(3)) {
         return None;
     }
+    // The first setpoint and the stale point, retained so the sources find them when they
+    // subscribe.
+    for (topic, payload) in
+        [(SETPOINT_TOPIC, format!("{{\"v\":{FIRST_SETPOINT}}}")), ("demo/line1/ambient", "21.5".into())]
+    {
+        let mut cmd = Command::new(&publisher);
+        cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q", "1", "-r", "-t", topic, "-m", &payload]);
+        quiet(&mut cmd);
+        cmd.status().ok()?;
+    }
+    let device = Arc::new(Mutex::new(Device { setpoint: FIRST_SETPOINT, flow: 0.0 }));
+    let mut cmd = Command::new(find("mosquitto_sub")?);
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q", "1", "-t", SETPOINT_TOPIC]).stdin(Stdio::null());
+    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut listener = cmd.spawn().ok()?;
+    let commands = listener.stdout.take()?;
+    demo.children.push(listener);
+    let heard = device.clone();
+    // The device's command line: until mosquitto_sub is gone (the demo stopped).
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(commands).lines().map_while(Result::ok) {
+            if let (Some(sp), Ok(mut d)) = (setpoint_of(&line), heard.lock()) {
+                d.setpoint = sp;
+            }
+        }
+    });
     let mut feeds = Vec::new();
     for topic in TOPICS {
         let mut cmd = Command::new(&publisher);
@@ -73,8 +133,9 @@ pub fn start(config: &mut Config) -> Option<DemoMqtt> {
     // One line per topic per second until the publishers are gone (the demo stopped).
     std::thread::spawn(move || {
         for i in 0.. {
+            let flow = device.lock().map(|mut d| d.step()).unwrap_or(0.0);
             for (topic, feed) in &mut feeds {
-                if writeln!(feed, "{}", value(topic, i)).and_then(|_| feed.flush()).is_err() {
+                if writeln!(feed, "{}", value(topic, i, flow)).and_then(|_| feed.flush()).is_err() {
                     return;
                 }
             }
@@ -86,7 +147,17 @@ pub fn start(config: &mut Config) -> Option<DemoMqtt> {
          channel = \"pt:{{topic}}\"\nclean_session = true\n"
     );
     config.sources.push(toml::from_str(&source).ok()?);
-    eprintln!("switchboard demo: MQTT source on a mosquitto at 127.0.0.1:{port} (topics demo/#, channels pt:demo.*)");
+    let writes = format!(
+        "kind = \"mqtt\"\nname = \"demo-set\"\nurl = \"mqtt://127.0.0.1:{port}\"\ntopics = [\"set/#\"]\n\
+         channel = \"cmd:{{topic}}\"\nclean_session = true\n"
+    );
+    config.sources.push(toml::from_str(&writes).ok()?);
+    let namespace = "client_publish = true\nwrite_source = \"demo-set\"\nconflate = false\n";
+    config.namespaces.insert("cmd".into(), toml::from_str(namespace).ok()?);
+    eprintln!(
+        "switchboard demo: MQTT sources on a mosquitto at 127.0.0.1:{port} (topics demo/#, channels pt:demo.*; \
+         writes to cmd:set.demo.* go to set/demo/...)"
+    );
     Some(demo)
 }
 

@@ -2,7 +2,10 @@
 // confirmation first unless `confirm` is false). The current value is drawn on the canvas like
 // a value widget; the control itself is DOM (the only widgets besides trends that own DOM).
 // A refused publish (no permission, a namespace where clients may not publish) is shown on the
-// widget with the server's message.
+// widget with the server's message. Below it, the last send's outcome and author: "written to
+// <source>" when the namespace writes to a device (the server's reply names the source),
+// "published" otherwise, or the refusal's code — with who sent it (the signed-in user) and when.
+// The server audits every write itself (GET /api/writes); this line is the operator's receipt.
 
 import type { Publication } from 'switchboard-sdk';
 import { clip, format, num, optNum, qualityColor, THEME, Widget } from './base.js';
@@ -10,14 +13,32 @@ import { clip, format, num, optNum, qualityColor, THEME, Widget } from './base.j
 /** How controls publish; the app sets it (the SDK client's publish). */
 export type Publisher = (channel: string, data: unknown) => Promise<unknown>;
 
+/** The outcome of a control's last send. */
+export interface LastWrite {
+  /** `written` (a device took it), `published`, or `refused`. */
+  outcome: 'written' | 'published' | 'refused';
+  /** Who sent it: the signed-in user ('' when the page is not signed in). */
+  by: string;
+  /** The source that wrote it (device writes), else ''. */
+  source: string;
+  /** The server's error code of a refusal, else 0. */
+  code: number;
+  /** Unix ms of the answer. */
+  t: number;
+}
+
 export class ControlWidget extends Widget {
   static publish: Publisher = () => Promise.reject(new Error('not connected'));
   /** Asked before publishing when the widget's `confirm` is not false. */
   static confirm: (question: string) => boolean = (q) => window.confirm(q);
+  /** Who is signed in; the app sets it. */
+  static who: () => string = () => '';
 
   private current: unknown = undefined;
   private el: HTMLElement | null = null;
   private error: HTMLElement | null = null;
+  private status: HTMLElement | null = null;
+  private last: LastWrite | null = null;
   private input: HTMLInputElement | null = null;
   private toggleButton: HTMLButtonElement | null = null;
   private text = '';
@@ -82,7 +103,10 @@ export class ControlWidget extends Widget {
     }
     this.error = document.createElement('div');
     this.error.className = 'control-error';
-    el.append(row, this.error);
+    this.status = document.createElement('div');
+    this.status.className = 'control-status';
+    el.append(row, this.error, this.status);
+    this.showLast();
     this.el = el;
     this.place();
     layer.appendChild(el);
@@ -94,7 +118,7 @@ export class ControlWidget extends Widget {
 
   override detach(): void {
     this.el?.remove();
-    this.el = this.error = this.input = this.toggleButton = null;
+    this.el = this.error = this.status = this.input = this.toggleButton = null;
   }
 
   override layout(): void {
@@ -136,10 +160,34 @@ export class ControlWidget extends Widget {
     if (!ch) return;
     if (this.spec.options.confirm !== false && !ControlWidget.confirm(`Send ${JSON.stringify(value)} to ${ch}?`)) return;
     this.showError('');
+    const by = ControlWidget.who();
     ControlWidget.publish(ch, { v: value, t: Date.now() }).then(
-      () => this.showError(''),
-      (e: unknown) => this.showError(`refused: ${(e as Error).message ?? String(e)}`),
+      (reply: unknown) => {
+        this.showError('');
+        const r = (reply ?? {}) as { written?: boolean; source?: string };
+        const source = r.written === true && typeof r.source === 'string' ? r.source : '';
+        this.last = { outcome: source ? 'written' : 'published', by, source, code: 0, t: Date.now() };
+        this.showLast();
+      },
+      (e: unknown) => {
+        this.showError(`refused: ${(e as Error).message ?? String(e)}`);
+        const code = typeof (e as { code?: unknown }).code === 'number' ? (e as { code: number }).code : 0;
+        this.last = { outcome: 'refused', by, source: '', code, t: Date.now() };
+        this.showLast();
+      },
     );
+  }
+
+  private showLast(): void {
+    const l = this.last;
+    if (!this.status) return;
+    this.status.textContent = l === null ? '' : describeLast(l);
+    this.status.dataset.outcome = l?.outcome ?? '';
+  }
+
+  /** The last send's outcome, for the app's state and tests. */
+  lastWrite(): LastWrite | null {
+    return this.last;
   }
 
   private showError(text: string): void {
@@ -150,4 +198,11 @@ export class ControlWidget extends Widget {
   errorText(): string {
     return this.error?.textContent ?? '';
   }
+}
+
+/** "written to plant by ana · 14:02:07", "refused 413 by api · 14:02:09". */
+export function describeLast(l: LastWrite): string {
+  const what = l.outcome === 'written' ? `written to ${l.source}` : l.outcome === 'refused' ? `refused${l.code ? ` ${l.code}` : ''}` : 'published';
+  const when = new Date(l.t).toLocaleTimeString([], { hour12: false });
+  return `${what} by ${l.by || 'anonymous'} · ${when}`;
 }

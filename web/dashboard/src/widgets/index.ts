@@ -4,6 +4,7 @@ import { GaugeWidget, LedWidget, ValueWidget } from './simple.js';
 import { ScatterWidget, SpectrumWidget } from './plots.js';
 import { TrendWidget } from './trend.js';
 import { ControlWidget } from './control.js';
+import { WritesWidget } from './writes.js';
 
 export { Widget, THEME } from './base.js';
 export type { Rect } from './base.js';
@@ -30,5 +31,7 @@ function construct(spec: WidgetSpec): Widget {
       return new ScatterWidget(spec);
     case 'control':
       return new ControlWidget(spec);
+    case 'writes':
+      return new WritesWidget(spec);
   }
 }
