@@ -12,7 +12,8 @@ PY := $(VENV)/bin/python
 build: web-build
 	$(CARGO) build --release --locked -p switchboard
 
-demo: build
+# The demo's control room runs a simulated device on mosquitto (installed when missing).
+demo: build mqtt-deps
 	$(BIN) demo
 
 test: fmt-check lint rust-test black-box web-test browser-test fuzz-build

@@ -19,7 +19,7 @@
 //!   (`transport::sse`) and long-poll sessions (`transport::poll`, `transport::poll_session`,
 //!   their state in `transport::poll_store`), which reach the session through an outbox wire
 //!   that turns frames back into messages (`transport::messages`).
-//! - [`api`]: the HTTP API and route table.
+//! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`).
 //! - [`auth`]: authentication (JWT, Basic, API keys), namespace permissions, `Origin` checks
 //!   and per-address / per-key abuse limits.
 //! - [`dashboards`]: saved dashboards (`/api/dashboards`, files in the data directory) and the
@@ -30,8 +30,9 @@
 //!   leases and publishing through the node; write-back of publishes to `write_source`
 //!   namespaces; `sources::forward`, writes forwarded between nodes to the one running the
 //!   source (internal `$` channels, which the hub hands to it; the node's record of them in
-//!   `sources::forward::pending`); `sources::demo`, the demo's optional MQTT path (mosquitto
-//!   when installed).
+//!   `sources::forward::pending`); `sources::audit`, the record of every write attempt (a
+//!   log line, a bounded ring, counts by outcome); `sources::demo`, the demo's MQTT path and
+//!   simulated device (mosquitto when installed).
 //! - [`server`]: the accept loop and [`server::run`], the whole node as a blocking call.
 
 pub mod api;
