@@ -20,7 +20,7 @@ import time
 import paho.mqtt.client as paho
 
 import sb
-from mqtt_kit import Mosquitto
+from mqtt_kit import INT32, UINT64, Mosquitto, metric, sparkplug_payload
 from test_fault_mqtt import (Device, last_data, mosquitto, mqtt_source, refused,  # noqa: F401 (fixture)
                              wait_until, write_config)
 from sb import WS, http, uniq
@@ -99,6 +99,41 @@ def test_device_one_channel_one_source_path(start_server, tmp_path, mosquitto):
     finally:
         for c in (dotted, slashed, witness):
             c.close()
+
+
+def test_device_a_sparkplug_metric_and_a_plain_topic_never_share_a_channel(start_server, tmp_path, mosquitto):
+    """Sparkplug edge node `E` of group `G{u}` and the plain topic `G{u}/E/m` both give
+    `pt:G{u}.E.m`: the metric, first, keeps the channel; the plain topic is refused, and a write
+    becomes a Sparkplug command, never a plain publish."""
+    srv = start(start_server, tmp_path, mosquitto, ["#"])
+    u = uniq("u").replace("-", "")
+    group = f"G{u}"
+    ch = f"pt:{group}.E.m"
+    dev = Device(mosquitto.port)
+    witness = Witness(mosquitto.port)
+    try:
+        with WS(srv.ws_url) as ws:
+            ws.subscribe([ch])
+            deadline = time.monotonic() + 20
+            while True:
+                dev.publish(f"spBv1.0/{group}/NBIRTH/E",
+                            sparkplug_payload([metric("bdSeq", datatype=UINT64, value=0), metric("m", alias=1, datatype=INT32, value=5)], seq=0))
+                try:
+                    assert ws.pubs(ch, 1, timeout=0.5)[0]["data"]["v"] == 5
+                    break
+                except TimeoutError:
+                    assert time.monotonic() < deadline, "the birth never arrived"
+            dev.publish(f"{group}/E/m", "99")
+            wait_until("the plain topic refused", lambda: refused(srv, "collision") >= 1)
+        assert last_data(srv, ch)["v"] == 5
+        r = publish(srv, ch, 6)
+        assert r.status == 200, r.body
+        wait_until("the command", lambda: witness.topics(f"spBv1.0/{group}/NCMD/E"))
+        time.sleep(0.5)
+        assert witness.topics(f"{group}/") == [f"{group}/E/m"], "no plain publish besides the device's own"
+    finally:
+        dev.close()
+        witness.close()
 
 
 def test_device_writes_only_where_the_source_reads(start_server, tmp_path, mosquitto):

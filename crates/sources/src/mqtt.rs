@@ -169,11 +169,14 @@ impl MqttConfig {
         if self.qos > 2 {
             return Err("qos: 0, 1 or 2".into());
         }
-        if self.topics.is_empty() || self.topics.iter().any(|t| t.is_empty()) {
-            return Err("topics: at least one non-empty topic filter".into());
+        if self.topics.is_empty() {
+            return Err("topics: at least one topic filter".into());
         }
-        if self.write_topics.as_ref().is_some_and(|w| w.iter().any(|t| t.is_empty())) {
-            return Err("write_topics: topic filters must not be empty".into());
+        for t in &self.topics {
+            target::valid_filter(t).map_err(|e| format!("topics: {e}"))?;
+        }
+        for t in self.write_topics.iter().flatten() {
+            target::valid_filter(t).map_err(|e| format!("write_topics: {e}"))?;
         }
         if self.keep_alive_s < 5 {
             return Err("keep_alive_s: at least 5".into());

@@ -28,6 +28,26 @@ pub fn plain(topic: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `filter` is a valid topic filter (MQTT 3.1.1 §4.7.1): `#` only as the whole last
+/// level, `+` only as a whole level, not empty, no NUL.
+pub fn valid_filter(filter: &str) -> Result<(), String> {
+    let levels: Vec<&str> = filter.split('/').collect();
+    for (i, level) in levels.iter().enumerate() {
+        let bad = match *level {
+            "#" => i + 1 != levels.len(),
+            "+" => false,
+            l => l.contains(['#', '+']),
+        };
+        if bad {
+            return Err(format!("{filter:?} is not a topic filter: + and # stand for whole levels, # only last"));
+        }
+    }
+    if filter.is_empty() || filter.contains('\0') {
+        return Err(format!("{filter:?} is not a topic filter"));
+    }
+    Ok(())
+}
+
 /// Whether the topic filter `filter` matches `topic` (MQTT 3.1.1 §4.7: `+` one level, `#` the
 /// rest, at least the parent level; filters starting with a wildcard never match `$` topics).
 pub fn matches(filter: &str, topic: &str) -> bool {
@@ -73,6 +93,16 @@ mod tests {
         assert!(matches("$SYS/#", "$SYS/x"));
         assert!(!matches("plant/a", "plant/a/b"));
         assert!(!matches("plant/a/b", "plant/a"));
+    }
+
+    #[test]
+    fn mqtt_filters_are_checked_as_the_protocol_says() {
+        for ok in ["#", "+", "plant/#", "plant/+/temp", "+/+/#", "spBv1.0/#", "a b/c"] {
+            assert!(valid_filter(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "G+/#", "plant/#/x", "plant#", "a/+b", "a/b#"] {
+            assert!(valid_filter(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
