@@ -17,7 +17,7 @@ use serde::Serialize;
 use switchboard_protocol::code;
 
 use crate::auth::{Identity, Method};
-use crate::node::ApiError;
+use crate::error::ApiError;
 
 /// Entries the ring keeps; the oldest goes when a new one comes.
 pub const CAPACITY: usize = 1_000;
