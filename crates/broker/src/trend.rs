@@ -3,12 +3,22 @@
 //!
 //! A namespace with a trend keeps, per channel, a ring of `len` buckets of `step_ms` each
 //! (by default an hour of one-second buckets): the minimum, maximum, last value and count of
-//! the numeric values published in the bucket. A bucket costs 40 bytes in the memory broker
-//! (an hour of seconds: 144 KB per point at most, less for points that change more slowly,
-//! since only buckets that saw a value exist) and about 50 bytes in Redis (a hash field per
-//! bucket beside the channel's keys, expiring with them).
+//! the numeric values published in the bucket. Only buckets that saw a value exist. In Redis a
+//! bucket is a hash field beside the channel's keys, expiring with them (about 130 bytes).
+//!
+//! # Layout
+//! - this file: the policy, the bucket, what a publication contributes ([`sample`]) and reads
+//!   at a coarser step ([`resample`]).
+//! - [`ring`]: [`TrendRing`], the memory broker's trend of one channel: closed chunks of
+//!   encoded buckets, an open chunk being appended to and the newest bucket raw.
+//! - `chunk`: the Gorilla-style encoding of a chunk of buckets (XOR-coded floats,
+//!   delta-of-delta starts); `bits`: the bit streams it is written to.
 
-use std::collections::VecDeque;
+mod bits;
+mod chunk;
+pub mod ring;
+
+pub use ring::TrendRing;
 
 /// How a channel keeps its trend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,39 +118,6 @@ pub fn resample(buckets: impl IntoIterator<Item = TrendBucket>, since_ms: u64, s
         }
     }
     out
-}
-
-/// The memory broker's trend of one channel: the buckets that saw a value, oldest first.
-#[derive(Debug, Default)]
-pub struct TrendRing {
-    buckets: VecDeque<TrendBucket>,
-}
-
-impl TrendRing {
-    /// Records `v` at `at_ms` (see [`TrendPolicy::placement`]) and drops buckets older than
-    /// the policy's reach from the newest. A value for an earlier bucket (a late source value)
-    /// goes into that bucket, in order; appending stays the common, O(1) case.
-    pub fn record(&mut self, policy: TrendPolicy, at_ms: u64, v: f64) {
-        let step = policy.step_ms.max(1);
-        let t = at_ms - at_ms % step;
-        match self.buckets.back_mut() {
-            Some(last) if last.t == t => last.add(v),
-            Some(last) if last.t > t => match self.buckets.binary_search_by_key(&t, |b| b.t) {
-                Ok(i) => self.buckets[i].add(v),
-                Err(i) => self.buckets.insert(i, TrendBucket::new(t, v)),
-            },
-            _ => self.buckets.push_back(TrendBucket::new(t, v)),
-        }
-        let newest = self.buckets.back().map_or(t, |b| b.t);
-        let reach = policy.reach_ms();
-        while self.buckets.front().is_some_and(|b| b.t + reach <= newest) {
-            self.buckets.pop_front();
-        }
-    }
-
-    pub fn since(&self, since_ms: u64) -> impl Iterator<Item = TrendBucket> + '_ {
-        self.buckets.iter().copied().filter(move |b| b.t >= since_ms)
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,338 @@
+//! One chunk of trend buckets, encoded Gorilla-style (Pelkonen et al., "Gorilla: A Fast,
+//! Scalable, In-Memory Time Series Database", VLDB 2015), bucket after bucket:
+//!
+//! - **start** `t`: delta-of-delta against the previous bucket (the first bucket's `t` is the
+//!   chunk's `first_t`, kept outside the stream). `0` when the gap is the previous gap — one
+//!   bit per bucket for a point that saw a value every step; gaps of missing buckets cost a
+//!   few bits more (`10` + 7 bits, `110` + 14, `1110` + 32, `1111` + 64, zigzag-coded). This is
+//!   the run-length record of present buckets: a run of consecutive buckets is a run of `0`s.
+//! - **count** `n`: `0` when it equals the previous bucket's (the first is compared with 1),
+//!   else `1`, 7 bits of bit length `L` and the `L` bits of `n`.
+//! - **last**: the XOR of its bits with the previous bucket's `last` (0.0 before the first):
+//!   `0` when equal; `10` + the meaningful bits when they fit inside the previous window of
+//!   leading and trailing zeros; `11`, 6 bits of leading zeros, 6 bits of (length − 1), then
+//!   the meaningful bits (a new window).
+//! - **min** and **max**: only when `n` > 1 (a bucket of one value has min = max = last), each
+//!   XOR-coded the same way against this bucket's `last`, each with a window of its own.
+//!
+//! XOR coding keeps every bit of the f64, so decoding returns the buckets bit for bit (±0,
+//! subnormals and extreme magnitudes included).
+
+use super::bits::{BitReader, BitWriter};
+use crate::trend::TrendBucket;
+
+/// XOR coding state of one float series: the previous value and the current window.
+#[derive(Debug, Default, Clone, Copy)]
+struct XorState {
+    prev: u64,
+    /// Leading and trailing zeros of the window; `lead` > 63 means none yet.
+    lead: u8,
+    trail: u8,
+}
+
+impl XorState {
+    fn new() -> Self {
+        XorState { prev: 0, lead: u8::MAX, trail: 0 }
+    }
+
+    fn put(&mut self, w: &mut BitWriter, value: u64, against: u64) {
+        let x = value ^ against;
+        self.prev = value;
+        if x == 0 {
+            w.bit(false);
+            return;
+        }
+        let lead = x.leading_zeros() as u8;
+        let trail = x.trailing_zeros() as u8;
+        if self.lead <= 63 && lead >= self.lead && trail >= self.trail {
+            let len = 64 - u32::from(self.lead) - u32::from(self.trail);
+            w.put(0b10, 2);
+            w.put(x >> self.trail, len);
+        } else {
+            let len = 64 - u32::from(lead) - u32::from(trail);
+            w.put(0b11, 2);
+            w.put(u64::from(lead), 6);
+            w.put(u64::from(len - 1), 6);
+            w.put(x >> trail, len);
+            self.lead = lead;
+            self.trail = trail;
+        }
+    }
+
+    fn take(&mut self, r: &mut BitReader<'_>, against: u64) -> u64 {
+        let value = if !r.bit() {
+            against
+        } else {
+            if r.bit() {
+                self.lead = r.take(6) as u8;
+                let len = r.take(6) as u8 + 1;
+                self.trail = 64u8.saturating_sub(self.lead + len);
+            }
+            let len = 64 - u32::from(self.lead) - u32::from(self.trail);
+            against ^ (r.take(len) << self.trail)
+        };
+        self.prev = value;
+        value
+    }
+}
+
+/// Zigzag: small magnitudes of either sign become small unsigned numbers.
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(u: u64) -> i64 {
+    ((u >> 1) as i64) ^ -((u & 1) as i64)
+}
+
+/// The state shared by the encoder and the decoder: what the next bucket is coded against.
+#[derive(Debug, Clone, Copy)]
+struct Context {
+    prev_t: u64,
+    prev_gap: u64,
+    prev_n: u64,
+    last: XorState,
+    min: XorState,
+    max: XorState,
+}
+
+impl Context {
+    fn new(first_t: u64) -> Self {
+        Context {
+            prev_t: first_t,
+            prev_gap: 0,
+            prev_n: 1,
+            last: XorState::new(),
+            min: XorState::new(),
+            max: XorState::new(),
+        }
+    }
+}
+
+/// Appends buckets (in increasing `t`) to a chunk's bit stream; the open chunk of a ring.
+#[derive(Debug, Clone)]
+pub struct Encoder {
+    bits: BitWriter,
+    first_t: u64,
+    last_t: u64,
+    count: u32,
+    ctx: Context,
+}
+
+impl Encoder {
+    pub fn new() -> Self {
+        Encoder { bits: BitWriter::default(), first_t: 0, last_t: 0, count: 0, ctx: Context::new(0) }
+    }
+
+    /// Appends `b`, whose `t` must exceed every `t` already in the chunk.
+    pub fn push(&mut self, b: &TrendBucket) {
+        if self.count == 0 {
+            self.first_t = b.t;
+            self.ctx = Context::new(b.t);
+        }
+        debug_assert!(self.count == 0 || b.t > self.last_t, "buckets in increasing t");
+        let c = &mut self.ctx;
+        let w = &mut self.bits;
+        let gap = b.t.wrapping_sub(c.prev_t);
+        let dod = zigzag(gap.wrapping_sub(c.prev_gap) as i64);
+        match dod {
+            0 => w.bit(false),
+            1..=0x7f => {
+                w.put(0b10, 2);
+                w.put(dod, 7);
+            }
+            0x80..=0x3fff => {
+                w.put(0b110, 3);
+                w.put(dod, 14);
+            }
+            0x4000..=0xffff_ffff => {
+                w.put(0b1110, 4);
+                w.put(dod, 32);
+            }
+            _ => {
+                w.put(0b1111, 4);
+                w.put(dod, 64);
+            }
+        }
+        c.prev_t = b.t;
+        c.prev_gap = gap;
+        if b.n == c.prev_n {
+            w.bit(false);
+        } else {
+            let len = 64 - b.n.leading_zeros();
+            w.bit(true);
+            w.put(u64::from(len), 7);
+            w.put(b.n, len);
+            c.prev_n = b.n;
+        }
+        let last = b.last.to_bits();
+        let against = c.last.prev;
+        c.last.put(w, last, against);
+        if b.n > 1 {
+            c.min.put(w, b.min.to_bits(), last);
+            c.max.put(w, b.max.to_bits(), last);
+        } else {
+            debug_assert!(b.min.to_bits() == last && b.max.to_bits() == last, "one value: min = max = last");
+        }
+        self.last_t = b.t;
+        self.count += 1;
+    }
+
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Bytes of encoded buckets so far.
+    pub fn encoded_len(&self) -> usize {
+        self.bits.bytes().len()
+    }
+
+    pub fn first_t(&self) -> u64 {
+        self.first_t
+    }
+
+    pub fn last_t(&self) -> u64 {
+        self.last_t
+    }
+
+    /// The buckets appended so far, oldest first.
+    pub fn decode(&self) -> Decoder<'_> {
+        Decoder::new(self.bits.bytes(), self.first_t, self.count)
+    }
+
+    /// Closes the chunk: the stream without spare capacity.
+    pub fn seal(self) -> Chunk {
+        Chunk { first_t: self.first_t, last_t: self.last_t, count: self.count, bits: self.bits.into_boxed() }
+    }
+}
+
+impl Default for Encoder {
+    fn default() -> Self {
+        Encoder::new()
+    }
+}
+
+/// A closed chunk: `count` buckets from `first_t` to `last_t`, encoded.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    pub first_t: u64,
+    pub last_t: u64,
+    pub count: u32,
+    bits: Box<[u8]>,
+}
+
+impl Chunk {
+    /// Encodes `buckets` (increasing `t`, at least one).
+    pub fn encode(buckets: &[TrendBucket]) -> Chunk {
+        let mut e = Encoder::new();
+        for b in buckets {
+            e.push(b);
+        }
+        e.seal()
+    }
+
+    pub fn decode(&self) -> Decoder<'_> {
+        Decoder::new(&self.bits, self.first_t, self.count)
+    }
+
+    /// Bytes of encoded buckets (without this header).
+    pub fn encoded_len(&self) -> usize {
+        self.bits.len()
+    }
+}
+
+/// The buckets of a chunk, oldest first.
+#[derive(Debug, Clone)]
+pub struct Decoder<'a> {
+    r: BitReader<'a>,
+    left: u32,
+    ctx: Context,
+}
+
+impl<'a> Decoder<'a> {
+    fn new(bytes: &'a [u8], first_t: u64, count: u32) -> Self {
+        Decoder { r: BitReader::new(bytes), left: count, ctx: Context::new(first_t) }
+    }
+}
+
+impl Iterator for Decoder<'_> {
+    type Item = TrendBucket;
+
+    fn next(&mut self) -> Option<TrendBucket> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let c = &mut self.ctx;
+        let r = &mut self.r;
+        let dod = if !r.bit() {
+            0
+        } else if !r.bit() {
+            r.take(7)
+        } else if !r.bit() {
+            r.take(14)
+        } else if !r.bit() {
+            r.take(32)
+        } else {
+            r.take(64)
+        };
+        let gap = c.prev_gap.wrapping_add(unzigzag(dod) as u64);
+        let t = c.prev_t.wrapping_add(gap);
+        c.prev_t = t;
+        c.prev_gap = gap;
+        if r.bit() {
+            let len = r.take(7) as u32;
+            c.prev_n = r.take(len);
+        }
+        let n = c.prev_n;
+        let against = c.last.prev;
+        let last = c.last.take(r, against);
+        let (min, max) = if n > 1 { (c.min.take(r, last), c.max.take(r, last)) } else { (last, last) };
+        Some(TrendBucket { t, min: f64::from_bits(min), max: f64::from_bits(max), last: f64::from_bits(last), n })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left as usize, Some(self.left as usize))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trend_chunk_round_trips_bit_for_bit() {
+        let odd = [0.0, -0.0, f64::MIN_POSITIVE / 3.0, -5e-324, f64::MAX, f64::MIN, 1e-300, 12.5, 12.5, 7.25];
+        let mut buckets = Vec::new();
+        let mut t = 1_700_000_000_000u64;
+        for (i, &v) in odd.iter().enumerate() {
+            let mut b = TrendBucket::new(t, v);
+            for &w in odd.iter().skip(i).take(i % 4) {
+                b.add(w);
+            }
+            buckets.push(b);
+            t += [1000, 1000, 3000, 1, 1 << 40][i % 5];
+        }
+        buckets.push(TrendBucket { t, min: 1.0, max: 2.0, last: 1.5, n: u64::MAX });
+        let chunk = Chunk::encode(&buckets);
+        let back: Vec<TrendBucket> = chunk.decode().collect();
+        assert_eq!(back.len(), buckets.len());
+        for (a, b) in back.iter().zip(&buckets) {
+            assert_eq!(a.t, b.t);
+            assert_eq!(a.n, b.n);
+            assert_eq!(
+                (a.min.to_bits(), a.max.to_bits(), a.last.to_bits()),
+                (b.min.to_bits(), b.max.to_bits(), b.last.to_bits())
+            );
+        }
+        assert_eq!((chunk.first_t, chunk.last_t, chunk.count), (buckets[0].t, t, buckets.len() as u32));
+    }
+
+    #[test]
+    fn trend_chunk_of_steady_seconds_costs_a_few_bits_a_bucket() {
+        // A value held for two minutes, one bucket a second: t, n and last cost a bit each.
+        let buckets: Vec<TrendBucket> = (0..120).map(|i| TrendBucket::new(i * 1000, 21.5)).collect();
+        let chunk = Chunk::encode(&buckets);
+        assert!(chunk.encoded_len() <= 64, "{} bytes", chunk.encoded_len());
+    }
+}
