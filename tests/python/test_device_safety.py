@@ -61,6 +61,18 @@ def start(start_server, tmp_path, mq, topics: list[str], source_extra: str = "",
     return start_server("--config", cfg)
 
 
+def first_value(ws: WS, ch: str, send, what: str):
+    """Sends (`send()`) until the channel delivers — the source may still be subscribing — and
+    returns the first value delivered."""
+    deadline = time.monotonic() + 20
+    while True:
+        send()
+        try:
+            return ws.pubs(ch, 1, timeout=0.5)[0]["data"]["v"]
+        except TimeoutError:
+            assert time.monotonic() < deadline, f"{what} never arrived"
+
+
 def publish(srv: sb.Server, ch: str, data) -> sb.HttpResponse:
     return http("POST", srv.http_url + "/api/publish", {"channel": ch, "data": data})
 
@@ -76,14 +88,7 @@ def test_device_one_channel_one_source_path(start_server, tmp_path, mosquitto):
         with WS(srv.ws_url) as ws:
             ws.subscribe([ch])
             # The source may still be subscribing: the first path is sent until it arrives.
-            deadline = time.monotonic() + 20
-            while True:
-                dotted.publish(f"plant/{u}/a.b", "1")
-                try:
-                    assert [p["data"]["v"] for p in ws.pubs(ch, 1, timeout=0.5)] == [1]
-                    break
-                except TimeoutError:
-                    assert time.monotonic() < deadline, "the first path never arrived"
+            assert first_value(ws, ch, lambda: dotted.publish(f"plant/{u}/a.b", "1"), "the first path") == 1
             slashed.publish(f"plant/{u}/a/b", "2")
             wait_until("the second path refused", lambda: refused(srv, "collision") >= 1)
             dotted.publish(f"plant/{u}/a.b", "3")
@@ -114,15 +119,9 @@ def test_device_a_sparkplug_metric_and_a_plain_topic_never_share_a_channel(start
     try:
         with WS(srv.ws_url) as ws:
             ws.subscribe([ch])
-            deadline = time.monotonic() + 20
-            while True:
-                dev.publish(f"spBv1.0/{group}/NBIRTH/E",
-                            sparkplug_payload([metric("bdSeq", datatype=UINT64, value=0), metric("m", alias=1, datatype=INT32, value=5)], seq=0))
-                try:
-                    assert ws.pubs(ch, 1, timeout=0.5)[0]["data"]["v"] == 5
-                    break
-                except TimeoutError:
-                    assert time.monotonic() < deadline, "the birth never arrived"
+            birth = sparkplug_payload([metric("bdSeq", datatype=UINT64, value=0),
+                                       metric("m", alias=1, datatype=INT32, value=5)], seq=0)
+            assert first_value(ws, ch, lambda: dev.publish(f"spBv1.0/{group}/NBIRTH/E", birth), "the birth") == 5
             dev.publish(f"{group}/E/m", "99")
             wait_until("the plain topic refused", lambda: refused(srv, "collision") >= 1)
         assert last_data(srv, ch)["v"] == 5
@@ -166,14 +165,7 @@ def test_device_bad_marker_carries_the_last_value_the_node_accepted(start_server
         dev = Device(mq.port)
         with WS(srv.ws_url) as ws:
             ws.subscribe([ch, other])
-            deadline = time.monotonic() + 20
-            while True:
-                dev.publish(f"plant/{u}/level", "5")
-                try:
-                    ws.pubs(ch, 1, timeout=0.5)
-                    break
-                except TimeoutError:
-                    assert time.monotonic() < deadline, "the source never delivered"
+            assert first_value(ws, ch, lambda: dev.publish(f"plant/{u}/level", "5"), "the first value") == 5
             dev.publish(f"plant/{u}/other", "6")
             ws.pubs(other, 1)
             # Too large for the node: refused there, the channel keeps 5.
