@@ -14,6 +14,8 @@ node publishes:
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 
@@ -135,7 +137,7 @@ def test_device_a_sparkplug_metric_and_a_plain_topic_never_share_a_channel(start
         witness.close()
 
 
-def test_device_writes_only_where_the_source_reads(start_server, tmp_path, mosquitto):
+def test_device_writes_only_where_the_source_reads(start_server, switchboard_bin, tmp_path, mosquitto):
     srv = start(start_server, tmp_path, mosquitto, ["plant/#"], source_extra='write_topics = ["plant/+/sp"]')
     u = uniq("u")
     witness = Witness(mosquitto.port)
@@ -146,8 +148,11 @@ def test_device_writes_only_where_the_source_reads(start_server, tmp_path, mosqu
             r = publish(srv, ch, 1)
             assert r.status == 403, (ch, r.status, r.body)
             assert ch in r.json()["error"]["message"], r.body
-        r = publish(srv, f"pt:plant.{u}.sp", 5)
-        assert r.status == 200, r.body
+        # The command line understands a write's answer: exit 0, the device's answer printed.
+        cli = subprocess.run([switchboard_bin, "publish", f"pt:plant.{u}.sp", "5", "--url", srv.http_url],
+                             capture_output=True, text=True, timeout=30)
+        assert cli.returncode == 0, cli.stderr
+        assert json.loads(cli.stdout) == {"written": True, "source": "plant"}, cli.stdout
         wait_until("the permitted write", lambda: witness.topics(f"plant/{u}/sp"))
         time.sleep(0.5)
         assert witness.topics("elsewhere/") == [] and witness.topics(f"plant/{u}/pv") == []

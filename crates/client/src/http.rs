@@ -379,9 +379,9 @@ mod tests {
         });
         let api = HttpApi::new(&format!("http://{addr}")).unwrap().with_token("k");
         let r = api.publish("room:1", &json!({"x": 1})).await.unwrap();
-        assert_eq!(r, PublishReply { offset: 5, epoch: "e1".into() });
+        assert_eq!(r, PublishReply::published(5, "e1"));
         let rs = api.publish_batch(&[("room:1".into(), json!(2)), ("bad channel".into(), json!(3))]).await.unwrap();
-        assert_eq!(rs[0], Ok(PublishReply { offset: 6, epoch: "e1".into() }));
+        assert_eq!(rs[0], Ok(PublishReply::published(6, "e1")));
         assert_eq!(rs[1].as_ref().unwrap_err().code, 400);
         let requests = server.await.unwrap();
         assert!(requests[0].0.starts_with("POST /api/publish HTTP/1.1\r\n"));

@@ -112,11 +112,58 @@ fn yes() -> bool {
     true
 }
 
-/// `publish` reply (WebSocket and HTTP).
+/// `publish` reply (WebSocket and HTTP): the publication's position, or — for a channel whose
+/// namespace writes to a plant device (`write_source`) — that the device's source took the
+/// write (it publishes nothing itself: `offset` 0, `epoch` empty).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "PublishReplyWire")]
 pub struct PublishReply {
+    #[serde(skip_serializing_if = "is_zero")]
     pub offset: u64,
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub epoch: String,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub written: bool,
+    /// The source that wrote to the device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+impl PublishReply {
+    /// A publication at `offset` of `epoch`.
+    pub fn published(offset: u64, epoch: impl Into<String>) -> PublishReply {
+        PublishReply { offset, epoch: epoch.into(), written: false, source: None }
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Either documented shape, and nothing else.
+#[derive(Deserialize)]
+struct PublishReplyWire {
+    offset: Option<u64>,
+    epoch: Option<String>,
+    #[serde(default)]
+    written: bool,
+    source: Option<String>,
+}
+
+impl TryFrom<PublishReplyWire> for PublishReply {
+    type Error = String;
+
+    fn try_from(w: PublishReplyWire) -> Result<PublishReply, String> {
+        match w {
+            PublishReplyWire { offset: Some(offset), epoch: Some(epoch), written: false, source: None } => {
+                Ok(PublishReply::published(offset, epoch))
+            }
+            PublishReplyWire { offset: None, epoch: None, written: true, source: Some(source) } => {
+                Ok(PublishReply { offset: 0, epoch: String::new(), written: true, source: Some(source) })
+            }
+            _ => Err(r#"expected {"offset", "epoch"} or {"written": true, "source"}"#.into()),
+        }
+    }
 }
 
 /// `history` reply.
@@ -165,6 +212,19 @@ pub struct RefreshReply {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn client_publish_replies_of_both_shapes_are_understood_and_others_refused() {
+        let p: PublishReply = serde_json::from_value(json!({"offset": 43, "epoch": "e"})).unwrap();
+        assert_eq!(p, PublishReply::published(43, "e"));
+        assert_eq!(serde_json::to_value(&p).unwrap(), json!({"offset": 43, "epoch": "e"}));
+        let w: PublishReply = serde_json::from_value(json!({"written": true, "source": "plant"})).unwrap();
+        assert!(w.written && w.source.as_deref() == Some("plant"));
+        assert_eq!(serde_json::to_value(&w).unwrap(), json!({"written": true, "source": "plant"}));
+        for bad in [json!({}), json!({"offset": 1}), json!({"written": false, "source": "x"}), json!({"source": "x"})] {
+            assert!(serde_json::from_value::<PublishReply>(bad.clone()).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn reply_subscribe_options_serialize_to_the_wire_shape() {

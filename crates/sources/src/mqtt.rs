@@ -596,11 +596,12 @@ impl Conn {
 
     /// Hands a write to the MQTT client.
     fn write(&mut self, w: Write) {
-        let target = if self.stats.connected.load(Relaxed) {
-            self.target(&w)
-        } else {
-            Err(WriteError::Unavailable("not connected to the MQTT broker".into()))
-        };
+        // Where it would go is checked first: a write outside the source's topics is refused
+        // (403) whether or not the MQTT broker is reachable now.
+        let target = self.target(&w).and_then(|t| match self.stats.connected.load(Relaxed) {
+            true => Ok(t),
+            false => Err(WriteError::Unavailable("not connected to the MQTT broker".into())),
+        });
         let result = target.and_then(|(topic, payload)| {
             // The PUBLISH packet: fixed header (at most 5 bytes), topic, packet id, payload.
             let size = 5 + 2 + topic.len() + 2 + payload.len();
