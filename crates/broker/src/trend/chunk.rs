@@ -8,49 +8,91 @@
 //!   the run-length record of present buckets: a run of consecutive buckets is a run of `0`s.
 //! - **count** `n`: `0` when it equals the previous bucket's (the first is compared with 1),
 //!   else `1`, 7 bits of bit length `L` and the `L` bits of `n`.
-//! - **last**: the XOR of its bits with the previous bucket's `last` (0.0 before the first):
-//!   `0` when equal; `10` + the meaningful bits when they fit inside the previous window of
-//!   leading and trailing zeros; `11`, 6 bits of leading zeros, 6 bits of (length − 1), then
-//!   the meaningful bits (a new window).
+//! - **last**: coded against the previous bucket's `last` (0.0 before the first): `0` when
+//!   equal; else, when the value is a decimal of at most 7 places (`m / 10^d` gives it bit for
+//!   bit, as a JSON parser gives `47.23`), the difference of `m` from the previous value in the
+//!   same units, zigzag-coded in 7 to 67 bits; else Gorilla's XOR of the bits: the meaningful
+//!   bits inside the previous window of leading and trailing zeros, or a new window (6 bits of
+//!   leading zeros, 6 of length) and its bits. Instruments report decimals, whose binary
+//!   mantissas differ in almost every bit from one value to the next: there the decimal
+//!   difference costs about 10 bits where the XOR costs 50 to 64.
 //! - **min** and **max**: only when `n` > 1 (a bucket of one value has min = max = last), each
-//!   XOR-coded the same way against this bucket's `last`, each with a window of its own.
+//!   coded the same way against this bucket's `last`, each with a state of its own.
 //!
-//! XOR coding keeps every bit of the f64, so decoding returns the buckets bit for bit (±0,
-//! subnormals and extreme magnitudes included).
+//! Both codings are exact: decoding returns the buckets bit for bit (±0, subnormals and
+//! extreme magnitudes included).
 
 use super::bits::{BitReader, BitWriter};
 use crate::trend::TrendBucket;
 
-/// XOR coding state of one float series: the previous value and the current window.
+/// Most decimal places a value is tried with (a 3-bit field).
+const MAX_DECIMALS: u8 = 7;
+
+/// `10^d` for `d` in `0..=MAX_DECIMALS`, exact in f64.
+const POW10: [f64; 8] = [1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6, 1e7];
+
+/// The integer `m` with `m / 10^d == v` bit for bit, when there is one (|m| < 2^53).
+fn decimal(v: f64, d: u8) -> Option<i64> {
+    let p = POW10[usize::from(d)];
+    let m = (v * p).round();
+    (m.abs() < 9_007_199_254_740_992.0 && ((m as i64) as f64 / p).to_bits() == v.to_bits()).then_some(m as i64)
+}
+
+/// What `against` is worth in units of `10^-d`, as a predictor (saturating; any integer will
+/// do, encoder and decoder compute the same one).
+fn predict(against: f64, d: u8) -> i64 {
+    (against * POW10[usize::from(d)]).round() as i64
+}
+
+/// Coding state of one float series: the decimal places last used and the XOR window.
 #[derive(Debug, Default, Clone, Copy)]
-struct XorState {
-    prev: u64,
-    /// Leading and trailing zeros of the window; `lead` > 63 means none yet.
+struct FloatState {
+    decimals: u8,
+    /// Leading and trailing zeros of the XOR window; `lead` > 63 means none yet.
     lead: u8,
     trail: u8,
 }
 
-impl XorState {
+impl FloatState {
     fn new() -> Self {
-        XorState { prev: 0, lead: u8::MAX, trail: 0 }
+        FloatState { decimals: 0, lead: u8::MAX, trail: 0 }
     }
 
-    fn put(&mut self, w: &mut BitWriter, value: u64, against: u64) {
-        let x = value ^ against;
-        self.prev = value;
-        if x == 0 {
+    /// Codes `value` against `against` (the previous value of the series, or the bucket's
+    /// `last`): `0` equal; `10` a decimal — `0` same places as before or `1` + 3 bits of
+    /// places — then the zigzag difference from `against` in those units ([`put_varint`]);
+    /// `11` the XOR of the bits — `0` + the bits inside the previous window, or `1` + 6 bits of
+    /// leading zeros + 6 bits of (length − 1) + the bits.
+    fn put(&mut self, w: &mut BitWriter, value: f64, against: f64) {
+        let (v, a) = (value.to_bits(), against.to_bits());
+        if v == a {
             w.bit(false);
             return;
         }
+        let same = decimal(value, self.decimals).map(|m| (self.decimals, m));
+        if let Some((d, m)) = same.or_else(|| (0..=MAX_DECIMALS).find_map(|d| decimal(value, d).map(|m| (d, m)))) {
+            w.put(0b10, 2);
+            if d == self.decimals {
+                w.bit(false);
+            } else {
+                w.bit(true);
+                w.put(u64::from(d), 3);
+                self.decimals = d;
+            }
+            put_varint(w, zigzag(m.wrapping_sub(predict(against, d))));
+            return;
+        }
+        let x = v ^ a;
         let lead = x.leading_zeros() as u8;
         let trail = x.trailing_zeros() as u8;
+        w.put(0b11, 2);
         if self.lead <= 63 && lead >= self.lead && trail >= self.trail {
             let len = 64 - u32::from(self.lead) - u32::from(self.trail);
-            w.put(0b10, 2);
+            w.bit(false);
             w.put(x >> self.trail, len);
         } else {
             let len = 64 - u32::from(lead) - u32::from(trail);
-            w.put(0b11, 2);
+            w.bit(true);
             w.put(u64::from(lead), 6);
             w.put(u64::from(len - 1), 6);
             w.put(x >> trail, len);
@@ -59,20 +101,59 @@ impl XorState {
         }
     }
 
-    fn take(&mut self, r: &mut BitReader<'_>, against: u64) -> u64 {
-        let value = if !r.bit() {
-            against
-        } else {
+    fn take(&mut self, r: &mut BitReader<'_>, against: f64) -> f64 {
+        if !r.bit() {
+            return against;
+        }
+        if !r.bit() {
             if r.bit() {
-                self.lead = r.take(6) as u8;
-                let len = r.take(6) as u8 + 1;
-                self.trail = 64u8.saturating_sub(self.lead + len);
+                self.decimals = r.take(3) as u8;
             }
-            let len = 64 - u32::from(self.lead) - u32::from(self.trail);
-            against ^ (r.take(len) << self.trail)
-        };
-        self.prev = value;
-        value
+            let d = self.decimals;
+            let m = predict(against, d).wrapping_add(unzigzag(take_varint(r)));
+            return m as f64 / POW10[usize::from(d)];
+        }
+        if r.bit() {
+            self.lead = r.take(6) as u8;
+            let len = r.take(6) as u8 + 1;
+            self.trail = 64u8.saturating_sub(self.lead + len);
+        }
+        let len = 64 - u32::from(self.lead) - u32::from(self.trail);
+        f64::from_bits(against.to_bits() ^ (r.take(len) << self.trail))
+    }
+}
+
+/// A small unsigned number in few bits: `0` + 6 bits, `10` + 13, `110` + 24, `111` + 64.
+fn put_varint(w: &mut BitWriter, u: u64) {
+    match u {
+        0..0x40 => {
+            w.bit(false);
+            w.put(u, 6);
+        }
+        0x40..0x2000 => {
+            w.put(0b10, 2);
+            w.put(u, 13);
+        }
+        0x2000..0x100_0000 => {
+            w.put(0b110, 3);
+            w.put(u, 24);
+        }
+        _ => {
+            w.put(0b111, 3);
+            w.put(u, 64);
+        }
+    }
+}
+
+fn take_varint(r: &mut BitReader<'_>) -> u64 {
+    if !r.bit() {
+        r.take(6)
+    } else if !r.bit() {
+        r.take(13)
+    } else if !r.bit() {
+        r.take(24)
+    } else {
+        r.take(64)
     }
 }
 
@@ -91,9 +172,10 @@ struct Context {
     prev_t: u64,
     prev_gap: u64,
     prev_n: u64,
-    last: XorState,
-    min: XorState,
-    max: XorState,
+    prev_last: f64,
+    last: FloatState,
+    min: FloatState,
+    max: FloatState,
 }
 
 impl Context {
@@ -102,9 +184,10 @@ impl Context {
             prev_t: first_t,
             prev_gap: 0,
             prev_n: 1,
-            last: XorState::new(),
-            min: XorState::new(),
-            max: XorState::new(),
+            prev_last: 0.0,
+            last: FloatState::new(),
+            min: FloatState::new(),
+            max: FloatState::new(),
         }
     }
 }
@@ -165,14 +248,16 @@ impl Encoder {
             w.put(b.n, len);
             c.prev_n = b.n;
         }
-        let last = b.last.to_bits();
-        let against = c.last.prev;
-        c.last.put(w, last, against);
+        c.last.put(w, b.last, c.prev_last);
+        c.prev_last = b.last;
         if b.n > 1 {
-            c.min.put(w, b.min.to_bits(), last);
-            c.max.put(w, b.max.to_bits(), last);
+            c.min.put(w, b.min, b.last);
+            c.max.put(w, b.max, b.last);
         } else {
-            debug_assert!(b.min.to_bits() == last && b.max.to_bits() == last, "one value: min = max = last");
+            debug_assert!(
+                b.min.to_bits() == b.last.to_bits() && b.max.to_bits() == b.last.to_bits(),
+                "one value: min = max = last"
+            );
         }
         self.last_t = b.t;
         self.count += 1;
@@ -285,10 +370,10 @@ impl Iterator for Decoder<'_> {
             c.prev_n = r.take(len);
         }
         let n = c.prev_n;
-        let against = c.last.prev;
-        let last = c.last.take(r, against);
+        let last = c.last.take(r, c.prev_last);
+        c.prev_last = last;
         let (min, max) = if n > 1 { (c.min.take(r, last), c.max.take(r, last)) } else { (last, last) };
-        Some(TrendBucket { t, min: f64::from_bits(min), max: f64::from_bits(max), last: f64::from_bits(last), n })
+        Some(TrendBucket { t, min, max, last, n })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
