@@ -19,7 +19,8 @@
 //!   [`scenario::dashboard`], [`scenario::rooms`] and [`scenario::soak`]),
 //!   [`scenario::connect`], [`scenario::sessions`] (with its table, `sessions::cells`, and the
 //!   servers it starts, `sessions::server`), [`scenario::soak`] (split into its load plan,
-//!   publishers, workers, server sampling and verdict)), each with a coordinator half and,
+//!   publishers, workers, server sampling and verdict)), [`scenario::trend`] (trend fill, memory
+//!   per bucket and full-trend reads), each with a coordinator half and,
 //!   where load is spread over processes, a worker half. `scenario/mod.rs` owns
 //!   [`scenario::WorkerConfig`] and [`scenario::worker_main`], the dispatch of a worker
 //!   process to its scenario.
@@ -99,6 +100,10 @@ pub enum Scenario {
     /// feed, new channels abandoned every second, connection churn; passes only if nothing is
     /// lost and the server's RSS and channel count stay within --max-drift-pct after warm-up.
     Soak(scenario::soak::SoakArgs),
+    /// Trends at plant scale: fill N points' trend windows (S seconds of values with their own
+    /// times) through batched HTTP publishes, then report server RSS per bucket, the fill rate
+    /// and the time to read 200 full trends over HTTP and through one subscribe.
+    Trend(scenario::trend::TrendArgs),
     /// One HTML page comparing several result folders side by side.
     Report(compare::ReportArgs),
     /// Internal: one load-generating worker process (started by the scenarios).
@@ -122,6 +127,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         Scenario::Connect(a) => scenario::connect::run(a),
         Scenario::Sessions(a) => scenario::sessions::run(a),
         Scenario::Soak(a) => scenario::soak::run(a),
+        Scenario::Trend(a) => scenario::trend::run(a),
         Scenario::Report(a) => compare::run(a),
         Scenario::Worker { config } => scenario::worker_main(&config),
     }

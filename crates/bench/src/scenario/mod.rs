@@ -15,6 +15,7 @@ pub mod rooms;
 pub mod sessions;
 pub mod soak;
 pub mod streams;
+pub mod trend;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
