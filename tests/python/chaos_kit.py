@@ -230,12 +230,13 @@ class Cluster(Topology):
     """`primaries × (1 + replicas)` cluster nodes formed with `redis-cli --cluster create`."""
 
     def __init__(self, primaries: int = 3, replicas: int = 1, node_timeout_ms: int = 2000,
-                 root: str | None = None):
+                 root: str | None = None, full_coverage: bool = True):
         super().__init__(root)
         self.primaries, self.replicas = primaries, replicas
 
         def args(r: RedisProc) -> list:
             return data_args(["--cluster-enabled", "yes", "--cluster-node-timeout", str(node_timeout_ms),
+                              "--cluster-require-full-coverage", "yes" if full_coverage else "no",
                               "--cluster-config-file", os.path.join(r.dir, "nodes.conf")])(r)
 
         self.nodes = [self.add("cluster", args, bus=True) for _ in range(primaries * (1 + replicas))]

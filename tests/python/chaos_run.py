@@ -94,6 +94,7 @@ class Scenario:
     drain: float = 20.0
     stall_window: float = 10.0
     wait_close: bool = False  # after a `disconnect` message, reconnect only once the close frame came
+    full_coverage: bool = True  # Cluster: `cluster-require-full-coverage` (Redis's default: yes)
 
 
 def short_scenarios() -> dict:
@@ -502,7 +503,7 @@ class Run:
         root = os.path.join(self.log_dir, "redis")
         os.makedirs(root, exist_ok=True)
         if sc.topology == "cluster":
-            self.topo = chaos_kit.Cluster(3, 1, 2000, root=root).start()
+            self.topo = chaos_kit.Cluster(3, 1, 2000, root=root, full_coverage=sc.full_coverage).start()
             urls = [self.topo.url] * sc.nodes
         elif sc.topology == "sentinel":
             self.topo = chaos_kit.Sentinel(root=root).start()
@@ -995,7 +996,7 @@ def check(run: Run) -> dict:
         "params": {"nodes": sc.nodes, "clients": sc.clients, "channels": sc.channels,
                    "channels_per_client": sc.subs or sc.channels, "publications_per_s": sc.rate,
                    "duration_s": sc.duration, "faults": [f.__dict__ for f in sc.faults],
-                   "clients_wait_for_close_frame": sc.wait_close},
+                   "clients_wait_for_close_frame": sc.wait_close, "cluster_full_coverage": sc.full_coverage},
         "totals": {
             "publications_committed": committed, "publications_given_up": len(gave_up),
             "deliveries_expected": expected, "deliveries": delivered,
@@ -1074,6 +1075,8 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--duration", type=float)
     ap.add_argument("--wait-close", action="store_true", help="after a disconnect message, reconnect only "
                     "once the close frame came (as the TypeScript SDK does); default: at once")
+    ap.add_argument("--full-coverage", choices=["yes", "no"], default="yes",
+                    help="Cluster: cluster-require-full-coverage (no keeps the other slots writable in a failover)")
     ap.add_argument("--out", help="write the full report (every violation) to this JSON file")
     ap.add_argument("--logs", help="keep node and Redis logs in this directory")
     a = ap.parse_args(argv)
@@ -1087,6 +1090,7 @@ def main(argv: list | None = None) -> int:
             if getattr(a, k) is not None:
                 setattr(sc, k, getattr(a, k))
         sc.wait_close = a.wait_close
+        sc.full_coverage = a.full_coverage == "yes"
         logs = os.path.join(a.logs, name) if a.logs else None
         reports.append(run_scenario(sc, logs))
         print(json.dumps(reports[-1], indent=1, default=str), flush=True)
