@@ -1,5 +1,5 @@
 """Command line (SPEC §5): the start-up line, flags, SWITCHBOARD_* environment variables,
-exit codes."""
+exit codes, and `sub` through a shard that goes down."""
 
 from __future__ import annotations
 
@@ -128,3 +128,57 @@ def test_cli_workers_flag_runs_and_everything_works_on_one_worker(server):
     info = api_get(server, "/api/info").json()
     if "workers" in info:
         assert info["workers"] == 1
+
+
+def test_cli_sub_subscribes_the_channels_of_a_dead_shard_again_until_it_is_back(start_server, switchboard_bin,
+                                                                                tmp_path):
+    """Two Redis shards, one killed: `switchboard sub` streams the live shard's channels and
+    subscribes the dead shard's (refused 503 for now) again until the shard is back."""
+    import json
+    import threading
+
+    from redis_kit import Redis
+
+    shards = []
+    for i in range(2):
+        d = tmp_path / f"redis{i}"
+        d.mkdir()
+        shards.append(Redis(d))
+        shards[-1].start()
+    proc = None
+    try:
+        srv = start_server("--broker", ",".join(r.url for r in shards))
+        channels = [f"room:{uniq()}" for _ in range(8)]
+        sb.api_batch(srv, [{"channel": c, "data": {"n": 0}} for c in channels])
+        shards[1].kill()
+        results = sb.api_batch(srv, [{"channel": c, "data": {"n": 1}} for c in channels])
+        dead = [c for c, r in zip(channels, results) if "error" in r]
+        live = [c for c in channels if c not in dead]
+        assert dead and live, results
+        proc = subprocess.Popen([switchboard_bin, "sub", *channels, "--url", srv.ws_url],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines: list = []
+        threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+
+        def got(ch: str, n: int) -> bool:
+            return any(json.loads(line).get("ch") == ch and json.loads(line)["data"].get("n") == n
+                       for line in list(lines))
+
+        def delivered(chans: list, n: int):
+            """Publishes `n` to `chans` (the subscriber may still be subscribing) until each is printed."""
+            def check() -> bool:
+                sb.api_batch(srv, [{"channel": c, "data": {"n": n}} for c in chans])
+                return all(got(c, n) for c in chans)
+            return check
+
+        sb.wait_until("the live shard's channels", delivered(live, 2), 20, every=0.5)
+        assert proc.poll() is None, "sub keeps running while a shard is down"
+        shards[1].start()
+        sb.wait_until("the dead shard's channels, subscribed again", delivered(dead, 3), 40, every=0.5)
+        assert proc.poll() is None
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)
+        for r in shards:
+            r.kill()

@@ -61,6 +61,10 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The first delay before subscribing a channel refused for now (503) again, and the longest.
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
+const RETRY_MOST: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Subscribes and prints publications as JSON lines until Ctrl-C (returns `Ok`) or until the
 /// connection ends (returns an error naming the close code, unless it was a normal close).
 pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
@@ -89,11 +93,18 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
     }
     let mut ok = 0;
     let mut last = Vec::new();
+    // Channels whose broker shard is unavailable for now (503: a failover) are subscribed again
+    // after a growing delay, while the others stream.
+    let mut waiting = Vec::new();
     for ch in &args.channels {
         match reply.channels.get(ch) {
             Some(ChannelResult::Subscribed(s)) => {
                 ok += 1;
                 last.extend(s.last.clone());
+            }
+            Some(ChannelResult::Error { error }) if error.code == 503 => {
+                eprintln!("{ch}: {}; subscribing again", error.message);
+                waiting.push(ch.clone());
             }
             Some(ChannelResult::Error { error }) => {
                 eprintln!("{ch}: error {}: {}", error.code, error.message)
@@ -101,9 +112,10 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
             None => eprintln!("{ch}: missing from the subscribe reply"),
         }
     }
-    if ok == 0 {
+    if ok == 0 && waiting.is_empty() {
         bail!("no channel could be subscribed");
     }
+    let mut retry_in = RETRY_FIRST;
     let stdout = std::io::stdout();
     let print = |p: &Publication| -> anyhow::Result<bool> {
         let mut out = stdout.lock();
@@ -126,6 +138,27 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
             _ = &mut ctrl_c => {
                 let _ = client.close().await;
                 return Ok(());
+            }
+            _ = tokio::time::sleep(retry_in), if !waiting.is_empty() => {
+                let again = client
+                    .subscribe(SubscribeOptions::new(waiting.iter().cloned()).initial(args.initial))
+                    .await
+                    .context("subscribe")?;
+                waiting.clear();
+                for (ch, result) in again.channels {
+                    match result {
+                        ChannelResult::Subscribed(s) => {
+                            if let Some(p) = &s.last {
+                                if !print(p)? {
+                                    return Ok(());
+                                }
+                            }
+                        }
+                        ChannelResult::Error { error } if error.code == 503 => waiting.push(ch),
+                        ChannelResult::Error { error } => eprintln!("{ch}: error {}: {}", error.code, error.message),
+                    }
+                }
+                retry_in = (retry_in * 2).min(RETRY_MOST);
             }
             ev = client.next_event() => match ev {
                 Some(Event::Publication(p)) => {
