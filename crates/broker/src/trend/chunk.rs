@@ -59,7 +59,7 @@ impl FloatState {
     }
 
     /// Codes `value` against `against` (the previous value of the series, or the bucket's
-    /// `last`): `0` equal; `10` a decimal — `0` same places as before or `1` + 3 bits of
+    /// `last`): `0` equal; `10` a decimal — `0` the previous value's places or `1` + 3 bits of
     /// places — then the zigzag difference from `against` in those units ([`put_varint`]);
     /// `11` the XOR of the bits — `0` + the bits inside the previous window, or `1` + 6 bits of
     /// leading zeros + 6 bits of (length − 1) + the bits.

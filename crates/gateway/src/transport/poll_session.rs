@@ -581,15 +581,11 @@ impl Polls {
         for ch in channels {
             let Some(r) = ok.channels.get(&ch) else { continue };
             if let Some(e) = &r.error {
-                if e.code == code::TOO_LARGE {
-                    // Past the reply's budget: the takeover subscribes it again in a later
-                    // command, whose reply recovers it.
-                    continue;
-                }
-                if e.code == code::UNAVAILABLE {
-                    // Its broker shard is failing over: the session closes with 4008, and the
-                    // client's own subscribe (asked again while refused) recovers the channel.
-                    lost = true;
+                // 413, past the reply's budget: a later command of the takeover subscribes it
+                // again and recovers it. 503, its shard fails over: the session closes with
+                // 4008 and the client's own subscribe (asked again while refused) recovers it.
+                lost |= e.code == code::UNAVAILABLE;
+                if e.code == code::TOO_LARGE || e.code == code::UNAVAILABLE {
                     continue;
                 }
                 out.push(Bytes::from(encode_error(Format::Json, 0, e.code, &format!("{ch}: {}", e.message))));
