@@ -8,6 +8,7 @@
   message of a topic filter (topic and raw payload) on a background thread.
 - `sparkplug_payload`/`metric`: a hand-written protobuf encoder of Sparkplug B payloads;
   `decode_sparkplug` the decoder of the same schema.
+- `mosquitto`: the fixture of one broker per test module.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import struct
 import subprocess
 import threading
 import time
+
+import pytest
 
 
 # Debian installs the broker in /usr/sbin, which is not on every PATH.
@@ -356,3 +359,10 @@ def decode_sparkplug(payload: bytes) -> dict:
                     m["value"] = bytes(v)
             out["metrics"].append(m)
     return out
+
+
+@pytest.fixture(scope="module")
+def mosquitto(tmp_path_factory):
+    m = Mosquitto(tmp_path_factory.mktemp("mosquitto")).start()
+    yield m
+    m.stop()

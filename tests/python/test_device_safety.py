@@ -22,9 +22,8 @@ import time
 import paho.mqtt.client as paho
 
 import sb
-from mqtt_kit import INT32, UINT64, Mosquitto, metric, sparkplug_payload
-from test_fault_mqtt import (Device, last_data, mosquitto, mqtt_source, refused,  # noqa: F401 (fixture)
-                             wait_until, write_config)
+from mqtt_kit import INT32, UINT64, Mosquitto, metric, mosquitto, sparkplug_payload  # noqa: F401 (fixture)
+from test_fault_mqtt import Device, last_data, mqtt_source, refused, wait_until, write_config
 from sb import WS, http, uniq
 
 

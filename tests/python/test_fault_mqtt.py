@@ -21,20 +21,13 @@ import re
 import time
 
 import paho.mqtt.client as paho
-import pytest
 
 import sb
 from mqtt_kit import INT32, Mosquitto, metric, sparkplug_payload
+from mqtt_kit import mosquitto  # noqa: F401 (the module's mosquitto, a fixture)
 from sb import WS, api_get, ch_path, uniq
 
 BIG = 2 * 1024 * 1024 + 17
-
-
-@pytest.fixture(scope="module")
-def mosquitto(tmp_path_factory):
-    m = Mosquitto(tmp_path_factory.mktemp("mosquitto")).start()
-    yield m
-    m.stop()
 
 
 class Device:

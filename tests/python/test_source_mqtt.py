@@ -22,16 +22,10 @@ import pytest
 import sb
 from mqtt_kit import (BOOLEAN, DOUBLE, INT16, STRING, Mosquitto, Publisher, metric,
                       sparkplug_payload)
+from mqtt_kit import mosquitto  # noqa: F401 (the module's mosquitto, a fixture)
 from sb import WS, http, uniq
 
 SECRET = "mqtt-test-secret-1f2e3d4c5b6a7980-aabbccddeeff00112233"
-
-
-@pytest.fixture(scope="module")
-def mosquitto(tmp_path_factory):
-    m = Mosquitto(tmp_path_factory.mktemp("mosquitto")).start()
-    yield m
-    m.stop()
 
 
 def source_config(tmp_path, mq: Mosquitto, extra: str = "", source_extra: str = "") -> str:

@@ -24,16 +24,10 @@ import pytest
 import sb
 from mqtt_kit import (BOOLEAN, DATETIME, DOUBLE, FLOAT, INT8, INT16, INT32, INT64, STRING, UINT8, UINT16, UINT32,
                       UINT64, Mosquitto, Publisher, Subscriber, decode_sparkplug, metric, sparkplug_payload)
+from mqtt_kit import mosquitto  # noqa: F401 (the module's mosquitto, a fixture)
 from sb import WS, api_get, ch_path, http, uniq
 
 REBIRTH = "Node Control/Rebirth"
-
-
-@pytest.fixture(scope="module")
-def mosquitto(tmp_path_factory):
-    m = Mosquitto(tmp_path_factory.mktemp("mosquitto")).start()
-    yield m
-    m.stop()
 
 
 @pytest.fixture

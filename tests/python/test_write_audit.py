@@ -16,10 +16,10 @@ import time
 
 import jwt
 import paho.mqtt.client as paho
-import pytest
 
 import sb
 from mqtt_kit import Mosquitto, Publisher, free_port
+from mqtt_kit import mosquitto  # noqa: F401 (the module's mosquitto, a fixture)
 from sb import WS, http, uniq
 
 SECRET = "write-audit-secret-5a4b3c2d1e0f-00112233445566778899"
@@ -27,13 +27,6 @@ API_KEY = "write-audit-api-key-0f1e2d3c4b5a6978"
 LIMIT = 4096  # limits.max_publication_bytes of the node under test
 
 wait_until = functools.partial(sb.wait_until, limit=20.0)
-
-
-@pytest.fixture(scope="module")
-def mosquitto(tmp_path_factory):
-    m = Mosquitto(tmp_path_factory.mktemp("mosquitto")).start()
-    yield m
-    m.stop()
 
 
 class Device:
