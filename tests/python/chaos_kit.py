@@ -57,6 +57,8 @@ def spare_port(bus: bool = False) -> int:
             except OSError:
                 continue
         _taken.add(port)
+        if bus:
+            _taken.add(port + 10000)
         return port
     raise RuntimeError("no spare port in 200 tries")
 
@@ -125,20 +127,32 @@ class RedisProc:
     that a restart comes back where the others expect it."""
 
     def __init__(self, root: str, name: str, args_for, bus: bool = False):
-        self.port = spare_port(bus)
+        self.port, self.bus = spare_port(bus), bus
         self.dir = os.path.join(root, f"{name}-{self.port}")
         os.makedirs(self.dir, exist_ok=True)
         self.args_for = args_for
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        log = open(os.path.join(self.dir, "redis.log"), "ab")
-        self.proc = subprocess.Popen(["redis-server", *self.args_for(self)], stdout=log, stderr=log,
-                                     stdin=subprocess.DEVNULL, cwd=self.dir,
-                                     preexec_fn=sb._die_with_parent)
-        log.close()
-        wait_for(f"redis-server :{self.port} to answer PING",
-                 lambda: self.proc.poll() is None and resp(self.port, "PING") == "PONG", 10)
+        """Starts it on its port. A first start whose port was taken meanwhile (an outgoing
+        connection's source port, another process) moves to a new spare port, at most 3 times;
+        a restart keeps its port, where the others expect it."""
+        first = self.proc is None
+        for attempt in range(4):
+            log = open(os.path.join(self.dir, "redis.log"), "ab")
+            self.proc = subprocess.Popen(["redis-server", *self.args_for(self)], stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL, cwd=self.dir,
+                                         preexec_fn=sb._die_with_parent)
+            log.close()
+            # Up when it answers PING; done waiting when it exited (its log says why).
+            wait_for(f"redis-server :{self.port} to answer PING or exit",
+                     lambda: self.proc.poll() is not None or resp(self.port, "PING") == "PONG", 10)
+            if self.proc.poll() is None:
+                return
+            if not first or attempt == 3:
+                raise RuntimeError(f"redis-server :{self.port} exited with {self.proc.returncode}; "
+                                   f"see {self.dir}/redis.log")
+            self.port = spare_port(self.bus)
 
     @property
     def pid(self) -> int:

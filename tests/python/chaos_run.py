@@ -19,6 +19,8 @@ What the checker counts, per fault window (from one fault to the next):
   an offset going backwards within an epoch; also a delivered offset that is not the one the
   publisher was answered for that publication, and one offset answered for two publications;
 - disconnects by close code, and how long the close frame took after a `disconnect` message;
+  `unsubscribed` pushes (one channel ended alone, the connection stays: the client subscribes
+  it again with `recover`); a failed shard or Cluster primary must disconnect no client;
 - recovery: per affected client, from the fault to its first delivery after it;
 - healthy stall: on (client, channel) pairs the fault should not touch, the longest time
   without a delivery in the window, beside the longest time without a committed publication
@@ -147,6 +149,7 @@ class Client:
         self.violations: list = []
         self.gaps: list = []
         self.disconnects: list = []
+        self.unsubscribes: list = []  # `unsubscribed` pushes: {t, node, conn, channel, code}
         self.sub_errors: dict = {}
         self.pubs_after_disconnect = 0
         self.stopping = False
@@ -189,6 +192,7 @@ class Client:
         subscribed: dict = {}  # channel -> epoch of its reply on this connection
         pending: dict = {}  # command id -> {channel: recover position or None}
         next_id = [0]
+        waiting: set = set()  # channels to subscribe again (refused for now, or ended by the server)
         retry_task = None
 
         async def subscribe(channels: list) -> None:
@@ -207,9 +211,17 @@ class Client:
                 body["recover"] = recover
             await ws.send(json.dumps({"id": next_id[0], "subscribe": body}))
 
-        async def retry(channels: list) -> None:
-            await asyncio.sleep(0.5)
+        async def retry() -> None:
+            await asyncio.sleep(0.2 + random.random() * 0.3)
+            channels = sorted(waiting)
+            waiting.clear()
             await subscribe(channels)
+
+        def again(channels) -> None:
+            nonlocal retry_task
+            waiting.update(channels)
+            if retry_task is None or retry_task.done():
+                retry_task = asyncio.ensure_future(retry())
 
         try:
             await subscribe(list(self.channels))
@@ -244,8 +256,14 @@ class Client:
                                     continue
                                 self.apply_reply(c, r, sent.get(c), t, node, conn_no)
                                 subscribed[c] = r["epoch"]
-                        if failed and (retry_task is None or retry_task.done()):
-                            retry_task = asyncio.ensure_future(retry(failed))
+                        if failed:
+                            again(failed)
+                    elif "unsubscribed" in m:
+                        u = m["unsubscribed"]
+                        self.unsubscribes.append({"t": t, "node": node, "conn": conn_no, "channel": u["ch"],
+                                                  "code": u.get("code")})
+                        subscribed.pop(u["ch"], None)
+                        again([u["ch"]])
                     elif "disconnect" in m:
                         d = m["disconnect"]
                         rec = {"t": t, "node": node, "conn": conn_no, "code": d.get("code"),
@@ -742,7 +760,8 @@ def check(run: Run) -> dict:
         return w
 
     nwin = len(faults) + 1
-    win = [{"lost": [], "duplicated": [], "order": [], "gaps": [], "disconnects": []} for _ in range(nwin)]
+    win = [{"lost": [], "duplicated": [], "order": [], "gaps": [], "disconnects": [], "unsubscribes": []}
+           for _ in range(nwin)]
 
     def pub_time(ch: str, e: str, o: int):
         seq = answered.get((ch, e), {}).get(o)
@@ -831,6 +850,8 @@ def check(run: Run) -> dict:
             win[window(g["t"])]["gaps"].append(g)
         for d in cl.disconnects:
             win[window(d["t"])]["disconnects"].append(d)
+        for u in cl.unsubscribes:
+            win[window(u["t"])]["unsubscribes"].append(u)
 
     # publisher attempts by window
     pub_win = [{"200": 0, "503": 0, "504": 0, "other": 0, "conn_error": 0} for _ in range(nwin)]
@@ -857,7 +878,7 @@ def check(run: Run) -> dict:
                 delays.append(d["close_after_s"])
         return {"lost_without_notice": len(w["lost"]), "duplicated": len(w["duplicated"]),
                 "announced_gaps": len(w["gaps"]), "order_violations": len(w["order"]),
-                "disconnects": codes,
+                "disconnects": codes, "unsubscribed_pushes": len(w["unsubscribes"]),
                 "close_frame_after_disconnect_s": {"p50": pct(delays, 0.5), "max": max(delays, default=None)},
                 "publisher": pub_win[i]}
 
@@ -990,6 +1011,8 @@ def check(run: Run) -> dict:
         "every delivered offset is the one answered to the publisher": not misnumbered,
         "no offset answered for two publications": not reused,
         "every client got deliveries after the last fault": not silent_clients,
+        "a failed shard or primary disconnects no client": all(
+            not f["disconnects"] for f in out_faults if f["kind"] in ("primary", "shard")),
     }
     report = {
         "scenario": sc.name, "topology": sc.topology,

@@ -9,7 +9,8 @@ Two kinds of proof, with Python `websockets` and urllib as the clients:
 - failpoints (a build with the `failpoints` feature, `$SWITCHBOARD_FAILPOINTS_BIN`, which
   `make test` builds; `PUT /api/failpoints/{name}`) inject panics in one subscriber's delivery,
   in one session's command handling, in the Redis link's reader and in the simulator: the
-  victim is closed with 4008 and recovers exactly, bystanders receive every publication with
+  victim is closed with 4008 (or, for the Redis link, its channel ends with an `unsubscribed`
+  push) and recovers exactly, bystanders receive every publication with
   exact offsets, supervised tasks restart and are counted, and the node's open files,
   connections, subscriptions and presence are back at their baseline.
 """
@@ -268,27 +269,33 @@ def test_faults_redis_link_panic_restarts_it_and_its_clients_recover(fault_serve
     failpoint(srv, "redis.link.deliver", f"1*return({hit})")
     offsets = [api_publish(srv, hit, {"n": i})["offset"] for i in range(1, 6)]
     # The link's reader panicked on the publication: the task restarts (counted) and the
-    # channel's subscribers are told to recover (4008), not left silently behind.
+    # channel's subscribers are told to recover (an `unsubscribed` push, 4008), not left
+    # silently behind; they subscribe it again on the same connection.
     assert settle(lambda: metric(srv, "switchboard_task_restarts_total", task="redis-link"), 1) == 1
-    closed = victim.wait_closed(timeout=20)
-    assert closed.code == 4008, closed
-    with WS(srv.ws_url) as again:
-        r = again.subscribe([hit], recover={hit: {"epoch": start["epoch"], "offset": first}})["channels"][hit]
-        assert r["complete"] is True
-        assert [p["off"] for p in r["recovered"]] == offsets
-        later = api_publish(srv, hit, {"n": "live"})["offset"]
-        assert again.pubs(hit, 1)[0]["off"] == later
-    # A channel the panic did not touch streams on with exact offsets.
+    told = victim.recv_where(lambda m: "unsubscribed" in m or "pub" in m, timeout=20)
+    assert told == {"unsubscribed": {"ch": hit, "code": 4008, "resubscribe": True,
+                                     "reason": told["unsubscribed"]["reason"]}}, told
+    r = victim.subscribe([hit], recover={hit: {"epoch": start["epoch"], "offset": first}})["channels"][hit]
+    assert r["complete"] is True
+    assert [p["off"] for p in r["recovered"]] == offsets
+    later = api_publish(srv, hit, {"n": "live"})["offset"]
+    assert victim.pubs(hit, 1)[0]["off"] == later
+    # A channel the panic did not touch streams on with exact offsets (or, when the link could
+    # not prove it missed nothing, is told the same way).
     got = []
     for i in range(5):
         o = api_publish(srv, other, {"i": i})["offset"]
         got.append(o)
-    try:
-        seen = [p["off"] for p in calm.pubs(other, 5, timeout=20)]
+    seen = []
+    while len(seen) < 5:
+        m = calm.recv_where(lambda m: "pub" in m or "unsubscribed" in m, timeout=20)
+        if "unsubscribed" in m:
+            assert m["unsubscribed"]["ch"] == other, m
+            break
+        seen.append(m["pub"]["off"])
+    else:
         assert seen == got == list(range(calm_off + 1, calm_off + 6))
-    except sb.Closed as c:
-        # Told the usual way when the link could not prove it missed nothing.
-        assert c.code == 4008, c
+    assert victim.closed is None and calm.closed is None
     victim.close()
     calm.close()
 

@@ -4,11 +4,12 @@
 //! `{"ch", "off", "data"}` per publication until Ctrl-C or until the server closes the
 //! connection. Diagnostics go to stderr so stdout stays a clean JSON-lines stream.
 
+use std::collections::HashMap;
 use std::io::Write;
 
 use anyhow::{bail, Context};
 use serde_json::Value;
-use switchboard_protocol::Format;
+use switchboard_protocol::{Format, StreamPosition};
 
 use crate::client::Client;
 use crate::connect::ConnectOptions;
@@ -93,14 +94,19 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
     }
     let mut ok = 0;
     let mut last = Vec::new();
-    // Channels whose broker shard is unavailable for now (503: a failover) are subscribed again
-    // after a growing delay, while the others stream.
+    // Where each channel's stream is, to subscribe it again with `recover` after the server
+    // ended its subscription (`unsubscribed`: its broker shard may have lost publications).
+    let mut positions: HashMap<String, StreamPosition> = HashMap::new();
+    // Channels to subscribe again: refused for now (503: their shard is failing over) or
+    // ended by the server; asked again at `retry_at`, with a growing delay, while the others
+    // stream.
     let mut waiting = Vec::new();
     for ch in &args.channels {
         match reply.channels.get(ch) {
             Some(ChannelResult::Subscribed(s)) => {
                 ok += 1;
                 last.extend(s.last.clone());
+                positions.insert(ch.clone(), StreamPosition { epoch: s.epoch.clone(), offset: s.offset });
             }
             Some(ChannelResult::Error { error }) if error.code == 503 => {
                 eprintln!("{ch}: {}; subscribing again", error.message);
@@ -116,6 +122,7 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
         bail!("no channel could be subscribed");
     }
     let mut retry_in = RETRY_FIRST;
+    let mut retry_at = tokio::time::Instant::now() + retry_in;
     let stdout = std::io::stdout();
     let print = |p: &Publication| -> anyhow::Result<bool> {
         let mut out = stdout.lock();
@@ -139,32 +146,53 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
                 let _ = client.close().await;
                 return Ok(());
             }
-            _ = tokio::time::sleep(retry_in), if !waiting.is_empty() => {
-                let again = client
-                    .subscribe(SubscribeOptions::new(waiting.iter().cloned()).initial(args.initial))
-                    .await
-                    .context("subscribe")?;
+            _ = tokio::time::sleep_until(retry_at), if !waiting.is_empty() => {
+                let mut again = SubscribeOptions::new(waiting.iter().cloned()).initial(args.initial);
+                for ch in &waiting {
+                    if let Some(pos) = positions.get(ch) {
+                        again = again.recover(ch.clone(), pos.epoch.clone(), pos.offset);
+                    }
+                }
+                let reply = client.subscribe(again).await.context("subscribe")?;
                 waiting.clear();
-                for (ch, result) in again.channels {
+                for (ch, result) in reply.channels {
                     match result {
                         ChannelResult::Subscribed(s) => {
-                            if let Some(p) = &s.last {
+                            let resumed = positions.contains_key(&ch);
+                            if resumed && !s.complete {
+                                eprintln!("{ch}: publications after offset {} are no longer in history", positions[&ch].offset);
+                            }
+                            let shown = if resumed { s.recovered.iter().collect::<Vec<_>>() } else { s.last.iter().collect() };
+                            for p in shown {
                                 if !print(p)? {
                                     return Ok(());
                                 }
                             }
+                            positions.insert(ch, StreamPosition { epoch: s.epoch, offset: s.offset });
                         }
                         ChannelResult::Error { error } if error.code == 503 => waiting.push(ch),
                         ChannelResult::Error { error } => eprintln!("{ch}: error {}: {}", error.code, error.message),
                     }
                 }
                 retry_in = (retry_in * 2).min(RETRY_MOST);
+                retry_at = tokio::time::Instant::now() + retry_in;
             }
             ev = client.next_event() => match ev {
                 Some(Event::Publication(p)) => {
+                    if let Some(pos) = positions.get_mut(&p.ch) {
+                        pos.offset = p.off;
+                    }
                     if !print(&p)? {
                         return Ok(());
                     }
+                }
+                Some(Event::Unsubscribed { ch, reason, .. }) => {
+                    eprintln!("{ch}: {reason}; subscribing again");
+                    if waiting.is_empty() {
+                        retry_in = RETRY_FIRST;
+                        retry_at = tokio::time::Instant::now();
+                    }
+                    waiting.push(ch);
                 }
                 Some(Event::Disconnect { code, reason, .. }) => eprintln!("disconnect {code}: {reason}"),
                 Some(Event::Error(e)) => eprintln!("error {}: {}", e.code, e.message),

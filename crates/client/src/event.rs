@@ -1,4 +1,5 @@
-//! Server pushes (SPEC §2): publications, presence, disconnects, and the end of the connection.
+//! Server pushes (SPEC §2): publications, presence, ended subscriptions, disconnects, and the end
+//! of the connection.
 
 use serde::{Deserialize, Serialize};
 use switchboard_protocol::message::ErrorBody;
@@ -35,6 +36,13 @@ pub enum Event {
         code: u16,
         reason: String,
         reconnect: bool,
+    },
+    /// The server ended the subscription of `ch` (its broker shard may have lost publications
+    /// of it); the connection stays. Subscribe it again with `recover` from the last offset.
+    Unsubscribed {
+        ch: String,
+        code: u16,
+        reason: String,
     },
     /// An error reply nobody waits for: a failed command sent without id (the server reports
     /// it with id 0).

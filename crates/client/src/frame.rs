@@ -82,6 +82,16 @@ struct Incoming {
     leave: Option<Presence>,
     #[serde(default)]
     disconnect: Option<Disconnect>,
+    #[serde(default)]
+    unsubscribed: Option<Unsubscribed>,
+}
+
+#[derive(Deserialize)]
+struct Unsubscribed {
+    ch: String,
+    code: u16,
+    #[serde(default)]
+    reason: String,
 }
 
 #[derive(Deserialize)]
@@ -121,6 +131,9 @@ impl Incoming {
                 reason: d.reason,
                 reconnect: d.reconnect,
             }));
+        }
+        if let Some(u) = self.unsubscribed {
+            return Ok(ServerMessage::Event(Event::Unsubscribed { ch: u.ch, code: u.code, reason: u.reason }));
         }
         Err(FrameError("message has no known key".into()))
     }
@@ -203,6 +216,14 @@ mod tests {
         assert_eq!(msgs.len(), 2);
         assert!(msgs[0].is_ok());
         assert!(msgs[1].is_err());
+    }
+
+    #[test]
+    fn frame_unsubscribed_is_an_event_naming_its_channel() {
+        let line = br#"{"unsubscribed":{"ch":"room:1","code":4008,"reason":"missed","resubscribe":true}}"#;
+        let msgs = decode_frame(Format::Json, line);
+        let ended = Event::Unsubscribed { ch: "room:1".into(), code: 4008, reason: "missed".into() };
+        assert_eq!(msgs, vec![Ok(ServerMessage::Event(ended))]);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use indexmap::IndexMap;
 use parking_lot::{Mutex, RwLock};
 use switchboard_broker::{BrokerHandler, ClientInfo, Data, Publication};
 use switchboard_protocol::code::close;
-use switchboard_protocol::message::{encode_presence, encode_publication, PresenceEvent};
+use switchboard_protocol::message::{encode_presence, encode_publication, encode_unsubscribed, PresenceEvent};
 use switchboard_protocol::Format;
 use switchboard_supervisor::{fault, isolate};
 
@@ -284,19 +284,64 @@ impl BrokerHandler for Hub {
 
     /// The broker could not deliver every publication of `channel` to this node (an offset
     /// gap, a new epoch after a Redis restart, publications made while the node's Redis link
-    /// was down): its subscribers are disconnected with 4008 and `reconnect: true`, and recover
-    /// what they missed from history with their last offsets, on this node or any other. What
-    /// they were sent before the hole is written first.
+    /// was down). Each subscriber recovers what it missed from history with its last offset:
+    /// a WebSocket client loses just this subscription, with an `unsubscribed` push after what
+    /// it was sent before the hole, and subscribes it again (its other channels keep
+    /// streaming); a client that cannot subscribe again on its connection (SSE, long-polling)
+    /// is disconnected with 4008 and `reconnect: true`.
     fn on_missed(&self, channel: &str) {
-        let outboxes: Vec<Arc<Outbox>> = {
-            let shard = self.shard(channel).read();
-            let Some(subs) = shard.get(channel) else { return };
-            subs.outboxes().cloned().collect()
-        };
-        self.metrics.recover_disconnects.fetch_add(outboxes.len() as u64, Relaxed);
-        for ob in outboxes {
+        const REASON: &str = "publications may have been missed; subscribe again with recover";
+        let mut closing: Vec<Arc<Outbox>> = Vec::new();
+        let mut ended: Vec<Arc<Outbox>> = Vec::new();
+        {
+            let mut shard = self.shard(channel).write();
+            let Some(subs) = shard.get_mut(channel) else { return };
+            subs.conns.retain(|_, ob| keep_unless_resubscribes(ob, &mut ended, &mut closing));
+            subs.sampled.retain(|_, s| keep_unless_resubscribes(&s.outbox, &mut ended, &mut closing));
+            subs.msgpack -= ended.iter().filter(|ob| ob.format == Format::Msgpack).count();
+            if subs.len() == 0 {
+                shard.remove(channel);
+            }
+        }
+        if !ended.is_empty() {
+            let ch: Arc<str> = Arc::from(channel);
+            let json =
+                Frame::message(Format::Json, &encode_unsubscribed(Format::Json, channel, close::SLOW_CONSUMER, REASON));
+            let mp = ended.iter().any(|ob| ob.format == Format::Msgpack).then(|| {
+                Frame::message(
+                    Format::Msgpack,
+                    &encode_unsubscribed(Format::Msgpack, channel, close::SLOW_CONSUMER, REASON),
+                )
+            });
+            let mut scheduled = Vec::new();
+            for ob in ended.iter() {
+                let frame = match (ob.format, &mp) {
+                    (Format::Msgpack, Some(f)) => f,
+                    _ => &json,
+                };
+                if ob.end_subscription(&ch, frame) == Pushed::Schedule {
+                    scheduled.push(ob.clone());
+                }
+            }
+            self.metrics.recover_unsubscribes.fetch_add(ended.len() as u64, Relaxed);
+            self.pending.lock().extend(scheduled);
+        }
+        self.metrics.recover_disconnects.fetch_add(closing.len() as u64, Relaxed);
+        for ob in closing {
             ob.close(close::SLOW_CONSUMER, "publications may have been missed; reconnect and recover", false);
         }
+    }
+}
+
+/// Sorts one subscriber of a channel with missed publications: those that can subscribe again
+/// leave the channel (`ended`), the others stay until their connection closes (`closing`).
+fn keep_unless_resubscribes(ob: &Arc<Outbox>, ended: &mut Vec<Arc<Outbox>>, closing: &mut Vec<Arc<Outbox>>) -> bool {
+    if ob.resubscribes() {
+        ended.push(ob.clone());
+        false
+    } else {
+        closing.push(ob.clone());
+        true
     }
 }
 
@@ -371,6 +416,44 @@ mod tests {
         assert_eq!(*seen.0.lock(), vec![("$write:plant".to_string(), "{\"id\":7}".to_string())]);
         assert!(w.messages().is_empty(), "never fanned out");
         assert_eq!(metrics.publications.load(Relaxed), 0, "not counted as publications");
+    }
+
+    #[test]
+    fn hub_missed_channel_ends_that_subscription_only_or_closes_clients_that_cannot_resubscribe() {
+        let metrics = Arc::new(Metrics::default());
+        let hub = Hub::new(metrics.clone());
+        let (lost, healthy): (Arc<str>, Arc<str>) = ("lost".into(), "healthy".into());
+        let ws = TestWire::open(usize::MAX);
+        let ws_ob = Arc::new(Outbox::new(1, Format::Json, ws.clone(), 1 << 20, metrics.clone()));
+        ws_ob.accept_resubscribes();
+        let sse = TestWire::open(usize::MAX);
+        let sse_ob = Arc::new(Outbox::new(2, Format::Json, sse.clone(), 1 << 20, metrics.clone()));
+        for ob in [&ws_ob, &sse_ob] {
+            hub.add(&lost, ob, false, None);
+            hub.add(&healthy, ob, false, None);
+        }
+        hub.on_publication("lost", &publication(1, "1"));
+        hub.on_missed("lost");
+        hub.on_publication("lost", &publication(5, "5"));
+        hub.on_publication("healthy", &publication(1, "1"));
+        hub.after_publications();
+        assert_eq!(
+            ws.messages(),
+            vec![
+                serde_json::json!({"pub": {"ch": "lost", "off": 1, "data": 1}}),
+                serde_json::json!({"unsubscribed": {"ch": "lost", "code": 4008,
+                    "reason": "publications may have been missed; subscribe again with recover", "resubscribe": true}}),
+                serde_json::json!({"pub": {"ch": "healthy", "off": 1, "data": 1}}),
+            ],
+            "what came before the hole, the notice, then only the other channel"
+        );
+        assert_eq!(ws_ob.take_lost(), vec![lost.clone()]);
+        assert!(!ws_ob.is_closing());
+        assert!(sse_ob.is_closing(), "a stream that cannot subscribe again is closed to recover");
+        assert_eq!(sse.messages()[0], serde_json::json!({"pub": {"ch": "lost", "off": 1, "data": 1}}));
+        assert_eq!(sse.messages()[1]["disconnect"]["code"], 4008);
+        assert_eq!(hub.subscriber_count("lost"), 1, "the closing stream leaves with its session");
+        assert_eq!((metrics.recover_unsubscribes.load(Relaxed), metrics.recover_disconnects.load(Relaxed)), (1, 1));
     }
 
     fn rmp_serde_decode(b: &[u8]) -> serde_json::Value {

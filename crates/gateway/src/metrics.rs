@@ -26,6 +26,9 @@ pub struct Metrics {
     pub slow_consumers: AtomicU64,
     /// Subscribers told to reconnect and recover because the broker lost publications.
     pub recover_disconnects: AtomicU64,
+    /// Subscriptions ended with an `unsubscribed` push (the connection stays) because the
+    /// broker lost publications of their channel.
+    pub recover_unsubscribes: AtomicU64,
     pub protocol_errors: AtomicU64,
     pub rejected_connections: AtomicU64,
     /// Idle channels forgotten (their namespace's `channel_ttl_s` passed).
@@ -136,6 +139,13 @@ impl Metrics {
             "Subscribers closed with 4008 to recover from history: the broker lost publications.",
             "counter",
             self.recover_disconnects.load(Relaxed),
+        );
+        g(
+            &mut out,
+            "recover_unsubscribes_total",
+            "Subscriptions ended with an unsubscribed push (the client subscribes again and recovers; the connection stays): the broker lost publications of the channel.",
+            "counter",
+            self.recover_unsubscribes.load(Relaxed),
         );
         g(
             &mut out,

@@ -24,7 +24,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -111,6 +111,9 @@ struct OutState {
     /// Queue length when each hold began: its reply goes there, after what an earlier command
     /// queued and before anything queued while the subscribe ran.
     hold_marks: Vec<usize>,
+    /// Channels the hub removed this connection from with an `unsubscribed` push; the session
+    /// forgets them before its next subscribe ([`Outbox::take_lost`]).
+    lost: Vec<Arc<str>>,
     /// Nothing more is accepted; the connection task closes once written out.
     closing: bool,
     /// The socket failed; everything is dropped.
@@ -139,6 +142,9 @@ pub struct Outbox {
     metrics: Arc<Metrics>,
     /// Unix seconds of the last frame received from the client (heartbeats).
     pub last_seen: AtomicU64,
+    /// The client can subscribe a channel again on this connection (WebSocket): a channel the
+    /// broker lost publications of ends with an `unsubscribed` push instead of a 4008 close.
+    resubscribes: AtomicBool,
 }
 
 /// Largest merged chunk written at once.
@@ -155,6 +161,7 @@ impl Outbox {
             max_pending,
             metrics,
             last_seen: AtomicU64::new(crate::unix_s()),
+            resubscribes: AtomicBool::new(false),
         }
     }
 
@@ -190,6 +197,34 @@ impl Outbox {
             });
         }
         self.schedule(&mut st)
+    }
+
+    /// Marks this connection as one whose client can subscribe a channel again (see
+    /// [`Outbox::end_subscription`]).
+    pub fn accept_resubscribes(&self) {
+        self.resubscribes.store(true, Relaxed);
+    }
+
+    pub fn resubscribes(&self) -> bool {
+        self.resubscribes.load(Relaxed)
+    }
+
+    /// Ends the subscription of `channel` after what was queued of it (the hub no longer
+    /// delivers it here): queues `notice` (an `unsubscribed` push) and records the channel for
+    /// [`Outbox::take_lost`]. A subscribe that holds the outbox puts its reply before the notice.
+    pub fn end_subscription(&self, channel: &Arc<str>, notice: &Frame) -> Pushed {
+        let mut st = self.state.lock();
+        if st.closing || st.dead {
+            return Pushed::Dropped;
+        }
+        st.lost.push(channel.clone());
+        drop(st);
+        self.push_item(Item::Message { frame: notice.clone(), channel: None, offset: 0, born: None }, true)
+    }
+
+    /// Channels ended by [`Outbox::end_subscription`] since the last call.
+    pub fn take_lost(&self) -> Vec<Arc<str>> {
+        std::mem::take(&mut self.state.lock().lost)
     }
 
     /// Queues a reply or other message that belongs to no channel (may exceed the bound

@@ -529,7 +529,7 @@ impl Session {
         for ch in std::mem::take(&mut self.pending) {
             self.node.hub.remove(&ch, self.outbox.id);
         }
-        let subs: Vec<Arc<str>> = self.subs.iter().cloned().collect();
+        let subs: Vec<Arc<str>> = self.subs.iter().cloned().chain(self.present.iter().cloned()).collect();
         for ch in subs {
             self.unsubscribe(&ch).await;
         }

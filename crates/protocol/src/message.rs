@@ -248,6 +248,26 @@ pub fn encode_disconnect(format: Format, code: u16, reason: &str) -> Vec<u8> {
     })
 }
 
+#[derive(Serialize)]
+struct UnsubscribedBody<'a> {
+    ch: &'a str,
+    code: u16,
+    reason: &'a str,
+    resubscribe: bool,
+}
+
+#[derive(Serialize)]
+struct UnsubscribedPush<'a> {
+    unsubscribed: UnsubscribedBody<'a>,
+}
+
+/// Encodes `{"unsubscribed": {"ch", "code", "reason", "resubscribe": true}}`: the server ended
+/// this one subscription (its broker shard may have lost publications of it); the client
+/// subscribes it again with `recover` from its last offset, on the same connection.
+pub fn encode_unsubscribed(format: Format, ch: &str, code: u16, reason: &str) -> Vec<u8> {
+    format.encode(&UnsubscribedPush { unsubscribed: UnsubscribedBody { ch, code, reason, resubscribe: true } })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,5 +326,11 @@ mod tests {
         assert_eq!(d, br#"{"disconnect":{"code":4008,"reason":"slow consumer","reconnect":true}}"#);
         let d = encode_disconnect(Format::Json, 4010, "bad frame");
         assert!(String::from_utf8(d).unwrap().contains("\"reconnect\":false"));
+    }
+
+    #[test]
+    fn message_unsubscribed_names_the_channel_and_asks_to_subscribe_again() {
+        let u = encode_unsubscribed(Format::Json, "room:1", 4008, "missed");
+        assert_eq!(u, br#"{"unsubscribed":{"ch":"room:1","code":4008,"reason":"missed","resubscribe":true}}"#);
     }
 }

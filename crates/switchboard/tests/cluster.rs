@@ -146,7 +146,8 @@ async fn follow(urls: Arc<Vec<String>>, dead: Arc<AtomicUsize>, start: usize, to
                         *off = p.off;
                     }
                 }
-                Ok(Some(Event::Disconnect { .. } | Event::Closed { .. }) | None) | Err(_) => {
+                Ok(Some(Event::Disconnect { .. } | Event::Closed { .. } | Event::Unsubscribed { .. }) | None)
+                | Err(_) => {
                     reconnects += 1;
                     continue 'connect;
                 }
@@ -244,21 +245,21 @@ async fn cluster_redis_restart_changes_the_epoch_and_service_resumes() {
     let _redis = Redis::start_on(port);
     all_ready(&[&node]).await;
 
-    // History is gone: the node tells its subscribers to recover (4008, reconnect: true) ...
-    let code = loop {
-        match tokio::time::timeout(Duration::from_secs(15), c.next_event()).await.expect("a disconnect") {
-            Some(Event::Disconnect { code, reconnect, .. }) => {
-                assert!(reconnect);
-                break code;
+    // History is gone: the node ends the subscription with an `unsubscribed` push (the
+    // connection stays) ...
+    loop {
+        match tokio::time::timeout(Duration::from_secs(15), c.next_event()).await.expect("an unsubscribed push") {
+            Some(Event::Unsubscribed { ch, code, .. }) => {
+                assert_eq!((ch.as_str(), code), ("orders", 4008));
+                break;
             }
-            Some(Event::Closed { code }) => break code,
+            Some(Event::Publication(p)) => panic!("publication {} after the hole and before the notice", p.off),
+            Some(Event::Disconnect { code, .. } | Event::Closed { code }) => panic!("connection closed ({code})"),
             Some(_) => continue,
-            None => panic!("ended without a disconnect"),
+            None => panic!("ended without an unsubscribed push"),
         }
-    };
-    assert_eq!(code, 4008);
-    // ... and recovery says what cannot be recovered.
-    let mut c = Client::connect(&node.ws(), Format::Json).await.unwrap();
+    }
+    // ... and subscribing again with recover says what cannot be recovered.
     let r = c.subscribe(SubscribeOptions::new(["orders"]).recover("orders", epoch.clone(), last)).await.unwrap();
     let s = subscribed(&r.channels["orders"]);
     assert!(!s.complete, "a new epoch after Redis lost its data");

@@ -679,8 +679,20 @@ export class Client implements SubscriptionOwner {
         this.events.emit('leave', m.leave);
       } else if (m.disconnect) {
         this.disconnectBody = m.disconnect;
+      } else if (m.unsubscribed) {
+        this.onUnsubscribed(m.unsubscribed.ch);
       }
     }
+  }
+
+  /** The server ended one subscription (its broker shard may have lost publications of it);
+   * the connection stays. The channel goes out again at once, recovering from its position;
+   * while its shard is down that is answered 503 and retried later. */
+  private onUnsubscribed(channel: string): void {
+    const e = this.entries.get(channel);
+    if (!e) return;
+    this.recovery.reset(e);
+    this.queueFlush();
   }
 
   private onReply(id: number, ok: unknown, error: ErrorBody | undefined): void {

@@ -109,6 +109,14 @@ export interface DisconnectBody {
   reconnect: boolean;
 }
 
+/** The server ended the subscription of `ch`; the client subscribes it again with recovery. */
+export interface UnsubscribedBody {
+  ch: string;
+  code: number;
+  reason: string;
+  resubscribe: boolean;
+}
+
 /** Anything the server sends. */
 export interface ServerMessage {
   id?: number;
@@ -118,6 +126,7 @@ export interface ServerMessage {
   join?: PresenceEvent;
   leave?: PresenceEvent;
   disconnect?: DisconnectBody;
+  unsubscribed?: UnsubscribedBody;
 }
 
 /** A reply error or a failure of the connection, with the protocol's code (0 when local). */

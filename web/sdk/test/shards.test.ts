@@ -129,3 +129,42 @@ it('serves the channels of a live shard while the dead shard\'s channels wait, t
     c.close();
   }
 });
+
+it('keeps the connection when a shard fails under its subscriptions: only that shard\'s channels subscribe again', async () => {
+  const c = new Client({ url: server.url, WebSocket: WS, reconnect: { minDelayMs: 50, maxDelayMs: 500 } });
+  try {
+    const got = new Map<string, number[]>();
+    c.on('frame', (b) => {
+      for (const p of b.publications) got.set(p.channel, [...(got.get(p.channel) ?? []), (p.data as { n: number }).n]);
+    });
+    await c.connect();
+    const channels = Array.from({ length: 16 }, (_, i) => `room:sf${process.pid}.${i}`);
+    await server.publishBatch(channels.map((channel) => ({ channel, data: { n: 0 } })));
+    const subs = c.subscribeMany(channels);
+    const byName = new Map(subs.map((s) => [s.channel, s]));
+    await until(() => subs.every((s) => s.state === 'subscribed'), 'every channel subscribed');
+    await server.publishBatch(channels.map((channel) => ({ channel, data: { n: 1 } })));
+    await until(() => channels.every((ch) => (got.get(ch) ?? []).includes(1)), 'publications before the fault');
+
+    await shards[1].kill();
+    const results = await server.publishBatch(channels.map((channel) => ({ channel, data: { n: 2 } })));
+    const live = channels.filter((_, i) => !('error' in (results[i] as object)));
+    const dead = channels.filter((_, i) => 'error' in (results[i] as object));
+    expect(live.length).toBeGreaterThan(0);
+    expect(dead.length).toBeGreaterThan(0);
+    // The server ends the dead shard's subscriptions alone; the SDK asks them again.
+    await until(() => dead.every((ch) => byName.get(ch)!.state === 'pending'), 'the dead shard\'s channels asked again');
+    await server.publishBatch(live.map((channel) => ({ channel, data: { n: 3 } })));
+    await until(() => live.every((ch) => (got.get(ch) ?? []).includes(3)), 'the live shard streams on');
+
+    await shards[1].start();
+    await until(() => dead.every((ch) => byName.get(ch)!.state === 'subscribed'), 'the restarted shard\'s channels', 20_000);
+    await server.publishBatch(channels.map((channel) => ({ channel, data: { n: 4 } })));
+    await until(() => channels.every((ch) => (got.get(ch) ?? []).includes(4)), 'every channel after the shard came back');
+    // The live shard's channels got each publication once, in order, on one connection.
+    for (const ch of live) expect(got.get(ch)).toEqual([0, 1, 2, 3, 4]);
+    expect(c.stats.reconnects).toBe(0);
+  } finally {
+    c.close();
+  }
+});

@@ -603,6 +603,7 @@ fn dropped(inner: &Inner, name: &str) {
     tracing::warn!(channel, "redis cluster moved the channel's slot; subscribers recover");
     if let Some(h) = inner.handler.get() {
         h.on_missed(channel);
+        h.after_publications();
     }
 }
 

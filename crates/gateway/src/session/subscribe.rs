@@ -88,6 +88,7 @@ async fn read_start(node: &Node, name: &str, req: &SubscribeRequest) -> Result<O
 
 impl Session {
     pub(super) async fn subscribe(&mut self, id: Option<u32>, req: SubscribeRequest) {
+        self.forget_lost();
         let limits = &self.node.config.limits;
         if req.channels.len() > limits.max_channels_per_subscribe {
             let e = ApiError::new(
@@ -193,7 +194,7 @@ impl Session {
             covered.keys().filter(|ch| self.node.config.namespace(namespace_of(ch)).presence).cloned().collect();
         for ch in joins {
             let info = ClientInfo { client: self.client.clone(), user: self.user.clone() };
-            if self.node.broker.presence_add(&ch, info).await.is_ok() {
+            if self.node.broker.presence_add(&ch, info).await.is_ok() && !self.present.contains(&ch) {
                 self.present.push(ch);
             }
         }
@@ -235,13 +236,32 @@ impl Session {
     }
 
     pub(super) async fn unsubscribe(&mut self, name: &str) {
-        let Some(ch) = self.subs.take(name) else { return };
-        self.node.metrics.subscriptions.fetch_sub(1, Relaxed);
-        self.node.hub.remove(&ch, self.outbox.id);
-        let _ = self.node.broker.unsubscribe(&ch).await;
+        if let Some(ch) = self.subs.take(name) {
+            self.node.metrics.subscriptions.fetch_sub(1, Relaxed);
+            self.node.hub.remove(&ch, self.outbox.id);
+            let _ = self.node.broker.unsubscribe(&ch).await;
+        }
+        // A channel ended by the hub (below) keeps its presence entry until the client
+        // unsubscribes or leaves: it is subscribing again.
         if let Some(i) = self.present.iter().position(|p| **p == *name) {
             self.present.swap_remove(i);
             let _ = self.node.broker.presence_remove(name, &self.client).await;
+        }
+    }
+
+    /// Forgets the channels the hub ended with an `unsubscribed` push (their broker shard lost
+    /// publications), so the client can subscribe them again. Their broker counts are released
+    /// in a task: the broker serving them may be failing over, and the subscribe that follows
+    /// must not wait for it (a count taken again meanwhile is not affected).
+    pub(super) fn forget_lost(&mut self) {
+        for name in self.outbox.take_lost() {
+            let Some(ch) = self.subs.take(&name) else { continue };
+            self.node.metrics.subscriptions.fetch_sub(1, Relaxed);
+            self.node.hub.remove(&ch, self.outbox.id);
+            let node = self.node.clone();
+            tokio::spawn(async move {
+                let _ = node.broker.unsubscribe(&ch).await;
+            });
         }
     }
 }

@@ -383,6 +383,9 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
             return;
         }
     };
+    // A WebSocket client subscribes again on its connection: a channel whose publications
+    // the broker lost ends with an `unsubscribed` push, the others keep streaming.
+    outbox.accept_resubscribes();
     // Refusals that waited for the upgrade so the client can be told why.
     let refusal = match (&admitted.slot, &admitted.identity) {
         (Some(None), _) => {
