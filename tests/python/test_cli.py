@@ -182,3 +182,65 @@ def test_cli_sub_subscribes_the_channels_of_a_dead_shard_again_until_it_is_back(
             proc.wait(timeout=10)
         for r in shards:
             r.kill()
+
+
+def test_cli_sub_keeps_streaming_when_a_shard_fails_under_it_and_resumes_its_channels(start_server,
+                                                                                      switchboard_bin, tmp_path):
+    """`switchboard sub` already streaming when a shard dies: the server ends that shard's
+    channels alone (`unsubscribed`); sub keeps printing the live shard's channels, each
+    publication once, and subscribes the others again (with recover) until the shard is back."""
+    import json
+    import threading
+
+    from redis_kit import Redis
+
+    shards = []
+    for i in range(2):
+        d = tmp_path / f"redis{i}"
+        d.mkdir()
+        shards.append(Redis(d))
+        shards[-1].start()
+    proc = None
+    try:
+        srv = start_server("--broker", ",".join(r.url for r in shards))
+        channels = [f"room:{uniq()}" for _ in range(8)]
+        sb.api_batch(srv, [{"channel": c, "data": {"n": 0}} for c in channels])
+        proc = subprocess.Popen([switchboard_bin, "sub", *channels, "--url", srv.ws_url],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        lines: list = []
+        errors: list = []
+        threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+        threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True).start()
+
+        def printed(ch: str) -> list:
+            return [json.loads(line)["data"]["n"] for line in list(lines) if json.loads(line)["ch"] == ch]
+
+        def delivered(chans: list, n: int):
+            def check() -> bool:
+                sb.api_batch(srv, [{"channel": c, "data": {"n": n}} for c in chans if n not in printed(c)])
+                return all(n in printed(c) for c in chans)
+            return check
+
+        sb.wait_until("every channel streaming", delivered(channels, 1), 20, every=0.5)
+        shards[1].kill()
+        results = sb.api_batch(srv, [{"channel": c, "data": {"n": 2}} for c in channels])
+        dead = [c for c, r in zip(channels, results) if "error" in r]
+        live = [c for c in channels if c not in dead]
+        assert dead and live, results
+        sb.wait_until("the dead shard's channels ended by the server",
+                      lambda: all(any(c in e and "subscribing again" in e for e in list(errors)) for c in dead), 20)
+        for n in (3, 4):
+            sb.api_batch(srv, [{"channel": c, "data": {"n": n}} for c in live])
+        sb.wait_until("the live shard's channels", lambda: all(4 in printed(c) for c in live), 20)
+        shards[1].start()
+        sb.wait_until("the dead shard's channels, subscribed again", delivered(dead, 5), 40, every=0.5)
+        assert proc.poll() is None
+        for c in live:
+            # n=1 may have been published twice while sub was still subscribing.
+            assert [n for n in printed(c) if n != 1] == [2, 3, 4], (c, printed(c))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)
+        for r in shards:
+            r.kill()
