@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use crate::redis::{RedisBroker, RedisOptions};
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket,
+    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket, TrendPolicy,
 };
 
 /// Slots of a Redis Cluster.
@@ -554,8 +554,8 @@ impl Broker for ClusterBroker {
         self.shared.on_owner(channel, |node| async move { node.history(channel, since, limit).await }).await
     }
 
-    async fn trend(&self, channel: &str, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
-        self.shared.on_owner(channel, |node| async move { node.trend(channel, since_ms).await }).await
+    async fn trend(&self, channel: &str, policy: TrendPolicy, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
+        self.shared.on_owner(channel, |node| async move { node.trend(channel, policy, since_ms).await }).await
     }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {

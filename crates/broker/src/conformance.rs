@@ -183,13 +183,15 @@ async fn a_zero_history_limit_reads_no_publications(b: Arc<dyn Broker>) {
     assert!(b.history("c:lim0", Some(&gone), 0).await.unwrap().publications.is_empty());
 }
 
+const TREND: crate::TrendPolicy = crate::TrendPolicy { step_ms: 1000, len: 60 };
+
 async fn a_trend_keeps_numeric_values_in_buckets(b: Arc<dyn Broker>) {
-    let policy = HistoryPolicy { trend: Some(crate::TrendPolicy { step_ms: 1000, len: 60 }), ..KEEP };
+    let policy = HistoryPolicy { trend: Some(TREND), ..KEEP };
     for v in [r#"{"v": 1.5, "q": "good"}"#, r#"{"v": 5}"#, r#"{"v": "open"}"#, "3", r#"{"v": -2.25}"#] {
         b.publish("pt:trend", data(v), policy).await.unwrap();
     }
     b.publish("pt:no-trend", data("1"), KEEP).await.unwrap();
-    let t = b.trend("pt:trend", 0).await.unwrap();
+    let t = b.trend("pt:trend", TREND, 0).await.unwrap();
     assert!(!t.is_empty() && t.len() <= 2, "{t:?}");
     assert!(t.windows(2).all(|w| w[0].t < w[1].t) && t.iter().all(|x| x.t % 1000 == 0), "{t:?}");
     assert_eq!(t.iter().map(|x| x.n).sum::<u64>(), 4, "non-numeric values are left out: {t:?}");
@@ -197,15 +199,15 @@ async fn a_trend_keeps_numeric_values_in_buckets(b: Arc<dyn Broker>) {
     let max = t.iter().map(|x| x.max).fold(f64::NEG_INFINITY, f64::max);
     assert_eq!((min, max, t[t.len() - 1].last), (-2.25, 5.0, -2.25));
     let later = crate::now_ms() + 5000;
-    assert!(b.trend("pt:trend", later).await.unwrap().is_empty(), "nothing after since");
-    assert!(b.trend("pt:no-trend", 0).await.unwrap().is_empty());
-    assert!(b.trend("pt:never", 0).await.unwrap().is_empty());
+    assert!(b.trend("pt:trend", TREND, later).await.unwrap().is_empty(), "nothing after since");
+    assert!(b.trend("pt:no-trend", TREND, 0).await.unwrap().is_empty());
+    assert!(b.trend("pt:never", TREND, 0).await.unwrap().is_empty());
     assert!(b.peek("pt:never").await.unwrap().is_none(), "a trend read creates nothing");
     // A point with its own time within reach lands in that time's bucket (a late source
     // value), before the buckets of values published at arrival.
     let late = crate::now_ms() - 20_000;
     b.publish("pt:trend", data(&format!(r#"{{"v": 42, "t": {late}}}"#)), policy).await.unwrap();
-    let t = b.trend("pt:trend", 0).await.unwrap();
+    let t = b.trend("pt:trend", TREND, 0).await.unwrap();
     assert_eq!(t.first().map(|x| (x.t, x.last, x.n)), Some((late - late % 1000, 42.0, 1)), "{t:?}");
     assert!(t.windows(2).all(|w| w[0].t < w[1].t), "{t:?}");
 }

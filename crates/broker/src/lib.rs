@@ -335,9 +335,10 @@ pub trait Broker: Send + Sync + 'static {
     ) -> Result<HistoryResult, BrokerError>;
 
     /// The channel's trend buckets that start at or after `since_ms`, oldest first; empty for
-    /// an unknown channel or one whose namespace keeps no trend. Reads create nothing.
-    async fn trend(&self, channel: &str, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
-        let _ = (channel, since_ms);
+    /// an unknown channel or one whose namespace keeps no trend. `policy` is the namespace's
+    /// (where the buckets are kept depends on its step). Reads create nothing.
+    async fn trend(&self, channel: &str, policy: TrendPolicy, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
+        let _ = (channel, policy, since_ms);
         Ok(Vec::new())
     }
 

@@ -15,7 +15,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::trend::{sample, TrendRing};
 use crate::{
     now_ms, Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelSummary, ClientInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket, UNPUBLISHED_KEEP,
+    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket, TrendPolicy, UNPUBLISHED_KEEP,
 };
 
 /// One channel's stream. Guarded by its own mutex so channels never wait on each other.
@@ -337,7 +337,7 @@ impl Broker for MemoryBroker {
         Ok(HistoryResult { publications, position, complete })
     }
 
-    async fn trend(&self, channel: &str, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
+    async fn trend(&self, channel: &str, _policy: TrendPolicy, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
         let Some(stream) = self.streams.read().map.get(channel).cloned() else { return Ok(Vec::new()) };
         let s = stream.lock();
         Ok(s.trend.as_ref().map(|t| t.since(since_ms).collect()).unwrap_or_default())

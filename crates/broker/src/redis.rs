@@ -19,6 +19,8 @@
 //!   pipelines whatever is in flight together.
 //! - Presence is a sorted set per channel with an expiry per client, refreshed by the node that
 //!   holds the client; a dead node's clients expire and leave (the sweep publishes the leave).
+//! - Trends (`trend_store`): raw chunks of buckets the publish script updates in place, which
+//!   the nodes compress once closed (the `redis-trend-compactor` task).
 //! - Leases (`redis::lease`): which node runs each plant data source.
 //! - A heartbeat registers the node (`/api/info` node count) and its subscription counts
 //!   (cluster-wide subscriber figures in `/api/channels`).
@@ -36,6 +38,7 @@ mod publishing;
 mod round_trip;
 mod scripts;
 mod subscriber;
+mod trend_store;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -49,7 +52,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket,
+    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket, TrendPolicy,
 };
 pub use endpoint::{client_for, take_tls_ca};
 use endpoint::{Commands, Endpoint};
@@ -136,8 +139,13 @@ impl Keys {
     fn history(&self, ch: &str) -> String {
         format!("{}:{{{ch}}}:h", self.prefix)
     }
-    fn trend(&self, ch: &str) -> String {
-        format!("{}:{{{ch}}}:t", self.prefix)
+    /// Raw trend chunk `c` (see [`trend_store`]).
+    fn trend_raw(&self, ch: &str, c: u64) -> String {
+        format!("{}:{{{ch}}}:t:{c}", self.prefix)
+    }
+    /// The hash of compressed trend chunks.
+    fn trend_compressed(&self, ch: &str) -> String {
+        format!("{}:{{{ch}}}:tz", self.prefix)
     }
     fn pubsub(&self, ch: &str) -> String {
         format!("{}:{{{ch}}}:p", self.prefix)
@@ -196,6 +204,8 @@ pub(crate) struct Inner {
     alive_at: Mutex<Option<Instant>>,
     /// This node's present clients: channel → client → info JSON, for the heartbeat.
     presence: Mutex<HashMap<Arc<str>, HashMap<String, String>>>,
+    /// Trend chunks this node has to compress ([`trend_store`]).
+    trends: trend_store::Compactor,
 }
 
 /// The Redis broker. Create it inside a Tokio runtime: it spawns the pub/sub link and the
@@ -282,14 +292,17 @@ impl RedisBroker {
             presence_ttl: options.presence_ttl,
             link: Link::default(),
             presence: Mutex::new(HashMap::new()),
+            trends: trend_store::Compactor::default(),
         });
         let (stop, stopped) = watch::channel(());
         // Supervised: after a panic the link starts again as after a lost connection (its
         // channels are compared with Redis and their subscribers recover what they missed).
         let (i, s) = (inner.clone(), stopped.clone());
         switchboard_supervisor::spawn("redis-link", move |start| link::run(i.clone(), s.clone(), start.is_restart()));
-        let (i, s) = (inner.clone(), stopped);
+        let (i, s) = (inner.clone(), stopped.clone());
         switchboard_supervisor::spawn("redis-heartbeat", move |_| heartbeat(i.clone(), s.clone()));
+        let (i, s) = (inner.clone(), stopped);
+        switchboard_supervisor::spawn("redis-trend-compactor", move |_| trend_store::run(i.clone(), s.clone()));
         Ok(RedisBroker { inner, _stop: stop })
     }
 }
@@ -457,18 +470,8 @@ impl Broker for RedisBroker {
         Ok(HistoryResult { publications, position, complete: complete == 1 })
     }
 
-    /// The trend hash read whole (at most its `len` fields), its buckets sorted.
-    async fn trend(&self, channel: &str, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
-        let i = &self.inner;
-        let fields: Vec<(String, String)> = redis::cmd("HGETALL")
-            .arg(i.keys.trend(channel))
-            .query_async(&mut i.conn().await?)
-            .await
-            .map_err(|e| i.failed(e))?;
-        let mut out: Vec<TrendBucket> =
-            fields.iter().filter_map(|(_, v)| parse_bucket(v)).filter(|b| b.t >= since_ms).collect();
-        out.sort_by_key(|b| b.t);
-        Ok(out)
+    async fn trend(&self, channel: &str, policy: TrendPolicy, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
+        trend_store::read(&self.inner, channel, policy, since_ms).await
     }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {
@@ -721,17 +724,6 @@ async fn keep_alive(inner: &Inner) -> Result<(), BrokerError> {
         pipe.query_async::<()>(&mut inner.conn().await?).await.map_err(unavailable)?;
     }
     Ok(())
-}
-
-/// One trend field: `start min max last count`.
-fn parse_bucket(text: &str) -> Option<TrendBucket> {
-    let mut it = text.split(' ');
-    let t = it.next()?.parse().ok()?;
-    let min = it.next()?.parse().ok()?;
-    let max = it.next()?.parse().ok()?;
-    let last = it.next()?.parse().ok()?;
-    let n = it.next()?.parse().ok()?;
-    Some(TrendBucket { t, min, max, last, n })
 }
 
 #[cfg(test)]

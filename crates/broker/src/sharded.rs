@@ -21,7 +21,7 @@ use std::sync::Arc;
 use crate::redis::RedisBroker;
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket,
+    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket, TrendPolicy,
 };
 
 /// The shard (0..`shards`) of a channel: jump consistent hash of the FNV-1a hash of its name.
@@ -134,8 +134,8 @@ impl Broker for ShardedRedisBroker {
         self.shard(channel).history(channel, since, limit).await
     }
 
-    async fn trend(&self, channel: &str, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
-        self.shard(channel).trend(channel, since_ms).await
+    async fn trend(&self, channel: &str, policy: TrendPolicy, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
+        self.shard(channel).trend(channel, policy, since_ms).await
     }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {

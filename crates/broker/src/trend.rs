@@ -3,8 +3,9 @@
 //!
 //! A namespace with a trend keeps, per channel, a ring of `len` buckets of `step_ms` each
 //! (by default an hour of one-second buckets): the minimum, maximum, last value and count of
-//! the numeric values published in the bucket. Only buckets that saw a value exist. In Redis a
-//! bucket is a hash field beside the channel's keys, expiring with them (about 130 bytes).
+//! the numeric values published in the bucket. Only buckets that saw a value exist. In Redis
+//! the buckets are kept in chunks beside the channel's keys: the newest raw, closed ones
+//! compressed by the nodes (`redis::trend_store`).
 //!
 //! # Layout
 //! - this file: the policy, the bucket, what a publication contributes ([`sample`]) and reads
@@ -15,7 +16,7 @@
 //!   delta-of-delta starts); `bits`: the bit streams it is written to.
 
 mod bits;
-mod chunk;
+pub(crate) mod chunk;
 pub mod ring;
 
 pub use ring::TrendRing;

@@ -468,3 +468,50 @@ async fn broker_redis_publish_waits_for_redis_and_keeps_its_key() {
     let kept: Vec<&str> = history.publications.iter().map(|p| p.data.get()).collect();
     assert_eq!(kept, ["2"], "Redis restarted empty; the waiting publish is there once");
 }
+
+/// Trend buckets are written raw by the publish script and compressed by the node once their
+/// chunk closes (docs/operations.md, "Trend capacity"): reads give the same buckets before and
+/// after, the closed chunks' raw strings are gone, and a late value for a compressed chunk is
+/// merged into it.
+#[tokio::test]
+async fn broker_redis_trend_chunks_are_compressed_once_closed_and_read_the_same() {
+    use switchboard_broker::{TrendBucket, TrendPolicy};
+    let r = Redis::start();
+    let b = broker(&r, "sb");
+    ready(&b).await;
+    // 10 ms buckets: a chunk (120 buckets) closes every 1.2 s.
+    let trend = TrendPolicy { step_ms: 10, len: 100_000 };
+    let policy = HistoryPolicy { size: 10, ttl: Duration::from_secs(300), trend: Some(trend) };
+    let now = switchboard_broker::now_ms();
+    let start = now - now % 10 - 6_000;
+    // Six seconds of values at their own times, every 20 ms (every other bucket), in batches.
+    let mut expected = Vec::new();
+    let items: Vec<Outgoing> = (0..300u64)
+        .map(|i| {
+            let (t, v) = (start + 20 * i, (i % 17) as f64 * 0.25 - 1.0);
+            expected.push(TrendBucket::new(t, v));
+            Outgoing::new("pt:z", data(&format!(r#"{{"v": {v}, "t": {t}}}"#)), policy)
+        })
+        .collect();
+    for chunk in items.chunks(50) {
+        for r in b.publish_batch(chunk.to_vec()).await {
+            r.unwrap();
+        }
+    }
+    let before = b.trend("pt:z", trend, start).await.unwrap();
+    assert_eq!(before, expected);
+    // Reading queued the closed chunks; the compactor swaps them within a few seconds.
+    let raw_keys = || -> Vec<String> { r.cmd(redis::cmd("KEYS").arg("sb:{pt:z}:t:*")) };
+    let fields = || -> i64 { r.cmd(redis::cmd("HLEN").arg("sb:{pt:z}:tz")) };
+    until("closed chunks compressed", Duration::from_secs(15), async || raw_keys().len() <= 1 && fields() >= 4).await;
+    assert_eq!(b.trend("pt:z", trend, start).await.unwrap(), expected, "the same buckets, compressed");
+    let pttl: i64 = r.cmd(redis::cmd("PTTL").arg("sb:{pt:z}:tz"));
+    assert!(pttl > 0, "the compressed hash expires with its newest chunk's reach: {pttl}");
+    // A late value for a bucket of a compressed chunk merges with it.
+    let late = expected[3].t;
+    b.publish("pt:z", data(&format!(r#"{{"v": 99, "t": {late}}}"#)), policy).await.unwrap();
+    let after = b.trend("pt:z", trend, start).await.unwrap();
+    let merged = after.iter().find(|x| x.t == late).unwrap();
+    assert_eq!((merged.n, merged.max, merged.last), (2, 99.0, 99.0));
+    assert_eq!(after.len(), expected.len());
+}

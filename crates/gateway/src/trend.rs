@@ -42,7 +42,7 @@ pub async fn read(node: &Node, channel: &str, window_s: u64, step_s: Option<u64>
     let step_ms = step_s * 1000;
     // Whole buckets of the asked step, the current one included.
     let since = (now - now % step_ms).saturating_sub((window_s.div_ceil(step_s) - 1) * step_ms);
-    let raw = node.broker.trend(channel, since).await.map_err(|e| node.broker_error(e))?;
+    let raw = node.broker.trend(channel, policy, since).await.map_err(|e| node.broker_error(e))?;
     let buckets = if step_s == stored { raw } else { switchboard_broker::trend::resample(raw, since, step_ms) };
     Ok(TrendReply { step_s, buckets })
 }

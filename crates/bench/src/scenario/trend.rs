@@ -66,6 +66,10 @@ pub struct TrendArgs {
     /// Token for the handshake and the HTTP API (`Authorization: Bearer`).
     #[arg(long)]
     pub token: Option<String>,
+    /// The Redis behind the server (`redis://…`): report its memory (`used_memory`) and CPU
+    /// per stored bucket, measured once the nodes' trend compaction has settled.
+    #[arg(long)]
+    pub redis: Option<String>,
     #[command(flatten)]
     pub common: CommonArgs,
 }
@@ -111,6 +115,37 @@ pub fn expected_buckets(window: u64, fill_start_ms: u64, now_ms: u64) -> u64 {
 
 fn now_ms() -> u64 {
     unix_micros() / 1000
+}
+
+/// `used_memory` (bytes) and CPU seconds (user + system) of a Redis server, from `INFO`.
+async fn redis_figures(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<(u64, f64)> {
+    let info: String = redis::cmd("INFO").query_async(conn).await?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(':')))
+            .map(str::trim)
+            .map(str::to_owned)
+    };
+    let memory = field("used_memory").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let cpu = ["used_cpu_user", "used_cpu_sys"].iter().filter_map(|f| field(f)?.parse::<f64>().ok()).sum();
+    Ok((memory, cpu))
+}
+
+/// Redis figures once its memory stopped falling for three seconds in a row (the nodes
+/// compress closed trend chunks in the background), at most two minutes.
+async fn redis_settled(conn: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<(u64, f64)> {
+    let mut last = redis_figures(conn).await?;
+    let mut steady = 0;
+    for _ in 0..120 {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let now = redis_figures(conn).await?;
+        steady = if now.0 >= last.0 { steady + 1 } else { 0 };
+        last = now;
+        if steady >= 3 {
+            break;
+        }
+    }
+    Ok(last)
 }
 
 pub fn run(args: TrendArgs) -> anyhow::Result<i32> {
@@ -303,6 +338,20 @@ async fn coordinate(args: TrendArgs) -> anyhow::Result<i32> {
     let probe = args.common.server_pid.map(ProcessProbe::new);
     let rss_before = probe.and_then(|p| p.memory().ok()).map(|m| m.rss);
     let cpu_before = probe.and_then(|p| p.cpu_seconds().ok());
+    let mut redis_conn = match &args.redis {
+        Some(url) => Some(
+            redis::Client::open(url.as_str())
+                .map_err(|e| anyhow::anyhow!("--redis {url}: {e}"))?
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| anyhow::anyhow!("--redis {url}: {e}"))?,
+        ),
+        None => None,
+    };
+    let redis_before = match redis_conn.as_mut() {
+        Some(c) => Some(redis_figures(c).await?),
+        None => None,
+    };
     let fill_start_ms = now_ms();
     // Second k of the window starts at base + k s; the last one is the current second.
     let base_ms = (fill_start_ms - fill_start_ms % 1000).saturating_sub((args.window - 1) * 1000);
@@ -320,6 +369,21 @@ async fn coordinate(args: TrendArgs) -> anyhow::Result<i32> {
         _ => None,
     };
     progress.note(&format!("fill: {} values in {:.1} s, {fill_rate:.0}/s", f.accepted, f.seconds));
+    let redis_fill = match redis_conn.as_mut() {
+        Some(c) => Some(redis_figures(c).await?),
+        None => None,
+    };
+    let redis_settled = match redis_conn.as_mut() {
+        Some(c) => Some(redis_settled(c).await?),
+        None => None,
+    };
+    let values = f.accepted.max(1) as f64;
+    let redis_per_bucket = redis_before.zip(redis_settled).map(|(a, b)| b.0.saturating_sub(a.0) as f64 / values);
+    let redis_cpu_fill = redis_before.zip(redis_fill).map(|(a, b)| (b.1 - a.1) * 1e6 / values);
+    let redis_cpu_all = redis_before.zip(redis_settled).map(|(a, b)| (b.1 - a.1) * 1e6 / values);
+    if let Some(b) = redis_per_bucket {
+        progress.note(&format!("redis: {b:.1} B per bucket once compressed"));
+    }
 
     let channels = read_set(&args);
     let http = read_http(&args, &channels, fill_start_ms).await?;
@@ -365,6 +429,9 @@ async fn coordinate(args: TrendArgs) -> anyhow::Result<i32> {
         "server_cpu_us_per_value".into(),
         json!(cpu_before.zip(cpu_after).filter(|_| f.accepted > 0).map(|(a, b)| (b - a) * 1e6 / f.accepted as f64)),
     );
+    extra.insert("redis_used_memory_per_bucket_bytes".into(), json!(redis_per_bucket));
+    extra.insert("redis_cpu_us_per_value_fill".into(), json!(redis_cpu_fill));
+    extra.insert("redis_cpu_us_per_value_with_compaction".into(), json!(redis_cpu_all));
     extra.insert("http_read_ms".into(), json!(http.ms));
     extra.insert("http_buckets".into(), json!(http.buckets));
     extra.insert("subscribe_read_ms".into(), json!(ws.ms));
@@ -374,7 +441,7 @@ async fn coordinate(args: TrendArgs) -> anyhow::Result<i32> {
     let params = json!({
         "points": args.points, "window_s": args.window, "prefix": args.prefix, "batch": args.batch,
         "concurrency": args.concurrency, "reads": args.reads, "read_concurrency": args.read_concurrency,
-        "full_precision": args.full_precision,
+        "full_precision": args.full_precision, "redis": args.redis,
         "target": args.common.target,
     });
     let reads = (2 * channels.len()) as u64;

@@ -62,12 +62,16 @@ impl Inner {
             }
         }
         let window_ms = crate::IDEMPOTENCY_WINDOW.as_millis() as u64;
-        for item in items {
+        // Where each trend value goes, for the compactor (`trend_store`) once it is published.
+        let now = crate::now_ms();
+        let mut trends = Vec::new();
+        for (index, item) in items.iter().enumerate() {
             let ttl_ms = u64::try_from(item.policy.ttl.as_millis()).unwrap_or(u64::MAX);
             call.arg(item.data.get()).arg(item.policy.size).arg(ttl_ms).arg(self.keys.pubsub(&item.channel));
             call.arg(self.keep_ms(&item.channel));
             match (item.policy.trend, item.policy.trend.and_then(|_| crate::trend::sample(item.data.get()))) {
                 (Some(t), Some((v, at))) => {
+                    trends.push((index, &*item.channel, t, t.placement(now, at)));
                     call.arg(format!("{},{},{v:?},{}", t.step_ms.max(1), t.len.max(1), at.unwrap_or(0)))
                 }
                 _ => call.arg(""),
@@ -90,6 +94,12 @@ impl Inner {
         };
         if flat.len() != items.len() {
             return Err(BrokerError::Unavailable("redis answered a publish batch with the wrong count".into()));
+        }
+        for (index, channel, policy, at) in trends {
+            // An empty epoch: a Cluster node that does not serve the slot published nothing.
+            if !flat[index].0.is_empty() {
+                self.trends.published(channel, policy, at);
+            }
         }
         Ok(flat
             .into_iter()

@@ -75,34 +75,31 @@ if #KEYS == 0 then
   for i = 1, 2 * n do K[i] = ARGV[2 + i] end
   base = 2 + 2 * n
 end
--- The trend (`P:{ch}:t`, beside the meta key): a hash of `len` fields, bucket index modulo
--- len → "start min max last count"; `spec` is "step,len,value,t" (t: the point's own time, 0
--- for none; used when within reach and not ahead of now). It expires with the channel.
-local function trend(tkey, spec, hold, k, keep)
+-- The trend, beside the meta key: the buckets of chunk `c` (CHUNK_BUCKETS buckets of `step`
+-- from bucket c * CHUNK_BUCKETS) are a string `P:{ch}:t:<c>` of 28-byte slots — min, max and
+-- last as big-endian doubles and the count, 0 for a bucket without values — updated in place;
+-- nodes compress closed chunks into the hash `P:{ch}:tz` (crate::redis::trend_store). `spec`
+-- is "step,len,value,t" (t: the point's own time, 0 for none; used when within reach and not
+-- ahead of now). A chunk string expires once its last bucket is out of reach.
+local function trend(base, spec)
   local step, len, vs, ts = string.match(spec, '^(%d+),(%d+),([^,]+),(%d+)$')
   step, len = tonumber(step), tonumber(len)
   local v = tonumber(vs)
   local at = tonumber(ts)
   if at == 0 or at > ms or at + step * len <= ms then at = ms end
-  local b = at - at % step
-  local f = math.floor(b / step) % len
-  local cur = redis.call('HGET', tkey, f)
-  local nb
-  if cur then
-    local cb, mn, mx, n = string.match(cur, '^(%d+) (%S+) (%S+) %S+ (%d+)$')
-    if tonumber(cb) == b then
-      if v < tonumber(mn) then mn = vs end
-      if v > tonumber(mx) then mx = vs end
-      nb = b .. ' ' .. mn .. ' ' .. mx .. ' ' .. vs .. ' ' .. (tonumber(n) + 1)
-    end
+  local slot = math.floor(at / step)
+  local c = math.floor(slot / CHUNK_BUCKETS)
+  local off = (slot % CHUNK_BUCKETS) * 28
+  local key = base .. c
+  local cur = redis.call('GETRANGE', key, off, off + 27)
+  local mn, mx, n = v, v, 0
+  if #cur == 28 then
+    local a, b, _, k = struct.unpack('>dddI4', cur)
+    if k > 0 then mn, mx, n = math.min(a, v), math.max(b, v), k end
   end
-  redis.call('HSET', tkey, f, nb or (b .. ' ' .. vs .. ' ' .. vs .. ' ' .. vs .. ' 1'))
-  if hold then
-    redis.call('PEXPIRE', tkey, hold)
-  elseif k == 0 then
-    redis.call('PERSIST', tkey)
-  elseif keep > 0 and redis.call('PTTL', tkey) == -1 then
-    redis.call('PEXPIRE', tkey, math.min(2 * keep, 1e15))
+  redis.call('SETRANGE', key, off, struct.pack('>dddI4', mn, mx, v, n + 1))
+  if n == 0 then
+    redis.call('PEXPIREAT', key, ((c + 1) * CHUNK_BUCKETS + len) * step)
   end
 end
 local function one(i, meta, hist, a)
@@ -174,7 +171,7 @@ local function one(i, meta, hist, a)
   end
   local tr = ARGV[a + 5]
   if tr ~= '' then
-    trend(string.sub(meta, 1, -2) .. 't', tr, hold, k, keep)
+    trend(string.sub(meta, 1, -2) .. 't:', tr)
   end
   redis.call('PUBLISH', ARGV[a + 3], 'p' .. epoch .. ' ' .. offset .. ' ' .. ms .. ' ' .. data)
   if ikey ~= '' then
@@ -192,6 +189,32 @@ for i = 1, #K / 2 do
   end
 end
 return out
+"#;
+
+/// Replaces a closed raw trend chunk by its compressed form: KEYS raw chunk, compressed hash;
+/// ARGV the SHA-1 of the raw chunk and of the hash field (`''`: none) as the node read them,
+/// the field (the chunk number), the compressed bytes, when the chunk leaves the trend's reach
+/// (unix ms) and the oldest chunk number still in reach. Nothing is done (0) when either
+/// changed since the node read them (a late value, another node compacting): the node reads
+/// them again. Fields out of reach are dropped; the hash lives until its newest chunk is out of
+/// reach.
+const TREND_COMPACT: &str = r#"
+local raw = redis.call('GET', KEYS[1])
+if not raw or redis.sha1hex(raw) ~= ARGV[1] then return 0 end
+local old = redis.call('HGET', KEYS[2], ARGV[3])
+if (old and redis.sha1hex(old) or '') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+redis.call('DEL', KEYS[1])
+local oldest = tonumber(ARGV[6])
+for _, f in ipairs(redis.call('HKEYS', KEYS[2])) do
+  if (tonumber(f) or 0) < oldest then redis.call('HDEL', KEYS[2], f) end
+end
+local now = redis.call('TIME')
+local left = tonumber(ARGV[5]) - (tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+if redis.call('PTTL', KEYS[2]) < left then
+  redis.call('PEXPIRE', KEYS[2], math.max(left, 1))
+end
+return 1
 "#;
 
 /// Whether this server holds a channel's keys: always on a single Redis; on a Cluster node,
@@ -420,6 +443,7 @@ pub(super) struct Scripts {
     pub node_beat: Script,
     pub cluster: Script,
     pub epoch_bump: Script,
+    pub trend_compact: Script,
 }
 
 impl Scripts {
@@ -434,7 +458,11 @@ impl Scripts {
         let with_identity = |body: &str| Script::new(&text(format!("{IDENTITY}{body}")));
         let here = if cluster { HERE_CLUSTER } else { HERE_SINGLE };
         Scripts {
-            publish: Script::new(&text(format!("{here}{IDENTITY}{PUBLISH}"))),
+            publish: Script::new(
+                &text(format!("{here}{IDENTITY}{PUBLISH}"))
+                    .replace("CHUNK_BUCKETS", &crate::trend::ring::CHUNK_BUCKETS.to_string()),
+            ),
+            trend_compact: script(TREND_COMPACT),
             position: with_identity(POSITION),
             peek: script(PEEK),
             history: with_identity(HISTORY),

@@ -118,8 +118,10 @@ impl FloatState {
             let len = r.take(6) as u8 + 1;
             self.trail = 64u8.saturating_sub(self.lead + len);
         }
-        let len = 64 - u32::from(self.lead) - u32::from(self.trail);
-        f64::from_bits(against.to_bits() ^ (r.take(len) << self.trail))
+        // Saturating: bits that are not a chunk (corrupted in storage) decode to wrong values,
+        // never to a panic.
+        let len = 64u32.saturating_sub(u32::from(self.lead) + u32::from(self.trail));
+        f64::from_bits(against.to_bits() ^ r.take(len).checked_shl(u32::from(self.trail)).unwrap_or(0))
     }
 }
 
@@ -324,7 +326,32 @@ impl Chunk {
     pub fn encoded_len(&self) -> usize {
         self.bits.len()
     }
+
+    /// The chunk as stored outside the process (the Redis trend hash): `first_t`, `last_t`
+    /// (u64) and `count` (u32), big-endian, then the encoded buckets.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(STORED_HEADER + self.bits.len());
+        out.extend_from_slice(&self.first_t.to_be_bytes());
+        out.extend_from_slice(&self.last_t.to_be_bytes());
+        out.extend_from_slice(&self.count.to_be_bytes());
+        out.extend_from_slice(&self.bits);
+        out
+    }
+
+    /// Reads [`Chunk::to_bytes`]; `None` for bytes too short to be one. Bits that end early
+    /// decode as zeros: a corrupted chunk yields wrong buckets, never a panic.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Chunk> {
+        let (head, bits) = bytes.split_at_checked(STORED_HEADER)?;
+        let first_t = u64::from_be_bytes(head[0..8].try_into().ok()?);
+        let last_t = u64::from_be_bytes(head[8..16].try_into().ok()?);
+        let count = u32::from_be_bytes(head[16..20].try_into().ok()?);
+        // Every bucket takes at least three bits.
+        (count as usize * 3 <= bits.len() * 8).then(|| Chunk { first_t, last_t, count, bits: bits.into() })
+    }
 }
+
+/// Header bytes of a stored chunk ([`Chunk::to_bytes`]).
+const STORED_HEADER: usize = 20;
 
 /// The buckets of a chunk, oldest first.
 #[derive(Debug, Clone)]
@@ -367,7 +394,7 @@ impl Iterator for Decoder<'_> {
         c.prev_gap = gap;
         if r.bit() {
             let len = r.take(7) as u32;
-            c.prev_n = r.take(len);
+            c.prev_n = r.take(len.min(64));
         }
         let n = c.prev_n;
         let last = c.last.take(r, c.prev_last);
