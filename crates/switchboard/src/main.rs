@@ -1,5 +1,7 @@
 //! `switchboard`: parses the command line and hands each command to its crate.
 
+mod token;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -36,6 +38,8 @@ enum Command {
     /// Print a new random API key and the digest to put in the configuration
     /// (`auth.api_keys`), or with --hash the digest of a key read from stdin.
     ApiKey(ApiKeyArgs),
+    /// Sign a JWT for a user with the node's secret or a private key, and print it.
+    Token(token::TokenArgs),
 }
 
 #[derive(Subcommand)]
@@ -350,6 +354,7 @@ fn main() -> ExitCode {
         Command::Sub(args) => client_runtime().and_then(|rt| rt.block_on(switchboard_client::cli::sub(args))),
         Command::User(UserCommand::Add { name, users }) => user_add(&name, &users),
         Command::ApiKey(args) => api_key(&args),
+        Command::Token(args) => token::run(&args),
         Command::Bench(cmd) => match switchboard_bench::run(cmd) {
             // 0: the run passed its criteria; 1: it ran but failed them.
             Ok(code) => return ExitCode::from(u8::try_from(code).unwrap_or(1)),
