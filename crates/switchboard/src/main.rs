@@ -23,8 +23,13 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a gateway node.
+    #[command(after_help = "Every flag and every configuration key can also be set in the environment as \
+SWITCHBOARD_<KEY>, sections joined with __ (SWITCHBOARD_LISTEN, SWITCHBOARD_BROKER, SWITCHBOARD_JWT_SECRET, \
+SWITCHBOARD_MAX_CONNECTIONS, SWITCHBOARD_NAMESPACES__PT__TREND_WINDOW_S, ...); a flag wins over the \
+environment, which wins over the --config file. docs/operations.md lists every key.")]
     Serve(Box<ServeArgs>),
-    /// Run a node on 127.0.0.1 with a simulator of 1,000 points at 1 Hz and a few chat rooms.
+    /// Run a node on 127.0.0.1 with a simulator of 1,000 points at 1 Hz, a few chat rooms and,
+    /// when mosquitto is installed, a plant over MQTT (a control room with writes to devices).
     Demo(DemoArgs),
     /// Publish one JSON value to a channel over the HTTP API.
     Publish(switchboard_client::cli::PublishArgs),
@@ -142,9 +147,14 @@ struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8700].
     #[arg(long)]
     listen: Option<String>,
-    /// Broker: `memory` (embedded, one node) or `redis://host:port/db` (a cluster of nodes
-    /// sharing one Redis).
-    #[arg(long)]
+    /// Broker [default: memory]:
+    /// `memory` (embedded, one node);
+    /// `redis://[user:pw@]host:port[/db]` (`rediss://` for TLS): nodes sharing one Redis;
+    /// `"redis://a:6379,redis://b:6379"`: channels hashed over several Redis shards;
+    /// `redis+cluster://host:port[,host:port]`: a Redis Cluster (seed nodes);
+    /// `redis+sentinel://host:26379[,host:26379]/primary-name`: Redis behind Sentinel.
+    /// Options as query: `?prefix=sb&presence_ttl_s=15` (docs/operations.md).
+    #[arg(long, verbatim_doc_comment)]
     broker: Option<String>,
     /// Worker threads (at most the number of cores) [default: one per core].
     #[arg(long)]
