@@ -94,6 +94,7 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     peeking_at_an_unknown_channel_creates_nothing(make()).await;
     paging_lists_each_channel_once_while_channels_are_created(make()).await;
     a_trend_keeps_numeric_values_in_buckets(make()).await;
+    a_trend_keeps_a_tier_per_step(make()).await;
     a_zero_history_ttl_keeps_history_by_size_only(make()).await;
     a_zero_history_limit_reads_no_publications(make()).await;
     internal_channels_are_delivered_but_never_listed(make()).await;
@@ -186,7 +187,7 @@ async fn a_zero_history_limit_reads_no_publications(b: Arc<dyn Broker>) {
 const TREND: crate::TrendPolicy = crate::TrendPolicy { step_ms: 1000, len: 60 };
 
 async fn a_trend_keeps_numeric_values_in_buckets(b: Arc<dyn Broker>) {
-    let policy = HistoryPolicy { trend: Some(TREND), ..KEEP };
+    let policy = HistoryPolicy { trend: Some(crate::TrendTiers::one(TREND)), ..KEEP };
     for v in [r#"{"v": 1.5, "q": "good"}"#, r#"{"v": 5}"#, r#"{"v": "open"}"#, "3", r#"{"v": -2.25}"#] {
         b.publish("pt:trend", data(v), policy).await.unwrap();
     }
@@ -210,6 +211,30 @@ async fn a_trend_keeps_numeric_values_in_buckets(b: Arc<dyn Broker>) {
     let t = b.trend("pt:trend", TREND, 0).await.unwrap();
     assert_eq!(t.first().map(|x| (x.t, x.last, x.n)), Some((late - late % 1000, 42.0, 1)), "{t:?}");
     assert!(t.windows(2).all(|w| w[0].t < w[1].t), "{t:?}");
+}
+
+/// Each tier keeps its own buckets: the fine one the last minute, the coarse one ten minutes
+/// in 10 s buckets, from the same values.
+async fn a_trend_keeps_a_tier_per_step(b: Arc<dyn Broker>) {
+    let fine = crate::TrendPolicy { step_ms: 1000, len: 60 };
+    let coarse = crate::TrendPolicy { step_ms: 10_000, len: 60 };
+    let tiers = crate::TrendTiers::new(&[fine, coarse]).unwrap();
+    let policy = HistoryPolicy { trend: Some(tiers), ..KEEP };
+    let now = crate::now_ms();
+    let start = now - now % 10_000 - 300_000;
+    // One value every 5 s over the last five minutes, at its own time.
+    let items: Vec<Outgoing> = (0..60u64)
+        .map(|i| Outgoing::new("pt:tiers", data(&format!(r#"{{"v": {i}, "t": {}}}"#, start + i * 5000)), policy))
+        .collect();
+    for r in b.publish_batch(items).await {
+        r.unwrap();
+    }
+    let f = b.trend("pt:tiers", fine, 0).await.unwrap();
+    assert!(!f.is_empty() && f.iter().all(|x| x.t + 60_000 > now && x.n == 1), "the last minute only: {f:?}");
+    let c = b.trend("pt:tiers", coarse, 0).await.unwrap();
+    assert_eq!(c.len(), 30, "five minutes of 10 s buckets: {c:?}");
+    assert!(c.iter().all(|x| x.t % 10_000 == 0 && x.n == 2), "{c:?}");
+    assert_eq!((c[0].t, c[0].min, c[0].max, c[0].last), (start, 0.0, 1.0, 1.0));
 }
 
 async fn paging_lists_each_channel_once_while_channels_are_created(b: Arc<dyn Broker>) {

@@ -44,7 +44,7 @@ pub use self::redis::RedisBroker;
 pub use cluster::ClusterBroker;
 pub use memory::MemoryBroker;
 pub use sharded::ShardedRedisBroker;
-pub use trend::{TrendBucket, TrendPolicy};
+pub use trend::{TrendBucket, TrendPolicy, TrendTiers};
 
 /// Checks a `--broker` value without connecting: `memory`, one Redis URL, or a comma-separated
 /// list of Redis URLs (shards). Errors never repeat a URL, which may carry a password.
@@ -141,8 +141,8 @@ pub struct HistoryPolicy {
     /// How long publications stay in history; zero: no expiry by time (bounded by `size`
     /// only), on every broker.
     pub ttl: Duration,
-    /// The downsampled trend of numeric values kept beside it, if any ([`trend`]).
-    pub trend: Option<TrendPolicy>,
+    /// The downsampled trends of numeric values kept beside it, if any ([`trend`]).
+    pub trend: Option<TrendTiers>,
 }
 
 /// What a history read returns.

@@ -31,8 +31,8 @@ struct Stream {
     touched_ms: u64,
     /// History TTL of the last publication's namespace (reads expire with it).
     history_ttl_ms: u64,
-    /// Numeric values downsampled, when the namespace keeps a trend.
-    trend: Option<Box<TrendRing>>,
+    /// Numeric values downsampled, one ring per trend tier of the namespace (by step).
+    trends: Vec<(TrendPolicy, TrendRing)>,
     /// Idempotency keys of recent publications, with the position each got; allocated with
     /// the channel's first key, so channels published without keys carry none.
     keys: Option<Box<RecentKeys>>,
@@ -84,7 +84,7 @@ impl Stream {
             subscribers: 0,
             touched_ms: now_ms(),
             history_ttl_ms: u64::MAX,
-            trend: None,
+            trends: Vec::new(),
             keys: None,
         }
     }
@@ -240,9 +240,19 @@ impl MemoryBroker {
         } else if !s.history.is_empty() {
             s.history.clear();
         }
-        if let Some(policy) = policy.trend {
+        if let Some(tiers) = policy.trend {
             if let Some((v, t)) = sample(publication.data.get()) {
-                s.trend.get_or_insert_default().record(policy, policy.placement(now, t), v);
+                for (tier, at) in tiers.placements(now, t) {
+                    let Some(at) = at else { continue };
+                    let ring = match s.trends.iter().position(|(p, _)| p.step_ms == tier.step_ms) {
+                        Some(i) => &mut s.trends[i].1,
+                        None => {
+                            s.trends.push((tier, TrendRing::default()));
+                            &mut s.trends.last_mut().expect("just pushed").1
+                        }
+                    };
+                    ring.record(tier, at, v);
+                }
             }
         }
         if let Some(h) = self.handler.get() {
@@ -337,10 +347,11 @@ impl Broker for MemoryBroker {
         Ok(HistoryResult { publications, position, complete })
     }
 
-    async fn trend(&self, channel: &str, _policy: TrendPolicy, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
+    async fn trend(&self, channel: &str, policy: TrendPolicy, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
         let Some(stream) = self.streams.read().map.get(channel).cloned() else { return Ok(Vec::new()) };
         let s = stream.lock();
-        Ok(s.trend.as_ref().map(|t| t.since(since_ms).collect()).unwrap_or_default())
+        let ring = s.trends.iter().find(|(p, _)| p.step_ms == policy.step_ms).map(|(_, r)| r);
+        Ok(ring.map(|r| r.since(since_ms).collect()).unwrap_or_default())
     }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {

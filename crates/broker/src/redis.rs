@@ -139,13 +139,13 @@ impl Keys {
     fn history(&self, ch: &str) -> String {
         format!("{}:{{{ch}}}:h", self.prefix)
     }
-    /// Raw trend chunk `c` (see [`trend_store`]).
-    fn trend_raw(&self, ch: &str, c: u64) -> String {
-        format!("{}:{{{ch}}}:t:{c}", self.prefix)
+    /// Raw trend chunk `c` of the tier of `step_ms` (see [`trend_store`]).
+    fn trend_raw(&self, ch: &str, step_ms: u64, c: u64) -> String {
+        format!("{}:{{{ch}}}:t:{step_ms}:{c}", self.prefix)
     }
-    /// The hash of compressed trend chunks.
-    fn trend_compressed(&self, ch: &str) -> String {
-        format!("{}:{{{ch}}}:tz", self.prefix)
+    /// The hash of compressed trend chunks of the tier of `step_ms`.
+    fn trend_compressed(&self, ch: &str, step_ms: u64) -> String {
+        format!("{}:{{{ch}}}:tz:{step_ms}", self.prefix)
     }
     fn pubsub(&self, ch: &str) -> String {
         format!("{}:{{{ch}}}:p", self.prefix)

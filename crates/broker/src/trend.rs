@@ -62,6 +62,68 @@ impl TrendBucket {
     }
 }
 
+/// Most trend tiers a channel keeps.
+pub const MAX_TIERS: usize = 4;
+
+/// The trends a channel keeps, finest first: one per tier, each with its own step and reach
+/// (e.g. an hour of seconds, a day of 10 s, a week of minutes). Every numeric value goes into
+/// each; a read uses the finest that reaches back far enough ([`TrendTiers::covering`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrendTiers {
+    tiers: [TrendPolicy; MAX_TIERS],
+    n: u8,
+}
+
+impl TrendTiers {
+    /// A single tier.
+    pub const fn one(policy: TrendPolicy) -> TrendTiers {
+        TrendTiers { tiers: [policy; MAX_TIERS], n: 1 }
+    }
+
+    /// `tiers`, finest first; `None` for none or more than [`MAX_TIERS`].
+    pub fn new(tiers: &[TrendPolicy]) -> Option<TrendTiers> {
+        let first = *tiers.first()?;
+        if tiers.len() > MAX_TIERS {
+            return None;
+        }
+        let mut all = [first; MAX_TIERS];
+        all[..tiers.len()].copy_from_slice(tiers);
+        Some(TrendTiers { tiers: all, n: tiers.len() as u8 })
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = TrendPolicy> + '_ {
+        self.tiers[..usize::from(self.n)].iter().copied()
+    }
+
+    pub fn finest(&self) -> TrendPolicy {
+        self.tiers[0]
+    }
+
+    /// Where a value goes in each tier (see [`TrendPolicy::placement`]): at its own time `t` in
+    /// the tiers that reach back to it; when some tier does, the finer tiers that do not skip
+    /// it (`None`: late history for the coarse tiers only); when none does, at `now_ms`
+    /// everywhere.
+    pub fn placements(&self, now_ms: u64, t: Option<u64>) -> impl Iterator<Item = (TrendPolicy, Option<u64>)> + '_ {
+        let within = move |p: &TrendPolicy| t.is_some_and(|t| t <= now_ms && t + p.reach_ms() > now_ms);
+        let any = self.iter().any(|p| within(&p));
+        self.iter().map(move |p| {
+            let at = match (any, within(&p)) {
+                (true, true) => t,
+                (true, false) => None,
+                (false, _) => Some(now_ms),
+            };
+            (p, at)
+        })
+    }
+
+    /// The finest tier whose reach covers `window_ms`; the one reaching furthest when none does.
+    pub fn covering(&self, window_ms: u64) -> TrendPolicy {
+        self.iter()
+            .find(|t| t.reach_ms() >= window_ms)
+            .unwrap_or_else(|| self.iter().max_by_key(TrendPolicy::reach_ms).unwrap_or(self.tiers[0]))
+    }
+}
+
 impl TrendPolicy {
     /// How far back the trend reaches (ms).
     pub fn reach_ms(&self) -> u64 {
@@ -156,6 +218,30 @@ mod tests {
         r.record(p, 12_200, 9.0);
         let ts: Vec<u64> = r.since(0).map(|b| b.t).collect();
         assert_eq!(ts, vec![11_000, 12_000, 13_000]);
+    }
+
+    #[test]
+    fn trend_tiers_answer_a_window_with_the_finest_tier_that_reaches_it() {
+        let hour = TrendPolicy { step_ms: 1000, len: 3600 };
+        let day = TrendPolicy { step_ms: 10_000, len: 8640 };
+        let week = TrendPolicy { step_ms: 60_000, len: 10_080 };
+        let t = TrendTiers::new(&[hour, day, week]).unwrap();
+        assert_eq!(t.iter().collect::<Vec<_>>(), vec![hour, day, week]);
+        assert_eq!(t.covering(60_000), hour);
+        assert_eq!(t.covering(3_600_000), hour);
+        assert_eq!(t.covering(3_600_001), day);
+        assert_eq!(t.covering(7 * 86_400_000), week);
+        assert_eq!(t.covering(u64::MAX), week, "beyond every reach: the longest");
+        assert_eq!(TrendTiers::one(hour).iter().collect::<Vec<_>>(), vec![hour]);
+        assert!(TrendTiers::new(&[]).is_none());
+        assert!(TrendTiers::new(&[hour; MAX_TIERS + 1]).is_none());
+        let now = 10_000_000_000;
+        let at = |t: &TrendTiers| t.placements(now, Some(now - 7_200_000)).collect::<Vec<_>>();
+        assert_eq!(at(&t), vec![(hour, None), (day, Some(now - 7_200_000)), (week, Some(now - 7_200_000))]);
+        let old: Vec<_> = t.placements(now, Some(now - 30 * 86_400_000)).collect();
+        assert!(old.iter().all(|(_, at)| *at == Some(now)), "out of every reach: arrival time");
+        let ahead: Vec<_> = t.placements(now, Some(now + 1)).collect();
+        assert!(ahead.iter().all(|(_, at)| *at == Some(now)), "ahead of the clock: arrival time");
     }
 
     #[test]

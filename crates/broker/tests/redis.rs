@@ -475,13 +475,13 @@ async fn broker_redis_publish_waits_for_redis_and_keeps_its_key() {
 /// merged into it.
 #[tokio::test]
 async fn broker_redis_trend_chunks_are_compressed_once_closed_and_read_the_same() {
-    use switchboard_broker::{TrendBucket, TrendPolicy};
+    use switchboard_broker::{TrendBucket, TrendPolicy, TrendTiers};
     let r = Redis::start();
     let b = broker(&r, "sb");
     ready(&b).await;
     // 10 ms buckets: a chunk (120 buckets) closes every 1.2 s.
     let trend = TrendPolicy { step_ms: 10, len: 100_000 };
-    let policy = HistoryPolicy { size: 10, ttl: Duration::from_secs(300), trend: Some(trend) };
+    let policy = HistoryPolicy { size: 10, ttl: Duration::from_secs(300), trend: Some(TrendTiers::one(trend)) };
     let now = switchboard_broker::now_ms();
     let start = now - now % 10 - 6_000;
     // Six seconds of values at their own times, every 20 ms (every other bucket), in batches.
@@ -501,11 +501,11 @@ async fn broker_redis_trend_chunks_are_compressed_once_closed_and_read_the_same(
     let before = b.trend("pt:z", trend, start).await.unwrap();
     assert_eq!(before, expected);
     // Reading queued the closed chunks; the compactor swaps them within a few seconds.
-    let raw_keys = || -> Vec<String> { r.cmd(redis::cmd("KEYS").arg("sb:{pt:z}:t:*")) };
-    let fields = || -> i64 { r.cmd(redis::cmd("HLEN").arg("sb:{pt:z}:tz")) };
+    let raw_keys = || -> Vec<String> { r.cmd(redis::cmd("KEYS").arg("sb:{pt:z}:t:10:*")) };
+    let fields = || -> i64 { r.cmd(redis::cmd("HLEN").arg("sb:{pt:z}:tz:10")) };
     until("closed chunks compressed", Duration::from_secs(15), async || raw_keys().len() <= 1 && fields() >= 4).await;
     assert_eq!(b.trend("pt:z", trend, start).await.unwrap(), expected, "the same buckets, compressed");
-    let pttl: i64 = r.cmd(redis::cmd("PTTL").arg("sb:{pt:z}:tz"));
+    let pttl: i64 = r.cmd(redis::cmd("PTTL").arg("sb:{pt:z}:tz:10"));
     assert!(pttl > 0, "the compressed hash expires with its newest chunk's reach: {pttl}");
     // A late value for a bucket of a compressed chunk merges with it.
     let late = expected[3].t;

@@ -7,6 +7,10 @@
 //! `namespaces.pt.history_size`. A flat `SWITCHBOARD_MAX_CONNECTIONS` also reaches
 //! `limits.max_connections`, since every limit key is unique.
 
+mod trend;
+
+pub use trend::TrendTier;
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -137,6 +141,9 @@ pub struct Namespace {
     pub trend_window_s: Option<u64>,
     /// Width of a trend bucket (s, at least 1).
     pub trend_step_s: u64,
+    /// Trend tiers, finest first (instead of `trend_window_s` and `trend_step_s`): a read uses
+    /// the finest that reaches back far enough (`config/trend.rs`).
+    pub trend_tiers: Vec<trend::TrendTier>,
     /// The source (a `[[sources]]` name) that a permitted publish to a channel of this
     /// namespace is written to, instead of being published: the reply says whether the
     /// device accepted it.
@@ -222,6 +229,7 @@ impl Default for Namespace {
             channel_ttl_s: None,
             trend_window_s: None,
             trend_step_s: 1,
+            trend_tiers: Vec::new(),
             write_source: None,
         }
     }
@@ -428,6 +436,9 @@ impl Config {
                 return Err(ConfigError(format!("{key}: must be greater than 0")));
             }
         }
+        for (name, ns) in &self.namespaces {
+            trend::validate(name, ns)?;
+        }
         self.validate_sources()?;
         if l.max_frame_bytes < 125 {
             return Err(ConfigError("limits.max_frame_bytes: must be at least 125".into()));
@@ -501,13 +512,7 @@ impl Config {
             Some(ns) => (name, ns),
             None => ("", self.namespace("")),
         };
-        let window = ns.trend_window_s.unwrap_or(if name == "pt" { DEFAULT_TREND_WINDOW_S } else { 0 });
-        let step = ns.trend_step_s.max(1);
-        let trend = (window > 0).then(|| switchboard_broker::TrendPolicy {
-            step_ms: step * 1000,
-            len: u32::try_from(window.div_ceil(step)).unwrap_or(u32::MAX),
-        });
-        HistoryPolicy { trend, ..ns.history() }
+        HistoryPolicy { trend: trend::tiers(name, ns), ..ns.history() }
     }
 
     /// Worker threads: the configured number, capped at the cores.
@@ -578,6 +583,7 @@ static DEFAULT_NAMESPACE: Namespace = Namespace {
     channel_ttl_s: None,
     trend_window_s: None,
     trend_step_s: 1,
+    trend_tiers: Vec::new(),
     write_source: None,
 };
 

@@ -1,6 +1,7 @@
 //! Trend reads for clients: `GET /api/channels/{ch}/trend?window_s=&step_s=` and the `trend`
 //! option of subscribe. The buckets come from the broker (`switchboard_broker::trend`), read
-//! at the namespace's step and merged into wider ones when a coarser step is asked for.
+//! from the finest of the namespace's tiers that reaches back over the window, at its step,
+//! and merged into wider ones when a coarser step is asked for.
 
 use serde::Serialize;
 use switchboard_broker::{now_ms, TrendBucket};
@@ -16,11 +17,11 @@ pub struct TrendReply {
 }
 
 /// Reads `channel`'s trend over the last `window_s` seconds in buckets of `step_s` (default
-/// and minimum: the namespace's step; rounded up to a multiple of it otherwise). 400 naming the field for a
+/// and minimum: the step of the tier read; rounded up to a multiple of it otherwise). 400 naming the field for a
 /// bad value, 404 when the channel's namespace keeps no trend.
 pub async fn read(node: &Node, channel: &str, window_s: u64, step_s: Option<u64>) -> Result<TrendReply, ApiError> {
     let bad = |m: String| ApiError::new(code::BAD_REQUEST, m);
-    let Some(policy) = node.config.history_policy(channel).trend else {
+    let Some(tiers) = node.config.history_policy(channel).trend else {
         return Err(ApiError::new(
             code::NOT_FOUND,
             format!("{channel} keeps no trend (its namespace's trend_window_s is 0)"),
@@ -28,6 +29,8 @@ pub async fn read(node: &Node, channel: &str, window_s: u64, step_s: Option<u64>
     };
     let option = switchboard_protocol::command::TrendOption { window_s, step_s };
     switchboard_protocol::bounds::trend(option).map_err(crate::sampling::bad_number)?;
+    // The finest tier that reaches back over the window (the coarsest when none does).
+    let policy = tiers.covering(window_s.saturating_mul(1000));
     let stored = (policy.step_ms / 1000).max(1);
     // A step between multiples of the stored one is rounded up to the next (the reply says
     // which): a client need not know the namespace's step to ask for about N buckets.

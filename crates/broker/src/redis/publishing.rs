@@ -70,9 +70,17 @@ impl Inner {
             call.arg(item.data.get()).arg(item.policy.size).arg(ttl_ms).arg(self.keys.pubsub(&item.channel));
             call.arg(self.keep_ms(&item.channel));
             match (item.policy.trend, item.policy.trend.and_then(|_| crate::trend::sample(item.data.get()))) {
-                (Some(t), Some((v, at))) => {
-                    trends.push((index, &*item.channel, t, t.placement(now, at)));
-                    call.arg(format!("{},{},{v:?},{}", t.step_ms.max(1), t.len.max(1), at.unwrap_or(0)))
+                (Some(tiers), Some((v, at))) => {
+                    let mut spec = format!("{v:?}");
+                    for (t, placed) in tiers.placements(now, at) {
+                        let Some(placed) = placed else { continue };
+                        trends.push((index, &*item.channel, t, placed));
+                        // The script places a value at Redis's time when its own one is not
+                        // given (0) or out of this tier's reach there.
+                        let own = if at.is_some() && placed != now { placed } else { 0 };
+                        spec.push_str(&format!(";{},{},{own}", t.step_ms.max(1), t.len.max(1)));
+                    }
+                    call.arg(spec)
                 }
                 _ => call.arg(""),
             };

@@ -43,7 +43,7 @@ end
 
 /// Publishes a batch: KEYS meta, history for each item (a channel may repeat; its items get
 /// offsets in order); ARGV[1] a seed for new epochs, then per item: data, history size,
-/// history ttl ms, pub/sub channel, channel keep ms (0: forever), trend (`step,len,value,t` or
+/// history ttl ms, pub/sub channel, channel keep ms (0: forever), trend (`value;step,len,t;…` or
 /// `''`), idempotency key name (`''`: none), how long it is kept (ms). One `TIME` and one
 /// identity read for the whole batch.
 /// Returns `{epoch, offset, ...}`, one pair per item. An item whose idempotency key exists is
@@ -75,31 +75,35 @@ if #KEYS == 0 then
   for i = 1, 2 * n do K[i] = ARGV[2 + i] end
   base = 2 + 2 * n
 end
--- The trend, beside the meta key: the buckets of chunk `c` (CHUNK_BUCKETS buckets of `step`
--- from bucket c * CHUNK_BUCKETS) are a string `P:{ch}:t:<c>` of 28-byte slots — min, max and
--- last as big-endian doubles and the count, 0 for a bucket without values — updated in place;
--- nodes compress closed chunks into the hash `P:{ch}:tz` (crate::redis::trend_store). `spec`
--- is "step,len,value,t" (t: the point's own time, 0 for none; used when within reach and not
--- ahead of now). A chunk string expires once its last bucket is out of reach.
+-- The trends, beside the meta key, one per tier: the buckets of chunk `c` of the tier of
+-- `step` (CHUNK_BUCKETS buckets from bucket c * CHUNK_BUCKETS) are a string
+-- `P:{ch}:t:<step>:<c>` of 28-byte slots — min, max and last as big-endian doubles and the
+-- count, 0 for a bucket without values — updated in place; nodes compress closed chunks into
+-- the hash `P:{ch}:tz:<step>` (crate::redis::trend_store). `spec` is "value;step,len,t;..."
+-- for the tiers the value goes to (t: where in that tier, 0 for now; used when within the
+-- tier's reach and not ahead of now). A chunk string expires once its last bucket is out of
+-- reach.
 local function trend(base, spec)
-  local step, len, vs, ts = string.match(spec, '^(%d+),(%d+),([^,]+),(%d+)$')
-  step, len = tonumber(step), tonumber(len)
+  local vs, tiers = string.match(spec, '^([^;]+)(.*)$')
   local v = tonumber(vs)
-  local at = tonumber(ts)
-  if at == 0 or at > ms or at + step * len <= ms then at = ms end
-  local slot = math.floor(at / step)
-  local c = math.floor(slot / CHUNK_BUCKETS)
-  local off = (slot % CHUNK_BUCKETS) * 28
-  local key = base .. c
-  local cur = redis.call('GETRANGE', key, off, off + 27)
-  local mn, mx, n = v, v, 0
-  if #cur == 28 then
-    local a, b, _, k = struct.unpack('>dddI4', cur)
-    if k > 0 then mn, mx, n = math.min(a, v), math.max(b, v), k end
-  end
-  redis.call('SETRANGE', key, off, struct.pack('>dddI4', mn, mx, v, n + 1))
-  if n == 0 then
-    redis.call('PEXPIREAT', key, ((c + 1) * CHUNK_BUCKETS + len) * step)
+  for sstep, slen, ts in string.gmatch(tiers, ';(%d+),(%d+),(%d+)') do
+    local step, len = tonumber(sstep), tonumber(slen)
+    local at = tonumber(ts)
+    if at == 0 or at > ms or at + step * len <= ms then at = ms end
+    local slot = math.floor(at / step)
+    local c = math.floor(slot / CHUNK_BUCKETS)
+    local off = (slot % CHUNK_BUCKETS) * 28
+    local key = base .. sstep .. ':' .. c
+    local cur = redis.call('GETRANGE', key, off, off + 27)
+    local mn, mx, n = v, v, 0
+    if #cur == 28 then
+      local a, b, _, k = struct.unpack('>dddI4', cur)
+      if k > 0 then mn, mx, n = math.min(a, v), math.max(b, v), k end
+    end
+    redis.call('SETRANGE', key, off, struct.pack('>dddI4', mn, mx, v, n + 1))
+    if n == 0 then
+      redis.call('PEXPIREAT', key, ((c + 1) * CHUNK_BUCKETS + len) * step)
+    end
   end
 end
 local function one(i, meta, hist, a)

@@ -3,11 +3,12 @@
 //!
 //! A channel's trend is cut into chunks of [`CHUNK_BUCKETS`] buckets (chunk `c` holds buckets
 //! `c * CHUNK_BUCKETS ..` of the namespace's step, counted from the Unix epoch):
-//! - **raw chunks**, `P:{ch}:t:<c>`: what the publish script updates in place, 28 bytes per
+//! Each tier of a channel (its step) has chunks of its own, under keys that name the step.
+//! - **raw chunks**, `P:{ch}:t:<step>:<c>`: what the publish script updates in place, 28 bytes per
 //!   bucket (min, max, last as big-endian doubles, the count; 0 for a bucket without values).
 //!   Updating a slot is a `GETRANGE` and a `SETRANGE` — no dearer for Redis than a hash field
 //!   per bucket was — and the string expires by itself once its last bucket is out of reach.
-//! - **compressed chunks**, fields `<c>` of the hash `P:{ch}:tz`: a closed raw chunk encoded
+//! - **compressed chunks**, fields `<c>` of the hash `P:{ch}:tz:<step>`: a closed raw chunk encoded
 //!   by a node ([`Chunk`], Gorilla-style, a few bytes per bucket) and swapped in by the
 //!   `TREND_COMPACT` script, which does nothing when the raw chunk (or the field) changed since
 //!   the node read it. The hash expires when its newest chunk is out of reach.
@@ -107,10 +108,10 @@ pub(super) async fn read(
     let newest = chunk_of(now, step);
     let chunks: Vec<u64> = (oldest..=newest).collect();
     let mut pipe = redis::pipe();
-    pipe.atomic().cmd("HGETALL").arg(inner.keys.trend_compressed(channel));
+    pipe.atomic().cmd("HGETALL").arg(inner.keys.trend_compressed(channel, step));
     pipe.cmd("MGET");
     for c in &chunks {
-        pipe.arg(inner.keys.trend_raw(channel, *c));
+        pipe.arg(inner.keys.trend_raw(channel, step, *c));
     }
     let (stored, raw): (StoredChunks, Vec<Option<Vec<u8>>>) =
         pipe.query_async(&mut inner.conn().await?).await.map_err(|e| inner.failed(e))?;
@@ -144,9 +145,10 @@ struct Due {
 #[derive(Default)]
 pub(super) struct Compactor {
     due: Mutex<VecDeque<Due>>,
-    queued: Mutex<HashSet<(String, u64)>>,
-    /// Channel → (newest chunk a value of it went to, step), for [`Compactor::published`].
-    newest: Mutex<HashMap<String, (u64, u64)>>,
+    /// (channel, step, chunk) in `due`.
+    queued: Mutex<HashSet<(String, u64, u64)>>,
+    /// (channel, step) → the newest chunk a value of it went to, for [`Compactor::published`].
+    newest: Mutex<HashMap<(String, u64), u64>>,
 }
 
 impl Compactor {
@@ -157,11 +159,11 @@ impl Compactor {
         let c = chunk_of(at_ms, step);
         let before = {
             let mut newest = self.newest.lock();
-            match newest.get_mut(channel) {
-                Some(seen) if seen.0 >= c => return,
-                Some(seen) => std::mem::replace(seen, (c, step)).0,
+            match newest.get_mut(&(channel.to_string(), step)) {
+                Some(seen) if *seen >= c => return,
+                Some(seen) => std::mem::replace(seen, c),
                 None => {
-                    newest.insert(channel.to_string(), (c, step));
+                    newest.insert((channel.to_string(), step), c);
                     return;
                 }
             }
@@ -170,7 +172,7 @@ impl Compactor {
     }
 
     fn queue(&self, channel: &str, policy: TrendPolicy, chunk: u64, at: Instant) {
-        if self.queued.lock().insert((channel.to_string(), chunk)) {
+        if self.queued.lock().insert((channel.to_string(), policy.step_ms.max(1), chunk)) {
             self.due.lock().push_back(Due { channel: channel.to_string(), policy, chunk, at });
         }
     }
@@ -192,13 +194,13 @@ impl Compactor {
     }
 
     fn done(&self, d: &Due) {
-        self.queued.lock().remove(&(d.channel.clone(), d.chunk));
+        self.queued.lock().remove(&(d.channel.clone(), d.policy.step_ms.max(1), d.chunk));
     }
 
     /// Forgets channels whose newest chunk is long closed (they stopped publishing here), so
     /// the map holds about the channels this node publishes now.
     fn prune(&self, now_ms: u64) {
-        self.newest.lock().retain(|_, (c, step)| *c + 2 >= chunk_of(now_ms, *step));
+        self.newest.lock().retain(|(_, step), c| *c + 2 >= chunk_of(now_ms, *step));
     }
 }
 
@@ -239,7 +241,8 @@ pub(super) async fn run(inner: Arc<Inner>, mut stop: watch::Receiver<()>) {
 /// their buckets and swaps them in, unless either changed meanwhile (then reads again).
 async fn compact(inner: &Inner, d: &Due) -> Result<(), BrokerError> {
     let step = d.policy.step_ms.max(1);
-    let (raw_key, hash_key) = (inner.keys.trend_raw(&d.channel, d.chunk), inner.keys.trend_compressed(&d.channel));
+    let (raw_key, hash_key) =
+        (inner.keys.trend_raw(&d.channel, step, d.chunk), inner.keys.trend_compressed(&d.channel, step));
     let oldest = chunk_of(crate::now_ms().saturating_sub(d.policy.reach_ms()), step);
     for _ in 0..COMPACT_TRIES {
         let mut conn = inner.conn().await?;
