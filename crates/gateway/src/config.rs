@@ -52,6 +52,8 @@ pub struct Config {
     pub auth: crate::auth::AuthConfig,
     /// TLS certificate and key (serve `https://` and `wss://` directly).
     pub tls: crate::transport::tls::TlsConfig,
+    /// The application's backend: connect, subscribe and publish hooks (`crate::proxy`).
+    pub proxy: crate::proxy::ProxyConfig,
     /// SSE and long-polling: how long a poll is held, when idle poll sessions expire, SSE
     /// heartbeats.
     pub transports: Transports,
@@ -141,6 +143,10 @@ pub struct Namespace {
     /// namespace is written to, instead of being published: the reply says whether the
     /// device accepted it.
     pub write_source: Option<String>,
+    /// The subscribe hook decides every subscribe here (after the permission checks).
+    pub proxy_subscribe: bool,
+    /// The publish hook decides every client publish here (and may replace its data).
+    pub proxy_publish: bool,
 }
 
 /// How far back a point channel's trend reaches unless its namespace says otherwise.
@@ -177,6 +183,7 @@ impl Default for Config {
             namespaces,
             auth: crate::auth::AuthConfig::default(),
             tls: crate::transport::tls::TlsConfig::default(),
+            proxy: crate::proxy::ProxyConfig::default(),
             transports: Transports::default(),
             sources: Vec::new(),
             source_lease_ttl_s: 5,
@@ -223,6 +230,8 @@ impl Default for Namespace {
             trend_window_s: None,
             trend_step_s: 1,
             write_source: None,
+            proxy_subscribe: false,
+            proxy_publish: false,
         }
     }
 }
@@ -382,13 +391,21 @@ impl Config {
             config.namespaces.entry(name).or_insert(ns);
         }
         config.validate()?;
+        let hooks = crate::proxy::Hooks::build(&config.proxy)?;
+        for (name, ns) in &config.namespaces {
+            if ns.proxy_subscribe && !hooks.has_subscribe() {
+                return Err(ConfigError(format!("namespaces.{name}.proxy_subscribe: needs proxy.subscribe_url")));
+            }
+            if ns.proxy_publish && !hooks.has_publish() {
+                return Err(ConfigError(format!("namespaces.{name}.proxy_publish: needs proxy.publish_url")));
+            }
+        }
+        let auth = crate::auth::Auth::build(&config.auth, &config.limits.auth(), config.listen_addr()?.ip())?
+            .with_connect_hook(hooks.has_connect());
         config.security = crate::auth::Security {
-            auth: std::sync::Arc::new(crate::auth::Auth::build(
-                &config.auth,
-                &config.limits.auth(),
-                config.listen_addr()?.ip(),
-            )?),
+            auth: std::sync::Arc::new(auth),
             tls: crate::transport::tls::load(&config.tls)?,
+            hooks: std::sync::Arc::new(hooks),
         };
         Ok(config)
     }
@@ -482,6 +499,11 @@ impl Config {
 
     /// How long `channel` is kept once idle (zero: forever); see [`Namespace::channel_ttl_s`].
     pub fn channel_ttl(&self, channel: &str) -> Duration {
+        if channel == crate::control::REVOCATIONS {
+            // Its history is how a node starting later learns the revocations that hold.
+            let keep = self.auth.revocation_keep_s.unwrap_or(crate::auth::DEFAULT_REVOCATION_KEEP_S);
+            return Duration::from_secs(keep.max(INTERNAL_CHANNEL_TTL_S));
+        }
         if channel.starts_with('$') {
             return Duration::from_secs(INTERNAL_CHANNEL_TTL_S);
         }
@@ -579,6 +601,8 @@ static DEFAULT_NAMESPACE: Namespace = Namespace {
     trend_window_s: None,
     trend_step_s: 1,
     write_source: None,
+    proxy_subscribe: false,
+    proxy_publish: false,
 };
 
 /// Parses `N@HZ`.

@@ -8,18 +8,20 @@
 //! configured. `exp` and `sub` are required; `nbf` is checked when present.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
+use super::jwks::RemoteKeys;
 use super::pattern::PatternSet;
 
 /// Longest `sub` accepted (it is shown to other clients in presence).
 const MAX_SUB_LEN: usize = 256;
 
 /// One verification key and the algorithm it is for.
-struct Key {
+pub(super) struct Key {
     kid: Option<String>,
     alg: Algorithm,
     key: DecodingKey,
@@ -28,6 +30,8 @@ struct Key {
 /// The configured keys and claim checks.
 pub struct JwtVerifier {
     keys: Vec<Key>,
+    /// Keys fetched from `auth.jwks_url`, replaced on every successful refresh.
+    remote: Option<Arc<RemoteKeys>>,
     issuer: Option<String>,
     audience: Option<String>,
     leeway_s: u64,
@@ -38,6 +42,9 @@ pub struct JwtVerifier {
 pub struct VerifiedToken {
     pub sub: String,
     pub exp: u64,
+    /// `jti` and `iat`, for revocations.
+    pub jti: Option<String>,
+    pub iat: Option<u64>,
     /// Subscribe patterns (`channels` claim), when the token restricts them.
     pub channels: Option<PatternSet>,
     /// Publish patterns (`publish` claim), when the token restricts them.
@@ -52,6 +59,11 @@ pub enum TokenError {
     Malformed,
     #[error("token algorithm or key id is not accepted here")]
     Algorithm,
+    /// The token names a key id that no key source has (yet): the JWK set is fetched again.
+    #[error("token key id is unknown")]
+    UnknownKey,
+    #[error("token revoked")]
+    Revoked,
     #[error("token signature does not verify")]
     Signature,
     #[error("token expired")]
@@ -70,6 +82,10 @@ pub enum TokenError {
 struct Claims {
     sub: Option<String>,
     exp: Option<u64>,
+    #[serde(default)]
+    jti: Option<String>,
+    #[serde(default)]
+    iat: Option<u64>,
     #[serde(default)]
     channels: Option<Vec<String>>,
     #[serde(default)]
@@ -107,42 +123,24 @@ impl JwtVerifier {
         }
         if let Some(path) = jwks {
             let text = std::fs::read_to_string(path).map_err(|e| ("jwks", format!("{}: {e}", path.display())))?;
-            let set: JwkSet =
-                serde_json::from_str(&text).map_err(|e| ("jwks", format!("{}: not a JWK set: {e}", path.display())))?;
-            let before = keys.len();
-            for (i, jwk) in set.keys.iter().enumerate() {
-                // Identity providers publish encryption keys and other algorithms beside the
-                // signing keys; only RS256, ES256 and HS256 signing keys are taken.
-                if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
-                    continue;
-                }
-                let alg = match &jwk.algorithm {
-                    AlgorithmParameters::RSA(_) => Algorithm::RS256,
-                    AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => Algorithm::ES256,
-                    AlgorithmParameters::OctetKey(_) => Algorithm::HS256,
-                    _ => continue,
-                };
-                if let Some(named) = jwk.common.key_algorithm {
-                    if named.to_string().parse::<Algorithm>().ok() != Some(alg) {
-                        continue;
-                    }
-                }
-                let key = DecodingKey::from_jwk(jwk)
-                    .map_err(|e| ("jwks", format!("{}: key {i} is unusable: {e}", path.display())))?;
-                keys.push(Key { kid: jwk.common.key_id.clone(), alg, key });
-            }
-            if keys.len() == before {
-                return Err((
-                    "jwks",
-                    format!("{}: no RS256, ES256 (P-256) or HS256 signing key in the set", path.display()),
-                ));
-            }
+            let set = keys_of_set(&text).map_err(|e| ("jwks", format!("{}: {e}", path.display())))?;
+            keys.extend(set);
         }
-        Ok(JwtVerifier { keys, issuer, audience, leeway_s })
+        Ok(JwtVerifier { keys, remote: None, issuer, audience, leeway_s })
+    }
+
+    /// Adds the keys fetched from a JWKS URL to the configured ones.
+    pub fn with_remote(mut self, remote: Arc<RemoteKeys>) -> JwtVerifier {
+        self.remote = Some(remote);
+        self
+    }
+
+    pub fn remote(&self) -> Option<&Arc<RemoteKeys>> {
+        self.remote.as_ref()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.keys.is_empty() && self.remote.is_none()
     }
 
     /// Verifies a token's signature and claims at the current time.
@@ -151,9 +149,11 @@ impl JwtVerifier {
             jsonwebtoken::errors::ErrorKind::InvalidAlgorithmName => TokenError::Algorithm,
             _ => TokenError::Malformed,
         })?;
+        let fetched = self.remote.as_ref().map(|r| r.keys()).unwrap_or_default();
         let mut candidates = self
             .keys
             .iter()
+            .chain(fetched.iter())
             .filter(|k| k.alg == header.alg)
             .filter(|k| match (&header.kid, &k.kid) {
                 (Some(want), Some(have)) => want == have,
@@ -161,6 +161,9 @@ impl JwtVerifier {
             })
             .peekable();
         if candidates.peek().is_none() {
+            if header.kid.is_some() && self.remote.is_some() {
+                return Err(TokenError::UnknownKey);
+            }
             return Err(TokenError::Algorithm);
         }
         let mut validation = Validation::new(header.alg);
@@ -207,6 +210,38 @@ impl JwtVerifier {
     }
 }
 
+/// The usable keys of a JWK set's text: RS256, ES256 (P-256) and HS256 signing keys; keys of
+/// other types, curves or uses are skipped. `Err` when the text is not a JWK set, a usable
+/// key is broken, or no key is usable.
+pub(super) fn keys_of_set(text: &str) -> Result<Vec<Key>, String> {
+    let set: JwkSet = serde_json::from_str(text).map_err(|e| format!("not a JWK set: {e}"))?;
+    let mut keys = Vec::new();
+    for (i, jwk) in set.keys.iter().enumerate() {
+        // Identity providers publish encryption keys and other algorithms beside the
+        // signing keys; only RS256, ES256 and HS256 signing keys are taken.
+        if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
+            continue;
+        }
+        let alg = match &jwk.algorithm {
+            AlgorithmParameters::RSA(_) => Algorithm::RS256,
+            AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => Algorithm::ES256,
+            AlgorithmParameters::OctetKey(_) => Algorithm::HS256,
+            _ => continue,
+        };
+        if let Some(named) = jwk.common.key_algorithm {
+            if named.to_string().parse::<Algorithm>().ok() != Some(alg) {
+                continue;
+            }
+        }
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {i} is unusable: {e}"))?;
+        keys.push(Key { kid: jwk.common.key_id.clone(), alg, key });
+    }
+    if keys.is_empty() {
+        return Err("no RS256, ES256 (P-256) or HS256 signing key in the set".into());
+    }
+    Ok(keys)
+}
+
 fn checked(c: Claims) -> Result<VerifiedToken, TokenError> {
     let sub = c.sub.ok_or(TokenError::MissingClaim("sub"))?;
     if sub.is_empty() || sub.len() > MAX_SUB_LEN || sub.chars().any(char::is_control) {
@@ -217,9 +252,14 @@ fn checked(c: Claims) -> Result<VerifiedToken, TokenError> {
         list.map(|l| PatternSet::parse(&l).map_err(|(i, e)| TokenError::BadClaim(format!("{name}[{i}] ({e})"))))
             .transpose()
     };
+    if c.jti.as_ref().is_some_and(|j| j.len() > MAX_SUB_LEN) {
+        return Err(TokenError::BadClaim("jti".into()));
+    }
     Ok(VerifiedToken {
         sub,
         exp,
+        jti: c.jti,
+        iat: c.iat,
         channels: patterns("channels", c.channels)?,
         publish: patterns("publish", c.publish)?,
     })
