@@ -119,11 +119,14 @@ class _HookHandler(BaseHTTPRequestHandler):
             body = b'{"ok": true}'
         else:
             body = json.dumps(answer).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            pass  # the gateway gave up on a slow answer and closed the connection
 
 
 class HookBackend(_Base):

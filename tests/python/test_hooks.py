@@ -180,9 +180,13 @@ def test_hooks_connect_works_for_sse(node, backend):
     conn.request("GET", f"/sse?channels={ch}", headers={"Cookie": "sid=7"})
     resp = conn.getresponse()
     assert resp.status == 200, resp.read()
-    publish(node, ch, {"v": 5})
     seen = b""
-    while b'"v":5' not in seen:
+    while b"event: subscribed" not in seen:
+        line = resp.readline()
+        assert line, seen
+        seen += line
+    publish(node, ch, {"v": 5})
+    while b'"data":{"v": 5}' not in seen:  # the data verbatim, as published
         line = resp.readline()
         assert line, seen
         seen += line
