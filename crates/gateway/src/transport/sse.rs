@@ -93,13 +93,13 @@ pub fn event_name(m: &Message) -> Option<&'static str> {
     }
 }
 
-/// Whether `who` may subscribe to every channel of a stream; `Err` is the answer naming the
-/// first refused one.
-fn permitted(node: &Node, who: &crate::auth::Identity, channels: &[String]) -> Result<(), Response> {
+/// Whether `who` may subscribe to every channel of a stream; `Err` names the first refused
+/// one, as the stream's answer says it.
+fn permitted(node: &Node, who: &crate::auth::Identity, channels: &[String]) -> Result<(), crate::node::ApiError> {
     let auth = &node.config.security.auth;
     for ch in channels {
         if let Err(e) = auth.check(who, &node.config.namespace(namespace_of(ch)).allow, Action::Subscribe, ch) {
-            return Err(error(e.code, format!("{ch}: {}", e.message)));
+            return Err(crate::node::ApiError::new(e.code, format!("{ch}: {}", e.message)));
         }
     }
     Ok(())
@@ -413,8 +413,8 @@ async fn open(node: &Arc<Node>, req: &axum::http::request::Parts, q: Option<&str
         return error(code::LIMIT, format!("{} channels in one stream; at most {most}", channels.len()));
     }
     let identity = admitted.identity.clone().unwrap_or_else(crate::auth::Identity::anonymous);
-    if let (false, Err(r)) = (hook, permitted(node, &identity, &channels)) {
-        return r;
+    if let (false, Err(e)) = (hook, permitted(node, &identity, &channels)) {
+        return error(e.code, e.message);
     }
     let last_id = req
         .headers
@@ -483,9 +483,9 @@ async fn open(node: &Arc<Node>, req: &axum::http::request::Parts, q: Option<&str
             session.outbox().close(r.close, &r.reason, true);
             return error(r.status, r.reason);
         }
-        if let Err(r) = permitted(node, session.identity(), &channels) {
+        if let Err(e) = permitted(node, session.identity(), &channels) {
             session.outbox().close(close::FORBIDDEN, "not permitted", true);
-            return r;
+            return error(e.code, e.message);
         }
     }
     // `last` comes with the reply only when asked for; a recovery that finds a gap needs it.
