@@ -196,3 +196,36 @@ def test_hooks_connect_works_for_sse(node, backend):
     backend.answers["connect"] = {"error": {"code": 401, "message": "log in first"}}
     r = http("GET", node.http_url + f"/sse?channels={ch}")
     assert r.status == 401 and b"log in first" in r.body, (r.status, r.body)
+
+
+def test_hooks_connect_works_for_long_polling(node, backend):
+    ch = "room:" + uniq()
+    backend.answers["connect"] = {"result": {"user": "pol", "channels": [ch]}}
+    opened = http("POST", node.http_url + "/poll", raw=json.dumps({"id": 1, "connect": {"data": {"p": 1}}}).encode(),
+                  headers={"Cookie": "sid=9"})
+    assert opened.status == 200, (opened.status, opened.body)
+    session = opened.json()["session"]
+    got = []
+    seq = None
+
+    def poll():
+        nonlocal seq
+        q = f"?timeout=2" + (f"&ack={seq}" if seq is not None else "")
+        r = http("GET", node.http_url + f"/poll/{session}{q}")
+        assert r.status == 200, (r.status, r.body)
+        seq = r.json()["seq"]
+        got.extend(r.json()["messages"])
+        return any("subscribed" in m for m in got) and any(m.get("id") == 1 for m in got)
+
+    sb.wait_until("the hook's subscription and the connect reply", poll, 10)
+    (reply,) = [m for m in got if m.get("id") == 1]
+    assert reply["ok"]["user"] == "pol", reply
+    (call,) = backend.calls_of("connect")
+    assert call["transport"] == "poll" and call["data"] == {"p": 1} and call["headers"] == {"cookie": "sid=9"}, call
+    # A refused session is closed: its disconnect comes in the next poll.
+    backend.answers["connect"] = {"error": {"code": 4003, "message": "not you"}}
+    opened = http("POST", node.http_url + "/poll", raw=b'{"id": 1, "connect": {}}')
+    session, got, seq = opened.json()["session"], [], None
+    r = http("GET", node.http_url + f"/poll/{session}?timeout=2")
+    discs = [m["disconnect"] for m in r.json()["messages"] if "disconnect" in m] if r.status == 200 else []
+    assert discs and discs[0]["code"] == 4003 and discs[0]["reason"] == "not you", (r.status, r.body)
