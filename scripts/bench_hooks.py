@@ -5,7 +5,8 @@ docs/benchmarks.md "The application's hooks").
 Starts a hook backend (asyncio, keep-alive HTTP/1.1, answers `{"result": ...}` at once), then
 for each case a fresh node and `switchboard bench connect` against it:
 
-- `none`: no hooks, anonymous connections;
+- `none`: no hooks, anonymous connections (channel `bench:connect`, a namespace without
+  presence: a presence namespace would measure the joins sent to every member instead);
 - `connect`: the connect hook decides every connection (asked on its first command, the
   bench's subscribe);
 - `connect+subscribe`: the same, and the channel is in a `proxy_subscribe` namespace, so its
@@ -85,6 +86,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--conns", type=int, default=2000)
     ap.add_argument("--rate", type=float, default=1000)
+    ap.add_argument("--subscribes", type=int, default=2000)
     ap.add_argument("--bin", default=str(REPO / "target" / "release" / "switchboard"))
     args = ap.parse_args()
     counts: dict = {}
@@ -92,8 +94,8 @@ def main() -> int:
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench-hooks-"))
     limits = "[limits]\nmax_connections = 100000\n"
     cases = {
-        "none": ("room:bench", limits),
-        "connect": ("room:bench", f'{limits}[proxy]\nconnect_url = "{backend}/connect"\n'),
+        "none": ("bench:connect", limits),
+        "connect": ("bench:connect", f'{limits}[proxy]\nconnect_url = "{backend}/connect"\n'),
         "connect+subscribe": ("app:bench", f'{limits}[proxy]\nconnect_url = "{backend}/connect"\n'
                               f'subscribe_url = "{backend}/subscribe"\n[namespaces.app]\nproxy_subscribe = true\n'),
     }
@@ -117,12 +119,42 @@ def main() -> int:
         lat = r["latency_ms"]
         hs = round(r.get("extra", {}).get("handshakes_per_s", 0))
         errors = sum(int(v) for v in re.findall(r'switchboard_hook_errors_total\{hook="\w+"\} (\d+)', metrics))
+        ex = r.get("extra", {})
         print(f"{name:18} established {r['connections']['established']}/{r['connections']['target']} "
               f"handshakes/s {hs} p50 {lat['p50']:.1f} ms p99 {lat['p99']:.1f} ms max {lat['max']:.1f} ms "
+              f"(handshake alone p50 {ex.get('handshake_ms_p50', 0):.1f} p99 {ex.get('handshake_ms_p99', 0):.1f} ms) "
               f"server cpu {r['server'].get('cpu_s')} s hook calls {calls} hook errors {errors} pass {r['pass']}")
         sys.stdout.flush()
         time.sleep(1)
+    subscribe_latency(args.bin, backend, tmp, args.subscribes)
     return 0
+
+
+def subscribe_latency(binary: str, backend: str, tmp: pathlib.Path, n: int) -> None:
+    """One connection subscribing `n` fresh channels one after the other, in a namespace the
+    subscribe hook decides (`app:`) and in one it does not (`room:`): the hook's cost per
+    subscribe, client round trip included."""
+    from websockets.sync.client import connect
+
+    cfg = tmp / "subscribe.toml"
+    cfg.write_text(f'[proxy]\nsubscribe_url = "{backend}/subscribe"\n[namespaces.app]\nproxy_subscribe = true\n')
+    node, port = start_node(binary, str(cfg))
+    try:
+        with connect(f"ws://127.0.0.1:{port}/ws", subprotocols=["switchboard.v1.json"], proxy=None) as ws:
+            for ns in ("bench", "app", "bench", "app"):
+                took = []
+                for i in range(n):
+                    t = time.perf_counter()
+                    ws.send(json.dumps({"id": i + 1, "subscribe": {"channels": [f"{ns}:s{time.time_ns()}"]}}))
+                    while '"id":%d,' % (i + 1) not in ws.recv():
+                        pass
+                    took.append((time.perf_counter() - t) * 1000)
+                took.sort()
+                print(f"subscribe {ns + ':':6} {'hook' if ns == 'app' else 'no hook':8} n={n} "
+                      f"p50 {took[n // 2]:.2f} ms p99 {took[int(n * 0.99)]:.2f} ms max {took[-1]:.2f} ms")
+    finally:
+        node.send_signal(signal.SIGKILL)
+        node.wait()
 
 
 if __name__ == "__main__":
