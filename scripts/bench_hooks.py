@@ -36,6 +36,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, counts: dict) -> None:
+    counts["tcp connections"] = counts.get("tcp connections", 0) + 1
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
