@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client as httpclient
 import json
 import socket
+import time
 
 import pytest
 
@@ -229,3 +230,11 @@ def test_hooks_connect_works_for_long_polling(node, backend):
     r = http("GET", node.http_url + f"/poll/{session}?timeout=2")
     discs = [m["disconnect"] for m in r.json()["messages"] if "disconnect" in m] if r.status == 200 else []
     assert discs and discs[0]["code"] == 4003 and discs[0]["reason"] == "not you", (r.status, r.body)
+
+
+def test_hooks_connect_expire_at_closes_with_4001_unless_refreshed(node, backend):
+    backend.answers["connect"] = {"result": {"user": "tim", "expire_at": int(time.time()) + 2}}
+    ws = AuthWS(node.ws_url)
+    assert ws.ok("connect", {})["user"] == "tim"
+    closed = ws.wait_closed(timeout=15)
+    assert (closed.code, closed.reason) == (4001, "connection expired"), (closed.code, closed.reason)

@@ -102,3 +102,5 @@ def test_revoke_bad_input_is_refused_clearly(cluster):
     assert api(a, "/api/disconnect", {"user": "x"}, key=None).status == 401
     assert api(a, "/api/disconnect", {"user": "x"}, key=token(sub="x")).status == 403
     assert api(a, "/api/revoke", {"jti": "x", "expire_at": 1}).status == 200, "an expired entry is a no-op"
+    r = api(a, "/api/revoke", {"user": "ghost-never-seen", "issued_before": int(time.time())})
+    assert r.status == 200 and r.json() == {"closed_here": 0}, (r.status, r.body)

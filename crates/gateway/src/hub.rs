@@ -6,7 +6,7 @@
 //! are spread over the runtime's workers when many connections are involved.
 //!
 //! Internal channels (`$…`, see [`InternalHandler`]) carry messages between nodes; they reach
-//! the node's internal handler, never the fan-out.
+//! the internal handler registered for their prefix, never the fan-out.
 //!
 //! The fan-out runs in the publisher's task (an HTTP request, a source, the Redis link), so
 //! what is done for one subscriber (its push, its sampling) is isolated: a panic there closes

@@ -8,7 +8,8 @@
 //! - [`node`]: [`Node`], one process's lifecycle: connections, publish entry points, heartbeats,
 //!   shutdown.
 //! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out;
-//!   internal channels (`$…`, messages between nodes) go to its internal handler instead.
+//!   internal channels (`$…`, messages between nodes) go to the internal handler registered
+//!   for their prefix instead.
 //! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes.
 //! - [`sampling`]: per-subscription `max_rate_hz` and deadbands, beside the hub's fan-out.
 //! - [`trend`]: trend reads (`/api/channels/{ch}/trend`, the `trend` option of subscribe).

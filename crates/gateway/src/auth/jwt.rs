@@ -332,6 +332,30 @@ mod tests {
     }
 
     #[test]
+    fn auth_jwt_sets_skip_unsupported_keys_and_unknown_kids_ask_for_a_refetch() {
+        let oct = serde_json::json!({"kty": "oct", "k": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY", "kid": "h"});
+        let okp =
+            serde_json::json!({"kty": "OKP", "crv": "Ed25519", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"});
+        let enc = serde_json::json!({"kty": "oct", "k": "eA", "use": "enc"});
+        let keys = keys_of_set(&serde_json::json!({"keys": [okp, enc, oct]}).to_string()).unwrap();
+        assert_eq!(keys.len(), 1);
+        assert!(keys_of_set(&serde_json::json!({"keys": [okp]}).to_string()).err().unwrap().contains("no RS256"));
+        assert!(keys_of_set("[]").err().unwrap().contains("not a JWK set"));
+        let remote = Arc::new(RemoteKeys::new("http://127.0.0.1:9/certs", 300).unwrap());
+        let v = verifier().with_remote(remote);
+        let claims = serde_json::json!({"sub": "a", "exp": now() + 60});
+        // The signature is never checked: no key has the token's kid.
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let forged = format!("{}.{}.sig", b64(r#"{"alg":"RS256","kid":"rotated"}"#), b64(&claims.to_string()));
+        assert_eq!(v.verify(&forged).unwrap_err(), TokenError::UnknownKey);
+        let no_kid = format!("{}.{}.sig", b64(r#"{"alg":"RS256"}"#), b64(&claims.to_string()));
+        assert_eq!(v.verify(&no_kid).unwrap_err(), TokenError::Algorithm, "no kid: nothing to fetch for");
+        let hs = hs(claims, SECRET, Algorithm::HS256);
+        assert_eq!(v.verify(&hs).unwrap().sub, "a", "the other key sources still work");
+    }
+
+    #[test]
     fn auth_jwt_short_secrets_are_refused() {
         assert!(JwtVerifier::new(Some("short"), None, None, None, None, 0).is_err());
     }
