@@ -354,7 +354,7 @@ async fn metrics(State(node): State<Arc<Node>>) -> Response {
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         node.metrics.render(node.hub.channel_count(), node.broker.channel_count(), node.broker.round_trip())
             + &crate::sources::render_metrics(&node)
-            + &node.config.security.hooks.render()
+            + &node.config.hooks.render()
             + &node.config.security.auth.remote_keys().map(|k| k.render()).unwrap_or_default()
             + &node.owners.render(),
     )

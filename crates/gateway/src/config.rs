@@ -65,6 +65,9 @@ pub struct Config {
     /// What `auth` and `tls` name, loaded and checked by [`Config::load`].
     #[serde(skip)]
     pub security: crate::auth::Security,
+    /// The hooks `proxy` names, built by [`Config::load`].
+    #[serde(skip)]
+    pub hooks: std::sync::Arc<crate::proxy::Hooks>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -157,6 +160,9 @@ pub const DEFAULT_CHANNEL_TTL_S: u64 = 3600;
 /// How long an internal channel (`$…`, messages between nodes) is kept once idle, whatever
 /// the namespaces say: its last message goes soon, and a dead node's reply channel too.
 pub const INTERNAL_CHANNEL_TTL_S: u64 = 60;
+/// The internal channel of revocations (`crate::control`), kept `auth.revocation_keep_s`: its
+/// history is how a node starting later learns them.
+pub const REVOCATIONS: &str = "$revoke";
 
 impl Default for Config {
     fn default() -> Config {
@@ -188,6 +194,7 @@ impl Default for Config {
             sources: Vec::new(),
             source_lease_ttl_s: 5,
             security: crate::auth::Security::default(),
+            hooks: Default::default(),
         }
     }
 }
@@ -402,11 +409,9 @@ impl Config {
         }
         let auth = crate::auth::Auth::build(&config.auth, &config.limits.auth(), config.listen_addr()?.ip())?
             .with_connect_hook(hooks.has_connect());
-        config.security = crate::auth::Security {
-            auth: std::sync::Arc::new(auth),
-            tls: crate::transport::tls::load(&config.tls)?,
-            hooks: std::sync::Arc::new(hooks),
-        };
+        config.security =
+            crate::auth::Security { auth: std::sync::Arc::new(auth), tls: crate::transport::tls::load(&config.tls)? };
+        config.hooks = std::sync::Arc::new(hooks);
         Ok(config)
     }
 
@@ -499,7 +504,7 @@ impl Config {
 
     /// How long `channel` is kept once idle (zero: forever); see [`Namespace::channel_ttl_s`].
     pub fn channel_ttl(&self, channel: &str) -> Duration {
-        if channel == crate::control::REVOCATIONS {
+        if channel == REVOCATIONS {
             // Its history is how a node starting later learns the revocations that hold.
             let keep = self.auth.revocation_keep_s.unwrap_or(crate::auth::DEFAULT_REVOCATION_KEEP_S);
             return Duration::from_secs(keep.max(INTERNAL_CHANNEL_TTL_S));

@@ -9,84 +9,31 @@
 //! that starts later learns the revocations that still hold: it reads that history once it is
 //! subscribed. Only nodes publish on `$` channels, so every message there is trusted.
 //!
-//! [`Owners`] is the node's record of who each connection is (user, token `jti` and `iat`),
-//! set by the session whenever its identity changes.
+//! [`owners::Owners`] is the node's record of who each connection is (user, token `jti` and
+//! `iat`), set by the session whenever its identity changes.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+pub mod owners;
+
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use switchboard_broker::{BrokerError, Data, HistoryPolicy};
 use switchboard_protocol::code::{self, close};
 
 use crate::auth::revoke::{AddError, Revocation, MAX_REVOCATIONS};
-use crate::auth::{Identity, Method};
 use crate::hub::InternalHandler;
 use crate::node::{ApiError, Node};
 
 /// Disconnect requests between nodes: `{"node", "user"}`.
 pub const DISCONNECTS: &str = "$disconnect";
-/// Revocations between nodes, and their record: `{"node", "revocation"}`.
-pub const REVOCATIONS: &str = "$revoke";
+/// Revocations between nodes, and their record: `{"node", "revocation"}` (its keep is
+/// `crate::config`'s, which names it).
+pub use crate::config::REVOCATIONS;
 /// Pause before subscribing again after the broker refused.
 const RETRY: Duration = Duration::from_secs(1);
-
-/// Who one connection is.
-struct Owner {
-    user: String,
-    /// Whether it authenticated with a token (revocations only close those).
-    token: bool,
-    jti: Option<Arc<str>>,
-    iat: Option<u64>,
-}
-
-/// Connection id → who it is; touched when a connection authenticates or ends, and read by
-/// disconnects and revocations (a scan: both are rare). A parking_lot mutex, never held
-/// across an await.
-#[derive(Default)]
-pub struct Owners {
-    map: Mutex<HashMap<u64, Owner>>,
-    disconnected: AtomicU64,
-    revoked: AtomicU64,
-}
-
-impl Owners {
-    /// Records connection `id`'s identity (anonymous connections are forgotten).
-    pub fn set(&self, id: u64, i: &Identity) {
-        let mut map = self.map.lock();
-        if i.is_anonymous() {
-            map.remove(&id);
-        } else {
-            let owner =
-                Owner { user: i.user.clone(), token: i.method == Method::Token, jti: i.jti.clone(), iat: i.issued_at };
-            map.insert(id, owner);
-        }
-    }
-
-    pub fn remove(&self, id: u64) {
-        self.map.lock().remove(&id);
-    }
-
-    fn matching(&self, f: impl Fn(&Owner) -> bool) -> Vec<u64> {
-        self.map.lock().iter().filter(|(_, o)| f(o)).map(|(id, _)| *id).collect()
-    }
-
-    /// `switchboard_control_closes_total` by reason.
-    pub fn render(&self) -> String {
-        format!(
-            "# HELP switchboard_control_closes_total Connections closed by /api/disconnect (4003) or a revocation (4001), on this node.\n\
-             # TYPE switchboard_control_closes_total counter\n\
-             switchboard_control_closes_total{{reason=\"disconnect\"}} {}\n\
-             switchboard_control_closes_total{{reason=\"revoked\"}} {}\n",
-            self.disconnected.load(Relaxed),
-            self.revoked.load(Relaxed)
-        )
-    }
-}
 
 #[derive(Serialize, Deserialize)]
 struct DisconnectMsg {
@@ -112,7 +59,7 @@ fn disconnect_here(node: &Node, user: &str) -> usize {
             ob.close(close::FORBIDDEN, "disconnected by the application", true);
         }
     }
-    node.owners.disconnected.fetch_add(ids.len() as u64, Relaxed);
+    node.owners.counts.disconnected.fetch_add(ids.len() as u64, Relaxed);
     ids.len()
 }
 
@@ -125,7 +72,7 @@ fn revoke_here(node: &Node, r: &Revocation) -> Result<usize, AddError> {
             ob.close(close::INVALID_TOKEN, "token revoked", true);
         }
     }
-    node.owners.revoked.fetch_add(ids.len() as u64, Relaxed);
+    node.owners.counts.revoked.fetch_add(ids.len() as u64, Relaxed);
     Ok(ids.len())
 }
 

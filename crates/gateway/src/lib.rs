@@ -26,7 +26,7 @@
 //! - [`proxy`]: the application's hooks (`[proxy]`): connect, subscribe and publish, over a
 //!   pooled HTTP client; the rule that a failing hook refuses.
 //! - [`control`]: `/api/disconnect` and `/api/revoke` across the cluster (internal `$`
-//!   channels), and the node's record of who each connection is.
+//!   channels); `control::owners`, the node's record of who each connection is.
 //! - [`dashboards`]: saved dashboards (`/api/dashboards`, files in the data directory) and the
 //!   built web app served at `/`.
 //! - [`metrics`]: counters and the delivery-lag histogram, rendered for Prometheus.

@@ -50,7 +50,7 @@ pub struct Node {
     /// Every write attempt made through this node, and their counts by outcome.
     pub writes: crate::sources::audit::Audit,
     /// Who each connection is, for disconnects and revocations (`crate::control`).
-    pub owners: crate::control::Owners,
+    pub owners: crate::control::owners::Owners,
     /// Open connections by id, for heartbeats and shutdown. Touched once per connect and
     /// disconnect, never on the delivery path.
     conns: Mutex<HashMap<u64, Arc<Outbox>>>,

@@ -74,6 +74,17 @@ pub struct Hooks {
     publish: Option<Hook>,
 }
 
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks")
+            .field("connect", &self.connect.as_ref().map(|h| h.url.to_string()))
+            .field("subscribe", &self.subscribe.as_ref().map(|h| h.url.to_string()))
+            .field("publish", &self.publish.as_ref().map(|h| h.url.to_string()))
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
 /// What the connect hook made of a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Accepted {

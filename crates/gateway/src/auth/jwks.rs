@@ -4,17 +4,57 @@
 //!
 //! A failed refresh (unreachable, not a JWK set, no usable key) keeps the last good set, logs a
 //! warning and counts in `switchboard_jwks_refreshes_total{outcome="failed"}`. Keys of other
-//! types, curves or uses in the set are skipped (see `jwt::keys_of_set`).
+//! types, curves or uses in the set are skipped (see [`keys_of_set`], also used for `auth.jwks` files).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hyper::Uri;
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
+use jsonwebtoken::{Algorithm, DecodingKey};
 use parking_lot::RwLock;
 
-use super::jwt::{keys_of_set, Key};
 use crate::proxy::client::HttpClient;
+
+/// One verification key and the algorithm it is for.
+pub(super) struct Key {
+    pub(super) kid: Option<String>,
+    pub(super) alg: Algorithm,
+    pub(super) key: DecodingKey,
+}
+
+/// The usable keys of a JWK set's text: RS256, ES256 (P-256) and HS256 signing keys; keys of
+/// other types, curves or uses are skipped. `Err` when the text is not a JWK set, a usable
+/// key is broken, or no key is usable.
+pub(super) fn keys_of_set(text: &str) -> Result<Vec<Key>, String> {
+    let set: JwkSet = serde_json::from_str(text).map_err(|e| format!("not a JWK set: {e}"))?;
+    let mut keys = Vec::new();
+    for (i, jwk) in set.keys.iter().enumerate() {
+        // Identity providers publish encryption keys and other algorithms beside the
+        // signing keys; only RS256, ES256 and HS256 signing keys are taken.
+        if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
+            continue;
+        }
+        let alg = match &jwk.algorithm {
+            AlgorithmParameters::RSA(_) => Algorithm::RS256,
+            AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => Algorithm::ES256,
+            AlgorithmParameters::OctetKey(_) => Algorithm::HS256,
+            _ => continue,
+        };
+        if let Some(named) = jwk.common.key_algorithm {
+            if named.to_string().parse::<Algorithm>().ok() != Some(alg) {
+                continue;
+            }
+        }
+        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {i} is unusable: {e}"))?;
+        keys.push(Key { kid: jwk.common.key_id.clone(), alg, key });
+    }
+    if keys.is_empty() {
+        return Err("no RS256, ES256 (P-256) or HS256 signing key in the set".into());
+    }
+    Ok(keys)
+}
 
 /// Shortest time between two fetches caused by unknown key ids: tokens with made-up `kid`s
 /// must not turn into a flood of requests to the identity provider.

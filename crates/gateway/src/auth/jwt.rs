@@ -10,22 +10,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use super::jwks::RemoteKeys;
+use super::jwks::{keys_of_set, Key, RemoteKeys};
 use super::pattern::PatternSet;
 
 /// Longest `sub` accepted (it is shown to other clients in presence).
 const MAX_SUB_LEN: usize = 256;
-
-/// One verification key and the algorithm it is for.
-pub(super) struct Key {
-    kid: Option<String>,
-    alg: Algorithm,
-    key: DecodingKey,
-}
 
 /// The configured keys and claim checks.
 pub struct JwtVerifier {
@@ -208,38 +200,6 @@ impl JwtVerifier {
         }
         Err(last)
     }
-}
-
-/// The usable keys of a JWK set's text: RS256, ES256 (P-256) and HS256 signing keys; keys of
-/// other types, curves or uses are skipped. `Err` when the text is not a JWK set, a usable
-/// key is broken, or no key is usable.
-pub(super) fn keys_of_set(text: &str) -> Result<Vec<Key>, String> {
-    let set: JwkSet = serde_json::from_str(text).map_err(|e| format!("not a JWK set: {e}"))?;
-    let mut keys = Vec::new();
-    for (i, jwk) in set.keys.iter().enumerate() {
-        // Identity providers publish encryption keys and other algorithms beside the
-        // signing keys; only RS256, ES256 and HS256 signing keys are taken.
-        if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
-            continue;
-        }
-        let alg = match &jwk.algorithm {
-            AlgorithmParameters::RSA(_) => Algorithm::RS256,
-            AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => Algorithm::ES256,
-            AlgorithmParameters::OctetKey(_) => Algorithm::HS256,
-            _ => continue,
-        };
-        if let Some(named) = jwk.common.key_algorithm {
-            if named.to_string().parse::<Algorithm>().ok() != Some(alg) {
-                continue;
-            }
-        }
-        let key = DecodingKey::from_jwk(jwk).map_err(|e| format!("key {i} is unusable: {e}"))?;
-        keys.push(Key { kid: jwk.common.key_id.clone(), alg, key });
-    }
-    if keys.is_empty() {
-        return Err("no RS256, ES256 (P-256) or HS256 signing key in the set".into());
-    }
-    Ok(keys)
 }
 
 fn checked(c: Claims) -> Result<VerifiedToken, TokenError> {

@@ -8,7 +8,8 @@
 //! - [`credentials`]: taking credentials and origins out of handshake headers (pure, fuzzed).
 //! - [`pattern`]: channel patterns with `*` and `**` (pure, fuzzed).
 //! - [`jwt`]: token verification (HS256 / RS256 / ES256, PEM and JWK sets).
-//! - [`jwks`]: the JWK set fetched from `auth.jwks_url` and kept fresh.
+//! - [`jwks`]: reading JWK sets (files and URLs), and the set fetched from `auth.jwks_url`
+//!   and kept fresh.
 //! - [`revoke`]: revoked tokens (by `jti`, or a user's tokens issued before a time).
 //! - [`users`]: the Argon2 users file for Basic authentication, and `switchboard user add`.
 //! - [`pool`]: the threads that run Argon2 checks, with a bounded queue (429 when full).
@@ -710,8 +711,6 @@ impl Auth {
 pub struct Security {
     pub auth: Arc<Auth>,
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// `[proxy]`: the application's hooks (none by default).
-    pub hooks: Arc<crate::proxy::Hooks>,
 }
 
 impl fmt::Debug for Security {

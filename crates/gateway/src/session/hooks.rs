@@ -58,7 +58,7 @@ impl Session {
             headers: &ctx.headers,
             data,
         };
-        let hooks = self.node.config.security.hooks.clone();
+        let hooks = self.node.config.hooks.clone();
         let accepted = hooks.connect(&call).await.inspect_err(|r| {
             tracing::debug!(client = %self.client, code = r.close, reason = %r.reason, "connect hook refused");
         })?;
@@ -75,7 +75,7 @@ impl Session {
     /// those of `proxy_subscribe` namespaces that pass the name and permission checks (the
     /// others are refused by those checks, without asking). Asked concurrently.
     pub(super) async fn subscribe_hook_refusals(&self, channels: &[String]) -> HashMap<String, ApiError> {
-        let hooks = self.node.config.security.hooks.clone();
+        let hooks = self.node.config.hooks.clone();
         if !hooks.has_subscribe() {
             return HashMap::new();
         }
@@ -101,7 +101,7 @@ impl Session {
         if !self.node.config.namespace(namespace_of(channel)).proxy_publish {
             return Ok(data);
         }
-        let hooks = self.node.config.security.hooks.clone();
+        let hooks = self.node.config.hooks.clone();
         match hooks.publish(&self.client, &self.identity.user, channel, &data).await? {
             Some(replaced) => Ok(replaced),
             None => Ok(data),

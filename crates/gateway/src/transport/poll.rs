@@ -146,9 +146,8 @@ async fn open_inner(polls: &Arc<Polls>, req: Request) -> Response {
         Err(r) => return r,
     };
     // No credentials and a connect hook: the hook decides on the session's first commands.
-    let hook = (admitted.identity.is_none() && node.config.security.auth.has_connect_hook()).then(|| {
-        node.config.security.hooks.pick_headers(req.headers().iter().map(|(n, v)| (n.as_str(), v.as_bytes())))
-    });
+    let hook = (admitted.identity.is_none() && node.config.security.auth.has_connect_hook())
+        .then(|| node.config.hooks.pick_headers(req.headers().iter().map(|(n, v)| (n.as_str(), v.as_bytes()))));
     let body = match read_body(node, req).await {
         Ok(b) => b,
         Err(r) => return r,

@@ -476,8 +476,7 @@ async fn open(node: &Arc<Node>, req: &axum::http::request::Parts, q: Option<&str
     session.set_identity(admitted.identity.clone());
     session.set_rate_exempt(admitted.exempt());
     if hook {
-        let headers =
-            node.config.security.hooks.pick_headers(req.headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
+        let headers = node.config.hooks.pick_headers(req.headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
         let ctx = crate::session::ConnectContext { transport: "sse", headers };
         if let Err(r) = session.connect_with_hook(ctx).await {
             session.outbox().close(r.close, &r.reason, true);

@@ -127,8 +127,7 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
     if let Err(e) = &identity {
         tracing::debug!(ip = ?ip, reason = %e, "handshake credentials refused");
     }
-    let hook_headers =
-        node.config.security.hooks.pick_headers(req.headers().iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
+    let hook_headers = node.config.hooks.pick_headers(req.headers().iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
     let admitted = Admitted {
         identity,
         slot: limited.map(|ip| auth.limiter.acquire(ip)),
