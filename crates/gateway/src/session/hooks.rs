@@ -13,6 +13,10 @@ use crate::auth::Action;
 use crate::node::ApiError;
 use crate::proxy::Refused;
 
+/// Subscribe hook calls of one subscribe in flight at once: a subscribe of many channels must
+/// not open a connection to the backend per channel.
+const HOOK_CONCURRENCY: usize = 32;
+
 /// What the connect hook is told about a connection that is waiting for it.
 pub struct ConnectContext {
     /// `websocket`, `sse` or `poll`.
@@ -73,7 +77,8 @@ impl Session {
 
     /// The subscribe hook's refusals for the channels of a client's subscribe that it decides:
     /// those of `proxy_subscribe` namespaces that pass the name and permission checks (the
-    /// others are refused by those checks, without asking). Asked concurrently.
+    /// others are refused by those checks, without asking). Asked [`HOOK_CONCURRENCY`] at a
+    /// time.
     pub(super) async fn subscribe_hook_refusals(&self, channels: &[String]) -> HashMap<String, ApiError> {
         let hooks = self.node.config.hooks.clone();
         if !hooks.has_subscribe() {
@@ -88,10 +93,11 @@ impl Session {
                     && !self.subs.contains(ch.as_str())
             })
             .collect();
-        let answers = futures_util::future::join_all(
-            asked.iter().map(|ch| hooks.subscribe(&self.client, &self.identity.user, ch, None)),
-        )
-        .await;
+        let mut answers = Vec::with_capacity(asked.len());
+        for chunk in asked.chunks(HOOK_CONCURRENCY) {
+            let calls = chunk.iter().map(|ch| hooks.subscribe(&self.client, &self.identity.user, ch, None));
+            answers.extend(futures_util::future::join_all(calls).await);
+        }
         asked.into_iter().zip(answers).filter_map(|(ch, a)| a.err().map(|e| (ch.clone(), e))).collect()
     }
 
