@@ -17,6 +17,7 @@ use crate::auth::{Action, Identity};
 use crate::node::{ApiError, Node};
 
 mod bodies;
+mod control;
 mod writes;
 use bodies::{HistoryQuery, ListQuery, PublishBody};
 
@@ -40,6 +41,8 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/api/presence/{*channel}", get(presence))
         .route("/api/info", get(info))
         .route("/api/writes", get(writes::list))
+        .route("/api/disconnect", post(control::disconnect))
+        .route("/api/revoke", post(control::revoke))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -350,7 +353,10 @@ async fn metrics(State(node): State<Arc<Node>>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         node.metrics.render(node.hub.channel_count(), node.broker.channel_count(), node.broker.round_trip())
-            + &crate::sources::render_metrics(&node),
+            + &crate::sources::render_metrics(&node)
+            + &node.config.hooks.render()
+            + &node.config.security.auth.remote_keys().map(|k| k.render()).unwrap_or_default()
+            + &node.owners.render(),
     )
         .into_response()
 }

@@ -56,6 +56,8 @@ pub struct Config {
     pub auth: crate::auth::AuthConfig,
     /// TLS certificate and key (serve `https://` and `wss://` directly).
     pub tls: crate::transport::tls::TlsConfig,
+    /// The application's backend: connect, subscribe and publish hooks (`crate::proxy`).
+    pub proxy: crate::proxy::ProxyConfig,
     /// SSE and long-polling: how long a poll is held, when idle poll sessions expire, SSE
     /// heartbeats.
     pub transports: Transports,
@@ -67,6 +69,9 @@ pub struct Config {
     /// What `auth` and `tls` name, loaded and checked by [`Config::load`].
     #[serde(skip)]
     pub security: crate::auth::Security,
+    /// The hooks `proxy` names, built by [`Config::load`].
+    #[serde(skip)]
+    pub hooks: std::sync::Arc<crate::proxy::Hooks>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -148,6 +153,10 @@ pub struct Namespace {
     /// namespace is written to, instead of being published: the reply says whether the
     /// device accepted it.
     pub write_source: Option<String>,
+    /// The subscribe hook decides every subscribe here (after the permission checks).
+    pub proxy_subscribe: bool,
+    /// The publish hook decides every client publish here (and may replace its data).
+    pub proxy_publish: bool,
 }
 
 /// How far back a point channel's trend reaches unless its namespace says otherwise.
@@ -158,6 +167,9 @@ pub const DEFAULT_CHANNEL_TTL_S: u64 = 3600;
 /// How long an internal channel (`$…`, messages between nodes) is kept once idle, whatever
 /// the namespaces say: its last message goes soon, and a dead node's reply channel too.
 pub const INTERNAL_CHANNEL_TTL_S: u64 = 60;
+/// The internal channel of revocations (`crate::control`), kept `auth.revocation_keep_s`: its
+/// history is how a node starting later learns them.
+pub const REVOCATIONS: &str = "$revoke";
 
 impl Default for Config {
     fn default() -> Config {
@@ -184,10 +196,12 @@ impl Default for Config {
             namespaces,
             auth: crate::auth::AuthConfig::default(),
             tls: crate::transport::tls::TlsConfig::default(),
+            proxy: crate::proxy::ProxyConfig::default(),
             transports: Transports::default(),
             sources: Vec::new(),
             source_lease_ttl_s: 5,
             security: crate::auth::Security::default(),
+            hooks: Default::default(),
         }
     }
 }
@@ -231,6 +245,8 @@ impl Default for Namespace {
             trend_step_s: 1,
             trend_tiers: Vec::new(),
             write_source: None,
+            proxy_subscribe: false,
+            proxy_publish: false,
         }
     }
 }
@@ -390,14 +406,20 @@ impl Config {
             config.namespaces.entry(name).or_insert(ns);
         }
         config.validate()?;
-        config.security = crate::auth::Security {
-            auth: std::sync::Arc::new(crate::auth::Auth::build(
-                &config.auth,
-                &config.limits.auth(),
-                config.listen_addr()?.ip(),
-            )?),
-            tls: crate::transport::tls::load(&config.tls)?,
-        };
+        let hooks = crate::proxy::Hooks::build(&config.proxy)?;
+        for (name, ns) in &config.namespaces {
+            if ns.proxy_subscribe && !hooks.has_subscribe() {
+                return Err(ConfigError(format!("namespaces.{name}.proxy_subscribe: needs proxy.subscribe_url")));
+            }
+            if ns.proxy_publish && !hooks.has_publish() {
+                return Err(ConfigError(format!("namespaces.{name}.proxy_publish: needs proxy.publish_url")));
+            }
+        }
+        let auth = crate::auth::Auth::build(&config.auth, &config.limits.auth(), config.listen_addr()?.ip())?
+            .with_connect_hook(hooks.has_connect());
+        config.security =
+            crate::auth::Security { auth: std::sync::Arc::new(auth), tls: crate::transport::tls::load(&config.tls)? };
+        config.hooks = std::sync::Arc::new(hooks);
         Ok(config)
     }
 
@@ -493,6 +515,11 @@ impl Config {
 
     /// How long `channel` is kept once idle (zero: forever); see [`Namespace::channel_ttl_s`].
     pub fn channel_ttl(&self, channel: &str) -> Duration {
+        if channel == REVOCATIONS {
+            // Its history is how a node starting later learns the revocations that hold.
+            let keep = self.auth.revocation_keep_s.unwrap_or(crate::auth::DEFAULT_REVOCATION_KEEP_S);
+            return Duration::from_secs(keep.max(INTERNAL_CHANNEL_TTL_S));
+        }
         if channel.starts_with('$') {
             return Duration::from_secs(INTERNAL_CHANNEL_TTL_S);
         }
@@ -585,6 +612,8 @@ static DEFAULT_NAMESPACE: Namespace = Namespace {
     trend_step_s: 1,
     trend_tiers: Vec::new(),
     write_source: None,
+    proxy_subscribe: false,
+    proxy_publish: false,
 };
 
 /// Parses `N@HZ`.

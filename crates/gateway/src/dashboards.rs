@@ -477,7 +477,9 @@ fn editor<'a>(auth: &Auth, caller: &'a Option<axum::Extension<Caller>>) -> Edito
     let who = caller.as_ref().map(|c| &c.0 .0);
     match who.map(|i| (i.method, i.user.as_str())) {
         Some((Method::ApiKey(_), user)) => Editor { user, access: DashboardAccess::Edit },
-        Some((Method::Token | Method::Password, user)) => Editor { user, access: auth.dashboard_access(user) },
+        Some((Method::Token | Method::Password | Method::Hook, user)) => {
+            Editor { user, access: auth.dashboard_access(user) }
+        }
         Some((Method::Anonymous, _)) | None => Editor { user: "", access: DashboardAccess::Own },
     }
 }

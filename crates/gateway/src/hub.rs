@@ -6,7 +6,7 @@
 //! are spread over the runtime's workers when many connections are involved.
 //!
 //! Internal channels (`$…`, see [`InternalHandler`]) carry messages between nodes; they reach
-//! the node's internal handler, never the fan-out.
+//! the internal handler registered for their prefix, never the fan-out.
 //!
 //! The fan-out runs in the publisher's task (an HTTP request, a source, the Redis link), so
 //! what is done for one subscriber (its push, its sampling) is isolated: a panic there closes
@@ -16,7 +16,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use indexmap::IndexMap;
@@ -76,8 +76,9 @@ pub struct Hub {
     /// Outboxes that were scheduled by pushes and still need a flush.
     pending: Mutex<Vec<Arc<Outbox>>>,
     metrics: Arc<Metrics>,
-    /// Where internal channels go; unset: they are dropped.
-    internal: OnceLock<Arc<dyn InternalHandler>>,
+    /// Where internal channels go, by channel-name prefix; a channel no prefix matches is
+    /// dropped. Set at start, read on every internal publication (a short list).
+    internal: RwLock<Vec<(&'static str, Arc<dyn InternalHandler>)>>,
 }
 
 impl Hub {
@@ -86,13 +87,13 @@ impl Hub {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
             pending: Mutex::new(Vec::new()),
             metrics,
-            internal: OnceLock::new(),
+            internal: RwLock::new(Vec::new()),
         }
     }
 
-    /// Sets the receiver of internal channels (once; later calls are ignored).
-    pub fn set_internal(&self, handler: Arc<dyn InternalHandler>) {
-        let _ = self.internal.set(handler);
+    /// Sends internal channels whose names start with `prefix` (`$write:`) to `handler`.
+    pub fn add_internal(&self, prefix: &'static str, handler: Arc<dyn InternalHandler>) {
+        self.internal.write().push((prefix, handler));
     }
 
     fn shard(&self, channel: &str) -> &RwLock<HashMap<Arc<str>, Subscribers>> {
@@ -240,7 +241,8 @@ impl Hub {
 impl BrokerHandler for Hub {
     fn on_publication(&self, channel: &str, p: &Publication) {
         if channel.starts_with('$') {
-            if let Some(h) = self.internal.get() {
+            let handler = self.internal.read().iter().find(|(p, _)| channel.starts_with(p)).map(|(_, h)| h.clone());
+            if let Some(h) = handler {
                 h.on_internal(channel, &p.data);
             }
             return;
@@ -407,7 +409,7 @@ mod tests {
         let hub = Hub::new(metrics.clone());
         hub.on_publication("$write:plant", &publication(1, "1"));
         let seen = Arc::new(Seen(Mutex::new(Vec::new())));
-        hub.set_internal(seen.clone());
+        hub.add_internal("$write:", seen.clone());
         let w = TestWire::open(usize::MAX);
         let ob = Arc::new(Outbox::new(1, Format::Json, w.clone(), 1 << 20, metrics.clone()));
         hub.add(&Arc::from("$write:plant"), &ob, false, None);

@@ -8,7 +8,8 @@
 //! - [`node`]: [`Node`], one process's lifecycle: connections, publish entry points, heartbeats,
 //!   shutdown.
 //! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out;
-//!   internal channels (`$…`, messages between nodes) go to its internal handler instead.
+//!   internal channels (`$…`, messages between nodes) go to the internal handler registered
+//!   for their prefix instead.
 //! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes.
 //! - [`sampling`]: per-subscription `max_rate_hz` and deadbands, beside the hub's fan-out.
 //! - [`trend`]: trend reads (`/api/channels/{ch}/trend`, the `trend` option of subscribe).
@@ -20,8 +21,12 @@
 //!   their state in `transport::poll_store`), which reach the session through an outbox wire
 //!   that turns frames back into messages (`transport::messages`).
 //! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`).
-//! - [`auth`]: authentication (JWT, Basic, API keys), namespace permissions, `Origin` checks
-//!   and per-address / per-key abuse limits.
+//! - [`auth`]: authentication (JWT from files and a JWKS URL, Basic, API keys), revoked
+//!   tokens, namespace permissions, `Origin` checks and per-address / per-key abuse limits.
+//! - [`proxy`]: the application's hooks (`[proxy]`): connect, subscribe and publish, over a
+//!   pooled HTTP client; the rule that a failing hook refuses.
+//! - [`control`]: `/api/disconnect` and `/api/revoke` across the cluster (internal `$`
+//!   channels); `control::owners`, the node's record of who each connection is.
 //! - [`dashboards`]: saved dashboards (`/api/dashboards`, files in the data directory) and the
 //!   built web app served at `/`.
 //! - [`metrics`]: counters and the delivery-lag histogram, rendered for Prometheus.
@@ -38,12 +43,14 @@
 pub mod api;
 pub mod auth;
 pub mod config;
+pub mod control;
 pub mod dashboards;
 pub mod error;
 pub mod hub;
 pub mod metrics;
 pub mod node;
 pub mod outbox;
+pub mod proxy;
 pub mod sampling;
 pub mod server;
 pub mod session;

@@ -49,6 +49,8 @@ pub struct Node {
     pub forwarded: crate::sources::forward::pending::Pending,
     /// Every write attempt made through this node, and their counts by outcome.
     pub writes: crate::sources::audit::Audit,
+    /// Who each connection is, for disconnects and revocations (`crate::control`).
+    pub owners: crate::control::owners::Owners,
     /// Open connections by id, for heartbeats and shutdown. Touched once per connect and
     /// disconnect, never on the delivery path.
     conns: Mutex<HashMap<u64, Arc<Outbox>>>,
@@ -75,6 +77,7 @@ impl Node {
             sources: std::sync::OnceLock::new(),
             forwarded: Default::default(),
             writes: Default::default(),
+            owners: Default::default(),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),
@@ -110,6 +113,13 @@ impl Node {
         let mut conns = self.conns.lock();
         conns.remove(&id);
         self.metrics.connections.store(conns.len() as u64, Relaxed);
+        drop(conns);
+        self.owners.remove(id);
+    }
+
+    /// The outbox of open connection `id`.
+    pub fn outbox(&self, id: u64) -> Option<Arc<Outbox>> {
+        self.conns.lock().get(&id).cloned()
     }
 
     pub fn connection_count(&self) -> usize {

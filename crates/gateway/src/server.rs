@@ -87,6 +87,11 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }
+        // Keys from an identity provider: a node that cannot get them would refuse every token.
+        if let Some(keys) = config.security.auth.remote_keys() {
+            keys.fetch_at_start().await?;
+            keys.spawn_refresh();
+        }
         // Shared brokers forget idle channels by key expiry: tell them each channel's keep.
         let keep = config.clone();
         broker.set_channel_ttl(std::sync::Arc::new(move |ch: &str| keep.channel_ttl(ch)));
@@ -94,6 +99,7 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
         node.spawn_heartbeats();
         node.spawn_channel_sweeper();
         crate::sources::start(&node);
+        crate::control::start(&node);
         if let Some(sim) = simulate {
             let (n, hz) = crate::config::parse_simulate(&sim).map_err(anyhow::Error::msg)?;
             crate::simulate::spawn(node.clone(), n, hz);

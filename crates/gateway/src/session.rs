@@ -17,10 +17,14 @@
 //! `Drop`, however the session ends.
 //!
 //! `session/subscribe.rs` holds `subscribe` and `unsubscribe`; `session/reply.rs` how their
-//! replies are written within the connection's reply budget.
+//! replies are written within the connection's reply budget; `session/hooks.rs` the session's
+//! side of the application's connect, subscribe and publish hooks.
 
+mod hooks;
 mod reply;
 mod subscribe;
+
+pub use hooks::ConnectContext;
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering::Relaxed;
@@ -82,6 +86,8 @@ pub struct Session {
     /// The client's address when it is subject to per-address limits (password checks of
     /// `connect`).
     limited_ip: Option<std::net::IpAddr>,
+    /// Set while the connection waits for the connect hook (no credentials, a hook configured).
+    connect_hook: Option<ConnectContext>,
 }
 
 /// Publications read from the broker at once by `history`, which counts them into its reply
@@ -110,6 +116,7 @@ impl Session {
             publish_rate,
             presence_rate,
             limited_ip: None,
+            connect_hook: None,
         };
         session.set_identity(None);
         session
@@ -119,6 +126,9 @@ impl Session {
     /// authentication starts the first-message deadline: the client has
     /// `limits.first_message_timeout_s` to send a command — usually `connect` with a token.
     pub fn set_identity(&mut self, identity: Option<Identity>) {
+        if let Some(i) = &identity {
+            self.node.owners.set(self.outbox.id, i);
+        }
         match identity {
             Some(i) => {
                 self.user = i.user.clone();
@@ -183,7 +193,8 @@ impl Session {
             ));
         }
         if self.deadline().is_some_and(|t| t <= now) {
-            return Some(CloseReason::new(close::INVALID_TOKEN, "token expired"));
+            let why = if self.identity.method == Method::Hook { "connection expired" } else { "token expired" };
+            return Some(CloseReason::new(close::INVALID_TOKEN, why));
         }
         None
     }
@@ -214,6 +225,7 @@ impl Session {
             Format::Msgpack => decode_msgpack_frame(payload),
         }
         .map_err(|e| CloseReason::new(close::PROTOCOL_ERROR, e.to_string()))?;
+        self.connect_hook_first(&commands).await?;
         for cmd in commands {
             self.dispatch(cmd).await?;
         }
@@ -250,7 +262,7 @@ impl Session {
         let id = cmd.id;
         let result = match cmd.body {
             CommandBody::Subscribe(req) => {
-                self.subscribe(id, req).await;
+                self.subscribe_as(id, req, false).await;
                 return Ok(());
             }
             CommandBody::Ping(p) => {
@@ -278,7 +290,7 @@ impl Session {
                     tracing::debug!(client = %self.client, name = %name.chars().take(64).collect::<String>(), "connect");
                 }
                 match (req.token, req.user, req.password) {
-                    (Some(token), None, None) => self.connect_token(&token)?,
+                    (Some(token), None, None) => self.connect_token(&token).await?,
                     (None, Some(user), Some(password)) => self.connect_password(user, password).await?,
                     (None, None, None) => {}
                     _ => {
@@ -311,7 +323,7 @@ impl Session {
                 }
                 return Ok(());
             }
-            CommandBody::Refresh(req) => self.refresh(id, &req.token),
+            CommandBody::Refresh(req) => self.refresh(id, &req.token).await,
             CommandBody::Unknown(name) => Err(ApiError::new(code::NOT_FOUND, format!("unknown command {name:?}"))),
             CommandBody::Invalid(why) => Err(ApiError::new(code::BAD_REQUEST, why)),
         };
@@ -323,12 +335,12 @@ impl Session {
 
     /// `connect` with a token: authenticates an anonymous connection (a bad token closes it
     /// with 4001), or acts as a `refresh` on an authenticated one.
-    fn connect_token(&mut self, token: &str) -> Result<(), CloseReason> {
+    async fn connect_token(&mut self, token: &str) -> Result<(), CloseReason> {
         if !self.auth.enabled() {
             // Nothing to check against; the connection stays anonymous, as without a token.
             return Ok(());
         }
-        let verified = match self.auth.verify_token(token) {
+        let verified = match self.auth.verify_token(token).await {
             Ok(v) => v,
             Err(e) => {
                 tracing::debug!(client = %self.client, reason = %e, "connect token refused");
@@ -366,19 +378,21 @@ impl Session {
         Ok(())
     }
 
-    /// `refresh`: replaces the connection's token (same `sub`) before it expires.
-    fn refresh(&mut self, id: Option<u32>, token: &str) -> Result<(), ApiError> {
+    /// `refresh`: replaces the connection's token (same `sub`) before it expires; a connection
+    /// the connect hook accepted moves to a token of the same user.
+    async fn refresh(&mut self, id: Option<u32>, token: &str) -> Result<(), ApiError> {
         if !self.auth.has_jwt() {
             return Err(ApiError::new(code::BAD_REQUEST, "token authentication is not configured on this node"));
         }
         match self.identity.method {
-            Method::Token => {}
+            Method::Token | Method::Hook => {}
             Method::Anonymous => {
                 return Err(ApiError::new(code::UNAUTHORIZED, "not authenticated; send connect with a token"));
             }
             _ => return Err(ApiError::new(code::BAD_REQUEST, "this connection did not authenticate with a token")),
         }
-        let verified = self.auth.verify_token(token).map_err(|e| ApiError::new(code::UNAUTHORIZED, e.to_string()))?;
+        let verified =
+            self.auth.verify_token(token).await.map_err(|e| ApiError::new(code::UNAUTHORIZED, e.to_string()))?;
         if verified.user != self.identity.user {
             return Err(ApiError::new(code::FORBIDDEN, "token is for another user"));
         }
@@ -406,7 +420,8 @@ impl Session {
             return Ok(());
         }
         permitted?;
-        let pos = self.node.publish(&req.channel, Arc::new(req.data), req.idempotency_key.as_deref()).await?;
+        let data = self.publish_hook(&req.channel, req.data).await?;
+        let pos = self.node.publish(&req.channel, Arc::new(data), req.idempotency_key.as_deref()).await?;
         self.ok(id, &serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}));
         Ok(())
     }
@@ -655,7 +670,7 @@ mod tests {
         assert_eq!(s.check_deadline().map(|r| r.code), Some(close::INVALID_TOKEN));
 
         let (mut s, _wire) = session(&node);
-        let mut id = node.config.security.auth.verify_token(&token("ann", crate::unix_s() + 60)).unwrap();
+        let mut id = node.config.security.auth.verify_token(&token("ann", crate::unix_s() + 60)).await.unwrap();
         id.expires = Some(crate::unix_s() - 1);
         s.set_identity(Some(id));
         assert_eq!(s.check_deadline(), Some(CloseReason::new(close::INVALID_TOKEN, "token expired")));

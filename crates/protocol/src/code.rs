@@ -16,6 +16,10 @@ pub const DEVICE_REFUSED: u16 = 502;
 /// answer in time, or in a cluster the node running the source did not answer the forwarded
 /// write).
 pub const UNAVAILABLE: u16 = 503;
+/// The application's backend (a `[proxy]` hook) gave an answer that is not a verdict: an HTTP
+/// status other than 2xx or 5xx, a body that is not JSON, or neither `result` nor `error`.
+/// (Also a device's refusal of a write: [`DEVICE_REFUSED`].)
+pub const BAD_GATEWAY: u16 = 502;
 /// A publish whose outcome is unknown: it reached the broker but no answer came back in time,
 /// so the publication may or may not have been committed. Retrying with the same
 /// `idempotency_key` is safe (it answers the first result if there was one).
@@ -38,9 +42,14 @@ pub mod close {
     pub const TOO_MANY: u16 = 4029;
     /// Silent for three ping intervals.
     pub const STALE: u16 = 4011;
+    /// The connect hook gave a bad answer (not JSON, no verdict, a status other than 2xx /
+    /// 5xx); reconnect later.
+    pub const HOOK_FAILED: u16 = 4502;
+    /// The connect hook could not be asked (timeout, connection error, 5xx); reconnect later.
+    pub const HOOK_UNAVAILABLE: u16 = 4503;
 
     /// Whether a client should reconnect after this code.
     pub fn reconnect(code: u16) -> bool {
-        matches!(code, SHUTDOWN | SLOW_CONSUMER | STALE | TOO_MANY)
+        matches!(code, SHUTDOWN | SLOW_CONSUMER | STALE | TOO_MANY | HOOK_FAILED | HOOK_UNAVAILABLE)
     }
 }

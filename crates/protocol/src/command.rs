@@ -50,6 +50,9 @@ pub struct ConnectRequest {
     pub password: Option<String>,
     #[serde(default)]
     pub name: Option<String>,
+    /// Passed to the application's connect hook (connections without credentials).
+    #[serde(default)]
+    pub data: Option<Box<RawValue>>,
 }
 
 /// Never prints the token or the password.

@@ -268,6 +268,17 @@ pub fn encode_unsubscribed(format: Format, ch: &str, code: u16, reason: &str) ->
     format.encode(&UnsubscribedPush { unsubscribed: UnsubscribedBody { ch, code, reason, resubscribe: true } })
 }
 
+#[derive(Serialize)]
+struct SubscribedPush<'a, T: Serialize> {
+    subscribed: &'a T,
+}
+
+/// Encodes `{"subscribed": body}`: server-side subscriptions made for the client (the connect
+/// hook's `channels`); `body` is what a subscribe reply's `ok` holds (`{"channels": {...}}`).
+pub fn encode_subscribed<T: Serialize>(format: Format, body: &T) -> Vec<u8> {
+    format.encode(&SubscribedPush { subscribed: body })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

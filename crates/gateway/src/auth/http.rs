@@ -155,7 +155,7 @@ fn take_publishes(node: &Node, who: &Identity, n: usize) -> usize {
     let limiter = &node.config.security.auth.limiter;
     match who.method {
         AuthMethod::ApiKey(i) => limiter.take_api_key(i, n),
-        AuthMethod::Token | AuthMethod::Password => limiter.take_user(&who.user, n),
+        AuthMethod::Token | AuthMethod::Password | AuthMethod::Hook => limiter.take_user(&who.user, n),
         AuthMethod::Anonymous => n,
     }
 }

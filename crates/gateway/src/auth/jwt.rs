@@ -8,26 +8,22 @@
 //! configured. `exp` and `sub` are required; `nbf` is checked when present.
 
 use std::path::Path;
+use std::sync::Arc;
 
-use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
+use super::jwks::{keys_of_set, Key, RemoteKeys};
 use super::pattern::PatternSet;
 
 /// Longest `sub` accepted (it is shown to other clients in presence).
 const MAX_SUB_LEN: usize = 256;
 
-/// One verification key and the algorithm it is for.
-struct Key {
-    kid: Option<String>,
-    alg: Algorithm,
-    key: DecodingKey,
-}
-
 /// The configured keys and claim checks.
 pub struct JwtVerifier {
     keys: Vec<Key>,
+    /// Keys fetched from `auth.jwks_url`, replaced on every successful refresh.
+    remote: Option<Arc<RemoteKeys>>,
     issuer: Option<String>,
     audience: Option<String>,
     leeway_s: u64,
@@ -38,6 +34,9 @@ pub struct JwtVerifier {
 pub struct VerifiedToken {
     pub sub: String,
     pub exp: u64,
+    /// `jti` and `iat`, for revocations.
+    pub jti: Option<String>,
+    pub iat: Option<u64>,
     /// Subscribe patterns (`channels` claim), when the token restricts them.
     pub channels: Option<PatternSet>,
     /// Publish patterns (`publish` claim), when the token restricts them.
@@ -52,6 +51,11 @@ pub enum TokenError {
     Malformed,
     #[error("token algorithm or key id is not accepted here")]
     Algorithm,
+    /// The token names a key id that no key source has (yet): the JWK set is fetched again.
+    #[error("token key id is unknown")]
+    UnknownKey,
+    #[error("token revoked")]
+    Revoked,
     #[error("token signature does not verify")]
     Signature,
     #[error("token expired")]
@@ -70,6 +74,10 @@ pub enum TokenError {
 struct Claims {
     sub: Option<String>,
     exp: Option<u64>,
+    #[serde(default)]
+    jti: Option<String>,
+    #[serde(default)]
+    iat: Option<u64>,
     #[serde(default)]
     channels: Option<Vec<String>>,
     #[serde(default)]
@@ -107,42 +115,24 @@ impl JwtVerifier {
         }
         if let Some(path) = jwks {
             let text = std::fs::read_to_string(path).map_err(|e| ("jwks", format!("{}: {e}", path.display())))?;
-            let set: JwkSet =
-                serde_json::from_str(&text).map_err(|e| ("jwks", format!("{}: not a JWK set: {e}", path.display())))?;
-            let before = keys.len();
-            for (i, jwk) in set.keys.iter().enumerate() {
-                // Identity providers publish encryption keys and other algorithms beside the
-                // signing keys; only RS256, ES256 and HS256 signing keys are taken.
-                if jwk.common.public_key_use == Some(PublicKeyUse::Encryption) {
-                    continue;
-                }
-                let alg = match &jwk.algorithm {
-                    AlgorithmParameters::RSA(_) => Algorithm::RS256,
-                    AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => Algorithm::ES256,
-                    AlgorithmParameters::OctetKey(_) => Algorithm::HS256,
-                    _ => continue,
-                };
-                if let Some(named) = jwk.common.key_algorithm {
-                    if named.to_string().parse::<Algorithm>().ok() != Some(alg) {
-                        continue;
-                    }
-                }
-                let key = DecodingKey::from_jwk(jwk)
-                    .map_err(|e| ("jwks", format!("{}: key {i} is unusable: {e}", path.display())))?;
-                keys.push(Key { kid: jwk.common.key_id.clone(), alg, key });
-            }
-            if keys.len() == before {
-                return Err((
-                    "jwks",
-                    format!("{}: no RS256, ES256 (P-256) or HS256 signing key in the set", path.display()),
-                ));
-            }
+            let set = keys_of_set(&text).map_err(|e| ("jwks", format!("{}: {e}", path.display())))?;
+            keys.extend(set);
         }
-        Ok(JwtVerifier { keys, issuer, audience, leeway_s })
+        Ok(JwtVerifier { keys, remote: None, issuer, audience, leeway_s })
+    }
+
+    /// Adds the keys fetched from a JWKS URL to the configured ones.
+    pub fn with_remote(mut self, remote: Arc<RemoteKeys>) -> JwtVerifier {
+        self.remote = Some(remote);
+        self
+    }
+
+    pub fn remote(&self) -> Option<&Arc<RemoteKeys>> {
+        self.remote.as_ref()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.keys.is_empty() && self.remote.is_none()
     }
 
     /// Verifies a token's signature and claims at the current time.
@@ -151,9 +141,11 @@ impl JwtVerifier {
             jsonwebtoken::errors::ErrorKind::InvalidAlgorithmName => TokenError::Algorithm,
             _ => TokenError::Malformed,
         })?;
+        let fetched = self.remote.as_ref().map(|r| r.keys()).unwrap_or_default();
         let mut candidates = self
             .keys
             .iter()
+            .chain(fetched.iter())
             .filter(|k| k.alg == header.alg)
             .filter(|k| match (&header.kid, &k.kid) {
                 (Some(want), Some(have)) => want == have,
@@ -161,6 +153,9 @@ impl JwtVerifier {
             })
             .peekable();
         if candidates.peek().is_none() {
+            if header.kid.is_some() && self.remote.is_some() {
+                return Err(TokenError::UnknownKey);
+            }
             return Err(TokenError::Algorithm);
         }
         let mut validation = Validation::new(header.alg);
@@ -217,9 +212,14 @@ fn checked(c: Claims) -> Result<VerifiedToken, TokenError> {
         list.map(|l| PatternSet::parse(&l).map_err(|(i, e)| TokenError::BadClaim(format!("{name}[{i}] ({e})"))))
             .transpose()
     };
+    if c.jti.as_ref().is_some_and(|j| j.len() > MAX_SUB_LEN) {
+        return Err(TokenError::BadClaim("jti".into()));
+    }
     Ok(VerifiedToken {
         sub,
         exp,
+        jti: c.jti,
+        iat: c.iat,
         channels: patterns("channels", c.channels)?,
         publish: patterns("publish", c.publish)?,
     })
@@ -289,6 +289,30 @@ mod tests {
         let forged = b64(&serde_json::json!({"sub": "admin", "exp": exp}).to_string());
         assert_eq!(v.verify(&format!("{}.{}.{}", parts[0], forged, parts[2])).unwrap_err(), TokenError::Signature);
         assert_eq!(v.verify("garbage").unwrap_err(), TokenError::Malformed);
+    }
+
+    #[test]
+    fn auth_jwt_sets_skip_unsupported_keys_and_unknown_kids_ask_for_a_refetch() {
+        let oct = serde_json::json!({"kty": "oct", "k": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY", "kid": "h"});
+        let okp =
+            serde_json::json!({"kty": "OKP", "crv": "Ed25519", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"});
+        let enc = serde_json::json!({"kty": "oct", "k": "eA", "use": "enc"});
+        let keys = keys_of_set(&serde_json::json!({"keys": [okp, enc, oct]}).to_string()).unwrap();
+        assert_eq!(keys.len(), 1);
+        assert!(keys_of_set(&serde_json::json!({"keys": [okp]}).to_string()).err().unwrap().contains("no RS256"));
+        assert!(keys_of_set("[]").err().unwrap().contains("not a JWK set"));
+        let remote = Arc::new(RemoteKeys::new("http://127.0.0.1:9/certs", 300).unwrap());
+        let v = verifier().with_remote(remote);
+        let claims = serde_json::json!({"sub": "a", "exp": now() + 60});
+        // The signature is never checked: no key has the token's kid.
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let forged = format!("{}.{}.sig", b64(r#"{"alg":"RS256","kid":"rotated"}"#), b64(&claims.to_string()));
+        assert_eq!(v.verify(&forged).unwrap_err(), TokenError::UnknownKey);
+        let no_kid = format!("{}.{}.sig", b64(r#"{"alg":"RS256"}"#), b64(&claims.to_string()));
+        assert_eq!(v.verify(&no_kid).unwrap_err(), TokenError::Algorithm, "no kid: nothing to fetch for");
+        let hs = hs(claims, SECRET, Algorithm::HS256);
+        assert_eq!(v.verify(&hs).unwrap().sub, "a", "the other key sources still work");
     }
 
     #[test]

@@ -8,11 +8,15 @@
 //! - [`credentials`]: taking credentials and origins out of handshake headers (pure, fuzzed).
 //! - [`pattern`]: channel patterns with `*` and `**` (pure, fuzzed).
 //! - [`jwt`]: token verification (HS256 / RS256 / ES256, PEM and JWK sets).
+//! - [`jwks`]: reading JWK sets (files and URLs), and the set fetched from `auth.jwks_url`
+//!   and kept fresh.
+//! - [`revoke`]: revoked tokens (by `jti`, or a user's tokens issued before a time).
 //! - [`users`]: the Argon2 users file for Basic authentication, and `switchboard user add`.
 //! - [`pool`]: the threads that run Argon2 checks, with a bounded queue (429 when full).
 //! - [`apikey`]: hashed API keys for the HTTP API.
 //! - [`limits`]: per-address connection and handshake limits, per-key and per-user publish
 //!   rates, and the client address behind trusted proxies.
+//! - `tests.rs`: unit tests of [`Auth`].
 //! - [`http`]: the middleware in front of every route: `Host` checks (DNS rebinding), `Origin`
 //!   checks on writes, HTTP API credentials (401 / 403).
 //!
@@ -23,10 +27,12 @@
 pub mod apikey;
 pub mod credentials;
 pub mod http;
+pub mod jwks;
 pub mod jwt;
 pub mod limits;
 pub mod pattern;
 pub mod pool;
+pub mod revoke;
 pub mod users;
 
 use std::collections::HashMap;
@@ -91,6 +97,14 @@ pub struct AuthConfig {
     pub jwt_public_key: Option<PathBuf>,
     /// JWK set file (RS256, ES256 and HS256 keys, chosen by `kid`).
     pub jwks: Option<PathBuf>,
+    /// JWK set URL of an identity provider: fetched at start, every `jwks_refresh_s` and on an
+    /// unknown `kid` (see [`jwks`]); combines with the other key sources.
+    pub jwks_url: Option<String>,
+    /// Seconds between two fetches of `jwks_url`; 300 when unset.
+    pub jwks_refresh_s: Option<u64>,
+    /// How long a revocation is kept when it does not say (a user's `issued_before` plus this;
+    /// set it to the longest token lifetime); 86400 when unset.
+    pub revocation_keep_s: Option<u64>,
     /// Required `iss` claim, when set.
     pub jwt_issuer: Option<String>,
     /// Required `aud` claim, when set.
@@ -190,6 +204,8 @@ pub enum Method {
     Password,
     /// An HTTP API key (index into the configured list); full access to the HTTP API.
     ApiKey(usize),
+    /// Accepted by the connect hook (`[proxy] connect_url`) as the user it named.
+    Hook,
 }
 
 /// Who a client is.
@@ -202,13 +218,24 @@ pub struct Identity {
     pub channels: Option<Arc<PatternSet>>,
     /// Publish patterns, when restricted.
     pub publish: Option<Arc<PatternSet>>,
-    /// Unix seconds when the token expires.
+    /// Unix seconds when the token (or the connect hook's `expire_at`) expires.
     pub expires: Option<u64>,
+    /// The token's `jti` and `iat`, matched by revocations.
+    pub jti: Option<Arc<str>>,
+    pub issued_at: Option<u64>,
 }
 
 impl Identity {
     pub fn anonymous() -> Identity {
-        Identity { method: Method::Anonymous, user: String::new(), channels: None, publish: None, expires: None }
+        Identity {
+            method: Method::Anonymous,
+            user: String::new(),
+            channels: None,
+            publish: None,
+            expires: None,
+            jti: None,
+            issued_at: None,
+        }
     }
 
     pub fn is_anonymous(&self) -> bool {
@@ -233,6 +260,11 @@ pub enum AuthFailure {
     #[error("too many password checks (from this address, or waiting at this node); retry later")]
     RateLimited,
 }
+
+/// Seconds between two fetches of `auth.jwks_url` unless `jwks_refresh_s` says.
+pub const DEFAULT_JWKS_REFRESH_S: u64 = 300;
+/// How long a revocation is kept unless it or `auth.revocation_keep_s` says.
+pub const DEFAULT_REVOCATION_KEEP_S: u64 = 86_400;
 
 /// Subscribe and publish patterns of a grant; `None` leaves that side unrestricted.
 type Patterns = (Option<Arc<PatternSet>>, Option<Arc<PatternSet>>);
@@ -259,6 +291,10 @@ pub struct Auth {
     exempt_loopback: bool,
     leeway_s: u64,
     verified: PasswordCache,
+    /// Tokens revoked through `/api/revoke` (on any node of the cluster).
+    pub revoked: revoke::Revocations,
+    /// A connect hook authenticates connections without credentials.
+    connect_hook: bool,
 }
 
 /// Passwords verified in the last minute, so a client presenting Basic credentials on every
@@ -355,6 +391,8 @@ impl Default for Auth {
             exempt_loopback: l.exempt_loopback,
             leeway_s: 0,
             verified: PasswordCache::new(),
+            revoked: revoke::Revocations::new(DEFAULT_REVOCATION_KEEP_S),
+            connect_hook: false,
         }
     }
 }
@@ -373,6 +411,14 @@ impl Auth {
             c.jwt_leeway_s,
         )
         .map_err(|(key, msg)| err(key, msg))?;
+        let jwt = match &c.jwks_url {
+            Some(url) => {
+                let remote = jwks::RemoteKeys::new(url, c.jwks_refresh_s.unwrap_or(DEFAULT_JWKS_REFRESH_S))
+                    .map_err(|e| err("jwks_url", e))?;
+                jwt.with_remote(Arc::new(remote))
+            }
+            None => jwt,
+        };
         let jwt = (!jwt.is_empty()).then_some(jwt);
         let users = c.users.as_deref().map(Users::load).transpose().map_err(|e| err("users", e))?.map(Arc::new);
         let api_keys = apikey::ApiKeys::parse(&c.api_keys.0).map_err(|i| {
@@ -440,12 +486,31 @@ impl Auth {
             exempt_loopback: limits.exempt_loopback,
             leeway_s: c.jwt_leeway_s,
             verified: PasswordCache::new(),
+            revoked: revoke::Revocations::new(c.revocation_keep_s.unwrap_or(DEFAULT_REVOCATION_KEEP_S)),
+            connect_hook: false,
         })
     }
 
-    /// Whether clients must authenticate: a JWT key or a users file is configured.
+    /// Connections without credentials are asked about at the connect hook.
+    pub fn with_connect_hook(mut self, on: bool) -> Auth {
+        self.connect_hook = on;
+        self
+    }
+
+    /// Whether clients must authenticate: a JWT key, a users file or a connect hook is
+    /// configured.
     pub fn enabled(&self) -> bool {
-        self.jwt.is_some() || self.users.is_some()
+        self.jwt.is_some() || self.users.is_some() || self.connect_hook
+    }
+
+    /// Whether connections without credentials go to the connect hook.
+    pub fn has_connect_hook(&self) -> bool {
+        self.connect_hook
+    }
+
+    /// The JWK set fetched from `auth.jwks_url`, when configured.
+    pub fn remote_keys(&self) -> Option<&Arc<jwks::RemoteKeys>> {
+        self.jwt.as_ref().and_then(|j| j.remote())
     }
 
     /// Whether the HTTP API asks for credentials: client authentication or API keys are
@@ -484,10 +549,21 @@ impl Auth {
         !self.check_host || credentials::host_allowed(host, self.bound, &self.hosts)
     }
 
-    /// Verifies a token (handshake, `connect`, `refresh`, HTTP).
-    pub fn verify_token(&self, token: &str) -> Result<Identity, AuthFailure> {
+    /// Verifies a token (handshake, `connect`, `refresh`, HTTP): signature, claims, and that it
+    /// is not revoked. A key id no key source has makes the JWK set be fetched again (see
+    /// [`jwks::RemoteKeys::refetch_for_unknown_kid`]) before the token is refused.
+    pub async fn verify_token(&self, token: &str) -> Result<Identity, AuthFailure> {
         let jwt = self.jwt.as_ref().ok_or(AuthFailure::NotConfigured("JWT authentication"))?;
-        let t = jwt.verify(token)?;
+        let t = match jwt.verify(token) {
+            Err(TokenError::UnknownKey) => match jwt.remote() {
+                Some(remote) if remote.refetch_for_unknown_kid().await => jwt.verify(token)?,
+                _ => return Err(TokenError::UnknownKey.into()),
+            },
+            other => other?,
+        };
+        if self.revoked.is_revoked(&t.sub, t.jti.as_deref(), t.iat, crate::unix_s()) {
+            return Err(TokenError::Revoked.into());
+        }
         let (grant_channels, grant_publish) = self.grant(&t.sub);
         Ok(Identity {
             method: Method::Token,
@@ -495,7 +571,16 @@ impl Auth {
             publish: t.publish.map(Arc::new).or(grant_publish),
             user: t.sub,
             expires: Some(t.exp),
+            jti: t.jti.map(Arc::from),
+            issued_at: t.iat,
         })
+    }
+
+    /// The identity of a connection the connect hook accepted as `user`: that user's grant
+    /// patterns (if any), expiring at `expire_at`.
+    pub fn hook_identity(&self, user: String, expire_at: Option<u64>) -> Identity {
+        let (channels, publish) = self.grant(&user);
+        Identity { method: Method::Hook, user, channels, publish, expires: expire_at, jti: None, issued_at: None }
     }
 
     fn grant(&self, user: &str) -> Patterns {
@@ -534,7 +619,7 @@ impl Auth {
             self.verified.insert(key);
         }
         let (channels, publish) = self.grant(&user);
-        Ok(Identity { method: Method::Password, user, channels, publish, expires: None })
+        Ok(Identity { method: Method::Password, user, channels, publish, expires: None, jti: None, issued_at: None })
     }
 
     /// Authenticates what a client presented, with no per-address limit on password checks.
@@ -546,7 +631,7 @@ impl Auth {
     /// is charged for password checks.
     pub async fn authenticate_from(&self, c: Credential, ip: Option<IpAddr>) -> Result<Identity, AuthFailure> {
         match c {
-            Credential::Bearer(token) => self.verify_token(&token),
+            Credential::Bearer(token) => self.verify_token(&token).await,
             Credential::Basic { user, password } => self.verify_password(user, password, ip).await,
         }
     }
@@ -562,6 +647,8 @@ impl Auth {
                         channels: None,
                         publish: None,
                         expires: None,
+                        jti: None,
+                        issued_at: None,
                     });
                 }
                 // Only something shaped like a JWT (three dot-separated parts) is tried as
@@ -569,7 +656,7 @@ impl Auth {
                 if self.jwt.is_none() || token.split('.').count() != 3 {
                     return Err(AuthFailure::ApiKey);
                 }
-                self.verify_token(&token)
+                self.verify_token(&token).await
             }
             basic => self.authenticate_from(basic, ip).await,
         }
@@ -633,110 +720,4 @@ impl fmt::Debug for Security {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn user(channels: Option<&[&str]>) -> Identity {
-        Identity {
-            method: Method::Token,
-            user: "u".into(),
-            channels: channels.map(|c| Arc::new(PatternSet::parse(c).unwrap())),
-            publish: None,
-            expires: None,
-        }
-    }
-
-    fn enabled() -> Auth {
-        let c = AuthConfig { jwt_secret: Some(Secret("x".repeat(32))), ..AuthConfig::default() };
-        Auth::build(&c, &crate::config::Limits::default().auth(), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)).unwrap()
-    }
-
-    #[test]
-    fn auth_without_authentication_everything_is_anonymous() {
-        let a = Auth::default();
-        assert!(!a.enabled());
-        assert!(a.check(&Identity::anonymous(), &Permissions::DEFAULT, Action::Subscribe, "x").is_ok());
-        let strict = Permissions { subscribe: Some(Access::Authenticated), ..Permissions::DEFAULT };
-        assert_eq!(a.check(&Identity::anonymous(), &strict, Action::Subscribe, "x").unwrap_err().code, 401);
-    }
-
-    #[test]
-    fn auth_levels_and_patterns() {
-        let a = enabled();
-        let d = Permissions::DEFAULT;
-        assert_eq!(a.check(&Identity::anonymous(), &d, Action::Subscribe, "x").unwrap_err().code, 401);
-        assert!(a.check(&user(None), &d, Action::Subscribe, "x").is_ok());
-        assert!(a.check(&user(Some(&["room:*"])), &d, Action::Subscribe, "room:1").is_ok());
-        assert_eq!(a.check(&user(Some(&["room:*"])), &d, Action::Subscribe, "pt:1").unwrap_err().code, 403);
-        assert_eq!(a.check(&user(Some(&["room:*"])), &d, Action::History, "pt:1").unwrap_err().code, 403);
-        let claims = Permissions { subscribe: Some(Access::Claims), ..Permissions::DEFAULT };
-        assert_eq!(a.check(&user(None), &claims, Action::Subscribe, "x").unwrap_err().code, 403);
-        assert!(a.check(&user(Some(&["**"])), &claims, Action::Subscribe, "x").is_ok());
-        let public = Permissions { subscribe: Some(Access::Anonymous), ..Permissions::DEFAULT };
-        assert!(a.check(&Identity::anonymous(), &public, Action::Subscribe, "x").is_ok());
-        assert_eq!(a.check(&Identity::anonymous(), &public, Action::Publish, "x").unwrap_err().code, 401);
-        let key = Identity { method: Method::ApiKey(0), ..Identity::anonymous() };
-        assert!(a.check(&key, &claims, Action::Publish, "x").is_ok());
-    }
-
-    #[test]
-    fn auth_debug_output_holds_no_secrets() {
-        let c = AuthConfig {
-            jwt_secret: Some(Secret("s3cr3t-s3cr3t-s3cr3t-s3cr3t-s3cr3t".into())),
-            ..AuthConfig::default()
-        };
-        assert!(!format!("{c:?}").contains("s3cr3t"));
-        let a = Auth::build(&c, &crate::config::Limits::default().auth(), IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
-            .unwrap();
-        assert!(!format!("{a:?}").contains("s3cr3t"));
-    }
-
-    #[test]
-    fn auth_configured_counts_for_listening_beyond_loopback() {
-        use crate::config::Config;
-        let wide = ("listen", toml::Value::String("0.0.0.0:8700".into()));
-        let err = Config::load(None, vec![], std::slice::from_ref(&wide)).unwrap_err();
-        assert!(err.0.contains("--allow-anonymous"), "{err}");
-        // API keys alone protect only the HTTP API.
-        let key = ("auth.api_keys", toml::Value::String(apikey::hash_key("k".repeat(20).as_str())));
-        assert!(Config::load(None, vec![], &[wide.clone(), key]).is_err());
-        let secret = ("SWITCHBOARD_JWT_SECRET".to_string(), "s".repeat(32));
-        let c = Config::load(None, vec![secret], std::slice::from_ref(&wide)).unwrap();
-        assert!(c.security.auth.enabled());
-        let anon = ("allow_anonymous", toml::Value::Boolean(true));
-        assert!(Config::load(None, vec![], &[wide, anon]).is_ok());
-    }
-
-    #[test]
-    fn auth_grants_dashboards_parse_and_unknown_values_name_the_key() {
-        use crate::config::Config;
-        let set = |key: &'static str, v: &str| (key, toml::Value::String(v.into()));
-        let grants = [
-            set("auth.grants.ed.dashboards", "edit"),
-            set("auth.grants.ro.dashboards", "read"),
-            set("auth.grants.me.dashboards", "own"),
-        ];
-        let c = Config::load(None, vec![], &grants).unwrap();
-        let a = &c.security.auth;
-        assert_eq!(a.dashboard_access("ed"), DashboardAccess::Edit);
-        assert_eq!(a.dashboard_access("ro"), DashboardAccess::Read);
-        assert_eq!(a.dashboard_access("me"), DashboardAccess::Own);
-        assert_eq!(a.dashboard_access("nobody"), DashboardAccess::Own, "no grant: own");
-        let g: Grant = toml::from_str("channels = [\"a\"]").unwrap();
-        assert_eq!(g.dashboards, DashboardAccess::Own, "a grant without the key: own");
-        let err = Config::load(None, vec![], &[set("auth.grants.bob.dashboards", "write")]).unwrap_err();
-        assert!(err.0.contains("auth.grants.bob.dashboards") && err.0.contains("write"), "{err}");
-    }
-
-    #[test]
-    fn auth_string_lists_accept_commas() {
-        #[derive(Deserialize)]
-        struct T {
-            l: StringList,
-        }
-        let t: T = toml::from_str("l = \"a, b,,c\"").unwrap();
-        assert_eq!(t.l.0, vec!["a", "b", "c"]);
-        let t: T = toml::from_str("l = [\"a,b\"]").unwrap();
-        assert_eq!(t.l.0, vec!["a,b"]);
-    }
-}
+mod tests;

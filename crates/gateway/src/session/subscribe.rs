@@ -11,7 +11,7 @@ use std::time::Instant;
 use switchboard_broker::{ClientInfo, Position};
 use switchboard_protocol::code;
 use switchboard_protocol::command::SubscribeRequest;
-use switchboard_protocol::message::{encode_error, encode_ok, ErrorBody};
+use switchboard_protocol::message::{encode_error, encode_ok, encode_subscribed, ErrorBody};
 use switchboard_protocol::{namespace_of, validate_channel};
 
 use super::reply::{asked, failed_code, reply_budget, Outcome, ReplyBudget, SubscribeReply};
@@ -87,7 +87,10 @@ async fn read_start(node: &Node, name: &str, req: &SubscribeRequest) -> Result<O
 }
 
 impl Session {
-    pub(super) async fn subscribe(&mut self, id: Option<u32>, req: SubscribeRequest) {
+    /// A subscribe: the client's (`server` false: answered with a reply when it has an id), or
+    /// server-side subscriptions of the connect hook (`server`: no permission checks or
+    /// subscribe hook, the backend decided; announced with a `subscribed` push).
+    pub(super) async fn subscribe_as(&mut self, id: Option<u32>, req: SubscribeRequest, server: bool) {
         self.forget_lost();
         let limits = &self.node.config.limits;
         if req.channels.len() > limits.max_channels_per_subscribe {
@@ -105,6 +108,7 @@ impl Session {
             Ok(s) => s,
             Err(e) => return self.err(id, e),
         };
+        let mut hook_refusals = if server { HashMap::new() } else { self.subscribe_hook_refusals(&req.channels).await };
         let mut budget = ReplyBudget::new(self.outbox.format, reply_budget(limits.max_pending_bytes));
         let concurrency = if req.trend.is_some() { TREND_CONCURRENCY } else { SUBSCRIBE_CONCURRENCY };
         self.outbox.hold();
@@ -121,7 +125,10 @@ impl Session {
                 .iter()
                 .map(|name| match asked(&req, name) {
                     Some(what) if budget.is_full() => Err(budget.refusal(&what)),
-                    _ => self.admit(name, sampling),
+                    _ => match hook_refusals.remove(name.as_str()) {
+                        Some(refused) => Err(refused),
+                        None => self.admit(name, sampling, server),
+                    },
                 })
                 .collect();
             let node = &self.node;
@@ -173,6 +180,7 @@ impl Session {
             }
         }
         let reply = match id {
+            _ if server => encode_subscribed(self.outbox.format, &SubscribeReply(&results)),
             Some(id) => encode_ok(self.outbox.format, id, &SubscribeReply(&results)),
             None => {
                 let failed: Vec<&(String, Outcome)> =
@@ -202,9 +210,11 @@ impl Session {
 
     /// Checks one channel of a subscribe (name, permission, not yet subscribed, the limit) and
     /// adds this connection to the hub's subscribers of it.
-    fn admit(&mut self, name: &str, sampling: Option<Sampling>) -> Result<Arc<str>, ApiError> {
+    fn admit(&mut self, name: &str, sampling: Option<Sampling>, server: bool) -> Result<Arc<str>, ApiError> {
         validate_channel(name).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
-        self.allow(Action::Subscribe, name)?;
+        if !server {
+            self.allow(Action::Subscribe, name)?;
+        }
         if self.subs.contains(name) {
             return Err(ApiError::new(code::CONFLICT, "already subscribed"));
         }

@@ -64,6 +64,7 @@ impl Author {
             Method::Anonymous => "anonymous",
             Method::Token => "token",
             Method::Password => "password",
+            Method::Hook => "hook",
             Method::ApiKey(_) => "api_key",
         };
         let by = if who.user.is_empty() { "anonymous".to_string() } else { who.user.clone() };

@@ -80,7 +80,9 @@ pub(super) fn start(node: &Arc<Node>, sources: &Sources) {
     if !in_cluster(node) {
         return;
     }
-    node.hub.set_internal(Arc::new(Internal(Arc::downgrade(node))));
+    let internal = Arc::new(Internal(Arc::downgrade(node)));
+    node.hub.add_internal(REQUESTS, internal.clone());
+    node.hub.add_internal(REPLIES, internal);
     for source in super::written_sources(node) {
         let (node, source, active) = (Arc::downgrade(node), source.to_string(), sources.watch_active(source));
         // Whether the broker counts this node's subscription survives a restart of the task.

@@ -145,6 +145,9 @@ async fn open_inner(polls: &Arc<Polls>, req: Request) -> Response {
         Ok(s) => s,
         Err(r) => return r,
     };
+    // No credentials and a connect hook: the hook decides on the session's first commands.
+    let hook = (admitted.identity.is_none() && node.config.security.auth.has_connect_hook())
+        .then(|| node.config.hooks.pick_headers(req.headers().iter().map(|(n, v)| (n.as_str(), v.as_bytes()))));
     let body = match read_body(node, req).await {
         Ok(b) => b,
         Err(r) => return r,
@@ -156,6 +159,9 @@ async fn open_inner(polls: &Arc<Polls>, req: Request) -> Response {
     };
     {
         let mut live = s.live.lock().await;
+        if let Some(headers) = hook {
+            live.session.await_connect_hook(crate::session::ConnectContext { transport: "poll", headers });
+        }
         let rec = polls.record_of(&live);
         match polls.store.save(&id, 0, &rec, polls.ttl).await {
             Ok(true) => live.version = rec.version,

@@ -785,6 +785,7 @@ mod tests {
             channels: Some(Arc::new(PatternSet::parse(&["room:*", "pt:**"]).unwrap())),
             publish: None,
             expires: Some(99),
+            ..Identity::anonymous()
         };
         let back = StoredIdentity::of(&i).identity();
         assert_eq!(back.method, Method::Token);

@@ -71,6 +71,7 @@ impl StoredIdentity {
                 Method::Anonymous => "anonymous",
                 Method::Token => "token",
                 Method::Password => "password",
+                Method::Hook => "hook",
                 Method::ApiKey(_) => "api_key",
             }
             .to_string(),
@@ -88,6 +89,7 @@ impl StoredIdentity {
         let method = match self.method.as_str() {
             "token" => Method::Token,
             "password" => Method::Password,
+            "hook" => Method::Hook,
             _ => return Identity::anonymous(),
         };
         Identity {
@@ -96,6 +98,8 @@ impl StoredIdentity {
             channels: set(&self.channels),
             publish: set(&self.publish),
             expires: self.expires,
+            jti: None,
+            issued_at: None,
         }
     }
 }

@@ -87,8 +87,22 @@ pub fn event_name(m: &Message) -> Option<&'static str> {
         Kind::Reply { .. } => Some("reply"),
         Kind::Other if m.text.starts_with(b"{\"join\"") => Some("join"),
         Kind::Other if m.text.starts_with(b"{\"leave\"") => Some("leave"),
+        // Server-side subscriptions of the connect hook.
+        Kind::Other if m.text.starts_with(b"{\"subscribed\"") => Some("subscribed"),
         Kind::Other => Some("message"),
     }
+}
+
+/// Whether `who` may subscribe to every channel of a stream; `Err` names the first refused
+/// one, as the stream's answer says it.
+fn permitted(node: &Node, who: &crate::auth::Identity, channels: &[String]) -> Result<(), crate::node::ApiError> {
+    let auth = &node.config.security.auth;
+    for ch in channels {
+        if let Err(e) = auth.check(who, &node.config.namespace(namespace_of(ch)).allow, Action::Subscribe, ch) {
+            return Err(crate::node::ApiError::new(e.code, format!("{ch}: {}", e.message)));
+        }
+    }
+    Ok(())
 }
 
 /// Response headers of an event stream.
@@ -373,7 +387,9 @@ async fn open(node: &Arc<Node>, req: &axum::http::request::Parts, q: Option<&str
         Err(r) => return r,
     };
     let auth = &node.config.security.auth;
-    if auth.enabled() && admitted.identity.is_none() {
+    // No credentials and a connect hook: the hook decides once the connection exists.
+    let hook = admitted.identity.is_none() && auth.has_connect_hook();
+    if auth.enabled() && admitted.identity.is_none() && !hook {
         return error(code::UNAUTHORIZED, "credentials required (Authorization header or token query parameter)");
     }
     let Some(list) = query_param(q, "channels") else {
@@ -397,10 +413,8 @@ async fn open(node: &Arc<Node>, req: &axum::http::request::Parts, q: Option<&str
         return error(code::LIMIT, format!("{} channels in one stream; at most {most}", channels.len()));
     }
     let identity = admitted.identity.clone().unwrap_or_else(crate::auth::Identity::anonymous);
-    for ch in &channels {
-        if let Err(e) = auth.check(&identity, &node.config.namespace(namespace_of(ch)).allow, Action::Subscribe, ch) {
-            return error(e.code, format!("{ch}: {}", e.message));
-        }
+    if let (false, Err(e)) = (hook, permitted(node, &identity, &channels)) {
+        return error(e.code, e.message);
     }
     let last_id = req
         .headers
@@ -461,6 +475,18 @@ async fn open(node: &Arc<Node>, req: &axum::http::request::Parts, q: Option<&str
     let mut session = Session::new(node.clone(), outbox.clone());
     session.set_identity(admitted.identity.clone());
     session.set_rate_exempt(admitted.exempt());
+    if hook {
+        let headers = node.config.hooks.pick_headers(req.headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
+        let ctx = crate::session::ConnectContext { transport: "sse", headers };
+        if let Err(r) = session.connect_with_hook(ctx).await {
+            session.outbox().close(r.close, &r.reason, true);
+            return error(r.status, r.reason);
+        }
+        if let Err(e) = permitted(node, session.identity(), &channels) {
+            session.outbox().close(close::FORBIDDEN, "not permitted", true);
+            return error(e.code, e.message);
+        }
+    }
     // `last` comes with the reply only when asked for; a recovery that finds a gap needs it.
     let mut body = serde_json::json!({ "channels": channels, "initial": initial || !recover.is_empty() });
     for (k, v) in sampling {

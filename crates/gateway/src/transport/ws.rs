@@ -52,6 +52,8 @@ struct Admitted {
     slot: Option<Option<IpGuard>>,
     /// The client's address is exempt from per-connection rate limits.
     exempt: bool,
+    /// The request headers the connect hook is told (`proxy.headers`).
+    hook_headers: std::collections::BTreeMap<String, String>,
 }
 
 fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -125,7 +127,13 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
     if let Err(e) = &identity {
         tracing::debug!(ip = ?ip, reason = %e, "handshake credentials refused");
     }
-    let admitted = Admitted { identity, slot: limited.map(|ip| auth.limiter.acquire(ip)), exempt: limited.is_none() };
+    let hook_headers = node.config.hooks.pick_headers(req.headers().iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
+    let admitted = Admitted {
+        identity,
+        slot: limited.map(|ip| auth.limiter.acquire(ip)),
+        exempt: limited.is_none(),
+        hook_headers,
+    };
     let format = format.unwrap_or(Format::Json);
     // Echo the chosen protocol only when the client offered it.
     let echo = offered.contains(&format.subprotocol()).then_some(format.subprotocol());
@@ -408,7 +416,12 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
     // Held until the connection ends: it frees the address's slot on drop.
     let _slot = admitted.slot;
     let mut session = Session::new(node.clone(), outbox.clone());
-    session.set_identity(admitted.identity.ok().flatten());
+    let identity = admitted.identity.ok().flatten();
+    if identity.is_none() && node.config.security.auth.has_connect_hook() {
+        let ctx = crate::session::ConnectContext { transport: "websocket", headers: admitted.hook_headers };
+        session.await_connect_hook(ctx);
+    }
+    session.set_identity(identity);
     session.set_rate_exempt(admitted.exempt);
     session.set_limited_ip(_slot.as_ref().and_then(|g| g.as_ref().map(|g| g.ip())));
     let mut reader = FrameReader { max: max_frame, partial: Vec::new(), fragments: None, started: None };

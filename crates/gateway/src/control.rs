@@ -1,0 +1,200 @@
+//! The application's controls over live connections, cluster-wide: `POST /api/disconnect`
+//! closes every connection of a user (4003, no reconnect) and `POST /api/revoke` revokes tokens
+//! (refused from then on, live connections using them closed with 4001 `token revoked`).
+//!
+//! The node that takes the request acts on its own connections at once and passes the request
+//! on through the broker's pub/sub to every other node, on two internal channels
+//! ([`crate::hub::InternalHandler`]): [`DISCONNECTS`] (kept nowhere) and [`REVOCATIONS`], whose
+//! history (at most [`MAX_REVOCATIONS`] entries, kept `auth.revocation_keep_s`) is how a node
+//! that starts later learns the revocations that still hold: it reads that history once it is
+//! subscribed. Only nodes publish on `$` channels, so every message there is trusted.
+//!
+//! [`owners::Owners`] is the node's record of who each connection is (user, token `jti` and
+//! `iat`), set by the session whenever its identity changes.
+
+pub mod owners;
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use switchboard_broker::{BrokerError, Data, HistoryPolicy};
+use switchboard_protocol::code::{self, close};
+
+use crate::auth::revoke::{AddError, Revocation, MAX_REVOCATIONS};
+use crate::hub::InternalHandler;
+use crate::node::{ApiError, Node};
+
+/// Disconnect requests between nodes: `{"node", "user"}`.
+pub const DISCONNECTS: &str = "$disconnect";
+/// Revocations between nodes, and their record: `{"node", "revocation"}` (its keep is
+/// `crate::config`'s, which names it).
+pub use crate::config::REVOCATIONS;
+/// Pause before subscribing again after the broker refused.
+const RETRY: Duration = Duration::from_secs(1);
+
+#[derive(Serialize, Deserialize)]
+struct DisconnectMsg {
+    node: String,
+    user: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct RevokeMsg {
+    node: String,
+    revocation: Revocation,
+}
+
+fn in_cluster(node: &Node) -> bool {
+    node.broker.kind() != "memory"
+}
+
+/// Closes this node's connections of `user` with 4003; returns how many.
+fn disconnect_here(node: &Node, user: &str) -> usize {
+    let ids = node.owners.matching(|o| o.user == user);
+    for id in &ids {
+        if let Some(ob) = node.outbox(*id) {
+            ob.close(close::FORBIDDEN, "disconnected by the application", true);
+        }
+    }
+    node.owners.counts.disconnected.fetch_add(ids.len() as u64, Relaxed);
+    ids.len()
+}
+
+/// Adds a revocation here and closes this node's connections whose tokens it matches (4001).
+fn revoke_here(node: &Node, r: &Revocation) -> Result<usize, AddError> {
+    node.config.security.auth.revoked.add(r, crate::unix_s())?;
+    let ids = node.owners.matching(|o| o.token && r.matches(&o.user, o.jti.as_deref(), o.iat));
+    for id in &ids {
+        if let Some(ob) = node.outbox(*id) {
+            ob.close(close::INVALID_TOKEN, "token revoked", true);
+        }
+    }
+    node.owners.counts.revoked.fetch_add(ids.len() as u64, Relaxed);
+    Ok(ids.len())
+}
+
+/// `POST /api/disconnect`: closes `user`'s connections here, and on the other nodes through
+/// the broker. Returns how many closed here. An unknown user is not an error (nothing closes).
+pub async fn disconnect(node: &Node, user: &str) -> Result<usize, ApiError> {
+    if user.is_empty() || user.len() > 256 {
+        return Err(ApiError::new(code::BAD_REQUEST, "user must be 1 to 256 characters"));
+    }
+    let here = disconnect_here(node, user);
+    if in_cluster(node) {
+        let msg = DisconnectMsg { node: node.id.clone(), user: user.to_string() };
+        publish(node, DISCONNECTS, &msg, no_history()).await.map_err(|e| not_passed_on(node, e))?;
+    }
+    Ok(here)
+}
+
+/// `POST /api/revoke`: records the revocation here and on every node (through the broker,
+/// kept in [`REVOCATIONS`]' history for nodes starting later); closes matching connections.
+pub async fn revoke(node: &Node, r: &Revocation) -> Result<usize, ApiError> {
+    r.check().map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
+    let here = revoke_here(node, r).map_err(|_| {
+        ApiError::new(code::LIMIT, format!("the revocation list holds its maximum of {MAX_REVOCATIONS} entries"))
+    })?;
+    if in_cluster(node) {
+        let msg = RevokeMsg { node: node.id.clone(), revocation: r.clone() };
+        publish(node, REVOCATIONS, &msg, revocation_history(node)).await.map_err(|e| not_passed_on(node, e))?;
+    }
+    Ok(here)
+}
+
+fn not_passed_on(node: &Node, e: BrokerError) -> ApiError {
+    let e = node.broker_error(e);
+    ApiError::new(e.code, format!("done on this node only, not passed on to the others: {}", e.message))
+}
+
+fn no_history() -> HistoryPolicy {
+    HistoryPolicy { size: 0, ttl: Duration::ZERO, trend: None }
+}
+
+fn revocation_history(node: &Node) -> HistoryPolicy {
+    HistoryPolicy { size: MAX_REVOCATIONS, ttl: node.config.channel_ttl(REVOCATIONS), trend: None }
+}
+
+async fn publish(node: &Node, channel: &str, body: &impl Serialize, policy: HistoryPolicy) -> Result<(), BrokerError> {
+    let text = serde_json::to_string(body).map_err(|e| BrokerError::Unavailable(e.to_string()))?;
+    let data = RawValue::from_string(text).map_err(|e| BrokerError::Unavailable(e.to_string()))?;
+    node.broker.publish(channel, Arc::new(data), policy).await.map(drop)
+}
+
+/// In a cluster: takes the other nodes' disconnects and revocations, and loads the recorded
+/// revocations once subscribed. Supervised (task `control-listener`).
+pub fn start(node: &Arc<Node>) {
+    if !in_cluster(node) {
+        return;
+    }
+    let internal = Arc::new(Internal(Arc::downgrade(node)));
+    node.hub.add_internal(DISCONNECTS, internal.clone());
+    node.hub.add_internal(REVOCATIONS, internal);
+    let node = Arc::downgrade(node);
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    switchboard_supervisor::spawn("control-listener", move |_| listen(node.clone(), done.clone()));
+}
+
+async fn listen(node: Weak<Node>, done: Arc<std::sync::atomic::AtomicBool>) {
+    while !done.load(Relaxed) {
+        let Some(n) = node.upgrade() else { return };
+        match subscribe_and_load(&n).await {
+            Ok(loaded) => {
+                tracing::info!(revocations = loaded, "taking disconnects and revocations from the other nodes");
+                done.store(true, Relaxed);
+            }
+            Err(e) => {
+                tracing::warn!("cannot take disconnects and revocations from the other nodes yet: {e}");
+                drop(n);
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
+
+async fn subscribe_and_load(node: &Node) -> Result<usize, BrokerError> {
+    node.broker.subscribe(DISCONNECTS).await?;
+    node.broker.subscribe(REVOCATIONS).await?;
+    let recorded = node.broker.history(REVOCATIONS, None, MAX_REVOCATIONS).await?;
+    let mut loaded = 0;
+    for p in recorded.publications {
+        if let Ok(m) = serde_json::from_str::<RevokeMsg>(p.data.get()) {
+            if m.revocation.check().is_ok() && revoke_here(node, &m.revocation).is_ok() {
+                loaded += 1;
+            }
+        }
+    }
+    Ok(loaded)
+}
+
+/// Receives the other nodes' disconnects and revocations. Holds the node weakly: the node owns
+/// its hub. Called under the broker's channel lock: closing outboxes only queues and wakes.
+struct Internal(Weak<Node>);
+
+impl InternalHandler for Internal {
+    fn on_internal(&self, channel: &str, data: &Data) {
+        let Some(node) = self.0.upgrade() else { return };
+        if channel == DISCONNECTS {
+            match serde_json::from_str::<DisconnectMsg>(data.get()) {
+                Ok(m) if m.node != node.id => drop(disconnect_here(&node, &m.user)),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(channel, "malformed disconnect from another node: {e}"),
+            }
+        } else if channel == REVOCATIONS {
+            match serde_json::from_str::<RevokeMsg>(data.get()) {
+                Ok(m) if m.node != node.id => {
+                    if m.revocation.check().is_err() || revoke_here(&node, &m.revocation).is_err() {
+                        tracing::warn!(
+                            "a revocation from node {} was not taken (invalid, or the list is full)",
+                            m.node
+                        );
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(channel, "malformed revocation from another node: {e}"),
+            }
+        }
+    }
+}
