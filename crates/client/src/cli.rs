@@ -196,7 +196,7 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
                 }
                 Some(Event::Disconnect { code, reason, .. }) => eprintln!("disconnect {code}: {reason}"),
                 Some(Event::Error(e)) => eprintln!("error {}: {}", e.code, e.message),
-                Some(Event::Join(_) | Event::Leave(_)) => {}
+                Some(Event::Join(_) | Event::Leave(_) | Event::Subscribed(_)) => {}
                 Some(Event::Closed { code: 1000 }) | None => return Ok(()),
                 Some(Event::Closed { code }) => bail!("connection closed by the server (code {code})"),
             }

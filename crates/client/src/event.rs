@@ -44,6 +44,9 @@ pub enum Event {
         code: u16,
         reason: String,
     },
+    /// Server-side subscriptions the application's connect hook made for this connection
+    /// (docs/backend.md), with one result per channel as in a subscribe reply.
+    Subscribed(crate::reply::SubscribeReply),
     /// An error reply nobody waits for: a failed command sent without id (the server reports
     /// it with id 0).
     Error(ErrorBody),

@@ -84,6 +84,8 @@ struct Incoming {
     disconnect: Option<Disconnect>,
     #[serde(default)]
     unsubscribed: Option<Unsubscribed>,
+    #[serde(default)]
+    subscribed: Option<crate::reply::SubscribeReply>,
 }
 
 #[derive(Deserialize)]
@@ -131,6 +133,9 @@ impl Incoming {
                 reason: d.reason,
                 reconnect: d.reconnect,
             }));
+        }
+        if let Some(s) = self.subscribed {
+            return Ok(ServerMessage::Event(Event::Subscribed(s)));
         }
         if let Some(u) = self.unsubscribed {
             return Ok(ServerMessage::Event(Event::Unsubscribed { ch: u.ch, code: u.code, reason: u.reason }));
@@ -224,6 +229,16 @@ mod tests {
         let msgs = decode_frame(Format::Json, line);
         let ended = Event::Unsubscribed { ch: "room:1".into(), code: 4008, reason: "missed".into() };
         assert_eq!(msgs, vec![Ok(ServerMessage::Event(ended))]);
+    }
+
+    #[test]
+    fn frame_subscribed_push_carries_the_server_side_subscriptions() {
+        let line =
+            br#"{"subscribed":{"channels":{"a":{"epoch":"e","offset":3},"b":{"error":{"code":403,"message":"no"}}}}}"#;
+        let msgs = decode_frame(Format::Json, line);
+        let Ok(ServerMessage::Event(Event::Subscribed(r))) = &msgs[0] else { panic!("{msgs:?}") };
+        assert!(matches!(&r.channels["a"], crate::reply::ChannelResult::Subscribed(s) if s.offset == 3));
+        assert_eq!(r.errors().map(|(ch, e)| (ch, e.code)).collect::<Vec<_>>(), vec![("b", 403)]);
     }
 
     #[test]
