@@ -7,7 +7,7 @@ BIN := target/release/switchboard
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo build test fmt-check lint rust-test black-box py-deps node-deps python-test node-test bench clean redis-deps fuzz-build web-deps web-build web-test browser-deps browser-test bench-dashboard mqtt-deps failpoints-build
+.PHONY: demo build test fmt-check lint rust-test black-box py-deps client-deps node-deps python-test node-test bench clean redis-deps fuzz-build web-deps web-build web-test browser-deps browser-test bench-dashboard mqtt-deps failpoints-build
 
 build: web-build
 	$(CARGO) build --release --locked -p switchboard
@@ -60,6 +60,15 @@ $(VENV)/.installed: tests/python/requirements.txt
 
 py-deps: $(VENV)/.installed
 
+# The Python client package (clients/python), installed into the test virtualenv whenever one
+# of its files changes; its stale build directory goes first so no deleted module is packaged.
+$(VENV)/.client-installed: $(VENV)/.installed clients/python/pyproject.toml $(shell find clients/python/src -name '*.py')
+	rm -rf clients/python/build
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check './clients/python[msgpack]'
+	touch $@
+
+client-deps: $(VENV)/.client-installed
+
 tests/node/node_modules/.package-lock.json: tests/node/package-lock.json
 	cd tests/node && npm ci --no-audit --no-fund --loglevel=error
 
@@ -79,7 +88,7 @@ failpoints-build:
 	$(CARGO) build --locked -p switchboard --features failpoints
 	cp target/debug/switchboard $(FAILPOINTS_BIN)
 
-python-test: py-deps mqtt-deps redis-deps failpoints-build
+python-test: py-deps client-deps mqtt-deps redis-deps failpoints-build
 	SWITCHBOARD_BIN=$(CURDIR)/$(BIN) SWITCHBOARD_FAILPOINTS_BIN=$(CURDIR)/$(FAILPOINTS_BIN) \
 		$(PY) -m pytest -q tests/python
 

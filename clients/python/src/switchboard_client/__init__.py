@@ -1,0 +1,47 @@
+"""Python client for Switchboard, the real-time push gateway (docs/protocol.md).
+
+```python
+async with Client("ws://127.0.0.1:8700/ws") as c:
+    sub = await c.subscribe("pt:boiler.temp", initial=True)
+    async for pub in sub:
+        print(pub.channel, pub.offset, pub.data)
+```
+
+# Layout
+
+- `client`: `Client` — the connection (node list, credentials, reconnect with jittered
+  backoff), commands and their replies, subscribe batching and 503/413 retries.
+- `subscription`: `Subscription` (what callers iterate) and the per-channel recovery rules.
+- `codec`: JSON and MessagePack, several messages per frame.
+- `credentials`: token, Basic, token provider and when to refresh.
+- `backoff`: jittered exponential backoff.
+- `http`: the node's HTTP API (trends) and the pandas helper.
+- `errors`: typed errors, one per server code, and `Gap`.
+- `types`: value types (`Publication`, `Position`, ...).
+- `sync`: a blocking wrapper running the client on a background event loop.
+"""
+
+from .client import Client
+from .errors import (AccessDeniedError, BadRequestError, ClientClosedError, CommandTimeoutError,
+                     ConflictError, ConnectError, ConnectionLostError, DisconnectError,
+                     ForbiddenError, Gap, InternalServerError, NotFoundError, OutcomeUnknownError,
+                     ProtocolError, RateLimitedError, ReplyError, SwitchboardError, TokenError,
+                     TooLargeError, TooManyConnectionsError, UnauthenticatedError,
+                     UnavailableError, UnsubscribedError, WriteRefusedError)
+from .http import trend_frame
+from .subscription import Subscription, SubscriptionEndedError
+from .types import (Bucket, ConnectInfo, History, Position, PresenceClient, Publication,
+                    PublishResult, Trend)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AccessDeniedError", "BadRequestError", "Bucket", "Client", "ClientClosedError",
+    "CommandTimeoutError", "ConflictError", "ConnectError", "ConnectInfo", "ConnectionLostError",
+    "DisconnectError", "ForbiddenError", "Gap", "History", "InternalServerError", "NotFoundError",
+    "OutcomeUnknownError", "Position", "PresenceClient", "ProtocolError", "Publication",
+    "PublishResult", "RateLimitedError", "ReplyError", "Subscription", "SubscriptionEndedError",
+    "SwitchboardError", "TokenError", "TooLargeError", "TooManyConnectionsError", "Trend",
+    "UnauthenticatedError", "UnavailableError", "UnsubscribedError", "WriteRefusedError",
+    "trend_frame",
+]

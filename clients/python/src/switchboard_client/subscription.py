@@ -1,0 +1,285 @@
+"""Subscriptions: one `Subscription` per `Client.subscribe` call (one or several channels), and
+one `Entry` per channel holding its position and what a subscribe result does to it.
+
+Delivery contract, per channel: publications arrive in offset order, each at most once —
+recovered ones first (after a reconnect, an `unsubscribed` push or a 503 retry), then live ones.
+When the server says it could not recover everything (`complete: false`, or a new epoch), a
+`Gap` is queued before what it did recover, so a caller never misses a hole silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from typing import TYPE_CHECKING, Any, Iterable, Union, cast
+
+from .errors import Gap, ReplyError, SwitchboardError
+from .types import Position, Publication
+
+if TYPE_CHECKING:
+    from .client import Client
+
+# Entry states. PENDING: to be sent; SENDING: awaiting its reply; WAITING: refused for now
+# (503: its broker shard is failing over), asked again after a delay; SUBSCRIBED; ERROR: refused
+# for good (the entry has left the client).
+PENDING, SENDING, WAITING, SUBSCRIBED, ERROR = "pending", "sending", "waiting", "subscribed", "error"
+
+Item = Union[Publication, Gap, SwitchboardError]
+
+
+class SubscriptionEndedError(SwitchboardError):
+    """`Subscription.get` after the subscription ended (unsubscribed, or the client closed)."""
+
+    def __init__(self) -> None:
+        super().__init__(0, "subscription ended")
+
+
+class Entry:
+    """One channel of a subscription as the client tracks it."""
+
+    __slots__ = ("channel", "sub", "status", "epoch", "offset", "inflight", "recover", "initial",
+                 "sampling", "sampling_key", "settled", "alone", "lost_again")
+
+    def __init__(self, channel: str, sub: Subscription, *, recover: bool, initial: bool,
+                 start: Position | None, sampling: dict[str, Any]) -> None:
+        self.channel = channel
+        self.sub = sub
+        self.status = PENDING
+        # Position of the latest publication delivered (or covered by a subscribe reply).
+        self.epoch: str | None = start.epoch if start else None
+        self.offset: int = start.offset if start else 0
+        self.inflight = 0
+        self.recover = recover
+        self.initial = initial
+        self.sampling = sampling
+        self.sampling_key = json.dumps(sampling, sort_keys=True) if sampling else ""
+        # The first outcome (subscribed, refused, or waiting on a 503) was reported.
+        self.settled = False
+        # Refused with 413 because others filled the reply: asked again in a command of its own.
+        self.alone = False
+        # An `unsubscribed` push arrived while a subscribe was in flight: subscribe once more.
+        self.lost_again = False
+
+    @property
+    def position(self) -> Position | None:
+        return Position(self.epoch, self.offset) if self.epoch is not None else None
+
+    def recover_from(self) -> dict[str, Any] | None:
+        """The `recover` position to send, if this channel resumes from one."""
+        if self.recover and self.epoch is not None:
+            return {"epoch": self.epoch, "offset": self.offset}
+        return None
+
+    def accept(self, r: dict[str, Any]) -> bool:
+        """Applies a subscribe result `{"epoch", "offset", "last", "recovered", "complete"}`;
+        whether it queued a `Gap`."""
+        epoch: str = r["epoch"]
+        offset: int = r["offset"]
+        last = r.get("last")
+        recovered = r.get("recovered") or ()
+        sub = self.sub
+        self.status = SUBSCRIBED
+        gap = False
+        if self.epoch is None:
+            # First subscribe without a position: the latest value if asked, then live ones.
+            self.epoch, self.offset = epoch, offset
+            if self.initial and last:
+                sub._push(Publication(self.channel, last["off"], last.get("data"), epoch))
+        elif not self.recover:
+            # Resubscribed without recovery: the latest value stands for what was missed.
+            newer = last and self.initial and (epoch != self.epoch or last["off"] > self.offset)
+            self.epoch, self.offset = epoch, offset
+            if newer and last:
+                sub._push(Publication(self.channel, last["off"], last.get("data"), epoch))
+        elif epoch == self.epoch:
+            if r.get("complete") is False:
+                gap = True
+                sub._push(Gap(self.channel, Position(self.epoch, self.offset), Position(epoch, offset), False))
+            self._replay(recovered)
+            if r.get("complete") is False and last:
+                self._replay((last,))
+            # Ahead of the channel (complete: false, nothing recovered): the node's position
+            # is the one its next publications follow.
+            if offset > self.offset or r.get("complete") is False:
+                self.offset = offset
+        else:
+            # A new epoch (Redis lost its data or failed over): the old epoch's publications
+            # after our offset are gone; the new epoch's come from its first kept offset.
+            gap = True
+            sub._push(Gap(self.channel, Position(self.epoch, self.offset), Position(epoch, offset), True))
+            self.epoch, self.offset = epoch, 0
+            self._replay(recovered)
+            if last:
+                self._replay((last,))
+            if offset > self.offset:
+                self.offset = offset
+        return gap
+
+    def _replay(self, pubs: Iterable[dict[str, Any]]) -> None:
+        for p in pubs:
+            off = p["off"]
+            if off > self.offset:
+                self.offset = off
+                self.sub._push(Publication(self.channel, off, p.get("data"), self.epoch or ""))
+
+
+class Subscription:
+    """Publications of one or several channels, in offset order per channel.
+
+    Iterate with `async for pub in sub`, or take one at a time with `await sub.get(timeout)`.
+    A `Gap` is raised between the publications it separates (iterate again to go on), or
+    yielded when the subscription was made with `yield_gaps=True`. A channel the server refuses
+    later (e.g. after a reconnect) raises its `ReplyError`; a fatal connection error (a refused
+    token, 4003) raises its `DisconnectError`. Iteration ends after `unsubscribe()` or when the
+    client closes.
+
+    Publications wait here until taken: a consumer slower than its channels grows this queue
+    (`sub.pending`); point channels conflate on the server, other channels do not.
+    """
+
+    def __init__(self, client: Client, channels: list[str], yield_gaps: bool) -> None:
+        self._client = client
+        self.channels: tuple[str, ...] = tuple(channels)
+        self.yield_gaps = yield_gaps
+        # Channels refused for good: by the first subscribe, or later (after a reconnect).
+        self.errors: dict[str, ReplyError] = {}
+        self._entries: dict[str, Entry] = {}
+        self._items: deque[Item] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._end: BaseException | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._unsettled = 0
+
+    # ---------------------------------------------------------------------------------------
+    # What callers use
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Publication:
+        items = self._items
+        if items and isinstance(items[0], Publication):
+            return cast(Publication, items.popleft())
+        item = await self._take(None)
+        if item is None:
+            raise StopAsyncIteration
+        return item  # type: ignore[return-value]  # a Gap only with yield_gaps (documented)
+
+    async def get(self, timeout: float | None = None) -> Publication | Gap:
+        """The next publication (or `Gap`, with `yield_gaps`); `asyncio.TimeoutError` after
+        `timeout` seconds, `SubscriptionEndedError` once the subscription ended."""
+        item = await self._take(timeout)
+        if item is None:
+            raise SubscriptionEndedError()
+        return item
+
+    @property
+    def pending(self) -> int:
+        """Publications (and gaps, errors) received and not yet taken."""
+        return len(self._items)
+
+    @property
+    def active(self) -> bool:
+        return self._end is None
+
+    def position(self, channel: str | None = None) -> Position | None:
+        """The position of the latest publication of `channel` (the only channel by default)
+        this subscription delivered or was told of; None before the first reply."""
+        if channel is None:
+            if len(self.channels) != 1:
+                raise ValueError("name the channel of a subscription to several channels")
+            channel = self.channels[0]
+        e = self._entries.get(channel)
+        return e.position if e is not None else None
+
+    @property
+    def waiting(self) -> list[str]:
+        """Channels refused for now with 503 (their broker shard is failing over) and asked
+        again after a jittered delay."""
+        return [ch for ch, e in self._entries.items() if e.status == WAITING]
+
+    async def unsubscribe(self) -> None:
+        """Ends the subscription; iteration stops after what was already received."""
+        if self._end is not None:
+            return
+        self._finish(StopAsyncIteration())
+        await self._client._unsubscribe(self)
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.unsubscribe()
+
+    # ---------------------------------------------------------------------------------------
+    # What the client uses
+
+    def _push(self, item: Item) -> None:
+        self._items.append(item)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def _finish(self, why: BaseException) -> None:
+        """No more items after those queued; then `why` (StopAsyncIteration: a normal end)."""
+        if self._end is None:
+            self._end = why
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
+
+    def _settle(self, e: Entry) -> None:
+        """Counts the first outcome of a channel; `ready` resolves when every channel has one."""
+        if e.settled:
+            return
+        e.settled = True
+        self._unsettled -= 1
+        if self._unsettled <= 0 and self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
+
+    def _refused(self, e: Entry, err: ReplyError) -> None:
+        """A channel refused for good: reported by `subscribe` if it was its first outcome,
+        else raised by the iterator in its place in the stream."""
+        self.errors[e.channel] = err
+        self._entries.pop(e.channel, None)
+        if e.settled:
+            self._push(err)
+            if not self._entries:
+                self._finish(StopAsyncIteration())
+        else:
+            self._settle(e)
+
+    def _lost(self, e: Entry, err: SwitchboardError) -> None:
+        """A channel the server ended and will not take back."""
+        self._entries.pop(e.channel, None)
+        self._push(err)
+        if not self._entries:
+            self._finish(StopAsyncIteration())
+
+    async def _take(self, timeout: float | None) -> Publication | Gap | None:
+        """The next publication (a Gap with `yield_gaps`), None at the end; raises what the
+        stream holds in its place otherwise (a Gap, a channel's error, a fatal error)."""
+        items = self._items
+        while not items:
+            end = self._end
+            if end is not None:
+                if isinstance(end, StopAsyncIteration):
+                    return None
+                raise end
+            w = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                if timeout is None:
+                    await w
+                else:
+                    await asyncio.wait_for(w, timeout)
+            finally:
+                self._waiter = None
+        item = items.popleft()
+        if isinstance(item, Publication):
+            return item
+        if isinstance(item, Gap) and self.yield_gaps:
+            return item
+        raise item

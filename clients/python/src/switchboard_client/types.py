@@ -1,0 +1,96 @@
+"""The public value types: what subscriptions yield and commands return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class Position(NamedTuple):
+    """A place in a channel's stream: offsets count publications within one epoch. Keep the
+    position of the last publication processed and pass it as `recover=` to resume there."""
+
+    epoch: str
+    offset: int
+
+
+@dataclass(slots=True)
+class Publication:
+    """One publication of a channel: `data` is any JSON value (point channels carry
+    `{"v", "t", "q"}`)."""
+
+    channel: str
+    offset: int
+    data: Any
+    epoch: str = ""
+
+    @property
+    def position(self) -> Position:
+        return Position(self.epoch, self.offset)
+
+
+@dataclass(slots=True, frozen=True)
+class PublishResult:
+    """A publish's reply: the publication's `offset` and `epoch`, or for a namespace with a
+    write source (a write to a plant device, not a publication) `written` and the `source`
+    that took it, with no offset."""
+
+    offset: int | None
+    epoch: str | None
+    source: str | None = None
+
+    @property
+    def written(self) -> bool:
+        return self.source is not None
+
+
+@dataclass(slots=True, frozen=True)
+class PresenceClient:
+    """A client present in a channel, and its user (empty when anonymous)."""
+
+    client: str
+    user: str
+
+
+@dataclass(slots=True, frozen=True)
+class Bucket:
+    """One trend bucket: the numeric values published in [t, t + step) (t: unix ms)."""
+
+    t: int
+    min: float
+    max: float
+    last: float
+    n: int
+
+
+class Trend(list[Bucket]):
+    """Trend buckets, oldest first, with the `step_s` the server used (rounded up to a multiple
+    of the stored step)."""
+
+    def __init__(self, buckets: list[Bucket], step_s: int) -> None:
+        super().__init__(buckets)
+        self.step_s = step_s
+
+
+class History(list[Publication]):
+    """Publications, oldest first, with the channel's current `epoch` and `offset`, and
+    `complete` false when the history no longer reached back to the `since` asked for."""
+
+    def __init__(self, publications: list[Publication], epoch: str, offset: int, complete: bool) -> None:
+        super().__init__(publications)
+        self.epoch = epoch
+        self.offset = offset
+        self.complete = complete
+
+
+@dataclass(slots=True, frozen=True)
+class ConnectInfo:
+    """The current connection: the node's URL, this client's id, the node's id and ping
+    interval, and with authentication the user and the credentials' expiry (unix s)."""
+
+    url: str
+    client: str
+    node: str
+    ping_s: int
+    user: str | None = None
+    expires: int | None = None
