@@ -45,8 +45,9 @@ pub enum Event {
         reason: String,
     },
     /// Server-side subscriptions the application's connect hook made for this connection
-    /// (docs/backend.md), with one result per channel as in a subscribe reply.
-    Subscribed(crate::reply::SubscribeReply),
+    /// (docs/backend.md): the `{"channels": {...}}` body, shaped as a subscribe reply (read it
+    /// with `serde_json::from_value::<SubscribeReply>`).
+    Subscribed(serde_json::Value),
     /// An error reply nobody waits for: a failed command sent without id (the server reports
     /// it with id 0).
     Error(ErrorBody),
