@@ -58,3 +58,18 @@ def redis(tmp_path):
     r.start()
     yield r
     r.kill()
+
+
+@pytest.fixture
+def two_shards(tmp_path):
+    """Two real redis-servers, each in its own directory: the shards of a node started with
+    `--broker "<url0>,<url1>"`. Killed (by PID) at teardown."""
+    shards = []
+    for i in range(2):
+        d = tmp_path / f"redis{i}"
+        d.mkdir()
+        shards.append(Redis(d))
+        shards[-1].start()
+    yield shards
+    for r in shards:
+        r.kill()

@@ -10,6 +10,7 @@ import time
 import pytest
 
 import sb
+from redis_kit import two_shards  # noqa: F401 (the fixture)
 from sb import WS, api_get, uniq
 
 
@@ -131,20 +132,13 @@ def test_cli_workers_flag_runs_and_everything_works_on_one_worker(server):
 
 
 def test_cli_sub_subscribes_the_channels_of_a_dead_shard_again_until_it_is_back(start_server, switchboard_bin,
-                                                                                tmp_path):
+                                                                                two_shards):
     """Two Redis shards, one killed: `switchboard sub` streams the live shard's channels and
     subscribes the dead shard's (refused 503 for now) again until the shard is back."""
     import json
     import threading
 
-    from redis_kit import Redis
-
-    shards = []
-    for i in range(2):
-        d = tmp_path / f"redis{i}"
-        d.mkdir()
-        shards.append(Redis(d))
-        shards[-1].start()
+    shards = two_shards
     proc = None
     try:
         srv = start_server("--broker", ",".join(r.url for r in shards))
@@ -180,26 +174,17 @@ def test_cli_sub_subscribes_the_channels_of_a_dead_shard_again_until_it_is_back(
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=10)
-        for r in shards:
-            r.kill()
 
 
 def test_cli_sub_keeps_streaming_when_a_shard_fails_under_it_and_resumes_its_channels(start_server,
-                                                                                      switchboard_bin, tmp_path):
+                                                                                      switchboard_bin, two_shards):
     """`switchboard sub` already streaming when a shard dies: the server ends that shard's
     channels alone (`unsubscribed`); sub keeps printing the live shard's channels, each
     publication once, and subscribes the others again (with recover) until the shard is back."""
     import json
     import threading
 
-    from redis_kit import Redis
-
-    shards = []
-    for i in range(2):
-        d = tmp_path / f"redis{i}"
-        d.mkdir()
-        shards.append(Redis(d))
-        shards[-1].start()
+    shards = two_shards
     proc = None
     try:
         srv = start_server("--broker", ",".join(r.url for r in shards))
@@ -242,5 +227,3 @@ def test_cli_sub_keeps_streaming_when_a_shard_fails_under_it_and_resumes_its_cha
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=10)
-        for r in shards:
-            r.kill()
