@@ -497,9 +497,16 @@ impl Config {
 
     /// Whether clients must authenticate: a JWT key source or a users file is configured.
     /// (API keys alone protect only the HTTP API.)
+    /// Whether clients must authenticate: a JWT key source, a users file, or the application's
+    /// connect hook deciding who connects.
     pub fn auth_configured(&self) -> bool {
         let a = &self.auth;
-        a.jwt_secret.is_some() || a.jwt_public_key.is_some() || a.jwks.is_some() || a.users.is_some()
+        a.jwt_secret.is_some()
+            || a.jwt_public_key.is_some()
+            || a.jwks.is_some()
+            || a.jwks_url.is_some()
+            || a.users.is_some()
+            || self.proxy.connect_url.is_some()
     }
 
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {

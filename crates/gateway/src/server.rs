@@ -107,7 +107,8 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
         if demo {
             crate::simulate::spawn_rooms(node.clone());
         }
-        tracing::info!(%local, workers, node = %node.id, "listening");
+        let auth = if node.config.auth_configured() { "on" } else { "off (anyone may connect)" };
+        tracing::info!(%local, workers, node = %node.id, broker = node.broker.kind(), auth, "listening");
         {
             use std::io::Write;
             let mut out = std::io::stdout().lock();

@@ -124,3 +124,17 @@ fn config_broker_accepts_memory_and_redis_forms_and_refuses_the_rest() {
     let e = broker("kafka://x").unwrap_err();
     assert!(e.0.contains("memory") && e.0.contains("redis://"), "{e}");
 }
+
+#[test]
+fn config_beyond_loopback_needs_some_authentication_an_idp_or_a_connect_hook_counts() {
+    let load = |pairs: &[(&str, &str)]| Config::load(None, env(pairs), &[]);
+    let e = load(&[("SWITCHBOARD_LISTEN", "0.0.0.0:8700")]).unwrap_err();
+    assert!(e.0.starts_with("listen:") && e.0.contains("--allow-anonymous"), "{e}");
+    for (key, value) in [
+        ("SWITCHBOARD_AUTH__JWKS_URL", "https://idp.example/certs"),
+        ("SWITCHBOARD_PROXY__CONNECT_URL", "http://app.example/sb/connect"),
+        ("SWITCHBOARD_JWT_SECRET", "a-secret-of-at-least-thirty-two-bytes!!"),
+    ] {
+        assert!(load(&[("SWITCHBOARD_LISTEN", "0.0.0.0:8700"), (key, value)]).is_ok(), "{key}");
+    }
+}
