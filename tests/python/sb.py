@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import pathlib
 import select
 import signal
 import socket
@@ -178,6 +179,30 @@ def start_server(binary: str, args: list, stderr_path: str, startup_timeout: flo
     t = threading.Thread(target=drain, daemon=True)
     t.start()
     return Server(proc=proc, port=port, args=list(args), stderr_path=stderr_path, _stdout_thread=t)
+
+
+def start_on_port(binary: str, port: int, args: list, log: str) -> Server:
+    """A node on a fixed port (the `start_server` fixture always picks a new one), so that a
+    restarted node is found at the URL its clients know."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+    with open(log, "ab") as errf, open(log + ".out", "wb") as outf:  # files: no pipe to drain
+        proc = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}", *args], stdout=outf,
+                                stderr=errf, stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)
+    srv = Server(proc=proc, port=port, args=args, stderr_path=log)
+    deadline = time.monotonic() + 15
+    while b"listening" not in pathlib.Path(log + ".out").read_bytes():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            srv.kill()
+            raise RuntimeError(f"node did not start on {port}: {srv.stderr_tail()}")
+        time.sleep(0.05)
+    return srv
+
+
+def free_port() -> int:
+    """A loopback port free now (for a node that must come back on the same port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------------------------

@@ -227,3 +227,48 @@ def test_cli_sub_keeps_streaming_when_a_shard_fails_under_it_and_resumes_its_cha
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=10)
+
+
+def test_cli_sub_reconnects_after_its_node_restarts_and_prints_each_publication_once(start_server, switchboard_bin,
+                                                                                   redis_url, tmp_path):
+    """`switchboard sub` on node A of two nodes sharing a Redis: A is killed (-9), publications
+    go on through node B, A comes back on its port; sub reconnects, recovers what it missed and
+    prints every publication once, in order."""
+    import json
+    import threading
+
+    port, ch = sb.free_port(), f"room:{uniq()}"
+    a = sb.start_on_port(switchboard_bin, port, ["--broker", redis_url], str(tmp_path / "a.log"))
+    b = start_server("--broker", redis_url)
+    proc = subprocess.Popen([switchboard_bin, "sub", ch, "--url", f"ws://127.0.0.1:{port}/ws"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+
+    def printed() -> list:
+        return [json.loads(line)["data"]["n"] for line in list(lines)]
+
+    try:
+        def publish_until_printed(n: int) -> bool:
+            if n not in printed():
+                sb.api_publish(b, ch, {"n": n})
+            return n in printed()
+
+        # The first value is published again until sub (still subscribing) prints it.
+        sb.wait_until("sub streaming", lambda: publish_until_printed(0), 20, every=0.3)
+        for n in (1, 2):
+            sb.api_publish(b, ch, {"n": n})
+        sb.wait_until("1 and 2 printed", lambda: 2 in printed(), 10)
+        a.kill()
+        for n in (3, 4, 5):
+            sb.api_publish(b, ch, {"n": n})
+        a = sb.start_on_port(switchboard_bin, port, ["--broker", redis_url], str(tmp_path / "a2.log"))
+        sb.api_publish(b, ch, {"n": 6})
+        sb.wait_until("the missed and the new publications", lambda: 6 in printed(), 30)
+        assert proc.poll() is None, "sub keeps running across the restart"
+        got = [n for n in printed() if n != 0]
+        assert got == [1, 2, 3, 4, 5, 6], printed()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        a.kill()

@@ -194,36 +194,13 @@ def test_client_refusals_raise_typed_errors_with_the_servers_code(server):
 # Recovery
 
 
-def start_on_port(binary: str, port: int, args: list, log: str) -> sb.Server:
-    """A node on a fixed port (the `start_server` fixture always picks a new one), so that a
-    restarted node is found at the URL its clients know."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
-    with open(log, "ab") as errf, open(log + ".out", "wb") as outf:  # files: no pipe to drain
-        proc = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}", *args], stdout=outf,
-                                stderr=errf, stdin=subprocess.DEVNULL, env=env, preexec_fn=sb._die_with_parent)
-    srv = sb.Server(proc=proc, port=port, args=args, stderr_path=log)
-    deadline = time.monotonic() + 15
-    while b"listening" not in pathlib.Path(log + ".out").read_bytes():
-        if time.monotonic() > deadline or proc.poll() is not None:
-            srv.kill()
-            raise RuntimeError(f"node did not start on {port}: {srv.stderr_tail()}")
-        time.sleep(0.05)
-    return srv
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_client_recovers_every_publication_across_a_node_restart_on_redis(switchboard_bin, start_server,
                                                                          redis_url, tmp_path):
-    port, ch = free_port(), uniq("room:cp-restart-")
+    port, ch = sb.free_port(), uniq("room:cp-restart-")
     args = ["--broker", redis_url]
     started: list[sb.Server] = []
     try:
-        node = start_on_port(switchboard_bin, port, args, str(tmp_path / "a.log"))
+        node = sb.start_on_port(switchboard_bin, port, args, str(tmp_path / "a.log"))
         started.append(node)
         other = start_server(*args)  # publishes while the node is down
 
@@ -239,7 +216,7 @@ def test_client_recovers_every_publication_across_a_node_restart_on_redis(switch
                 node.proc.wait(timeout=30)
                 for i in range(11, 21):
                     api_publish(other, ch, {"i": i})
-                node = start_on_port(switchboard_bin, port, args, str(tmp_path / "a2.log"))
+                node = sb.start_on_port(switchboard_bin, port, args, str(tmp_path / "a2.log"))
                 started.append(node)
                 got += await take(sub, 10)
                 assert c.info.client != first_client and c.stats["reconnects"] == 1
@@ -414,7 +391,7 @@ def test_client_sync_wrapper(server):
     assert not c.connected
     threads = threading.active_count()
     with pytest.raises(ConnectError):  # nothing listens there
-        sbsync.Client(f"ws://127.0.0.1:{free_port()}/ws", connect_timeout=1).connect()
+        sbsync.Client(f"ws://127.0.0.1:{sb.free_port()}/ws", connect_timeout=1).connect()
     assert threading.active_count() == threads, "the background loop stopped with it"
 
 

@@ -9,9 +9,10 @@ use std::io::Write;
 
 use anyhow::{bail, Context};
 use serde_json::Value;
+use switchboard_protocol::code::close;
 use switchboard_protocol::{Format, StreamPosition};
 
-use crate::client::Client;
+use crate::client::{Client, ABNORMAL_CLOSE};
 use crate::connect::ConnectOptions;
 use crate::event::{Event, Publication};
 use crate::http::HttpApi;
@@ -67,7 +68,10 @@ const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
 const RETRY_MOST: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Subscribes and prints publications as JSON lines until Ctrl-C (returns `Ok`) or until the
-/// connection ends (returns an error naming the close code, unless it was a normal close).
+/// server ends the connection for good (an error naming the close code, unless it was a
+/// normal close). A connection dropped or closed with a code that asks to reconnect (a node
+/// restarting, 4000; a slow consumer, 4008) is made again, and every channel resumes from its
+/// last printed offset: nothing is printed twice, and a gap history no longer covers is said.
 pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
     let mut opts = ConnectOptions::new(Format::Json);
     opts.token = args.token.clone();
@@ -170,7 +174,8 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
                             }
                             positions.insert(ch, StreamPosition { epoch: s.epoch, offset: s.offset });
                         }
-                        ChannelResult::Error { error } if error.code == 503 => waiting.push(ch),
+                        // 503: its shard is failing over; 413: past this reply's budget.
+                        ChannelResult::Error { error } if error.code == 503 || error.code == 413 => waiting.push(ch),
                         ChannelResult::Error { error } => eprintln!("{ch}: error {}: {}", error.code, error.message),
                     }
                 }
@@ -198,6 +203,33 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
                 Some(Event::Error(e)) => eprintln!("error {}: {}", e.code, e.message),
                 Some(Event::Join(_) | Event::Leave(_) | Event::Subscribed(_)) => {}
                 Some(Event::Closed { code: 1000 }) | None => return Ok(()),
+                // A node shutting down, restarting or dropping the connection: connect again
+                // and resubscribe every channel, recovering from where its stream was.
+                Some(Event::Closed { code }) if code == ABNORMAL_CLOSE || close::reconnect(code) => {
+                    eprintln!("connection closed (code {code}); reconnecting and recovering");
+                    let mut pause = RETRY_FIRST;
+                    client = loop {
+                        tokio::select! {
+                            _ = &mut ctrl_c => return Ok(()),
+                            c = Client::connect_with(&args.url, &opts) => match c {
+                                Ok(c) => break c,
+                                Err(e) => eprintln!("connect to {}: {e}; again in {pause:?}", args.url),
+                            },
+                        }
+                        tokio::select! {
+                            _ = &mut ctrl_c => return Ok(()),
+                            _ = tokio::time::sleep(pause) => {}
+                        }
+                        pause = (pause * 2).min(RETRY_MOST);
+                    };
+                    for ch in positions.keys() {
+                        if !waiting.contains(ch) {
+                            waiting.push(ch.clone());
+                        }
+                    }
+                    retry_in = RETRY_FIRST;
+                    retry_at = tokio::time::Instant::now();
+                }
                 Some(Event::Closed { code }) => bail!("connection closed by the server (code {code})"),
             }
         }
