@@ -131,12 +131,17 @@ def _die_with_parent() -> None:
         _LIBC.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
+def server_env() -> dict:
+    """This process's environment without `SWITCHBOARD_*`: the runner's own settings
+    (`SWITCHBOARD_BIN`, `SWITCHBOARD_FAILPOINTS_BIN`) are not a node's configuration."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+
+
 def start_server(binary: str, args: list, stderr_path: str, startup_timeout: float = 10.0,
                  env: dict | None = None) -> Server:
     cmd = [binary, "serve", "--listen", "127.0.0.1:0", *[str(a) for a in args]]
     errf = open(stderr_path, "wb")
-    # The runner's own settings (SWITCHBOARD_BIN) are not server configuration.
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+    full_env = server_env()
     full_env.update(env or {})
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, stdin=subprocess.DEVNULL,
                             env=full_env, preexec_fn=_die_with_parent)
@@ -184,7 +189,7 @@ def start_server(binary: str, args: list, stderr_path: str, startup_timeout: flo
 def start_on_port(binary: str, port: int, args: list, log: str) -> Server:
     """A node on a fixed port (the `start_server` fixture always picks a new one), so that a
     restarted node is found at the URL its clients know."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
+    env = server_env()
     with open(log, "ab") as errf, open(log + ".out", "wb") as outf:  # files: no pipe to drain
         proc = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}", *args], stdout=outf,
                                 stderr=errf, stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)

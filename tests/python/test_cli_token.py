@@ -12,14 +12,14 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-from sb import WS, Closed, uniq
+from sb import WS, Closed, server_env, uniq
 
 SECRET = "a-token-test-secret-of-32-bytes-or-more!"
 
 
 def _token(switchboard_bin, *args, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([switchboard_bin, "token", *args], capture_output=True, text=True, timeout=30,
-                          env=env)
+                          env=server_env() if env is None else env)
 
 
 def test_token_signed_with_the_secret_is_accepted_and_limited_to_its_channels(start_server, switchboard_bin,

@@ -80,7 +80,7 @@ def test_jwks_unsupported_keys_are_skipped(start_server, idp, tmp_path):
 
 def start_failing(switchboard_bin, tmp_path, url: str) -> subprocess.CompletedProcess:
     return subprocess.run([switchboard_bin, "serve", "--listen", "127.0.0.1:0", "--config", config(tmp_path, url)],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=sb.server_env())
 
 
 def test_jwks_unreachable_or_unusable_at_start_exits_2(switchboard_bin, idp, tmp_path):

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from sb import WS, api_batch, ch_path, uniq
+from sb import WS, api_batch, ch_path, server_env, uniq
 
 TIERS = """
 [namespaces.pt]
@@ -61,6 +61,6 @@ def test_trend_tiers_that_make_no_sense_exit_2_naming_the_key(switchboard_bin, t
     config = tmp_path / "bad.toml"
     config.write_text(f"[namespaces.pt]\ntrend_tiers = {tiers}\n")
     r = subprocess.run([switchboard_bin, "serve", "--config", str(config), "--listen", "127.0.0.1:0"],
-                       capture_output=True, text=True, timeout=30)
+                       capture_output=True, text=True, timeout=30, env=server_env())
     assert r.returncode == 2, r
     assert "trend_tiers" in r.stderr and says in r.stderr, r.stderr
