@@ -450,7 +450,7 @@ class Client:
                 # Others filled the reply: this channel goes again in a command of its own.
                 e.status, e.alone, flush = PENDING, True, True
             elif code == 409 and e.epoch is not None:
-                # Subscribed again while the server still had it: it keeps streaming as before.
+                # 409: the server holds this subscription on this connection already, so it streams on.
                 e.status = SUBSCRIBED
                 e.sub._settle(e)
             elif code == 503:
