@@ -137,6 +137,13 @@ def server_env() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
 
 
+def add_user(binary: str, users, name: str, password: str) -> None:
+    """`switchboard user add NAME --users FILE`, the password on stdin (Basic authentication)."""
+    r = subprocess.run([binary, "user", "add", name, "--users", str(users)], input=password + "\n", text=True,
+                       capture_output=True, timeout=60, env=server_env())
+    assert r.returncode == 0, r.stderr
+
+
 def start_server(binary: str, args: list, stderr_path: str, startup_timeout: float = 10.0,
                  env: dict | None = None) -> Server:
     cmd = [binary, "serve", "--listen", "127.0.0.1:0", *[str(a) for a in args]]

@@ -124,9 +124,7 @@ def proves_access(server, ws: WS, channel: str) -> None:
 @pytest.fixture(scope="module")
 def users_file(switchboard_bin, tmp_path_factory) -> pathlib.Path:
     path = tmp_path_factory.mktemp("users") / "users"
-    r = subprocess.run([switchboard_bin, "user", "add", "grace", "--users", str(path)],
-                       input=PASSWORD + "\n", text=True, capture_output=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    sb.add_user(switchboard_bin, path, "grace", PASSWORD)
     assert PASSWORD not in path.read_text()
     return path
 

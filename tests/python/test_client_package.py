@@ -14,7 +14,6 @@ import asyncio
 import os
 import pathlib
 import socket
-import subprocess
 import threading
 import time
 
@@ -310,9 +309,7 @@ def test_client_stays_connected_on_a_quiet_link(start_server):
 @pytest.fixture
 def auth_node(start_server, switchboard_bin, tmp_path):
     users = tmp_path / "users"
-    r = subprocess.run([switchboard_bin, "user", "add", "grace", "--users", str(users)],
-                       input=PASSWORD + "\n", text=True, capture_output=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    sb.add_user(switchboard_bin, users, "grace", PASSWORD)
     return start_server("--jwt-secret", SECRET, "--users", str(users), "--api-key", API_KEY)
 
 

@@ -9,7 +9,6 @@ HTTP API, PyJWT for tokens, `websockets` (through sb.WS) for a subscriber, and a
 from __future__ import annotations
 
 import base64
-import subprocess
 import time
 
 import httpx
@@ -40,9 +39,7 @@ def bearer(credential: str) -> dict:
 @pytest.fixture
 def limited_server(start_server, switchboard_bin, tmp_path):
     users = tmp_path / "users"
-    r = subprocess.run([switchboard_bin, "user", "add", "grace", "--users", str(users)],
-                       input=PASSWORD + "\n", text=True, capture_output=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    sb.add_user(switchboard_bin, users, "grace", PASSWORD)
     return start_server("--users", str(users), "--jwt-secret", SECRET, "--api-key", API_KEY,
                         env={"SWITCHBOARD_PUBLISHES_PER_USER_PER_S": str(USER_RATE)})
 

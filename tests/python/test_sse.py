@@ -295,12 +295,9 @@ def test_sse_connection_limits_apply(start_server):
 
 def test_sse_and_poll_basic_credentials_with_the_password_check_limit(start_server, switchboard_bin, tmp_path):
     import base64
-    import subprocess
 
     users = tmp_path / "users"
-    r = subprocess.run([switchboard_bin, "user", "add", "ann", "--users", str(users)],
-                       input="correct-horse-battery\n", text=True, capture_output=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    sb.add_user(switchboard_bin, users, "ann", "correct-horse-battery")
     srv = start_server("--users", str(users), env={
         "SWITCHBOARD_EXEMPT_LOOPBACK": "false", "SWITCHBOARD_PASSWORD_CHECKS_PER_IP_PER_S": "1"})
 
