@@ -147,8 +147,9 @@ pub(super) struct Compactor {
     due: Mutex<VecDeque<Due>>,
     /// (channel, step, chunk) in `due`.
     queued: Mutex<HashSet<(String, u64, u64)>>,
-    /// (channel, step) → the newest chunk a value of it went to, for [`Compactor::published`].
-    newest: Mutex<HashMap<(String, u64), u64>>,
+    /// Step → channel → the newest chunk a value of it went to, for [`Compactor::published`]
+    /// (by step first, so the publish path looks a channel up without allocating its name).
+    newest: Mutex<HashMap<u64, HashMap<String, u64>>>,
 }
 
 impl Compactor {
@@ -159,11 +160,12 @@ impl Compactor {
         let c = chunk_of(at_ms, step);
         let before = {
             let mut newest = self.newest.lock();
-            match newest.get_mut(&(channel.to_string(), step)) {
+            let newest = newest.entry(step).or_default();
+            match newest.get_mut(channel) {
                 Some(seen) if *seen >= c => return,
                 Some(seen) => std::mem::replace(seen, c),
                 None => {
-                    newest.insert((channel.to_string(), step), c);
+                    newest.insert(channel.to_string(), c);
                     return;
                 }
             }
@@ -200,7 +202,11 @@ impl Compactor {
     /// Forgets channels whose newest chunk is long closed (they stopped publishing here), so
     /// the map holds about the channels this node publishes now.
     fn prune(&self, now_ms: u64) {
-        self.newest.lock().retain(|(_, step), c| *c + 2 >= chunk_of(now_ms, *step));
+        let mut newest = self.newest.lock();
+        for (step, channels) in newest.iter_mut() {
+            channels.retain(|_, c| *c + 2 >= chunk_of(now_ms, *step));
+        }
+        newest.retain(|_, channels| !channels.is_empty());
     }
 }
 
