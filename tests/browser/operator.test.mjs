@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { createHmac } from 'node:crypto';
-import { mkdirSync, mkdtempSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -160,6 +160,72 @@ describe('trend controls', () => {
     await page.mouse.move(body.x + body.width + 200, body.y + body.height + 200);
     await page.waitForSelector('.trend', { state: 'detached' });
     assert.equal((await w()).view.chart, false);
+    assert.deepEqual(page.errors, []);
+    await page.close();
+  });
+});
+
+describe('trend tiers', () => {
+  // An hour of 1 s buckets would be slow to fill; ten minutes of them and two hours of 30 s
+  // ones show the same thing: a window the coarse tier holds, zoomed into the fine tier's reach.
+  const TIERS = '[namespaces.pt]\ntrend_tiers = [{step_s = 1, window_s = 600}, {step_s = 30, window_s = 7200}]\n';
+  let server;
+  before(async () => {
+    const config = join(mkdtempSync(join(tmpdir(), 'sb-tiers-')), 'tiers.toml');
+    writeFileSync(config, TIERS);
+    server = await new Server({ args: ['--config', config] }).start();
+    const now = Date.now();
+    const items = [];
+    // A value every 10 s for the two hours before the last ten minutes, then one a second.
+    for (let t = now - 7_200_000; t < now - 600_000; t += 10_000) items.push({ channel: 'pt:tiered', data: { v: Math.sin(t / 60_000), t } });
+    for (let t = now - 600_000; t <= now; t += 1000) items.push({ channel: 'pt:tiered', data: { v: Math.sin(t / 60_000), t } });
+    for (let i = 0; i < items.length; i += 500) {
+      const r = await fetch(`${server.url}/api/publish`, { method: 'POST', body: JSON.stringify({ batch: items.slice(i, i + 500) }) });
+      assert.equal(r.status, 200);
+    }
+    const spec = {
+      title: 'Tiered trend',
+      widgets: [{ type: 'trend', channel: 'pt:tiered', x: 0, y: 0, w: 40, h: 12, options: { window_s: 7200 } }],
+    };
+    assert.ok((await fetch(`${server.url}/api/dashboards/tiers`, { method: 'PUT', body: JSON.stringify(spec) })).ok);
+  });
+  after(async () => {
+    await server?.stop();
+  });
+
+  it('offers the windows the tiers reach, and a zoom shows the fine tier where it reaches', async () => {
+    const page = await newPage(browser);
+    const trendRequests = [];
+    page.on('request', (r) => r.url().includes('/trend?') && trendRequests.push(r.url()));
+    await page.goto(`${server.url}/?dashboard=tiers`);
+    // Two hours of 30 s buckets come with the subscription.
+    await page.waitForFunction(() => (window.switchboardWidget(0)?.points ?? 0) >= 200, null, { timeout: 10_000 });
+    const w = () => page.evaluate(() => window.switchboardWidget(0));
+    const body = (await w()).body;
+    await page.mouse.move(body.x + body.width / 2, body.y + body.height / 2);
+    await page.waitForSelector('.trend .trend-window');
+    // The selector offers the usual windows the longest tier reaches and each tier's own.
+    const windows = await page.$$eval('.trend-window option', (os) => os.map((o) => o.textContent));
+    assert.deepEqual(windows, ['1m', '5m', '10m', '15m', '1h', '2h']);
+
+    // Drag over a stretch of the last ten minutes (the plot spans two hours): its 1 s buckets
+    // replace the 30 s ones for the zoomed range.
+    const over = await page.locator('.trend .u-over').boundingBox();
+    await page.mouse.move(over.x + over.width * 0.94, over.y + over.height / 2);
+    await page.mouse.down();
+    await page.mouse.move(over.x + over.width * 0.97, over.y + over.height / 2, { steps: 5 });
+    await page.mouse.up();
+    const zoom = (await w()).view.zoom;
+    assert.ok(zoom && zoom[1] - zoom[0] > 100 && Date.now() / 1000 - zoom[0] < 600, JSON.stringify(zoom));
+    await page.waitForFunction(() => window.switchboardWidget(0).detail !== null, null, { timeout: 5000 });
+    const detail = (await w()).detail;
+    assert.equal(detail.stepS, 1);
+    // A point a second over the zoomed range, where the coarse tier had one per 30 s.
+    assert.ok(detail.points >= (zoom[1] - zoom[0]) * 0.9, `${detail.points} points over ${zoom[1] - zoom[0]} s`);
+    assert.ok(trendRequests.some((u) => u.includes('until_ms=')), `zoom read: ${trendRequests}`);
+    // Back to live: the held two hours again.
+    await page.mouse.dblclick(over.x + over.width / 2, over.y + over.height / 2);
+    assert.equal((await w()).detail, null);
     assert.deepEqual(page.errors, []);
     await page.close();
   });

@@ -41,9 +41,27 @@ def test_trend_tiers_answer_each_window_from_the_finest_tier_that_reaches_it(sta
     # The coarse tier holds the older values the fine one never kept: 10 s buckets of two.
     assert sum(x["n"] for x in b) >= 58 and all(x["t"] % 10_000 == 0 for x in b), b
     assert b[0]["t"] <= start + 10_000 and b[0]["max"] - b[0]["min"] == 1.0, b[0]
+    # Every reply names the tiers, so a client knows its windows and where finer buckets are.
+    assert fine["tiers"] == wide["tiers"] == [{"step_s": 1, "window_s": 60}, {"step_s": 10, "window_s": 600}]
+    # A past range (a zoom): the finest tier that reaches back to its start, only its buckets.
+    until = now - 15_000
+    near = c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 40, "until_ms": until}).json()
+    assert near["step_s"] == 1, near
+    assert near["buckets"] and all(until - 41_000 <= x["t"] <= until for x in near["buckets"]), near
+    assert all(x["n"] == 1 for x in near["buckets"]), near
+    old = c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 60, "until_ms": now - 120_000}).json()
+    assert old["step_s"] == 10 and old["buckets"], old
+    assert all(now - 190_000 <= x["t"] <= now - 120_000 for x in old["buckets"]), old
+    assert len(old["buckets"]) in (6, 7) and all(x["n"] == 2 for x in old["buckets"][1:-1]), old
+    # A window ending after now ends now; one ending before the epoch plus the window is refused.
+    later = c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 60, "until_ms": now + 3_600_000})
+    assert later.status_code == 200 and later.json()["step_s"] == 1, later.text
+    r = c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 60, "until_ms": 5})
+    assert r.status_code == 400 and "until_ms" in r.text, r.text
     with WS(srv.ws_url) as ws:
         r = ws.ok("subscribe", {"channels": [ch], "trend": {"window_s": 300}})["channels"][ch]
         assert r["trend"]["step_s"] == 10 and r["trend"]["buckets"] == b, r["trend"]
+        assert r["trend"]["tiers"] == wide["tiers"], r["trend"]
         # Beyond every tier's reach: the longest tier answers.
         far = ws.ok("subscribe", {"channels": [uniq("pt:none-")], "trend": {"window_s": 3600}})["channels"]
         assert list(far.values())[0]["trend"]["step_s"] == 10

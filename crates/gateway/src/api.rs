@@ -204,7 +204,7 @@ async fn channel(
         if node.broker.peek(ch).await.map_err(|e| node.broker_error(e))?.is_none() {
             return Err(ApiError::new(404, "unknown channel"));
         }
-        let reply = crate::trend::read(&node, ch, q.window_s.unwrap_or(3600), q.step_s).await?;
+        let reply = crate::trend::read(&node, ch, q.window_s.unwrap_or(3600), q.step_s, q.until_ms).await?;
         return Ok(Json(reply).into_response());
     }
     if let Some(ch) = rest.strip_suffix("/history") {

@@ -1,5 +1,6 @@
 // The server's HTTP API as the dashboard uses it.
 
+import type { TrendReply } from 'switchboard-sdk';
 import type { DashboardSpec } from './model.js';
 import type { AuditedWrite } from './widgets/writes.js';
 
@@ -8,15 +9,6 @@ export interface ChannelInfo {
   subscribers: number;
   offset: number;
   epoch: string;
-}
-
-/** One bucket of a channel's trend: the values published in [t, t + step) (t in unix ms). */
-export interface TrendBucket {
-  t: number;
-  min: number;
-  max: number;
-  last: number;
-  n: number;
 }
 
 /** One page of `GET /api/channels`. */
@@ -83,9 +75,11 @@ export class Api {
     return json(await this.fetch(`/api/channels?${q}`));
   }
 
-  /** The channel's trend over the last `windowS` seconds (`GET /api/channels/{ch}/trend`). */
-  async trend(channel: string, windowS: number, stepS = 1): Promise<{ step_s: number; buckets: TrendBucket[] }> {
-    return json(await this.fetch(`/api/channels/${encodeURIComponent(channel)}/trend?window_s=${windowS}&step_s=${stepS}`));
+  /** The channel's trend over the `windowS` seconds before `untilMs` (unix ms; now when
+   * omitted) (`GET /api/channels/{ch}/trend`). */
+  async trend(channel: string, windowS: number, stepS = 1, untilMs?: number): Promise<TrendReply> {
+    const until = untilMs === undefined ? '' : `&until_ms=${Math.floor(untilMs)}`;
+    return json(await this.fetch(`/api/channels/${encodeURIComponent(channel)}/trend?window_s=${windowS}&step_s=${stepS}${until}`));
   }
 
   /** The channel's latest publication's data, or undefined. */

@@ -2,8 +2,8 @@
 // the channels on the board, and switches between run mode (the board alone) and edit mode
 // (the board with widget boxes, plus the side panel).
 
-import { Client, type Subscription } from 'switchboard-sdk';
-import { Api, type DashboardSummary, type TrendBucket } from './api.js';
+import { Client, type Subscription, type TrendReply } from 'switchboard-sdk';
+import { Api, type DashboardSummary } from './api.js';
 import { Board } from './board.js';
 import { AlarmList } from './alarms.js';
 import { ChannelBrowser } from './channels.js';
@@ -132,7 +132,7 @@ export class App {
     ControlWidget.publish = (channel, data) => this.client.publish(channel, data);
     ControlWidget.who = () => this.login.who();
     WritesWidget.read = (limit) => this.api.writes(limit);
-    TrendWidget.fetchTrend = async (channel, windowS, stepS) => (await this.api.trend(channel, windowS, stepS)).buckets;
+    TrendWidget.fetchTrend = (channel, windowS, stepS, untilMs) => this.api.trend(channel, windowS, stepS, untilMs);
     this.titleInput.addEventListener('input', () => {
       this.dashboard.title = this.titleInput.value;
       this.titleView.textContent = this.dashboard.title;
@@ -354,7 +354,7 @@ export class App {
       chs.forEach((ch, i) => {
         this.subs.set(ch, subs[i]);
         subs[i].on('subscribed', (ev) => {
-          if (ev.trend) this.backfill(ch, ev.trend.buckets);
+          if (ev.trend) this.backfill(ch, ev.trend);
         });
       });
     }
@@ -378,8 +378,8 @@ export class App {
     void this.backfillOverHttp(new Set(rest));
   }
 
-  private backfill(channel: string, buckets: TrendBucket[]): void {
-    for (const w of this.board.widgets) if (w instanceof TrendWidget && w.spec.channel === channel) w.backfill(buckets);
+  private backfill(channel: string, trend: TrendReply): void {
+    for (const w of this.board.widgets) if (w instanceof TrendWidget && w.spec.channel === channel) w.backfill(trend);
     this.board.request();
   }
 
@@ -390,7 +390,7 @@ export class App {
       trends.map(async (w) => {
         try {
           const win = w.windowS();
-          w.backfill((await this.api.trend(w.spec.channel, win, trendStep(win, w.spec.w * CELL))).buckets);
+          w.backfill(await this.api.trend(w.spec.channel, win, trendStep(win, w.spec.w * CELL)));
           this.board.request();
         } catch {
           /* a channel without a trend (or not yet published) fills live */
@@ -503,6 +503,7 @@ export class App {
     text: string;
     points?: number;
     view?: { windowS: number; paused: boolean; zoom: [number, number] | null };
+    detail?: { stepS: number; points: number } | null;
     error?: string;
     lastWrite?: LastWrite | null;
     staleFor: number | null;
@@ -513,9 +514,10 @@ export class App {
     if (!w) return null;
     const points = w instanceof TrendWidget ? w.points() : undefined;
     const view = w instanceof TrendWidget ? w.viewState() : undefined;
+    const detail = w instanceof TrendWidget ? w.zoomDetail() : undefined;
     const error = w instanceof ControlWidget ? w.errorText() : undefined;
     const lastWrite = w instanceof ControlWidget ? w.lastWrite() : undefined;
     const s = { type: w.spec.type, channel: w.spec.channel, hasValue: w.hasValue, offset: w.offset, text: w.describe() };
-    return { ...s, points, view, error, lastWrite, staleFor: w.staleFor, alarm: w.alarm, unacked: w.unacked };
+    return { ...s, points, view, detail, error, lastWrite, staleFor: w.staleFor, alarm: w.alarm, unacked: w.unacked };
   }
 }

@@ -34,4 +34,4 @@ export { fallbackTransport, DEFAULT_TRANSPORTS } from './fallback.js';
 export type { FallbackOptions, TransportName } from './fallback.js';
 export type { WebSocketConstructor, WebSocketLike, WebSocketTransportOptions } from './websocket.js';
 export { SwitchboardError, LocalCode } from './types.js';
-export type { Position, Publication, PresenceClient, PresenceEvent, ErrorBody, TrendBucket, TrendReply } from './types.js';
+export type { Position, Publication, PresenceClient, PresenceEvent, ErrorBody, TrendBucket, TrendReply, TrendTier } from './types.js';

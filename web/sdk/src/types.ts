@@ -36,10 +36,18 @@ export interface TrendBucket {
   n: number;
 }
 
+/** One tier of a namespace's trend: buckets of `step_s` seconds reaching back `window_s`. */
+export interface TrendTier {
+  step_s: number;
+  window_s: number;
+}
+
 /** A channel's downsampled trend (`GET /api/channels/{ch}/trend`, the `trend` subscribe option). */
 export interface TrendReply {
   step_s: number;
   buckets: TrendBucket[];
+  /** The tiers the channel's namespace keeps, finest first. */
+  tiers: TrendTier[];
 }
 
 export type WireChannelResult =

@@ -44,4 +44,6 @@ pub struct HistoryQuery {
     /// `/trend`: how far back (s, default 3600) and the bucket width (s).
     pub window_s: Option<u64>,
     pub step_s: Option<u64>,
+    /// `/trend`: the window's end (unix ms, default now).
+    pub until_ms: Option<u64>,
 }

@@ -55,7 +55,7 @@ async fn read_start(node: &Node, name: &str, req: &SubscribeRequest) -> Result<O
     // The trend is read first: the live stream continues it from the reply's position (a
     // publication landing between the two reads is in `last`, not in a bucket).
     let trend = match req.trend {
-        Some(t) => Some(crate::trend::read(node, name, t.window_s, t.step_s).await?),
+        Some(t) => Some(crate::trend::read(node, name, t.window_s, t.step_s, None).await?),
         None => None,
     };
     // The last value is read before the history: the reply's position must be the later

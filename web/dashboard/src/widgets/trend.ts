@@ -8,10 +8,14 @@
 // window selector, pause, drag to zoom, double click back to live — which stays while the view
 // is paused or zoomed and goes once the pointer left a live view.
 //
+// The server's trend replies name the tiers the namespace keeps (e.g. an hour of 1 s buckets,
+// a day of 10 s, a week of 60 s): the window selector offers what they reach, and a zoom into
+// history held coarser than a tier keeps it shows that tier's finer buckets for the range.
+//
 // A trend redraws when time has moved its axis by a pixel, not on every value: a 60 s window
 // 300 px wide redraws 5 times a second however fast its point changes.
 
-import type { Publication } from 'switchboard-sdk';
+import type { Publication, TrendReply, TrendTier } from 'switchboard-sdk';
 import uPlot from 'uplot';
 import { clock, niceStep, ticks, timeStep, valueLabel } from './axes.js';
 import { num, optNum, qualityColor, THEME, Widget } from './base.js';
@@ -19,7 +23,7 @@ import { num, optNum, qualityColor, THEME, Widget } from './base.js';
 /** Most live points a trend keeps (older ones also fall out of its time window). */
 const TREND_POINTS = 2000;
 
-/** Time windows offered by a trend's selector, seconds. */
+/** Time windows a trend's selector offers (those the namespace's tiers reach), seconds. */
 export const TREND_WINDOWS = [60, 300, 900, 3600, 8 * 3600];
 
 /** Most buckets asked of the server for a window (its step is derived from the count). */
@@ -33,8 +37,9 @@ const AXIS_LEFT = 36;
 const AXIS_BOTTOM = 20;
 const GRID = '#222a33';
 
-/** The server's trend of a channel over a window: what a trend backfills with. */
-export type TrendFetcher = (channel: string, windowS: number, stepS: number) => Promise<{ t: number; last: number }[]>;
+/** The server's trend of a channel over the `windowS` seconds before `untilMs` (unix ms; now
+ * when omitted): what a trend backfills and zooms with. */
+export type TrendFetcher = (channel: string, windowS: number, stepS: number, untilMs?: number) => Promise<TrendReply>;
 
 /** The step to ask the server for over `windowS`: about a bucket per pixel of a plot
  * `widthPx` wide (60 … `TREND_BUCKETS` of them) — more would not show. */
@@ -44,12 +49,33 @@ export function trendStep(windowS: number, widthPx: number): number {
 }
 
 function windowLabel(s: number): string {
+  if (s % 86400 === 0) return `${s / 86400}d`;
   return s % 3600 === 0 ? `${s / 3600}h` : s % 60 === 0 ? `${s / 60}m` : `${s}s`;
+}
+
+/** Points of a plot: times (unix s) and values, the live part in [start, end). */
+interface Series {
+  xs: Float64Array;
+  ys: Float64Array;
+  start: number;
+  end: number;
+}
+
+/** The first index of `s` whose time is at or after `t` (binary search; times are in order). */
+function indexOf(s: Series, t: number): number {
+  let a = s.start;
+  let b = s.end;
+  while (a < b) {
+    const m = (a + b) >> 1;
+    if (s.xs[m] < t) a = m + 1;
+    else b = m;
+  }
+  return a;
 }
 
 export class TrendWidget extends Widget {
   /** Reads the server's trend when the operator widens the window (set by the app). */
-  static fetchTrend: TrendFetcher = () => Promise.resolve([]);
+  static fetchTrend: TrendFetcher = () => Promise.resolve({ step_s: 1, buckets: [], tiers: [] });
 
   // Values live in one linear buffer (grown on demand up to twice the kept size); when its end
   // is reached the live part moves to the front. uPlot gets subarray views, so a redraw
@@ -72,6 +98,13 @@ export class TrendWidget extends Widget {
   private held: [number, number] | null = null;
   /** The zoomed time range (unix s), set by dragging over the plot; implies paused. */
   private zoom: [number, number] | null = null;
+  /** The tiers of the namespace's trend (from the server's last trend reply), finest first. */
+  private tiers: TrendTier[] = [];
+  /** The step (s) of the history buckets held; points from `liveFrom` on are live values. */
+  private bucketStep = Infinity;
+  private liveFrom = Infinity;
+  /** While zoomed: the points with the zoomed range's finer buckets in place of coarser ones. */
+  private detail: (Series & { stepS: number }) | null = null;
 
   // The operator's chart, while pointed at (or paused, or zoomed).
   private plot: uPlot | null = null;
@@ -90,6 +123,13 @@ export class TrendWidget extends Widget {
   /** Trend controls' state (tests). */
   viewState(): { windowS: number; paused: boolean; zoom: [number, number] | null; chart: boolean } {
     return { windowS: this.windowS(), paused: this.paused, zoom: this.zoom ? [...this.zoom] : null, chart: this.plot !== null };
+  }
+
+  /** The zoomed range's finer buckets, when a tier held them (tests). */
+  zoomDetail(): { stepS: number; points: number } | null {
+    if (!this.detail || !this.zoom) return null;
+    const [from, to] = this.zoom;
+    return { stepS: this.detail.stepS, points: indexOf(this.detail, to) - indexOf(this.detail, from) };
   }
 
   /** Whether the trend has been drawn with its server-side trend (benchmarks). */
@@ -114,6 +154,7 @@ export class TrendWidget extends Widget {
     if (Number.isNaN(v)) return;
     const d = p.data as { t?: unknown } | null;
     const t = (d && typeof d === 'object' && typeof d.t === 'number' ? d.t : Date.now()) / 1000;
+    if (this.liveFrom === Infinity) this.liveFrom = t;
     if (this.end === this.xs.length) {
       const live = this.end - this.start;
       if (live * 2 > this.xs.length && this.xs.length < TREND_POINTS * 2) {
@@ -168,13 +209,15 @@ export class TrendWidget extends Widget {
 
   /** History from the server's trend (bucket starts in unix ms and their last values), put
    * before the live values already shown: the plot opens full instead of filling over time. */
-  backfill(buckets: { t: number; last: number }[]): void {
+  backfill(trend: TrendReply): void {
     this.backfilled = true;
     this.dirty = true;
     this.news = true;
+    if (trend.tiers?.length) this.tiers = trend.tiers;
     const firstLive = this.end > this.start ? this.xs[this.start] : Infinity;
-    const old = buckets.filter((b) => Number.isFinite(b.last) && b.t / 1000 < firstLive);
+    const old = trend.buckets.filter((b) => Number.isFinite(b.last) && b.t / 1000 < firstLive);
     if (old.length === 0) return;
+    this.bucketStep = trend.step_s;
     const live = this.end - this.start;
     const n = Math.min(old.length + live, TREND_POINTS * 2);
     const keep = n - live;
@@ -215,20 +258,30 @@ export class TrendWidget extends Widget {
     return [this.xs[this.start], this.xs[this.end - 1]];
   }
 
+  /** The points shown: the zoomed range's finer ones while zoomed into them, else the held ones. */
+  private series(): Series {
+    return (this.zoom && this.detail) || this.kept();
+  }
+
+  private kept(): Series {
+    return { xs: this.xs, ys: this.ys, start: this.start, end: this.end };
+  }
+
   protected paint(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h: number): void {
     this.drawnAt = performance.now();
     this.news = false;
     if (this.backfilled) this.shownBackfill = true;
     // The chart is drawn over the body while open.
-    if (this.plot !== null || this.end === this.start) return;
+    const s = this.series();
+    if (this.plot !== null || s.end === s.start) return;
     const axes = h >= 90 && w >= 160;
     const px = x + (axes ? AXIS_LEFT : 0);
     const pw = w - (axes ? AXIS_LEFT : 0);
     const ph = h - (axes ? AXIS_BOTTOM : 0);
     const [t0, t1] = this.range();
-    const from = this.index(t0);
-    const to = Math.max(from, this.index(t1 + 1e-9));
-    const [v0, v1] = this.valueRange(from, to);
+    const from = indexOf(s, t0);
+    const to = Math.max(from, indexOf(s, t1 + 1e-9));
+    const [v0, v1] = this.valueRange(s, from, to);
     const sx = pw / (t1 - t0 || 1);
     const sy = ph / (v1 - v0 || 1);
     if (axes) this.paintAxes(ctx, x, y, w, h, [t0, t1], [v0, v1]);
@@ -248,8 +301,8 @@ export class TrendWidget extends Widget {
       ctx.lineTo(cx, y + ph - (lastY - v0) * sy);
     };
     for (let i = from; i < to; i++) {
-      const c = Math.floor((this.xs[i] - t0) * sx);
-      const v = this.ys[i];
+      const c = Math.floor((s.xs[i] - t0) * sx);
+      const v = s.ys[i];
       if (c !== col) {
         flush();
         const first = y + ph - (v - v0) * sy;
@@ -267,28 +320,16 @@ export class TrendWidget extends Widget {
     ctx.stroke();
   }
 
-  /** The first index whose time is at or after `t` (binary search; times are in order). */
-  private index(t: number): number {
-    let a = this.start;
-    let b = this.end;
-    while (a < b) {
-      const m = (a + b) >> 1;
-      if (this.xs[m] < t) a = m + 1;
-      else b = m;
-    }
-    return a;
-  }
-
   /** The value axis: the widget's min and max when both are set, else the points' extent
    * with a little room. */
-  private valueRange(from: number, to: number): [number, number] {
+  private valueRange(s: Series, from: number, to: number): [number, number] {
     const min = optNum(this.spec.options.min);
     const max = optNum(this.spec.options.max);
     if (min !== null && max !== null && max > min) return [min, max];
     let lo = Infinity;
     let hi = -Infinity;
     for (let i = from; i < to; i++) {
-      const v = this.ys[i];
+      const v = s.ys[i];
       if (v < lo) lo = v;
       if (v > hi) hi = v;
     }
@@ -437,8 +478,7 @@ export class TrendWidget extends Widget {
     const select = document.createElement('select');
     select.className = 'trend-window';
     select.title = 'time window';
-    const windows = [...new Set([...TREND_WINDOWS, Math.max(1, num(this.spec.options.window_s, 60))])].sort((a, b) => a - b);
-    for (const w of windows) {
+    for (const w of this.windowChoices()) {
       const o = document.createElement('option');
       o.value = String(w);
       o.textContent = windowLabel(w);
@@ -462,6 +502,15 @@ export class TrendWidget extends Widget {
     this.showTools();
   }
 
+  /** The windows the selector offers: the usual ones the namespace's tiers reach, each tier's
+   * own and the widget's; the usual ones alone before any trend reply named the tiers. */
+  windowChoices(): number[] {
+    const reach = this.tiers.length ? Math.max(...this.tiers.map((t) => t.window_s)) : Infinity;
+    const own = Math.max(1, num(this.spec.options.window_s, 60));
+    const all = [...TREND_WINDOWS.filter((w) => w <= reach), ...this.tiers.map((t) => t.window_s), own];
+    return [...new Set(all)].sort((a, b) => a - b);
+  }
+
   private showTools(): void {
     const t = this.toolbar;
     if (!t) return;
@@ -481,14 +530,15 @@ export class TrendWidget extends Widget {
     }
     if (s > before) {
       void TrendWidget.fetchTrend(this.spec.channel, s, trendStep(s, this.body.w)).then(
-        (b) => {
-          this.backfill(b);
+        (t) => {
+          this.backfill(t);
           this.request();
         },
         () => {},
       );
     }
     this.zoom = null;
+    this.detail = null;
     this.paused = false;
     this.held = null;
     this.plot?.setScale('x', { min: Date.now() / 1000 - s, max: Date.now() / 1000 });
@@ -508,19 +558,67 @@ export class TrendWidget extends Widget {
     this.paused = false;
     this.held = null;
     this.zoom = null;
+    this.detail = null;
     this.news = true;
     this.dirty = true;
     this.showTools();
     this.request();
   }
 
-  /** Zooms into `[from, to]` (unix s); the plot holds still until resumed. */
+  /** Zooms into `[from, to]` (unix s); the plot holds still until resumed. History held
+   * coarser than a tier keeps the range is replaced by that tier's buckets when they come. */
   zoomTo(from: number, to: number): void {
     if (!(to > from)) return;
     this.zoom = [from, to];
+    this.detail = null;
     this.paused = true;
     this.plot?.setScale('x', { min: from, max: to });
     this.showTools();
+    this.refine(from, to);
+  }
+
+  /** Asks the server for the zoomed range's history (up to the first live value) at about a
+   * bucket per pixel, from the finest tier reaching back to it, when that is finer than held. */
+  private refine(from: number, to: number): void {
+    const end = Math.min(to, this.liveFrom, Date.now() / 1000);
+    const tier = this.tiers.find((t) => t.window_s >= Date.now() / 1000 - from);
+    if (!(end > from) || !tier) return;
+    const step = Math.max(tier.step_s, trendStep(to - from, this.body.w));
+    if (step >= this.bucketStep) return;
+    const windowS = Math.max(step, Math.ceil(end - from));
+    void TrendWidget.fetchTrend(this.spec.channel, windowS, step, end * 1000).then(
+      (t) => {
+        if (this.zoom?.[0] !== from || this.zoom[1] !== to) return;
+        this.showDetail(from, end, t);
+      },
+      () => {},
+    );
+  }
+
+  /** The held points with `[from, end)` replaced by the finer buckets of `t`. */
+  private showDetail(from: number, end: number, t: TrendReply): void {
+    const fine = t.buckets.filter((b) => Number.isFinite(b.last) && b.t / 1000 < end);
+    if (fine.length === 0) return;
+    const a = indexOf(this.kept(), Math.min(from, fine[0].t / 1000));
+    const b = indexOf(this.kept(), end);
+    const n = a - this.start + fine.length + (this.end - b);
+    const xs = new Float64Array(n);
+    const ys = new Float64Array(n);
+    xs.set(this.xs.subarray(this.start, a));
+    ys.set(this.ys.subarray(this.start, a));
+    fine.forEach((p, i) => {
+      xs[a - this.start + i] = p.t / 1000;
+      ys[a - this.start + i] = p.last;
+    });
+    xs.set(this.xs.subarray(b, this.end), n - (this.end - b));
+    ys.set(this.ys.subarray(b, this.end), n - (this.end - b));
+    this.detail = { xs, ys, start: 0, end: n, stepS: t.step_s };
+    this.dirty = true;
+    if (this.plot && this.zoom) {
+      this.plot.setData(this.data(), false);
+      this.plot.setScale('x', { min: this.zoom[0], max: this.zoom[1] });
+    }
+    this.request();
   }
 
   private selected(u: uPlot): void {
@@ -554,7 +652,8 @@ export class TrendWidget extends Widget {
   }
 
   private data(): uPlot.AlignedData {
-    return [this.xs.subarray(this.start, this.end), this.ys.subarray(this.start, this.end)];
+    const s = this.series();
+    return [s.xs.subarray(s.start, s.end), s.ys.subarray(s.start, s.end)];
   }
 
   /** The open chart's redraw, at the same pace as painting. */
