@@ -10,7 +10,8 @@
 //! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out;
 //!   internal channels (`$…`, messages between nodes) go to the internal handler registered
 //!   for their prefix instead.
-//! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes.
+//! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes; for the
+//!   HTTP transports, the same queue taken as structured messages (`outbox::pull`).
 //! - [`sampling`]: per-subscription `max_rate_hz` and deadbands, beside the hub's fan-out.
 //! - [`trend`]: trend reads (`/api/channels/{ch}/trend`, the `trend` option of subscribe).
 //! - [`session`]: one client's commands and subscriptions, transport-free (`session/subscribe.rs`:
@@ -18,8 +19,7 @@
 //! - [`transport`]: the accepted connection (`transport::conn`, TLS in `transport::tls`), the
 //!   WebSocket handshake and connection task (`transport::ws`), Server-Sent Events
 //!   (`transport::sse`) and long-poll sessions (`transport::poll`, `transport::poll_session`,
-//!   their state in `transport::poll_store`), which reach the session through an outbox wire
-//!   that turns frames back into messages (`transport::messages`).
+//!   their state in `transport::poll_store`), which take their messages from the outbox.
 //! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`).
 //! - [`auth`]: authentication (JWT from files and a JWKS URL, Basic, API keys), revoked
 //!   tokens, namespace permissions, `Origin` checks and per-address / per-key abuse limits.

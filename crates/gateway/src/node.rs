@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::hub::{Hub, IN_BATCH};
 use crate::metrics::Metrics;
-use crate::outbox::{Outbox, Wire};
+use crate::outbox::{Outbox, PullOptions, Wire};
 
 pub use crate::error::ApiError;
 
@@ -90,7 +90,18 @@ impl Node {
     /// when the connection limit is reached (so the client is told why).
     pub fn register(&self, format: Format, wire: Arc<dyn Wire>) -> Result<Arc<Outbox>, Arc<Outbox>> {
         let id = self.next_conn.fetch_add(1, Relaxed);
-        let ob = Arc::new(Outbox::new(id, format, wire, self.config.limits.max_pending_bytes, self.metrics.clone()));
+        self.admit(Arc::new(Outbox::new(id, format, wire, self.config.limits.max_pending_bytes, self.metrics.clone())))
+    }
+
+    /// Registers a connection of an HTTP transport, whose outbox its transport takes from
+    /// (`outbox::pull`). As [`Node::register`] otherwise.
+    pub fn register_pull(&self, options: PullOptions) -> Result<Arc<Outbox>, Arc<Outbox>> {
+        let id = self.next_conn.fetch_add(1, Relaxed);
+        self.admit(Arc::new(Outbox::new_pull(id, self.config.limits.max_pending_bytes, self.metrics.clone(), options)))
+    }
+
+    fn admit(&self, ob: Arc<Outbox>) -> Result<Arc<Outbox>, Arc<Outbox>> {
+        let id = ob.id;
         let mut conns = self.conns.lock();
         if self.stopping.load(Relaxed) {
             drop(conns);

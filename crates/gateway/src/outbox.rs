@@ -17,6 +17,10 @@
 //! replaced in place). [`Outbox::is_full`] tells the connection task to stop reading from a
 //! client whose queue is full (back-pressure on its commands).
 //!
+//! The HTTP transports (SSE, long-polling) have no socket the fan-out could write to: their
+//! outboxes keep what is queued, under the same rules, until the transport takes it
+//! ([`pull`]).
+//!
 //! Concurrency: all state is behind one `parking_lot::Mutex`, held for the duration of a
 //! non-blocking write call. It is per connection, so contention is limited to a fan-out and
 //! the connection's own task meeting on the same socket; a `std`-style mutex beats an async
@@ -35,6 +39,10 @@ use switchboard_protocol::Format;
 use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
+
+pub mod pull;
+
+pub use pull::{Kind, Message, PullOptions};
 
 /// Where an outbox writes: a socket, or a buffer in tests.
 pub trait Wire: Send + Sync + 'static {
@@ -114,6 +122,10 @@ struct OutState {
     /// Channels the hub removed this connection from with an `unsubscribed` push; the session
     /// forgets them before its next subscribe ([`Outbox::take_lost`]).
     lost: Vec<Arc<str>>,
+    /// Replies recorded for [`Outbox::take_replies`] (taking outboxes that record them).
+    replies: Vec<Bytes>,
+    /// The close code, once closing.
+    close_code: Option<u16>,
     /// Nothing more is accepted; the connection task closes once written out.
     closing: bool,
     /// The socket failed; everything is dropped.
@@ -131,11 +143,19 @@ pub enum Pushed {
     Dropped,
 }
 
+/// Where an outbox's messages go.
+enum Sink {
+    /// Written into a socket by whoever finds it idle.
+    Socket(Arc<dyn Wire>),
+    /// Kept until the transport takes them ([`pull`]).
+    Pull(PullOptions),
+}
+
 /// One connection's outbound side. See the module docs.
 pub struct Outbox {
     pub id: u64,
     pub format: Format,
-    wire: Arc<dyn Wire>,
+    sink: Sink,
     state: Mutex<OutState>,
     wake: Notify,
     max_pending: usize,
@@ -152,10 +172,20 @@ const MAX_CHUNK: usize = 64 * 1024;
 
 impl Outbox {
     pub fn new(id: u64, format: Format, wire: Arc<dyn Wire>, max_pending: usize, metrics: Arc<Metrics>) -> Outbox {
+        Outbox::with_sink(id, format, Sink::Socket(wire), max_pending, metrics)
+    }
+
+    /// An outbox whose transport takes its messages ([`pull`]): JSON, as the HTTP transports
+    /// speak it.
+    pub fn new_pull(id: u64, max_pending: usize, metrics: Arc<Metrics>, options: PullOptions) -> Outbox {
+        Outbox::with_sink(id, Format::Json, Sink::Pull(options), max_pending, metrics)
+    }
+
+    fn with_sink(id: u64, format: Format, sink: Sink, max_pending: usize, metrics: Arc<Metrics>) -> Outbox {
         Outbox {
             id,
             format,
-            wire,
+            sink,
             state: Mutex::new(OutState::default()),
             wake: Notify::new(),
             max_pending,
@@ -231,7 +261,11 @@ impl Outbox {
     /// alone, on an empty queue).
     pub fn push_message(&self, payload: &[u8]) -> Pushed {
         let frame = Frame::message(self.format, payload);
-        self.push_item(Item::Message { frame, channel: None, offset: 0, born: None }, true)
+        let pushed = self.push_item(Item::Message { frame: frame.clone(), channel: None, offset: 0, born: None }, true);
+        if pushed != Pushed::Dropped {
+            self.record_reply(&mut self.state.lock(), &frame);
+        }
+        pushed
     }
 
     /// Queues a pre-built frame shared by many connections (presence events).
@@ -313,6 +347,16 @@ impl Outbox {
     }
 
     fn write_locked(&self, st: &mut OutState) {
+        let wire = match &self.sink {
+            Sink::Socket(w) => w,
+            Sink::Pull(_) => {
+                // The transport takes what is queued when woken.
+                if !st.queue.is_empty() || st.closing {
+                    self.wake.notify_one();
+                }
+                return;
+            }
+        };
         loop {
             if st.current.is_empty() && !self.next_chunk(st) {
                 if st.closing {
@@ -321,7 +365,7 @@ impl Outbox {
                 return;
             }
             self.metrics.writes.fetch_add(1, Relaxed);
-            match self.wire.try_write(&st.current) {
+            match wire.try_write(&st.current) {
                 Ok(0) => {
                     self.fail(st);
                     return;
@@ -506,6 +550,7 @@ impl Outbox {
                 self.slow_consumer();
                 return;
             }
+            self.record_reply(&mut st, &frame);
             st.pending += frame.bytes.len();
             let at = mark.min(st.queue.len());
             st.queue.insert(at, Item::Message { frame, channel: None, offset: 0, born: None });
@@ -537,6 +582,7 @@ impl Outbox {
         st.queue.push_back(Item::Message { frame, channel: None, offset: 0, born: None });
         st.queue.push_back(Item::Control(Bytes::from(websocket::encode_close(code, reason))));
         st.closing = true;
+        st.close_code = Some(code);
         st.hold = 0;
         st.hold_marks.clear();
         if !st.blocked {
@@ -571,6 +617,9 @@ impl Outbox {
         self.drop_held(&mut st);
         st.queue.push_back(Item::Control(Bytes::from(websocket::encode_frame(Opcode::Close, payload))));
         st.closing = true;
+        st.close_code = Some(
+            payload.get(..2).map_or(switchboard_protocol::code::close::NORMAL, |c| u16::from_be_bytes([c[0], c[1]])),
+        );
         st.hold = 0;
         st.hold_marks.clear();
         if !st.blocked {

@@ -3,7 +3,7 @@
 //
 // A token is kept in session storage (it expires by itself, and a reload keeps working); a
 // password is kept in memory only, so a reload asks for it again. A `#token=<jwt>` fragment in
-// the page URL (never sent to the server or its logs) signs in directly, as before the form.
+// the page URL (never sent to the server or its logs) signs in directly, without the form.
 
 import type { Credentials } from 'switchboard-sdk';
 import { h } from './dom.js';

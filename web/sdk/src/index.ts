@@ -4,6 +4,18 @@
 //   client.on('frame', (batch) => render(batch.publications));
 //   client.subscribeMany(['pt:boiler.temp', 'room:ops']);
 //   await client.connect();
+//
+// # Layout
+// - client.ts: the connection's lifecycle (connect, reconnect with backoff.ts, heartbeats),
+//   commands and their replies, subscriptions by channel; options.ts and events.ts are what
+//   it is given and what it emits.
+// - recovery.ts: each channel's position and what a reply, a publication or an epoch change
+//   does to it (in order, at most once, `gap` when history does not reach back).
+// - subscription.ts: the handles an application holds (several may share a channel).
+// - batcher.ts: delivery once per animation frame, point channels conflated.
+// - transport.ts: the transport interface; websocket.ts, sse.ts and poll.ts implement it, and
+//   fallback.ts tries them in order. codec.ts frames JSON and MessagePack.
+// - types.ts: wire types of protocol v1; emitter.ts: the typed event emitter.
 
 export { Client } from './client.js';
 export type { ClientOptions, Credentials, SubscribeOptions, HistoryOptions, HistoryResult, ClientStats } from './options.js';

@@ -125,7 +125,7 @@ fn allow_publish_one(node: &Node, who: &Identity, channel: &str) -> Result<(), A
     validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
     match who.method {
         // Server-side publishers: an API key, or anyone while the API is open (no auth
-        // configured), as before authentication existed.
+        // configured: a node on a trusted network, every permission granted).
         AuthMethod::ApiKey(_) => Ok(()),
         AuthMethod::Anonymous if !node.config.security.auth.http_enabled() => Ok(()),
         _ => {

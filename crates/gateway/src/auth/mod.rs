@@ -543,8 +543,8 @@ impl Auth {
     }
 
     /// Whether a request's `Host` names this node (DNS rebinding): checked when `auth.hosts`
-    /// is set or no origin allow-list is (a node with an allow-list and no `hosts` keeps
-    /// accepting any `Host`, as before the check existed).
+    /// is set or no origin allow-list is (a node with an allow-list and no `hosts` accepts
+    /// any `Host`: its allow-list already keeps other sites' pages out).
     pub fn host_allowed(&self, host: Option<&str>) -> bool {
         !self.check_host || credentials::host_allowed(host, self.bound, &self.hosts)
     }

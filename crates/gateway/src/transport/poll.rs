@@ -16,9 +16,8 @@
 //! - `GET /sse?session=<id>` streams the session's messages as SSE events instead (the SDK's
 //!   SSE transport: commands still go by `POST /poll/{session}`).
 //!
-//! A session is a [`Session`](crate::session::Session) with an outbox and a
-//! [`MessageWire`](crate::transport::messages::MessageWire) like any connection: the
-//! same commands, limits, permissions, conflation (a slow poller gets the latest value per
+//! A session is a [`Session`](crate::session::Session) with an outbox like any connection,
+//! one its polls take from (`outbox::pull`): the same commands, limits, permissions, conflation (a slow poller gets the latest value per
 //! point channel) and 4008 bound apply. The session id (128 random bits) is the capability:
 //! whoever holds it may poll and send commands.
 //!
@@ -310,7 +309,7 @@ pub async fn attach_sse(polls: Arc<Polls>, req: Request, id: String) -> Response
     };
     let busy = Busy::new(&s);
     let me = s.waiter.fetch_add(1, Relaxed) + 1;
-    s.wire.wake();
+    s.outbox.wake();
     let heartbeat = Duration::from_secs(polls.node.config.transports.sse_heartbeat_s);
     let state = (polls.clone(), s, busy, me, false, tokio::time::Instant::now());
     let body = futures_util::stream::unfold(state, move |(polls, s, busy, me, mut started, mut saved)| async move {
@@ -347,7 +346,7 @@ pub async fn attach_sse(polls: Arc<Polls>, req: Request, id: String) -> Response
                 break;
             }
             tokio::select! {
-                _ = s.wire.notified() => {}
+                _ = s.outbox.notified() => {}
                 _ = tokio::time::sleep(heartbeat) => {
                     out.extend_from_slice(b": ping\n\n");
                     break;
@@ -424,7 +423,7 @@ async fn sweep_task(polls: std::sync::Weak<Polls>) {
                 continue;
             }
             let idle = now.saturating_sub(s.active.load(Relaxed));
-            if let Some(code) = s.wire.closed() {
+            if let Some(code) = s.outbox.closed() {
                 // Nobody is polling: release what the session holds now; the disconnect waits
                 // for the client's next poll (a shutdown's record stays for another node).
                 if code == close::SHUTDOWN && polls.store.shared() {

@@ -1,12 +1,12 @@
 //! The live side of long-poll sessions: [`Polls`], a node's sessions, and [`PollSession`],
-//! one session's live copy — its [`Session`], outbox and [`MessageWire`] — with what makes it
+//! one session's live copy — its [`Session`] and the outbox its polls take from — with what makes it
 //! movable: writing its [`Record`] after every batch and command, taking a session over from
 //! the store, running commands as its holder, and turning pending messages into batches.
 //! `transport::poll` has the HTTP side (routes, requests, the sweeper); the protocol and the
 //! rules for moving between nodes are in its module docs.
 //!
-//! Locks: a session's `live` (Tokio) mutex, then the store's session lock, then the wire's
-//! queue (inside the outbox). The registry map is never held across an await.
+//! Locks: a session's `live` (Tokio) mutex, then the store's session lock, then the outbox's
+//! state. The registry map is never held across an await.
 
 // Refusals are the response itself (status, body, headers), returned on the cold path of a
 // request that answers with it anyway; boxing them would buy nothing.
@@ -30,13 +30,12 @@ use switchboard_protocol::{namespace_of, Format};
 use crate::auth::limits::IpGuard;
 use crate::auth::Identity;
 use crate::node::Node;
-use crate::outbox::Outbox;
+use crate::outbox::{Kind, Message, Outbox, PullOptions};
 use crate::session::Session;
 use crate::transport::conn::Peer;
 use crate::transport::http::{self as transport_http, error};
-use crate::transport::messages::{Kind, Message, MessageWire};
 use crate::transport::poll_store::{self, Notice, PollStore, Record, StoredIdentity, StoredSub};
-use crate::transport::sse::{self, ChannelPos, ReplyIn};
+use crate::transport::sse::{ChannelPos, ReplyIn};
 
 /// Id of the subscribe a node sends when it takes a session over; its reply becomes the
 /// recovered publications. Clients must not use this id.
@@ -60,7 +59,6 @@ pub(crate) const ENDED: u8 = 2;
 /// The live copy of a session on this node.
 pub struct PollSession {
     pub(crate) id: String,
-    pub(crate) wire: Arc<MessageWire>,
     pub(crate) outbox: Arc<Outbox>,
     pub(crate) live: tokio::sync::Mutex<Live>,
     /// Unix seconds of the last request.
@@ -157,7 +155,7 @@ impl Polls {
         self.sessions.lock().get(id).filter(|s| s.state.load(Relaxed) == LIVE).cloned()
     }
 
-    /// A new live copy: wire, outbox (a connection of the node), session.
+    /// A new live copy: outbox (a connection of the node) and session.
     pub(crate) fn create(
         &self,
         id: &str,
@@ -166,11 +164,11 @@ impl Polls {
         slot: Option<IpGuard>,
     ) -> Result<Arc<PollSession>, Response> {
         let node = &self.node;
-        let wire = Arc::new(sse::new_wire(node).record_replies().survive_shutdown(self.store.shared()));
-        let outbox = match node.register(Format::Json, wire.clone()) {
+        let options = PullOptions { record_replies: true, survive_shutdown: self.store.shared() };
+        let outbox = match node.register_pull(options) {
             Ok(ob) => ob,
-            Err(_) => {
-                return Err(match wire.closed() {
+            Err(ob) => {
+                return Err(match ob.closed() {
                     Some(close::SHUTDOWN) => error(503, "server shutting down"),
                     _ => error(code::LIMIT, "too many connections"),
                 })
@@ -182,7 +180,6 @@ impl Polls {
         session.set_limited_ip(slot.as_ref().map(|g| g.ip()));
         Ok(Arc::new(PollSession {
             id: id.to_string(),
-            wire,
             outbox,
             live: tokio::sync::Mutex::new(Live {
                 session,
@@ -248,7 +245,7 @@ impl Polls {
                 map.remove(&s.id);
             }
         }
-        s.wire.wake();
+        s.outbox.wake();
         self.release(s, live).await;
     }
 
@@ -363,7 +360,7 @@ impl Polls {
         live.head =
             rec.subs.iter().map(|x| (x.ch.clone(), ChannelPos { epoch: x.epoch.clone(), offset: x.off })).collect();
         live.queued = rec.queued.clone();
-        s.wire.push_raw(rec.queued.iter().map(|q| Bytes::from(q.clone())));
+        s.outbox.push_raw(rec.queued.iter().map(|q| Bytes::from(q.clone())));
         if let Some(reason) = live.session.check_deadline() {
             // The token expired while the session was stored: it ends (4001, for the next
             // poll) before anything — resubscribing, queued commands — runs on its behalf.
@@ -375,7 +372,7 @@ impl Polls {
         }
         let most = self.node.config.limits.max_channels_per_subscribe.max(1);
         let mut todo: Vec<&StoredSub> = rec.subs.iter().collect();
-        while !todo.is_empty() && s.wire.closed().is_none() {
+        while !todo.is_empty() && s.outbox.closed().is_none() {
             let chunk: Vec<&StoredSub> = todo.drain(..todo.len().min(most)).collect();
             let recover: serde_json::Map<String, serde_json::Value> = chunk
                 .iter()
@@ -394,7 +391,7 @@ impl Polls {
             // takes at least its first channel (a recovery too large alone is cut and marked
             // incomplete), so this ends; a reply that took none closes the session (4008: the
             // client recovers itself) rather than leave channels unsubscribed.
-            let again = too_large(&s.wire.take_replies());
+            let again = too_large(&s.outbox.take_replies());
             let sent = chunk.len();
             let retry: Vec<&StoredSub> = chunk.into_iter().filter(|x| again.contains(&x.ch)).collect();
             if !retry.is_empty() && retry.len() == sent {
@@ -403,7 +400,7 @@ impl Polls {
             }
             todo.splice(0..0, retry);
         }
-        let _ = s.wire.take_replies();
+        let _ = s.outbox.take_replies();
         self.sessions.lock().insert(id.to_string(), s.clone());
         tracing::debug!(session = %id, from = %rec.owner, channels = rec.subs.len(), "poll session taken over");
         let pending = self.store.take_commands(id).await.unwrap_or_default();
@@ -449,8 +446,8 @@ impl Polls {
         for ch in unsubscribed {
             live.head.shift_remove(&ch);
         }
-        for reply in s.wire.take_replies() {
-            let reply_id = match crate::transport::messages::classify(&reply) {
+        for reply in s.outbox.take_replies() {
+            let reply_id = match crate::outbox::pull::classify(&reply) {
                 Kind::Reply { id } => id,
                 _ => continue,
             };
@@ -476,7 +473,7 @@ impl Polls {
         if s.state.load(Relaxed) != LIVE {
             return Ok(false);
         }
-        if s.cleaned.load(Relaxed) || s.wire.closed().is_some() {
+        if s.cleaned.load(Relaxed) || s.outbox.closed().is_some() {
             // Closed (4008, 4001, ...): only its disconnect is left for the next poll. Running
             // commands would subscribe and join presence again with nothing left to undo it.
             return Err(error(code::NOT_FOUND, "unknown or expired session"));
@@ -520,7 +517,7 @@ impl Polls {
     /// they are, the takeover's resubscribe reply into recovered publications, silent
     /// subscribe replies into nothing (or their error). Advances the positions.
     pub(crate) fn take_messages(&self, s: &Arc<PollSession>, live: &mut Live) -> (Vec<Bytes>, Option<u16>) {
-        let (msgs, mut closed) = s.wire.take_all();
+        let (msgs, mut closed) = s.outbox.take_messages();
         let mut out = Vec::with_capacity(msgs.len());
         let mut lost = false;
         for m in msgs {
@@ -532,7 +529,7 @@ impl Polls {
                 "publications were missed while the session moved; reconnect and recover",
                 true,
             );
-            let (more, c) = s.wire.take_all();
+            let (more, c) = s.outbox.take_messages();
             for m in more {
                 self.transform(live, m, &mut out);
             }
@@ -632,7 +629,7 @@ impl Polls {
         let _busy = Busy::new(s);
         let me = s.waiter.fetch_add(1, Relaxed) + 1;
         // An older poll of the same session gives way.
-        s.wire.wake();
+        s.outbox.wake();
         {
             let live = s.live.lock().await;
             match ack {
@@ -662,11 +659,11 @@ impl Polls {
             if s.waiter.load(Relaxed) != me {
                 return error(code::CONFLICT, "superseded by a newer poll of this session");
             }
-            if s.wire.has_pending() || s.wire.closed().is_some() {
+            if s.outbox.has_pending() || s.outbox.closed().is_some() {
                 break;
             }
             tokio::select! {
-                _ = s.wire.notified() => {}
+                _ = s.outbox.notified() => {}
                 _ = tokio::time::sleep_until(deadline) => break,
             }
         }

@@ -43,11 +43,10 @@ use switchboard_protocol::{namespace_of, validate_channel, Format};
 use crate::auth::limits::IpGuard;
 use crate::auth::Action;
 use crate::node::Node;
-use crate::outbox::Outbox;
+use crate::outbox::{Kind, Message, Outbox, PullOptions};
 use crate::session::Session;
 use crate::transport::conn::Peer;
 use crate::transport::http::{self as transport_http, error, query_flag, query_param};
-use crate::transport::messages::{Kind, Message, MessageWire};
 
 /// Streams with at most this many channels carry every channel's position in each event id.
 pub const FULL_ID_CHANNELS: usize = 32;
@@ -206,7 +205,6 @@ struct Stream {
     node: Arc<Node>,
     session: Option<Session>,
     outbox: Arc<Outbox>,
-    wire: Arc<MessageWire>,
     /// Requested channels, in order.
     channels: Vec<String>,
     initial: bool,
@@ -246,7 +244,7 @@ impl Stream {
             out.extend_from_slice(format!("retry: {RETRY_MS}\n\n").as_bytes());
         }
         loop {
-            let (msgs, closed) = self.wire.take_all();
+            let (msgs, closed) = self.outbox.take_messages();
             for m in &msgs {
                 self.write(&mut out, m);
             }
@@ -262,7 +260,7 @@ impl Stream {
             }
             let deadline = self.deadline.map(|d| d.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO));
             tokio::select! {
-                _ = self.wire.notified() => {}
+                _ = self.outbox.notified() => {}
                 _ = tokio::time::sleep(self.heartbeat) => {
                     self.outbox.last_seen.store(crate::unix_s(), std::sync::atomic::Ordering::Relaxed);
                     return Some(Bytes::from_static(b": ping\n\n"));
@@ -462,11 +460,10 @@ async fn open(node: &Arc<Node>, req: &axum::http::request::Parts, q: Option<&str
         Ok(s) => s,
         Err(r) => return r,
     };
-    let wire = Arc::new(new_wire(node));
-    let outbox = match node.register(Format::Json, wire.clone()) {
+    let outbox = match node.register_pull(PullOptions::default()) {
         Ok(ob) => ob,
-        Err(_) => {
-            return match wire.closed() {
+        Err(ob) => {
+            return match ob.closed() {
                 Some(close::SHUTDOWN) => error(503, "server shutting down"),
                 _ => error(code::LIMIT, "too many connections"),
             }
@@ -509,7 +506,6 @@ async fn open(node: &Arc<Node>, req: &axum::http::request::Parts, q: Option<&str
         node: node.clone(),
         session: Some(session),
         outbox,
-        wire,
         channels,
         initial,
         recover,
@@ -526,16 +522,6 @@ async fn open(node: &Arc<Node>, req: &axum::http::request::Parts, q: Option<&str
             |mut s| async move { s.next().await.map(|b| (Ok::<Bytes, Infallible>(b), s)) },
         );
     stream_response(Body::from_stream(body))
-}
-
-/// A wire with the node's conflation rules and bound.
-pub fn new_wire(node: &Arc<Node>) -> MessageWire {
-    let weak = Arc::downgrade(node);
-    MessageWire::new(
-        node.config.limits.max_pending_bytes,
-        Box::new(move |ch| weak.upgrade().is_some_and(|n| n.config.namespace(namespace_of(ch)).conflate)),
-        node.metrics.clone(),
-    )
 }
 
 #[cfg(test)]

@@ -1,0 +1,320 @@
+//! The taking side of an outbox, for the HTTP transports (SSE, long-polling).
+//!
+//! A WebSocket outbox writes into its socket; an SSE stream or a poll session has no socket
+//! the fan-out could write to — hyper writes its response body — so its outbox keeps what is
+//! queued until the transport takes it ([`Outbox::take_messages`]), woken by
+//! [`Outbox::notified`]. What waits there is under the same rules as a WebSocket connection's
+//! queue, applied in one place: a conflated channel keeps only its latest value, and the
+//! `max_pending_bytes` bound closes a client that does not take its messages with 4008.
+//!
+//! The transport gets structured messages: a publication comes with the channel and offset
+//! the hub delivered it with, and its text is a slice of the frame every subscriber shares
+//! (no copy, no parse). Replies, presence events and notices are told apart by their first
+//! bytes ([`classify`]); there are few of them.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use switchboard_protocol::code::close;
+
+use super::{Frame, Item, OutState, Outbox, Sink};
+
+/// What a taken message is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    /// `{"pub": {"ch", "off", "data"}}`.
+    Pub { ch: Arc<str>, off: u64 },
+    /// `{"id": n, "ok" | "error": ...}`.
+    Reply { id: u32 },
+    /// `{"disconnect": {"code", ...}}`.
+    Disconnect { code: u16 },
+    /// Presence events and anything else.
+    Other,
+}
+
+/// One protocol message (JSON text, no trailing newline).
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub text: Bytes,
+    pub kind: Kind,
+}
+
+impl Message {
+    pub fn new(text: Bytes) -> Message {
+        let kind = classify(&text);
+        Message { text, kind }
+    }
+}
+
+/// How a taking outbox treats what its transport needs beyond the queue.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PullOptions {
+    /// Keep a copy of every reply for [`Outbox::take_replies`] (poll sessions store them).
+    pub record_replies: bool,
+    /// Drop the `disconnect` 4000 of a node shutdown: the session lives on in a shared store
+    /// and another node continues it. The outbox still closes.
+    pub survive_shutdown: bool,
+}
+
+impl Outbox {
+    fn pull_options(&self) -> PullOptions {
+        match &self.sink {
+            Sink::Pull(o) => *o,
+            Sink::Socket(_) => PullOptions::default(),
+        }
+    }
+
+    /// Keeps a copy of `frame` when it is a reply and replies are recorded.
+    pub(super) fn record_reply(&self, st: &mut OutState, frame: &Frame) {
+        if self.pull_options().record_replies && matches!(classify(frame.payload()), Kind::Reply { .. }) {
+            st.replies.push(frame.bytes.slice(usize::from(frame.header_len)..));
+        }
+    }
+
+    /// Takes every queued message, oldest first, and the close code once the outbox closed.
+    /// Nothing is taken while a subscribe holds the outbox (its reply goes first).
+    pub fn take_messages(&self) -> (Vec<Message>, Option<u16>) {
+        let mut st = self.state.lock();
+        if st.hold > 0 {
+            return (Vec::new(), None);
+        }
+        let survive = self.pull_options().survive_shutdown;
+        let now = Instant::now();
+        let mut delivered = 0u64;
+        let mut out = Vec::with_capacity(st.queue.len());
+        while let Some(item) = st.queue.pop_front() {
+            let m = match item {
+                Item::Message { frame, channel, offset, born } => {
+                    if let Some(b) = born {
+                        self.metrics.observe_lag(now.saturating_duration_since(b));
+                    }
+                    let text = frame.bytes.slice(usize::from(frame.header_len)..);
+                    match channel {
+                        Some(ch) => {
+                            delivered += 1;
+                            Message { text, kind: Kind::Pub { ch, off: offset } }
+                        }
+                        None => Message::new(text),
+                    }
+                }
+                Item::Latest(ch) => {
+                    let Some(d) = st.latest.remove(&ch) else { continue };
+                    self.metrics.observe_lag(now.saturating_duration_since(d.born));
+                    delivered += 1;
+                    let text = d.frame.bytes.slice(usize::from(d.frame.header_len)..);
+                    Message { text, kind: Kind::Pub { ch, off: d.offset } }
+                }
+                // Pings are the WebSocket heartbeat, and the close frame is the close code
+                // below: the HTTP transports have their own.
+                Item::Control(_) => continue,
+            };
+            if survive && m.kind == (Kind::Disconnect { code: close::SHUTDOWN }) {
+                continue;
+            }
+            out.push(m);
+        }
+        st.pending = 0;
+        self.metrics.deliveries.fetch_add(delivered, Relaxed);
+        (out, st.close_code)
+    }
+
+    /// Replies queued since the last call (with [`PullOptions::record_replies`]; they are
+    /// taken with the other messages too).
+    pub fn take_replies(&self) -> Vec<Bytes> {
+        std::mem::take(&mut self.state.lock().replies)
+    }
+
+    /// Queues messages that did not come from this node's session (a moved session's stored
+    /// replies), after what is already queued.
+    pub fn push_raw(&self, texts: impl IntoIterator<Item = Bytes>) {
+        for t in texts {
+            let _ = self.push_message(&t);
+        }
+        self.flush();
+    }
+
+    /// Whether anything can be taken.
+    pub fn has_pending(&self) -> bool {
+        let st = self.state.lock();
+        st.hold == 0 && !st.queue.is_empty()
+    }
+
+    /// The close code, once the outbox closed.
+    pub fn closed(&self) -> Option<u16> {
+        self.state.lock().close_code
+    }
+
+    /// Wakes the taker without a message (a superseded poll, a moved session).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+}
+
+/// Finds what a message is from its first bytes. The server's own encoders write these
+/// prefixes (no whitespace, fixed key order), so no JSON parse is needed.
+pub fn classify(text: &[u8]) -> Kind {
+    if let Some(rest) = text.strip_prefix(b"{\"pub\":{\"ch\":\"") {
+        if let Some(q) = rest.iter().position(|b| *b == b'"') {
+            let ch = &rest[..q];
+            if let (Ok(ch), Some(digits)) = (std::str::from_utf8(ch), rest[q..].strip_prefix(b"\",\"off\":")) {
+                if let Some(off) = leading_number(digits) {
+                    return Kind::Pub { ch: Arc::from(ch), off };
+                }
+            }
+        }
+        return Kind::Other;
+    }
+    if let Some(rest) = text.strip_prefix(b"{\"id\":") {
+        if let Some(id) = leading_number(rest) {
+            return Kind::Reply { id: u32::try_from(id).unwrap_or(0) };
+        }
+    }
+    if let Some(rest) = text.strip_prefix(b"{\"disconnect\":{\"code\":") {
+        if let Some(code) = leading_number(rest) {
+            return Kind::Disconnect { code: u16::try_from(code).unwrap_or(close::PROTOCOL_ERROR) };
+        }
+    }
+    Kind::Other
+}
+
+fn leading_number(b: &[u8]) -> Option<u64> {
+    let n = b.iter().take_while(|c| c.is_ascii_digit()).count();
+    std::str::from_utf8(&b[..n]).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::outbox::tests::delivery;
+    use crate::outbox::Pushed;
+    use switchboard_protocol::message::encode_disconnect;
+    use switchboard_protocol::Format;
+
+    fn taking(max: usize, opts: PullOptions) -> Outbox {
+        Outbox::new_pull(1, max, Arc::new(Metrics::default()), opts)
+    }
+
+    fn offs(msgs: &[Message]) -> Vec<(String, u64)> {
+        msgs.iter()
+            .filter_map(|m| match &m.kind {
+                Kind::Pub { ch, off } => Some((ch.to_string(), *off)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pull_classify_knows_the_server_encodings() {
+        let p = switchboard_protocol::message::encode_publication(
+            Format::Json,
+            "pt:a.b",
+            42,
+            &serde_json::value::RawValue::from_string("{\"v\":1}".into()).unwrap(),
+        );
+        assert_eq!(classify(&p), Kind::Pub { ch: "pt:a.b".into(), off: 42 });
+        assert_eq!(classify(br#"{"id":7,"ok":{}}"#), Kind::Reply { id: 7 });
+        assert_eq!(classify(&encode_disconnect(Format::Json, 4008, "x")), Kind::Disconnect { code: 4008 });
+        assert_eq!(classify(br#"{"join":{"ch":"room:1","client":"c","user":""}}"#), Kind::Other);
+    }
+
+    #[test]
+    fn pull_publications_come_with_their_channel_and_offset_and_the_shared_text() {
+        let ob = taking(1 << 20, PullOptions::default());
+        let d = delivery("a", 1, "1");
+        let shared = d.frame.bytes.clone();
+        assert_eq!(ob.push(d, false), Pushed::Schedule);
+        for i in 2..=5 {
+            let _ = ob.push(delivery("a", i, "\"x\""), false);
+        }
+        ob.push_message(br#"{"id":3,"ok":{}}"#);
+        ob.flush();
+        let (msgs, closed) = ob.take_messages();
+        assert_eq!(closed, None);
+        assert_eq!(offs(&msgs), (1..=5).map(|i| ("a".to_string(), i)).collect::<Vec<_>>());
+        assert_eq!(msgs[5].kind, Kind::Reply { id: 3 });
+        // The text is the frame's payload, not a copy of it.
+        assert_eq!(msgs[0].text.as_ptr(), shared[shared.len() - msgs[0].text.len()..].as_ptr());
+        assert!(ob.take_messages().0.is_empty());
+        assert!(!ob.has_pending());
+    }
+
+    #[test]
+    fn pull_conflates_pending_point_values_in_place() {
+        let ob = taking(1 << 20, PullOptions::default());
+        for i in 1..=100 {
+            if ob.push(delivery("pt:x", i, &i.to_string()), true) == Pushed::Schedule {
+                ob.flush();
+            }
+            if ob.push(delivery("ev", i, "0"), false) == Pushed::Schedule {
+                ob.flush();
+            }
+        }
+        let got = offs(&ob.take_messages().0);
+        assert_eq!(got.iter().filter(|(c, _)| c == "pt:x").count(), 1, "one pending value per point channel");
+        assert_eq!(got.iter().find(|(c, _)| c == "pt:x").unwrap().1, 100);
+        assert_eq!(
+            got.iter().filter(|(c, _)| c == "ev").map(|(_, o)| *o).collect::<Vec<_>>(),
+            (1..=100).collect::<Vec<_>>()
+        );
+        // After a take, the next value is queued anew.
+        let _ = ob.push(delivery("pt:x", 101, "1"), true);
+        ob.flush();
+        assert_eq!(offs(&ob.take_messages().0), vec![("pt:x".to_string(), 101)]);
+    }
+
+    #[test]
+    fn pull_past_the_bound_closes_with_4008_and_drops_the_backlog() {
+        let ob = taking(2000, PullOptions::default());
+        for i in 1..=200 {
+            if ob.push(delivery("ev", i, "\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\""), false) == Pushed::Schedule {
+                ob.flush();
+            }
+        }
+        let (msgs, closed) = ob.take_messages();
+        assert_eq!(closed, Some(4008));
+        assert_eq!(msgs.len(), 1);
+        assert_eq!(msgs[0].kind, Kind::Disconnect { code: 4008 });
+        assert_eq!(ob.closed(), Some(4008));
+    }
+
+    #[test]
+    fn pull_close_gives_the_disconnect_then_the_code_and_a_shared_session_survives_shutdown() {
+        let ob = taking(1 << 20, PullOptions::default());
+        ob.close(4000, "server shutting down", false);
+        let (msgs, closed) = ob.take_messages();
+        assert_eq!(closed, Some(4000));
+        assert_eq!(msgs.len(), 1);
+        assert_eq!(msgs[0].kind, Kind::Disconnect { code: 4000 });
+        assert!(ob.finished());
+        let ob = taking(1 << 20, PullOptions { survive_shutdown: true, ..Default::default() });
+        ob.close(4000, "server shutting down", false);
+        let (msgs, closed) = ob.take_messages();
+        assert_eq!(closed, Some(4000));
+        assert!(msgs.is_empty(), "the shutdown disconnect is swallowed");
+    }
+
+    #[test]
+    fn pull_recorded_replies_are_copies_and_held_messages_wait_for_the_reply() {
+        let ob = taking(1 << 20, PullOptions { record_replies: true, ..Default::default() });
+        ob.push_message(br#"{"id":1,"ok":{}}"#);
+        let _ = ob.push_frame(&Frame::message(Format::Json, br#"{"join":{"ch":"r","client":"c","user":""}}"#));
+        ob.flush();
+        assert_eq!(ob.take_replies(), vec![Bytes::from_static(br#"{"id":1,"ok":{}}"#)]);
+        assert_eq!(ob.take_messages().0.len(), 2);
+        // A subscribe in progress: its channel's publication waits, and comes after the reply.
+        ob.hold();
+        let _ = ob.push(delivery("a", 9, "1"), false);
+        assert!(!ob.has_pending());
+        assert!(ob.take_messages().0.is_empty());
+        ob.release(br#"{"id":2,"ok":{}}"#, &std::collections::HashMap::new());
+        let (msgs, _) = ob.take_messages();
+        assert_eq!(msgs[0].kind, Kind::Reply { id: 2 });
+        assert_eq!(offs(&msgs), vec![("a".to_string(), 9)]);
+        assert_eq!(ob.take_replies().len(), 1);
+    }
+}
