@@ -10,7 +10,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use switchboard_broker::{ChannelQuery, Position, Publication};
-use switchboard_protocol::validate_channel;
+use switchboard_protocol::{code, validate_channel};
 
 use crate::auth::http::{allow, allow_publish, Caller};
 use crate::auth::{Action, Identity};
@@ -117,7 +117,7 @@ async fn publish(
                 results[i] = Some(written.unwrap_or_else(error));
             }
             let (at, items): (Vec<usize>, Vec<_>) = publishes.into_iter().unzip();
-            let published = crate::auth::http::publish_batch(&node, &caller, items).await;
+            let published = publish_batch(&node, &caller, items).await;
             for (i, r) in at.into_iter().zip(published) {
                 results[i] = Some(match r {
                     Ok(pos) => serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}),
@@ -129,6 +129,25 @@ async fn publish(
         }
         _ => Err(ApiError::new(400, "expected {\"channel\", \"data\"} or {\"batch\": [...]}")),
     }
+}
+
+/// Publishes a batch on behalf of the caller: the items it may publish (permission and rate,
+/// `auth::http::allow_publish_batch`) go to the node as one batch; one result per item.
+async fn publish_batch(
+    node: &Node,
+    caller: &CallerExt,
+    items: Vec<(String, switchboard_broker::Data, Option<String>)>,
+) -> Vec<Result<Position, ApiError>> {
+    let verdicts = crate::auth::http::allow_publish_batch(node, caller, items.iter().map(|(ch, _, _)| ch.as_str()));
+    let allowed: Vec<_> = items.into_iter().zip(&verdicts).filter(|(_, v)| v.is_ok()).map(|(item, _)| item).collect();
+    let mut published = node.publish_batch(allowed).await.into_iter();
+    verdicts
+        .into_iter()
+        .map(|v| match v {
+            Ok(()) => published.next().unwrap_or_else(|| Err(ApiError::new(code::INTERNAL, "missing result"))),
+            Err(e) => Err(e),
+        })
+        .collect()
 }
 
 #[derive(Serialize)]
