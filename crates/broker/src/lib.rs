@@ -8,10 +8,13 @@
 //!   presence table, indexed per channel and client).
 //! - [`redis`]: [`RedisBroker`], the cluster broker: every node shares one Redis, publications
 //!   reach the other nodes over Redis pub/sub, history and presence live in Redis.
-//! - [`sharded`]: [`ShardedRedisBroker`], channels spread over several independent Redis
-//!   servers by a stable hash of the name, each shard a [`RedisBroker`].
-//! - [`cluster`]: [`ClusterBroker`], channels spread over the primaries of a Redis Cluster by
-//!   slot (sharded pub/sub), following slot moves and failovers, each primary a [`RedisBroker`].
+//! - [`routed`]: [`RoutedBroker`], one broker over several [`RedisBroker`]s, each channel on the
+//!   one its [`routed::Router`] names: batches split by target, settings fanned out, calls
+//!   retried while routes change, figures merged — once for every topology.
+//! - [`sharded`]: [`ShardedRedisBroker`], the routed broker over hash shards: channels spread
+//!   over several independent Redis servers by a stable hash of the name.
+//! - [`cluster`]: [`ClusterBroker`], the routed broker over the primaries of a Redis Cluster by
+//!   slot (sharded pub/sub), following slot moves and failovers (the slot map, its refresh).
 //! - [`trend`]: downsampled trends of point channels (buckets of min/max/last/count).
 //! - [`conformance`]: the suite every broker must pass (run from each implementation's tests).
 //!
@@ -37,12 +40,14 @@ pub mod cluster;
 pub mod conformance;
 pub mod memory;
 pub mod redis;
+pub mod routed;
 pub mod sharded;
 pub mod trend;
 
 pub use self::redis::RedisBroker;
 pub use cluster::ClusterBroker;
 pub use memory::MemoryBroker;
+pub use routed::RoutedBroker;
 pub use sharded::ShardedRedisBroker;
 pub use trend::{TrendBucket, TrendPolicy, TrendTiers};
 

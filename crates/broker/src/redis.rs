@@ -28,7 +28,7 @@
 //! The URL is `redis://[user:password@]host:port[/db][?prefix=sb&presence_ttl_s=15]`
 //! (`rediss://` for TLS, `redis+sentinel://` through Sentinel); `prefix` lets several clusters
 //! share one Redis database. A Redis Cluster node is one of these too, made by
-//! [`crate::cluster::ClusterBroker`] for each primary.
+//! [`crate::cluster::ClusterSlots`] for each primary.
 
 mod endpoint;
 mod lease;
@@ -248,7 +248,7 @@ impl RedisBroker {
         RedisBroker::start(redis_url, options, None)
     }
 
-    /// One primary of a Redis Cluster, for [`crate::cluster::ClusterBroker`]: the channels of
+    /// One primary of a Redis Cluster, for [`crate::cluster::ClusterSlots`]: the channels of
     /// the slots it serves, with sharded pub/sub; its node registry under the hash tag
     /// `registry_tag` (one of its slots).
     pub(crate) fn cluster_node(
@@ -259,8 +259,9 @@ impl RedisBroker {
         RedisBroker::start(redis_url, options, Some(registry_tag))
     }
 
-    /// Publishes on this cluster node, one attempt until `deadline`; `None` for items whose
-    /// slot it does not serve.
+    /// Publishes on this server, one attempt until `deadline`, for a broker over several
+    /// ([`crate::routed`], which decides what to send again); `None` for items whose slot a
+    /// Cluster node does not serve.
     pub(crate) async fn publish_on_node(
         &self,
         items: &[Outgoing],

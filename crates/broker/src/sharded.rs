@@ -3,9 +3,10 @@
 //! `--broker "redis://a:6379,redis://b:6379,redis://c:6379"`. A channel lives on exactly one
 //! shard, chosen by a stable hash of its name ([`shard_of`]): its offset, history, last value,
 //! presence and pub/sub all stay there, so every per-channel guarantee of [`RedisBroker`]
-//! holds unchanged. Each shard is a full [`RedisBroker`] with its own command connection and
-//! one pub/sub connection, so a publication costs the same whatever the number of shards, and
-//! capacity grows with the Redis cores given.
+//! holds unchanged. The broker is a [`RoutedBroker`] whose router, [`HashShards`], holds a
+//! full [`RedisBroker`] per shard with its own command connection and one pub/sub connection,
+//! so a publication costs the same whatever the number of shards, and capacity grows with the
+//! Redis cores given.
 //!
 //! Every node must list the same servers in the same order: the order is the shard number.
 //! Adding a server moves about 1/(n+1) of the channels (jump consistent hashing); a moved
@@ -16,13 +17,12 @@
 //! of its channels are told to recover (4008) and publishing to them fails, while channels on
 //! the other shards keep streaming.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::redis::RedisBroker;
-use crate::{
-    Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket, TrendPolicy,
-};
+use crate::routed::{Route, RoutedBroker, Router, Settings};
+use crate::BrokerError;
 
 /// The shard (0..`shards`) of a channel: jump consistent hash of the FNV-1a hash of its name.
 /// Stable across processes, versions and machines.
@@ -40,147 +40,38 @@ pub fn shard_of(channel: &str, shards: usize) -> usize {
     b as usize
 }
 
-/// Several Redis servers, each holding the channels that hash to it.
-pub struct ShardedRedisBroker {
-    shards: Vec<RedisBroker>,
+/// The [`Router`] of hash shards: the shard of a channel is [`shard_of`] its name.
+pub struct HashShards {
+    shards: Vec<Arc<RedisBroker>>,
 }
 
-impl ShardedRedisBroker {
+/// Several Redis servers, each holding the channels that hash to it.
+pub type ShardedRedisBroker = RoutedBroker<HashShards>;
+
+impl RoutedBroker<HashShards> {
     /// Connects to every URL of a comma-separated list (each as [`RedisBroker::new`]).
     pub fn new(urls: &str) -> Result<ShardedRedisBroker, BrokerError> {
-        let shards = urls.split(',').map(|u| RedisBroker::new(u.trim())).collect::<Result<Vec<_>, _>>()?;
-        Ok(ShardedRedisBroker { shards })
-    }
-
-    fn shard(&self, channel: &str) -> &RedisBroker {
-        &self.shards[shard_of(channel, self.shards.len())]
+        let shards = urls.split(',').map(|u| RedisBroker::new(u.trim()).map(Arc::new)).collect::<Result<_, _>>()?;
+        // Every shard exists from the start: settings reach them all through the fan-out.
+        Ok(RoutedBroker::with_router(HashShards { shards }, Arc::new(Settings::default())))
     }
 }
 
-#[async_trait::async_trait]
-impl Broker for ShardedRedisBroker {
-    fn kind(&self) -> &'static str {
-        "redis-sharded"
+impl Router for HashShards {
+    const KIND: &'static str = "redis-sharded";
+    const MOVES: bool = false;
+
+    fn route(&self, channel: &str) -> Result<Route<'_>, BrokerError> {
+        Ok(Cow::Borrowed(&self.shards[shard_of(channel, self.shards.len())]))
     }
 
-    fn set_handler(&self, handler: Arc<dyn BrokerHandler>) {
-        for s in &self.shards {
-            s.set_handler(handler.clone());
-        }
+    /// In shard order.
+    fn targets(&self) -> Vec<Arc<RedisBroker>> {
+        self.shards.clone()
     }
 
-    fn set_node_id(&self, id: &str) {
-        for s in &self.shards {
-            s.set_node_id(id);
-        }
-    }
-
-    fn set_channel_ttl(&self, keep: ChannelTtl) {
-        for s in &self.shards {
-            s.set_channel_ttl(keep.clone());
-        }
-    }
-
-    async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
-        self.shard(channel).publish(channel, data, policy).await
-    }
-
-    /// Splits the batch by shard (keeping item order within each) and publishes every shard's
-    /// part at once: one round trip per shard, in parallel.
-    async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
-        let n = self.shards.len();
-        let mut parts: Vec<Vec<Outgoing>> = vec![Vec::new(); n];
-        let mut placed = Vec::with_capacity(items.len());
-        for item in items {
-            let s = shard_of(&item.channel, n);
-            placed.push(s);
-            parts[s].push(item);
-        }
-        let calls = self.shards.iter().zip(parts).map(|(shard, part)| shard.publish_batch(part));
-        let mut answers: Vec<std::vec::IntoIter<Result<Position, BrokerError>>> =
-            futures_util::future::join_all(calls).await.into_iter().map(Vec::into_iter).collect();
-        placed
-            .into_iter()
-            .map(|s| {
-                answers[s]
-                    .next()
-                    .unwrap_or_else(|| Err(BrokerError::Unavailable("shard returned too few results".into())))
-            })
-            .collect()
-    }
-
-    async fn subscribe(&self, channel: &str) -> Result<(), BrokerError> {
-        self.shard(channel).subscribe(channel).await
-    }
-
-    async fn unsubscribe(&self, channel: &str) -> Result<(), BrokerError> {
-        self.shard(channel).unsubscribe(channel).await
-    }
-
-    async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
-        self.shard(channel).last(channel).await
-    }
-
-    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
-        self.shard(channel).peek(channel).await
-    }
-
-    async fn history(
-        &self,
-        channel: &str,
-        since: Option<&Position>,
-        limit: usize,
-    ) -> Result<HistoryResult, BrokerError> {
-        self.shard(channel).history(channel, since, limit).await
-    }
-
-    async fn trend(&self, channel: &str, policy: TrendPolicy, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
-        self.shard(channel).trend(channel, policy, since_ms).await
-    }
-
-    async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {
-        self.shard(channel).presence_add(channel, info).await
-    }
-
-    async fn presence_remove(&self, channel: &str, client: &str) -> Result<(), BrokerError> {
-        self.shard(channel).presence_remove(channel, client).await
-    }
-
-    async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError> {
-        self.shard(channel).presence(channel).await
-    }
-
-    /// Shard after shard, each in `SCAN` order.
-    async fn channels(&self, query: &ChannelQuery<'_>) -> Result<ChannelPage, BrokerError> {
-        let parts: Vec<&RedisBroker> = self.shards.iter().collect();
-        crate::redis::page_over(&parts, query).await
-    }
-
-    /// Every shard is ready (and has the node registered, once it told its id).
-    async fn ready(&self) -> bool {
-        futures_util::future::join_all(self.shards.iter().map(|s| s.ready())).await.into_iter().all(|r| r)
-    }
-
-    /// The slowest shard's.
-    fn round_trip(&self) -> Option<std::time::Duration> {
-        self.shards.iter().filter_map(|s| s.round_trip()).max()
-    }
-
-    /// On the shard the lease's name hashes to, as a channel of that name would.
-    async fn lease(&self, name: &str, holder: &str, ttl: std::time::Duration) -> Result<bool, BrokerError> {
-        self.shard(name).lease(name, holder, ttl).await
-    }
-
-    async fn lease_release(&self, name: &str, holder: &str) -> Result<(), BrokerError> {
-        self.shard(name).lease_release(name, holder).await
-    }
-
-    /// Every node registers on every shard (under its id only, once told it); a channel's
-    /// subscriber counts live on its shard. A shard that cannot be reached is left out of the
-    /// figures.
-    async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {
-        ClusterInfo::merge(futures_util::future::join_all(self.shards.iter().map(|s| s.cluster())).await)
-    }
+    /// A shard's channels stay with it: nothing to follow.
+    async fn refresh(&self) {}
 }
 
 #[cfg(test)]

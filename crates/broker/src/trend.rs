@@ -149,23 +149,9 @@ pub fn numeric_value(data: &str) -> Option<f64> {
 }
 
 /// A publication's numeric value (as [`numeric_value`]) and, for a point, its own time `t`
-/// (unix ms) when it has a whole, non-negative one.
+/// (unix ms) when it has a whole, non-negative one ([`switchboard_protocol::point`]).
 pub fn sample(data: &str) -> Option<(f64, Option<u64>)> {
-    #[derive(serde::Deserialize)]
-    struct Point<'a> {
-        #[serde(default, borrow)]
-        v: Option<&'a serde_json::value::RawValue>,
-        #[serde(default, borrow)]
-        t: Option<&'a serde_json::value::RawValue>,
-    }
-    let text = data.trim_start();
-    let (v, t) = if text.starts_with('{') {
-        let p = serde_json::from_str::<Point<'_>>(text).ok()?;
-        (p.v?.get().parse::<f64>().ok()?, p.t.and_then(|t| t.get().parse::<u64>().ok()))
-    } else {
-        (text.trim_end().parse::<f64>().ok()?, None)
-    };
-    v.is_finite().then_some((v, t))
+    switchboard_protocol::point::parse(data).timed_value()
 }
 
 /// Buckets of `step` starting at or after `since_ms`, oldest first, each `step` wide (a

@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use switchboard_broker::{Broker, BrokerError, Data, Outgoing, Position};
 use switchboard_protocol::code::{self, close};
 use switchboard_protocol::command::check_idempotency_key;
+use switchboard_protocol::message::single_line;
 use switchboard_protocol::websocket::{self, Opcode};
 use switchboard_protocol::{validate_channel, Format};
 use tokio::sync::watch;
@@ -20,21 +21,6 @@ use crate::metrics::Metrics;
 use crate::outbox::{Outbox, PullOptions, Wire};
 
 pub use crate::error::ApiError;
-
-/// Published data as stored and sent: on one line. Every transport frames messages by line
-/// (SSE `data:` lines, long-poll batches, WebSocket frames of several messages), so a
-/// pretty-printed publication kept verbatim would cut every reply and batch that carries it.
-/// Valid JSON has raw line breaks only between tokens (inside strings they are escaped), so
-/// they become spaces and nothing else changes; data without any is passed through untouched.
-fn one_line(data: Data) -> Data {
-    let text = data.get();
-    if !text.bytes().any(|b| b == b'\n' || b == b'\r') {
-        return data;
-    }
-    let flat: String = text.chars().map(|c| if c == '\n' || c == '\r' { ' ' } else { c }).collect();
-    // Still the same JSON value (only whitespace changed).
-    serde_json::value::RawValue::from_string(flat).map(Arc::new).unwrap_or(data)
-}
 
 /// One gateway node.
 pub struct Node {
@@ -226,7 +212,10 @@ impl Node {
     /// The checks every publication passes, wherever it goes (the broker, or a device as a
     /// write, `crate::sources::write`): a valid channel name (400), data of at most
     /// `limits.max_publication_bytes` (413) that every format can carry (400). Returns the data
-    /// on one line, as it is stored and sent.
+    /// on one line, as it is stored and sent: every transport frames messages by line, so a
+    /// pretty-printed publication kept verbatim would cut every reply and batch that carries it
+    /// ([`switchboard_protocol::message::single_line`]; data already on one line is returned
+    /// as it came).
     pub fn check_publication(&self, channel: &str, data: Data) -> Result<Data, ApiError> {
         validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
         if data.get().len() > self.config.limits.max_publication_bytes {
@@ -237,7 +226,7 @@ impl Node {
         }
         // Data every subscriber can take, whatever its format (no silent empty deliveries).
         switchboard_protocol::message::check_data(data.get()).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
-        Ok(one_line(data))
+        Ok(single_line(&data).map(Arc::new).unwrap_or(data))
     }
 
     /// Checks a publication ([`Node::check_publication`], the idempotency key) and attaches its
@@ -350,6 +339,9 @@ mod tests {
 
     #[test]
     fn node_publication_data_is_kept_on_one_line() {
+        let config = Config::load(None, Vec::new(), &[]).unwrap();
+        let node = Node::new(config, Arc::new(switchboard_broker::MemoryBroker::new()));
+        let one_line = |data: Data| node.check_publication("room:1", data).unwrap();
         let raw = |s: &str| Arc::new(serde_json::value::RawValue::from_string(s.into()).unwrap());
         let d = one_line(raw("{\"a\":\r\n 1,\n\"s\": \"x\\ny\"}"));
         assert_eq!(d.get(), "{\"a\":   1, \"s\": \"x\\ny\"}");

@@ -8,14 +8,15 @@
 //! subscriber) and pushes what it lets through. A held value is sent by a timer task when its
 //! interval is up, unless a newer one took its place first (then the newer one goes).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use serde::Deserialize;
 use switchboard_protocol::bounds::OutOfBounds;
 use switchboard_protocol::code;
 use switchboard_protocol::command::Deadband;
+use switchboard_protocol::point;
 
 pub use switchboard_protocol::bounds::{Band, Sampling};
 
@@ -43,24 +44,15 @@ pub struct PointView {
 }
 
 impl PointView {
+    /// Reads `data` with the point parser ([`switchboard_protocol::point`]). A point whose
+    /// `q` is malformed (not text, or given twice) is read as no point at all: a band compares
+    /// values of one quality, and this one's quality cannot be told.
     pub fn of(data: &str) -> PointView {
-        #[derive(Deserialize)]
-        struct P<'a> {
-            #[serde(default, borrow)]
-            v: Option<&'a serde_json::value::RawValue>,
-            #[serde(default)]
-            q: Option<String>,
+        let p = point::parse(data);
+        if p.q_malformed {
+            return PointView::default();
         }
-        match serde_json::from_str::<P<'_>>(data) {
-            Ok(p) => {
-                let v = p.v.and_then(|raw| raw.get().parse::<f64>().ok()).filter(|v| v.is_finite());
-                PointView { non_numeric: p.v.is_some() && v.is_none(), v, q: p.q }
-            }
-            // A bare number is a value too.
-            Err(_) => {
-                PointView { v: data.trim().parse::<f64>().ok().filter(|v| v.is_finite()), ..PointView::default() }
-            }
-        }
+        PointView { v: p.v, q: p.q.map(Cow::into_owned), non_numeric: p.v_other }
     }
 }
 

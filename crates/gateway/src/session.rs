@@ -271,7 +271,7 @@ impl Session {
                     #[serde(skip_serializing_if = "Option::is_none")]
                     data: Option<Data<'a>>,
                 }
-                let data = p.data.map(switchboard_protocol::message::single_line);
+                let data = p.data.map(|d| switchboard_protocol::message::single_line(&d).unwrap_or(d));
                 self.ok(id, &Echo { data: data.as_deref().map(Data) });
                 return Ok(());
             }

@@ -10,6 +10,7 @@
 //! - [`message`]: server → client messages (replies, publications, presence, disconnects),
 //!   encoded once per wire [`Format`].
 //! - [`code`]: reply error codes and close / disconnect codes (SPEC §2).
+//! - [`point`]: point data (`{v, t, q}` or a bare number) read once for trends and deadbands.
 //! - [`websocket`]: RFC 6455 frame parsing (client frames) and header encoding (server frames).
 
 pub mod bounds;
@@ -17,6 +18,7 @@ pub mod channel;
 pub mod code;
 pub mod command;
 pub mod message;
+pub mod point;
 pub mod websocket;
 
 pub use channel::{namespace_of, validate_channel, ChannelError};

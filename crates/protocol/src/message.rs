@@ -120,23 +120,18 @@ pub fn check_data(raw: &str) -> Result<(), String> {
     })
 }
 
-/// Makes raw JSON safe to embed in a `\n`-separated frame: text with a raw line break (only
-/// possible as whitespace between tokens) is re-serialized compactly; anything else is kept
-/// byte for byte. Values `serde_json::Value` cannot hold (numbers beyond `f64`, nesting past
-/// 127) lose their line-break bytes instead — still the same value, since strings cannot hold
-/// raw control characters. (They used to keep the line breaks and split the frame; found by
-/// the `json_frame` fuzz target.)
-pub fn single_line(raw: Box<RawValue>) -> Box<RawValue> {
-    if !raw.get().bytes().any(|b| b == b'\n' || b == b'\r') {
-        return raw;
+/// Raw JSON on one line, safe to embed in a `\n`-separated frame (SSE `data:` lines, long-poll
+/// batches, WebSocket frames of several messages); `None` when it has no raw line break (keep
+/// it as it is). Valid JSON has raw line breaks only as whitespace between tokens (inside
+/// strings they are escaped), so each becomes a space and nothing else changes: numbers keep
+/// their digits, even those beyond `f64`, and the value stays the same.
+pub fn single_line(raw: &RawValue) -> Option<Box<RawValue>> {
+    let text = raw.get();
+    if !text.bytes().any(|b| b == b'\n' || b == b'\r') {
+        return None;
     }
-    if let Some(compact) =
-        serde_json::from_str::<serde_json::Value>(raw.get()).ok().and_then(|v| serde_json::value::to_raw_value(&v).ok())
-    {
-        return compact;
-    }
-    let text: String = raw.get().chars().filter(|c| *c != '\n' && *c != '\r').collect();
-    RawValue::from_string(text).unwrap_or(raw)
+    let flat: String = text.chars().map(|c| if c == '\n' || c == '\r' { ' ' } else { c }).collect();
+    RawValue::from_string(flat).ok()
 }
 
 /// A publication as it appears on the WebSocket: in pushes, `last`, `recovered` and `history`.
@@ -286,8 +281,8 @@ mod tests {
     #[test]
     fn message_single_line_keeps_values_the_value_parser_refuses() {
         let raw = RawValue::from_string("{\"ping\":\n0.8e1300600, \"s\": \"a\\nb\"\r\n}".to_string()).unwrap();
-        let one = single_line(raw);
-        assert_eq!(one.get(), "{\"ping\":0.8e1300600, \"s\": \"a\\nb\"}");
+        let one = single_line(&raw).unwrap();
+        assert_eq!(one.get(), "{\"ping\": 0.8e1300600, \"s\": \"a\\nb\"  }");
     }
 
     #[test]
@@ -322,9 +317,9 @@ mod tests {
 
     #[test]
     fn message_single_line_keeps_compact_json_and_flattens_pretty_json() {
-        assert_eq!(single_line(raw(r#"{"a": 1.50}"#)).get(), r#"{"a": 1.50}"#);
-        assert_eq!(single_line(raw("{\n  \"a\": [1,\r\n 2]\n}")).get(), r#"{"a":[1,2]}"#);
-        assert_eq!(single_line(raw(r#""line\nbreak""#)).get(), r#""line\nbreak""#);
+        assert!(single_line(&raw(r#"{"a": 1.50}"#)).is_none(), "kept as it is");
+        assert_eq!(single_line(&raw("{\n  \"a\": [1.50,\r\n 2]\n}")).unwrap().get(), "{   \"a\": [1.50,   2] }");
+        assert!(single_line(&raw(r#""line\nbreak""#)).is_none(), "escaped breaks are no raw ones");
     }
 
     #[test]

@@ -116,8 +116,7 @@ impl Inner {
     }
 
     /// [`Self::publish_chunk`] over any number of items, in chunks of [`PUBLISH_CHUNK`], one
-    /// attempt each (a Cluster node: the [`crate::cluster`] broker retries where the slot map
-    /// points).
+    /// attempt each (for several servers, [`crate::routed`] retries where the router points).
     pub(crate) async fn publish_all(
         &self,
         items: &[Outgoing],
