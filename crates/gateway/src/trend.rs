@@ -76,6 +76,7 @@ pub async fn read(
         raw.retain(|b| b.t <= until);
     }
     let buckets = if step_s == stored { raw } else { switchboard_broker::trend::resample(raw, since, step_ms) };
-    let tiers = tiers.iter().map(|t| TierInfo { step_s: (t.step_ms / 1000).max(1), window_s: t.reach_ms() / 1000 }).collect();
+    let tiers =
+        tiers.iter().map(|t| TierInfo { step_s: (t.step_ms / 1000).max(1), window_s: t.reach_ms() / 1000 }).collect();
     Ok(TrendReply { step_s, buckets, tiers })
 }
