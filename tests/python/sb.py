@@ -217,6 +217,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def make_test_ca(directory) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
+    """A throwaway CA and a server certificate for 127.0.0.1 and localhost signed by it, made
+    with the `openssl` command line (as crates/testkit/src/tls.rs makes them for Redis):
+    returns (ca.pem, server.pem, server.key) in `directory`. The CA is a separate certificate,
+    as verifiers such as rustls require (a self-signed leaf is not a CA)."""
+    d = pathlib.Path(directory)
+
+    def openssl(*args):
+        r = subprocess.run(["openssl", *args], cwd=d, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"openssl {args}: {r.stderr}"
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=switchboard test CA")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+            "-subj", "/CN=127.0.0.1")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "server.pem", "-days", "2", "-extfile", "san.ext")
+    return d / "ca.pem", d / "server.pem", d / "server.key"
+
+
 # --------------------------------------------------------------------------------------------
 # HTTP
 # --------------------------------------------------------------------------------------------

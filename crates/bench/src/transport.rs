@@ -205,7 +205,8 @@ struct Server {
     /// Path prefix before `/poll` and `/sse` (the target's path without its `/ws`).
     base_path: String,
     bind: Option<IpAddr>,
-    token: Option<String>,
+    /// The `Authorization` header value of the handshake's credentials.
+    authorization: Option<String>,
 }
 
 impl Server {
@@ -219,7 +220,12 @@ impl Server {
             port: ep.port,
             base_path,
             bind: opts.bind,
-            token: opts.token.clone(),
+            authorization: match &opts.credentials {
+                Some(c) => {
+                    Some(c.header_value().map_err(|e| e.to_string())?.to_str().map_err(|e| e.to_string())?.to_string())
+                }
+                None => None,
+            },
         })
     }
 
@@ -285,8 +291,8 @@ async fn write_head(
     body: Option<&[u8]>,
 ) -> Result<(), String> {
     let mut h = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", server.authority);
-    if let Some(t) = &server.token {
-        h.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    if let Some(a) = &server.authorization {
+        h.push_str(&format!("Authorization: {a}\r\n"));
     }
     if let Some(b) = body {
         h.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));

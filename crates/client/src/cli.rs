@@ -1,36 +1,73 @@
 //! The `switchboard publish` and `switchboard sub` tools (SPEC §5).
 //!
-//! `publish` prints the reply `{"offset", "epoch"}`; `sub` prints one JSON line
-//! `{"ch", "off", "data"}` per publication until Ctrl-C or until the server closes the
-//! connection. Diagnostics go to stderr so stdout stays a clean JSON-lines stream.
+//! Both name the node the same way ([`NodeArgs`]): `--url` in any form [`Endpoint`] takes
+//! (`http(s)://host:port`, `ws(s)://host:port[/ws]`), a token or a Basic user, and the CA of a
+//! TLS node. `publish` prints the reply (`{"offset", "epoch"}`, or `{"written", "source"}` for
+//! a write to a device); `sub` prints one JSON line `{"ch", "off", "data"}` per publication
+//! until Ctrl-C or until the server closes the connection. Diagnostics go to stderr so stdout
+//! stays a clean JSON-lines stream; a failure says what to do about it.
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use serde_json::Value;
 use switchboard_protocol::code::close;
 use switchboard_protocol::{Format, StreamPosition};
 
 use crate::client::{Client, ABNORMAL_CLOSE};
-use crate::connect::ConnectOptions;
+use crate::connect::{ConnectOptions, Credentials};
+use crate::endpoint::Endpoint;
+use crate::error::Error;
 use crate::event::{Event, Publication};
 use crate::http::HttpApi;
 use crate::reply::{ChannelResult, SubscribeOptions};
+use crate::tls::TlsConfig;
+
+/// The environment variable a `--user`'s password is read from.
+pub const PASSWORD_VAR: &str = "SWITCHBOARD_PASSWORD";
+
+/// A mistake in the command line (exit code 2, SPEC §5), as opposed to a failure at run time.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+fn usage(message: impl Into<String>) -> anyhow::Error {
+    UsageError(message.into()).into()
+}
+
+/// How a tool reaches a node; the same flags for every command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NodeArgs {
+    /// The node: http(s)://host:port or ws(s)://host:port[/ws], with an optional path prefix;
+    /// the WebSocket URL and the HTTP API base both follow from it. A `user:password@` in it
+    /// is used as Basic credentials (and never printed).
+    #[arg(long, default_value = "http://127.0.0.1:8700", value_name = "URL")]
+    pub url: String,
+    /// Token or API key, sent as `Authorization: Bearer`.
+    #[arg(long, env = "SWITCHBOARD_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// Basic user of the node's users file; the password comes from SWITCHBOARD_PASSWORD,
+    /// else a prompt on a terminal, else the first line of stdin.
+    #[arg(long, env = "SWITCHBOARD_USER", value_name = "NAME")]
+    pub user: Option<String>,
+    /// PEM file of the CA that signed the node's certificate (https:// and wss:// URLs);
+    /// without it the system's root certificates are trusted.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+}
 
 /// `switchboard publish CHANNEL JSON`
 #[derive(Debug, Clone, clap::Args)]
 pub struct PublishArgs {
     /// Channel to publish to, e.g. `room:1`.
     pub channel: String,
-    /// Publication data: any JSON value, e.g. '{"v": 21.5}'.
+    /// Publication data: any JSON value, e.g. '{"v": 21.5}', 42 or '"text"' (a string keeps
+    /// its JSON quotes).
     pub json: String,
-    /// Base URL of the node's HTTP API.
-    #[arg(long, default_value = "http://127.0.0.1:8700")]
-    pub url: String,
-    /// API key or token, sent as `Authorization: Bearer`.
-    #[arg(long)]
-    pub token: Option<String>,
+    #[command(flatten)]
+    pub node: NodeArgs,
 }
 
 /// `switchboard sub CHANNEL...`
@@ -39,25 +76,156 @@ pub struct SubArgs {
     /// Channels to subscribe to.
     #[arg(required = true)]
     pub channels: Vec<String>,
-    /// WebSocket URL of the node.
-    #[arg(long, default_value = "ws://127.0.0.1:8700/ws")]
-    pub url: String,
     /// Print each channel's last publication first.
     #[arg(long)]
     pub initial: bool,
-    /// Token, sent as `Authorization: Bearer` with the handshake.
-    #[arg(long)]
-    pub token: Option<String>,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+/// A node as the flags name it: where it is, how to authenticate, which CAs to trust.
+struct Node {
+    endpoint: Endpoint,
+    credentials: Option<Credentials>,
+    tls: Option<TlsConfig>,
+}
+
+impl Node {
+    /// Resolves the flags; a Basic user's password is read here (environment, prompt, stdin).
+    fn resolve(args: &NodeArgs) -> anyhow::Result<Node> {
+        let endpoint = Endpoint::parse(&args.url).map_err(|e| usage(format!("--url: {e}")))?;
+        let tls = match &args.ca {
+            Some(_) if !endpoint.is_tls() => {
+                return Err(usage(format!(
+                    "--ca is for TLS nodes, and --url {endpoint} is not one (https:// or wss:// is)"
+                )))
+            }
+            Some(path) => Some(TlsConfig::with_ca_file(path).map_err(|e| usage(format!("--ca: {e}")))?),
+            None => None,
+        };
+        let user = match (&args.user, &endpoint.user) {
+            (Some(flag), Some(in_url)) if flag != in_url => {
+                return Err(usage(format!("--user {flag} and the user {in_url} of --url differ: give one")))
+            }
+            (Some(u), _) | (None, Some(u)) => Some(u.clone()),
+            (None, None) => None,
+        };
+        let credentials = match (&args.token, user) {
+            (Some(_), Some(_)) => {
+                return Err(usage(
+                    "give a token (--token, SWITCHBOARD_TOKEN) or a Basic user (--user, user@ in --url), not both",
+                ))
+            }
+            (Some(token), None) => Some(Credentials::Bearer(token.clone())),
+            (None, Some(user)) => {
+                let password = match endpoint.password() {
+                    Some(p) => p.to_string(),
+                    None => read_password(&user, &endpoint)?,
+                };
+                Some(Credentials::Basic { user, password })
+            }
+            (None, None) => None,
+        };
+        if let Some(c) = &credentials {
+            c.header_value().map_err(|e| usage(e.to_string()))?;
+        }
+        Ok(Node { endpoint, credentials, tls })
+    }
+
+    fn api(&self) -> anyhow::Result<HttpApi> {
+        let mut api = HttpApi::new(&self.endpoint.api().url())?;
+        if let Some(c) = &self.credentials {
+            api = api.with_credentials(c.clone());
+        }
+        if let Some(t) = &self.tls {
+            api = api.with_tls(t.clone());
+        }
+        Ok(api)
+    }
+
+    fn connect_options(&self) -> ConnectOptions {
+        let mut opts = ConnectOptions::new(Format::Json);
+        opts.credentials = self.credentials.clone();
+        opts.tls = self.tls.clone();
+        opts
+    }
+
+    async fn connect(&self, opts: &ConnectOptions) -> Result<Client, Error> {
+        Client::connect_with(&self.endpoint.websocket().url(), opts).await
+    }
+
+    /// `e` with what to do about it, where the cause suggests something.
+    fn explain(&self, e: Error) -> anyhow::Error {
+        let hint = match &e {
+            Error::Connect { .. } => {
+                "is a node running there? Start one with `switchboard serve`, or name yours with --url".to_string()
+            }
+            Error::UntrustedCertificate { .. } => "if a private CA signed it, pass that CA with --ca FILE".into(),
+            Error::Tls(m) if m.starts_with("TLS handshake") => {
+                "does the node serve TLS on that port? A node without TLS is reached with http:// or ws://".into()
+            }
+            Error::Decode(m) if m.contains("not HTTP") && !self.endpoint.is_tls() => {
+                "if the node serves TLS, use https:// or wss://".into()
+            }
+            Error::Http { status: 401, .. } | Error::Handshake { status: 401, .. } => {
+                "pass credentials: --token TOKEN (a token or API key) or --user NAME".into()
+            }
+            Error::Handshake { status: 200 | 404, .. } => format!(
+                "is {} a Switchboard node? --url names the node (http://host:port); a path in it is only a proxy's prefix",
+                self.endpoint.api()
+            ),
+            Error::Closed { code: close::INVALID_TOKEN, .. } => {
+                "the node refused the credentials: pass a valid --token or --user".into()
+            }
+            _ => String::new(),
+        };
+        if hint.is_empty() {
+            anyhow!(e)
+        } else {
+            anyhow!("{e}\n  {hint}")
+        }
+    }
+}
+
+/// The password of Basic user `user`: from [`PASSWORD_VAR`], else prompted for on a
+/// terminal, else the first line of stdin (as `switchboard user add` reads it).
+fn read_password(user: &str, at: &Endpoint) -> anyhow::Result<String> {
+    if let Ok(p) = std::env::var(PASSWORD_VAR) {
+        return Ok(p);
+    }
+    let password = if std::io::stdin().is_terminal() {
+        rpassword::prompt_password(format!("password for {user} at {}: ", at.api())).context("reading the password")?
+    } else {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).context("reading the password from stdin")?;
+        line.trim_end_matches(['\r', '\n']).to_string()
+    };
+    if password.is_empty() {
+        return Err(usage(format!(
+            "no password for user {user}: set {PASSWORD_VAR}, pipe it on stdin, or run in a terminal to be asked"
+        )));
+    }
+    Ok(password)
+}
+
+/// The JSON argument, or a usage error that shows how to write it.
+fn parse_json(text: &str) -> anyhow::Result<Value> {
+    serde_json::from_str(text).map_err(|e| {
+        let quoted = serde_json::to_string(text).unwrap_or_default();
+        usage(format!("the data {text:?} is not JSON ({e}); a string needs JSON quotes inside the shell's: '{quoted}'"))
+    })
 }
 
 /// Publishes once through the HTTP API and prints the reply.
 pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
-    let data: Value = serde_json::from_str(&args.json).with_context(|| format!("JSON argument {:?}", args.json))?;
-    let mut api = HttpApi::new(&args.url).with_context(|| format!("--url {}", args.url))?;
-    if let Some(t) = args.token {
-        api = api.with_token(t);
-    }
-    let reply = api.publish(&args.channel, &data).await.with_context(|| format!("publish to {}", args.url))?;
+    let data = parse_json(&args.json)?;
+    let node = Node::resolve(&args.node)?;
+    let api = node.api()?;
+    let reply = api
+        .publish(&args.channel, &data)
+        .await
+        .map_err(|e| node.explain(e))
+        .with_context(|| format!("publish to {}", api.endpoint()))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", serde_json::to_string(&reply)?)?;
     Ok(())
@@ -73,13 +241,15 @@ const RETRY_MOST: std::time::Duration = std::time::Duration::from_secs(5);
 /// restarting, 4000; a slow consumer, 4008) is made again, and every channel resumes from its
 /// last printed offset: nothing is printed twice, and a gap history no longer covers is said.
 pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
-    let mut opts = ConnectOptions::new(Format::Json);
-    opts.token = args.token.clone();
+    let node = Node::resolve(&args.node)?;
+    let opts = node.connect_options();
+    let ws_url = node.endpoint.websocket();
     let mut client =
-        Client::connect_with(&args.url, &opts).await.with_context(|| format!("connect to {}", args.url))?;
+        node.connect(&opts).await.map_err(|e| node.explain(e)).with_context(|| format!("connect to {ws_url}"))?;
     let mut reply = client
         .subscribe(SubscribeOptions::new(args.channels.iter().cloned()).initial(args.initial))
         .await
+        .map_err(|e| node.explain(e))
         .context("subscribe")?;
     // Channels past the server's reply budget (413) are subscribed again in another command,
     // while replies take some.
@@ -93,6 +263,7 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
         let more = client
             .subscribe(SubscribeOptions::new(again.iter().cloned()).initial(args.initial))
             .await
+            .map_err(|e| node.explain(e))
             .context("subscribe")?;
         reply.channels.extend(more.channels);
     }
@@ -144,6 +315,8 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
     }
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
+    // The reason of the server's last `disconnect` push, for a close frame without one.
+    let mut said = String::new();
     loop {
         tokio::select! {
             _ = &mut ctrl_c => {
@@ -157,7 +330,7 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
                         again = again.recover(ch.clone(), pos.epoch.clone(), pos.offset);
                     }
                 }
-                let reply = client.subscribe(again).await.context("subscribe")?;
+                let reply = client.subscribe(again).await.map_err(|e| node.explain(e)).context("subscribe")?;
                 waiting.clear();
                 for (ch, result) in reply.channels {
                     match result {
@@ -199,21 +372,26 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
                     }
                     waiting.push(ch);
                 }
-                Some(Event::Disconnect { code, reason, .. }) => eprintln!("disconnect {code}: {reason}"),
+                // The close that follows carries the same code; its reason is said then.
+                Some(Event::Disconnect { reason, .. }) => said = reason,
                 Some(Event::Error(e)) => eprintln!("error {}: {}", e.code, e.message),
                 Some(Event::Join(_) | Event::Leave(_) | Event::Subscribed(_)) => {}
-                Some(Event::Closed { code: 1000 }) | None => return Ok(()),
+                Some(Event::Closed { code: 1000, .. }) | None => return Ok(()),
                 // A node shutting down, restarting or dropping the connection: connect again
                 // and resubscribe every channel, recovering from where its stream was.
-                Some(Event::Closed { code }) if code == ABNORMAL_CLOSE || close::reconnect(code) => {
-                    eprintln!("connection closed (code {code}); reconnecting and recovering");
+                Some(Event::Closed { code, mut reason }) if code == ABNORMAL_CLOSE || close::reconnect(code) => {
+                    if reason.is_empty() {
+                        reason = std::mem::take(&mut said);
+                    }
+                    let why = if reason.is_empty() { String::new() } else { format!(": {reason}") };
+                    eprintln!("connection closed (code {code}{why}); reconnecting and recovering");
                     let mut pause = RETRY_FIRST;
                     client = loop {
                         tokio::select! {
                             _ = &mut ctrl_c => return Ok(()),
-                            c = Client::connect_with(&args.url, &opts) => match c {
+                            c = node.connect(&opts) => match c {
                                 Ok(c) => break c,
-                                Err(e) => eprintln!("connect to {}: {e}; again in {pause:?}", args.url),
+                                Err(e) => eprintln!("connect to {ws_url}: {e}; again in {pause:?}"),
                             },
                         }
                         tokio::select! {
@@ -230,7 +408,12 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
                     retry_in = RETRY_FIRST;
                     retry_at = tokio::time::Instant::now();
                 }
-                Some(Event::Closed { code }) => bail!("connection closed by the server (code {code})"),
+                Some(Event::Closed { code, mut reason }) => {
+                    if reason.is_empty() {
+                        reason = said;
+                    }
+                    return Err(node.explain(Error::Closed { code, reason })).context("the node ended the subscription");
+                }
             }
         }
     }

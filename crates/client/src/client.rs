@@ -50,6 +50,8 @@ struct State {
     pending: HashMap<u32, ReplySender>,
     /// `Some(code)` once the connection has ended.
     closed: Option<u16>,
+    /// The server's close reason (empty when it gave none).
+    reason: String,
 }
 
 impl Shared {
@@ -57,6 +59,13 @@ impl Shared {
         // A panic while holding this lock leaves the map consistent (single insert/remove), so
         // recovering from poisoning is safe.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`Error::Closed`] with the close code and reason, once the connection has ended (1006
+    /// and no reason before the reader has recorded them).
+    fn closed_error(&self) -> Error {
+        let st = self.lock();
+        Error::Closed { code: st.closed.unwrap_or(ABNORMAL_CLOSE), reason: st.reason.clone() }
     }
 }
 
@@ -181,20 +190,21 @@ impl Client {
         let (tx, rx) = oneshot::channel();
         {
             let mut st = self.shared.lock();
-            if let Some(code) = st.closed {
-                return Err(Error::Closed { code });
+            if st.closed.is_some() {
+                drop(st);
+                return Err(self.shared.closed_error());
             }
             st.pending.insert(id, tx);
         }
         if self.out.send(msg).is_err() {
             self.shared.lock().pending.remove(&id);
-            return Err(Error::Closed { code: self.closed().unwrap_or(ABNORMAL_CLOSE) });
+            return Err(self.shared.closed_error());
         }
         match tokio::time::timeout(self.request_timeout, rx).await {
             Ok(Ok(Ok(body))) => Ok(body),
             Ok(Ok(Err(e))) => Err(Error::Reply(e)),
             // The reader dropped the sender: the connection ended.
-            Ok(Err(_)) => Err(Error::Closed { code: self.closed().unwrap_or(ABNORMAL_CLOSE) }),
+            Ok(Err(_)) => Err(self.shared.closed_error()),
             Err(_) => {
                 self.shared.lock().pending.remove(&id);
                 Err(Error::Timeout)
@@ -211,21 +221,17 @@ impl Client {
     /// Sends a command without id: the server replies only if it fails (as [`Event::Error`]).
     pub fn notify<B: Serialize>(&self, command: &str, body: &B) -> Result<()> {
         let msg = self.encode(&Envelope { id: None, command, body })?;
-        self.out.send(msg).map_err(|_| Error::Closed { code: self.closed().unwrap_or(ABNORMAL_CLOSE) })
+        self.out.send(msg).map_err(|_| self.shared.closed_error())
     }
 
     /// Sends a raw text frame (tests of malformed input).
     pub fn send_text(&self, text: impl Into<String>) -> Result<()> {
-        self.out
-            .send(Message::text(text.into()))
-            .map_err(|_| Error::Closed { code: self.closed().unwrap_or(ABNORMAL_CLOSE) })
+        self.out.send(Message::text(text.into())).map_err(|_| self.shared.closed_error())
     }
 
     /// Sends a raw binary frame (tests of malformed input).
     pub fn send_binary(&self, bytes: impl Into<Vec<u8>>) -> Result<()> {
-        self.out
-            .send(Message::binary(bytes.into()))
-            .map_err(|_| Error::Closed { code: self.closed().unwrap_or(ABNORMAL_CLOSE) })
+        self.out.send(Message::binary(bytes.into())).map_err(|_| self.shared.closed_error())
     }
 
     /// `connect`: authenticates with a token when none was given at the handshake.
@@ -337,12 +343,14 @@ async fn write_loop(mut sink: SplitSink<WsStream, Message>, mut rx: mpsc::Unboun
 
 async fn read_loop(mut stream: SplitStream<WsStream>, shared: Arc<Shared>, events: mpsc::UnboundedSender<Event>) {
     let mut close_code = ABNORMAL_CLOSE;
+    let mut close_reason = String::new();
     while let Some(msg) = stream.next().await {
         let (format, payload) = match &msg {
             Ok(Message::Text(t)) => (Format::Json, t.as_bytes()),
             Ok(Message::Binary(b)) => (Format::Msgpack, &b[..]),
             Ok(Message::Close(frame)) => {
                 close_code = frame.as_ref().map(|f| u16::from(f.code)).unwrap_or(1005);
+                close_reason = frame.as_ref().map(|f| f.reason.to_string()).unwrap_or_default();
                 // Keep reading: the stream ends once the close handshake completes.
                 continue;
             }
@@ -375,11 +383,12 @@ async fn read_loop(mut stream: SplitStream<WsStream>, shared: Arc<Shared>, event
     let drained: Vec<ReplySender> = {
         let mut st = shared.lock();
         st.closed = Some(close_code);
+        st.reason = close_reason.clone();
         st.pending.drain().map(|(_, tx)| tx).collect()
     };
     // Dropping the senders wakes every waiting command with "closed".
     drop(drained);
-    let _ = events.send(Event::Closed { code: close_code });
+    let _ = events.send(Event::Closed { code: close_code, reason: close_reason });
 }
 
 #[cfg(test)]
@@ -489,8 +498,9 @@ mod tests {
         .await;
         let mut client = Client::connect(&url, Format::Json).await.unwrap();
         let err = client.ping(json!(null)).await.unwrap_err();
-        assert!(matches!(err, Error::Closed { code: 4000 }), "{err:?}");
-        assert_eq!(client.next_event().await, Some(Event::Closed { code: 4000 }));
-        assert!(matches!(client.ping(json!(1)).await, Err(Error::Closed { code: 4000 })));
+        assert!(matches!(err, Error::Closed { code: 4000, ref reason } if reason == "shutting down"), "{err:?}");
+        assert_eq!(err.to_string(), "connection closed (code 4000: shutting down)");
+        assert_eq!(client.next_event().await, Some(Event::Closed { code: 4000, reason: "shutting down".into() }));
+        assert!(matches!(client.ping(json!(1)).await, Err(Error::Closed { code: 4000, .. })));
     }
 }

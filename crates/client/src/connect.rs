@@ -1,11 +1,13 @@
-//! URL parsing and the WebSocket handshake.
+//! Opening connections: credentials, TCP (plain or TLS) and the WebSocket handshake.
 //!
 //! [`handshake`] is public because the bench drives thousands of raw connections itself (no
 //! reader task, no reply map) but must connect exactly as [`crate::Client`] does.
 
+use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use base64::Engine;
 use switchboard_protocol::Format;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -14,10 +16,66 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::WebSocketStream;
 
+pub use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
+use crate::tls::{MaybeTls, TlsConfig};
 
-/// A client WebSocket over plain TCP.
-pub type WsStream = WebSocketStream<TcpStream>;
+/// A client WebSocket over TCP or TLS.
+pub type WsStream = WebSocketStream<MaybeTls>;
+
+/// What a client authenticates with, sent as `Authorization` (SPEC §6).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Credentials {
+    /// An API key or a JWT: `Authorization: Bearer <token>`.
+    Bearer(String),
+    /// A user of the node's users file: `Authorization: Basic`.
+    Basic { user: String, password: String },
+}
+
+impl Credentials {
+    /// The `Authorization` header value, marked sensitive (kept out of debug output).
+    pub fn header_value(&self) -> Result<HeaderValue> {
+        let text = match self {
+            Credentials::Bearer(t) => format!("Bearer {t}"),
+            Credentials::Basic { user, password } => {
+                if user.contains(':') {
+                    return Err(Error::Url { url: user.clone(), reason: "a Basic user name cannot hold ':'".into() });
+                }
+                let pair = format!("{user}:{password}");
+                format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(pair))
+            }
+        };
+        let mut value = HeaderValue::from_str(&text).map_err(|_| Error::Url {
+            url: String::new(),
+            reason: "the credentials hold characters a header cannot carry".into(),
+        })?;
+        value.set_sensitive(true);
+        Ok(value)
+    }
+
+    /// The credentials of a `user:password@` URL; a user without a password is an error
+    /// (ask for it first, e.g. with a prompt, and pass [`Credentials::Basic`]).
+    pub fn from_url(ep: &Endpoint) -> Result<Option<Credentials>> {
+        match (&ep.user, ep.password()) {
+            (None, _) => Ok(None),
+            (Some(user), Some(password)) => {
+                Ok(Some(Credentials::Basic { user: user.clone(), password: password.to_string() }))
+            }
+            (Some(user), None) => {
+                Err(Error::Url { url: ep.to_string(), reason: format!("names user {user} but no password") })
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credentials::Bearer(_) => f.write_str("Bearer(<redacted>)"),
+            Credentials::Basic { user, .. } => write!(f, "Basic({user:?}, <redacted>)"),
+        }
+    }
+}
 
 /// How to open a WebSocket connection.
 #[derive(Debug, Clone)]
@@ -27,8 +85,11 @@ pub struct ConnectOptions {
     /// Offer the format's subprotocol. Off only for foreign echo servers (bench `echo
     /// --protocol json-echo`), which may refuse unknown subprotocols.
     pub offer_subprotocol: bool,
-    /// Sent as `Authorization: Bearer <token>` with the handshake.
-    pub token: Option<String>,
+    /// Sent as `Authorization` with the handshake. Without them, a `user:password@` in the
+    /// URL is sent as Basic credentials.
+    pub credentials: Option<Credentials>,
+    /// The roots `wss://` servers are verified against; the system's when `None`.
+    pub tls: Option<TlsConfig>,
     /// Local address to bind before connecting. The bench spreads many connections over
     /// 127.0.0.x source addresses because one address has only ~28k ephemeral ports.
     pub bind: Option<IpAddr>,
@@ -44,7 +105,8 @@ impl ConnectOptions {
         ConnectOptions {
             format,
             offer_subprotocol: true,
-            token: None,
+            credentials: None,
+            tls: None,
             bind: None,
             read_buffer: 4096,
             timeout: Duration::from_secs(10),
@@ -52,76 +114,14 @@ impl ConnectOptions {
     }
 }
 
-/// The parts of a `ws://` or `http://` URL this client uses.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    /// `ws` or `http`.
-    pub scheme: String,
-    /// Host name or IP address (IPv6 without brackets).
-    pub host: String,
-    pub port: u16,
-    /// Path and query, at least `/`.
-    pub path: String,
-}
-
-impl Endpoint {
-    /// Parses `ws://host[:port][/path]` or `http://host[:port][/path]`. TLS schemes are refused:
-    /// put a TLS-terminating proxy in front and speak plain text to it.
-    pub fn parse(url: &str) -> Result<Endpoint> {
-        let bad = || Error::Url(url.to_string());
-        let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
-        let scheme = scheme.to_ascii_lowercase();
-        if scheme != "ws" && scheme != "http" {
-            return Err(bad());
-        }
-        let (authority, path) = match rest.find(['/', '?']) {
-            Some(i) if rest.as_bytes()[i] == b'?' => (&rest[..i], format!("/{}", &rest[i..])),
-            Some(i) => (&rest[..i], rest[i..].to_string()),
-            None => (rest, "/".to_string()),
-        };
-        if authority.contains('@') {
-            return Err(bad());
-        }
-        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            let (host, after) = v6.split_once(']').ok_or_else(bad)?;
-            let port = match after.strip_prefix(':') {
-                Some(p) => p.parse().map_err(|_| bad())?,
-                None if after.is_empty() => 80,
-                None => return Err(bad()),
-            };
-            (host.to_string(), port)
-        } else {
-            match authority.rsplit_once(':') {
-                Some((h, p)) => (h.to_string(), p.parse().map_err(|_| bad())?),
-                None => (authority.to_string(), 80),
-            }
-        };
-        if host.is_empty() {
-            return Err(bad());
-        }
-        Ok(Endpoint { scheme, host, port, path })
-    }
-
-    /// `host:port` as written in a `Host` header.
-    pub fn authority(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
-    }
-
-    /// Whether the host is a loopback IP address literal or `localhost`.
-    pub fn is_loopback(&self) -> bool {
-        self.host == "localhost" || self.host.parse::<IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false)
-    }
-}
-
 /// Opens a TCP connection with Nagle's algorithm off (pushes and pings are latency-bound).
 pub async fn connect_tcp(host: &str, port: u16, bind: Option<IpAddr>) -> Result<TcpStream> {
+    let addr = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
     let mut last_err = None;
-    for addr in tokio::net::lookup_host((host, port)).await? {
-        match connect_addr(addr, bind).await {
+    let found =
+        tokio::net::lookup_host((host, port)).await.map_err(|cause| Error::Connect { addr: addr.clone(), cause })?;
+    for sock in found {
+        match connect_addr(sock, bind).await {
             Ok(s) => {
                 s.set_nodelay(true)?;
                 return Ok(s);
@@ -129,7 +129,8 @@ pub async fn connect_tcp(host: &str, port: u16, bind: Option<IpAddr>) -> Result<
             Err(e) => last_err = Some(e),
         }
     }
-    Err(last_err.map(Error::Io).unwrap_or_else(|| Error::Url(format!("{host}:{port} resolves to no address"))))
+    let cause = last_err.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "resolves to no address"));
+    Err(Error::Connect { addr, cause })
 }
 
 async fn connect_addr(addr: SocketAddr, bind: Option<IpAddr>) -> std::io::Result<TcpStream> {
@@ -143,23 +144,38 @@ async fn connect_addr(addr: SocketAddr, bind: Option<IpAddr>) -> std::io::Result
     }
 }
 
-/// Connects to `url` (`ws://host:port/path`) and performs the WebSocket handshake.
+/// Connects to `ep`'s host and port, with TLS for `https` and `wss` (verified against `tls`,
+/// or the system's roots). The one connector of the WebSocket handshake and the HTTP API.
+pub async fn connect_stream(ep: &Endpoint, bind: Option<IpAddr>, tls: Option<&TlsConfig>) -> Result<MaybeTls> {
+    let tcp = connect_tcp(&ep.host, ep.port, bind).await?;
+    if !ep.is_tls() {
+        return Ok(MaybeTls::Plain(tcp));
+    }
+    let config = match tls {
+        Some(c) => c.clone(),
+        None => TlsConfig::system()?,
+    };
+    config.connect(&ep.host, tcp).await
+}
+
+/// Connects to `url` and performs the WebSocket handshake. `ws://` and `wss://` URLs are used
+/// as given (`http://` and `https://` stand for them); [`Endpoint::websocket`] derives a
+/// node's `/ws` URL from any form.
 pub async fn handshake(url: &str, opts: &ConnectOptions) -> Result<WsStream> {
     let ep = Endpoint::parse(url)?;
-    if ep.scheme != "ws" {
-        return Err(Error::Url(url.to_string()));
-    }
+    let credentials = match &opts.credentials {
+        Some(c) => Some(c.clone()),
+        None => Credentials::from_url(&ep)?,
+    };
+    let ws_url = format!("{}://{}{}", if ep.is_tls() { "wss" } else { "ws" }, ep.authority(), ep.path);
     let attempt = async {
-        let stream = connect_tcp(&ep.host, ep.port, opts.bind).await?;
-        let mut request = url.into_client_request()?;
+        let stream = connect_stream(&ep, opts.bind, opts.tls.as_ref()).await?;
+        let mut request = ws_url.as_str().into_client_request()?;
         if opts.offer_subprotocol {
             request.headers_mut().insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(opts.format.subprotocol()));
         }
-        if let Some(token) = &opts.token {
-            let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
-                .map_err(|_| Error::Url("token is not a valid header value".into()))?;
-            value.set_sensitive(true);
-            request.headers_mut().insert(AUTHORIZATION, value);
+        if let Some(c) = &credentials {
+            request.headers_mut().insert(AUTHORIZATION, c.header_value()?);
         }
         // Write each message at once (latency over batching); keep the initial read buffer
         // small, it grows to the largest frame seen.
@@ -175,20 +191,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn connect_parses_urls() {
-        let e = Endpoint::parse("ws://127.0.0.1:8700/ws").unwrap();
-        assert_eq!((e.scheme.as_str(), e.host.as_str(), e.port, e.path.as_str()), ("ws", "127.0.0.1", 8700, "/ws"));
-        assert!(e.is_loopback());
-        let e = Endpoint::parse("http://localhost").unwrap();
-        assert_eq!((e.host.as_str(), e.port, e.path.as_str()), ("localhost", 80, "/"));
-        let e = Endpoint::parse("ws://[::1]:9000/ws?token=x").unwrap();
-        assert_eq!((e.host.as_str(), e.port, e.path.as_str()), ("::1", 9000, "/ws?token=x"));
-        assert_eq!(e.authority(), "[::1]:9000");
-        let e = Endpoint::parse("http://example.com:81?x=1").unwrap();
-        assert_eq!(e.path, "/?x=1");
-        assert!(!e.is_loopback());
-        for bad in ["wss://a/ws", "127.0.0.1:80", "ws://:80/", "ws://a:x/", "ws://u@a/", "ftp://a"] {
-            assert!(Endpoint::parse(bad).is_err(), "{bad}");
-        }
+    fn connect_credentials_make_authorization_headers_and_hide_secrets() {
+        let basic = Credentials::Basic { user: "alice".into(), password: "s3:cret".into() };
+        // base64("alice:s3:cret")
+        assert_eq!(basic.header_value().unwrap(), "Basic YWxpY2U6czM6Y3JldA==");
+        assert!(basic.header_value().unwrap().is_sensitive());
+        assert_eq!(Credentials::Bearer("t".into()).header_value().unwrap(), "Bearer t");
+        assert!(!format!("{basic:?}").contains("s3"));
+        let bad = Credentials::Basic { user: "a:b".into(), password: "x".into() };
+        assert!(bad.header_value().is_err());
+        let ep = Endpoint::parse("https://bob:pw@h/").unwrap();
+        assert_eq!(
+            Credentials::from_url(&ep).unwrap(),
+            Some(Credentials::Basic { user: "bob".into(), password: "pw".into() })
+        );
+        let err = Credentials::from_url(&Endpoint::parse("https://bob@h/").unwrap()).unwrap_err();
+        assert!(err.to_string().contains("no password"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn connect_refused_names_the_address_once() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let err = connect_tcp("127.0.0.1", port, None).await.unwrap_err();
+        let text = format!("{:#}", anyhow::Error::new(err));
+        assert!(text.starts_with(&format!("cannot connect to 127.0.0.1:{port}: ")), "{text}");
+        assert_eq!(text.matches("refused").count(), 1, "{text}");
     }
 }

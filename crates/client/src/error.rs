@@ -1,4 +1,7 @@
 //! [`Error`]: what the client's calls fail with.
+//!
+//! Each variant's message is complete on its own: no variant also exposes the error it wraps
+//! as its `source`, so a caller printing the whole chain (`{:#}`) shows each cause once.
 
 use switchboard_protocol::message::ErrorBody;
 
@@ -17,12 +20,26 @@ pub enum Error {
     /// An HTTP API call returned a non-success status.
     #[error("HTTP {status}: {body}")]
     Http { status: u16, body: String },
-    /// The URL is not a usable `ws://` or `http://` URL.
-    #[error("invalid URL {0:?}")]
-    Url(String),
-    /// The connection is closed; `code` is the close code (1006 when none was received).
-    #[error("connection closed (code {code})")]
-    Closed { code: u16 },
+    /// The server answered the WebSocket handshake with HTTP `status` instead of upgrading.
+    #[error("the server answered the WebSocket handshake with HTTP {status}{}", body_suffix(.body))]
+    Handshake { status: u16, body: String },
+    /// The URL is not a usable `http(s)://` or `ws(s)://` URL. `url` is shown without its
+    /// password.
+    #[error("invalid URL {url:?}: {reason}")]
+    Url { url: String, reason: String },
+    /// No TCP connection could be made to `addr` (`host:port`).
+    #[error("cannot connect to {addr}: {cause}")]
+    Connect { addr: String, cause: std::io::Error },
+    /// TLS could not be set up: no trusted roots, an unreadable CA file, a failed handshake.
+    #[error("{0}")]
+    Tls(String),
+    /// The server's certificate did not verify against the trusted roots.
+    #[error("the certificate of {host} is not trusted: {detail}")]
+    UntrustedCertificate { host: String, detail: String },
+    /// The connection is closed: `code` is the close code (1006 when none was received),
+    /// `reason` the server's close reason (empty when it gave none).
+    #[error("connection closed (code {code}{})", reason_suffix(.reason))]
+    Closed { code: u16, reason: String },
     /// A message from the server could not be decoded.
     #[error("undecodable message from the server: {0}")]
     Decode(String),
@@ -30,9 +47,26 @@ pub enum Error {
     #[error("timed out")]
     Timeout,
     #[error("WebSocket: {0}")]
-    WebSocket(#[from] Box<tokio_tungstenite::tungstenite::Error>),
-    #[error("I/O: {0}")]
-    Io(#[from] std::io::Error),
+    WebSocket(Box<tokio_tungstenite::tungstenite::Error>),
+    #[error("{0}")]
+    Io(std::io::Error),
+}
+
+fn body_suffix(body: &str) -> String {
+    let body = body.trim();
+    if body.is_empty() {
+        String::new()
+    } else {
+        format!(": {body}")
+    }
+}
+
+fn reason_suffix(reason: &str) -> String {
+    if reason.is_empty() {
+        String::new()
+    } else {
+        format!(": {reason}")
+    }
 }
 
 impl Error {
@@ -40,14 +74,28 @@ impl Error {
     pub fn code(&self) -> Option<u16> {
         match self {
             Error::Reply(e) => Some(e.code),
-            Error::Closed { code } => Some(*code),
+            Error::Closed { code, .. } => Some(*code),
             _ => None,
         }
     }
 }
 
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::Io(e)
+    }
+}
+
 impl From<tokio_tungstenite::tungstenite::Error> for Error {
     fn from(e: tokio_tungstenite::tungstenite::Error) -> Self {
-        Error::WebSocket(Box::new(e))
+        use tokio_tungstenite::tungstenite::Error as Ws;
+        match e {
+            Ws::Io(e) => Error::Io(e),
+            Ws::Http(resp) => Error::Handshake {
+                status: resp.status().as_u16(),
+                body: resp.body().as_deref().map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default(),
+            },
+            e => Error::WebSocket(Box::new(e)),
+        }
     }
 }

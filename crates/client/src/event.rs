@@ -52,8 +52,9 @@ pub enum Event {
     /// it with id 0).
     Error(ErrorBody),
     /// The connection ended; the last event. `code` is the close frame's code, or 1006 when
-    /// the connection dropped without one.
+    /// the connection dropped without one; `reason` the frame's reason (empty without one).
     Closed {
         code: u16,
+        reason: String,
     },
 }

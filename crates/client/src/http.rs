@@ -1,6 +1,7 @@
 //! A minimal HTTP/1.1 client for the HTTP API (SPEC §4): JSON requests over one kept-alive
-//! connection. Small on purpose: the API needs `GET`/`POST` with JSON bodies, nothing more,
-//! and the bench must not pay for a general-purpose HTTP stack.
+//! connection, plain or TLS (through the WebSocket handshake's connector,
+//! [`crate::connect::connect_stream`]). Small on purpose: the API needs `GET`/`POST` with JSON
+//! bodies, nothing more, and the bench must not pay for a general-purpose HTTP stack.
 
 use std::time::Duration;
 
@@ -8,28 +9,32 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use switchboard_protocol::message::ErrorBody;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
 
-use crate::connect::{connect_tcp, Endpoint};
+use crate::connect::{connect_stream, Credentials, Endpoint};
 use crate::error::{Error, Result};
 use crate::reply::PublishReply;
+use crate::tls::{MaybeTls, TlsConfig};
 
 /// Largest response body accepted.
 const MAX_BODY: usize = 64 << 20;
 /// Largest status line plus headers accepted.
 const MAX_HEAD: usize = 64 << 10;
 
-/// A handle on the HTTP API of one node, e.g. `http://127.0.0.1:8700`.
+/// A handle on the HTTP API of one node, e.g. `http://127.0.0.1:8700` or
+/// `https://node.example`.
 ///
 /// Requests through one `HttpApi` are sequential (HTTP/1.1 without pipelining); clone-free
 /// sharing is fine, concurrent callers simply queue. Use several `HttpApi`s for parallel load.
 pub struct HttpApi {
     endpoint: Endpoint,
-    token: Option<String>,
+    /// Sent as `Authorization` with every request.
+    credentials: Option<Credentials>,
+    tls: Option<TlsConfig>,
     timeout: Duration,
     /// The kept-alive connection. A Tokio mutex because it is held across the whole exchange
     /// (write request, read response), which awaits.
-    conn: tokio::sync::Mutex<Option<BufReader<TcpStream>>>,
+    conn: tokio::sync::Mutex<Option<BufReader<MaybeTls>>>,
 }
 
 /// A response: status and body.
@@ -40,19 +45,42 @@ pub struct Response {
 }
 
 impl HttpApi {
-    /// `base` is `http://host[:port]` with an optional path prefix.
+    /// `base` names the node in any form [`Endpoint::api`] takes: `http(s)://host[:port]`
+    /// with an optional path prefix, or the node's `ws(s)://` URL. A `user:password@` in it is
+    /// sent as Basic credentials unless [`HttpApi::with_credentials`] says otherwise.
     pub fn new(base: &str) -> Result<HttpApi> {
         let endpoint = Endpoint::parse(base)?;
-        if endpoint.scheme != "http" {
-            return Err(Error::Url(base.to_string()));
-        }
-        Ok(HttpApi { endpoint, token: None, timeout: Duration::from_secs(30), conn: tokio::sync::Mutex::new(None) })
+        let credentials = Credentials::from_url(&endpoint)?;
+        Ok(HttpApi {
+            endpoint: endpoint.api(),
+            credentials,
+            tls: None,
+            timeout: Duration::from_secs(30),
+            conn: tokio::sync::Mutex::new(None),
+        })
     }
 
     /// Sends `Authorization: Bearer <token>` (an API key or a JWT) with every request.
-    pub fn with_token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
+    pub fn with_token(self, token: impl Into<String>) -> Self {
+        self.with_credentials(Credentials::Bearer(token.into()))
+    }
+
+    /// Sends these credentials with every request (credentials a header cannot carry fail
+    /// each request).
+    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = Some(credentials);
         self
+    }
+
+    /// Verifies `https://` nodes against these roots instead of the system's.
+    pub fn with_tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// The API base requests go to (shown without a password).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
     }
 
     /// Per-request deadline (default 30 s).
@@ -109,7 +137,8 @@ impl HttpApi {
     /// the request was not processed. Failures after that are returned, never retried, so a
     /// publish is never sent twice.
     pub async fn request(&self, method: &str, path: &str, body: Option<&[u8]>) -> Result<Response> {
-        let head = self.head(method, path, body.map(<[u8]>::len));
+        let authorization = self.credentials.as_ref().map(Credentials::header_value).transpose()?;
+        let head = self.head(method, path, body.map(<[u8]>::len), authorization.as_ref());
         let mut slot = self.conn.lock().await;
         let exchange = async {
             let reused = slot.is_some();
@@ -138,19 +167,19 @@ impl HttpApi {
         tokio::time::timeout(self.timeout, exchange).await.map_err(|_| Error::Timeout)?
     }
 
-    async fn open(&self) -> Result<BufReader<TcpStream>> {
-        Ok(BufReader::new(connect_tcp(&self.endpoint.host, self.endpoint.port, None).await?))
+    async fn open(&self) -> Result<BufReader<MaybeTls>> {
+        Ok(BufReader::new(connect_stream(&self.endpoint, None, self.tls.as_ref()).await?))
     }
 
-    fn head(&self, method: &str, path: &str, body_len: Option<usize>) -> String {
+    fn head(&self, method: &str, path: &str, body_len: Option<usize>, authorization: Option<&HeaderValue>) -> String {
         let prefix = self.endpoint.path.split('?').next().unwrap_or("").trim_end_matches('/');
         let mut h = format!(
             "{method} {prefix}{path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: switchboard-client/{}\r\nAccept: application/json\r\n",
             self.endpoint.authority(),
             env!("CARGO_PKG_VERSION"),
         );
-        if let Some(t) = &self.token {
-            h.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        if let Some(a) = authorization.and_then(|v| v.to_str().ok()) {
+            h.push_str(&format!("Authorization: {a}\r\n"));
         }
         match body_len {
             Some(n) => h.push_str(&format!("Content-Type: application/json\r\nContent-Length: {n}\r\n")),
@@ -202,7 +231,7 @@ impl Failure {
 
 /// Writes the request and reads the response; returns whether the connection may be reused.
 async fn exchange(
-    conn: &mut BufReader<TcpStream>,
+    conn: &mut BufReader<MaybeTls>,
     head: &str,
     body: Option<&[u8]>,
 ) -> std::result::Result<(Response, bool), Failure> {

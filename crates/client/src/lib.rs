@@ -1,8 +1,8 @@
 //! A Rust client for the Switchboard WebSocket protocol v1 and HTTP API (SPEC §2, §4).
 //!
 //! Used by the `switchboard publish` / `switchboard sub` tools, the bench and the black-box
-//! tests. It speaks plain `ws://` and `http://` only: the gateway is reached on loopback or
-//! behind a TLS-terminating proxy, so no TLS stack is pulled in.
+//! tests. It reaches nodes over `ws://` / `http://` and, with rustls, `wss://` / `https://`
+//! (verified against the system's roots or a given CA), with a token or Basic credentials.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), switchboard_client::Error> {
@@ -21,8 +21,11 @@
 //! # Layout
 //! - [`client`]: [`Client`], one WebSocket connection: commands with replies matched by id, a
 //!   background reader task, and the stream of server pushes ([`Events`]).
-//! - [`connect`]: URL parsing and the WebSocket handshake ([`handshake`]), shared with the bench
-//!   which drives raw connections itself.
+//! - [`endpoint`]: [`Endpoint`], a node's URL in any of its forms, the WebSocket URL and API
+//!   base derived from it, and its password kept out of every message.
+//! - [`connect`]: credentials ([`Credentials`]), TCP or TLS connections and the WebSocket
+//!   handshake ([`handshake`]), shared with the bench which drives raw connections itself.
+//! - [`tls`]: trusted roots ([`TlsConfig`]) and the plain-or-TLS stream ([`MaybeTls`]).
 //! - [`frame`]: splitting a server frame into its messages (`\n`-separated JSON, concatenated
 //!   MessagePack maps) and decoding them.
 //! - [`event`]: server pushes ([`Event`], [`Publication`]).
@@ -37,14 +40,17 @@
 pub mod cli;
 pub mod client;
 pub mod connect;
+pub mod endpoint;
 pub mod error;
 pub mod event;
 pub mod frame;
 pub mod http;
 pub mod reply;
+pub mod tls;
 
 pub use client::{Client, Events};
-pub use connect::{handshake, ConnectOptions, WsStream};
+pub use connect::{handshake, ConnectOptions, Credentials, WsStream};
+pub use endpoint::Endpoint;
 pub use error::{Error, Result};
 pub use event::{Event, Presence, Publication};
 pub use http::{http_publish, http_publish_batch, HttpApi};
@@ -54,3 +60,4 @@ pub use reply::{
 };
 pub use switchboard_protocol::message::ErrorBody;
 pub use switchboard_protocol::{Format, StreamPosition};
+pub use tls::{MaybeTls, TlsConfig};

@@ -302,8 +302,10 @@ const TRANSPORT_KEYS: [&str; 3] = ["poll_timeout_s", "poll_session_ttl_s", "sse_
 
 /// `SWITCHBOARD_*` variables that are not configuration keys: `SWITCHBOARD_LOG` is the log
 /// filter (read by the binary before the configuration); `SWITCHBOARD_BIN` names the binary
-/// for the test and benchmark scripts, which start servers with their environment.
-const NOT_CONFIG_VARS: [&str; 2] = ["LOG", "BIN"];
+/// for the test and benchmark scripts, which start servers with their environment;
+/// `SWITCHBOARD_TOKEN`, `SWITCHBOARD_USER` and `SWITCHBOARD_PASSWORD` are the credentials of
+/// the `publish` and `sub` tools, which a shell that runs both a node and the tools exports.
+const NOT_CONFIG_VARS: [&str; 5] = ["LOG", "BIN", "TOKEN", "USER", "PASSWORD"];
 
 /// Flat `SWITCHBOARD_*` names of the security settings (the flags' names) and their keys.
 const SECURITY_KEYS: [(&str, &str, &str); 12] = [

@@ -31,7 +31,7 @@ environment, which wins over the --config file. docs/operations.md lists every k
     /// Run a node on 127.0.0.1 with a simulator of 1,000 points at 1 Hz, a few chat rooms and,
     /// when mosquitto is installed, a plant over MQTT (a control room with writes to devices).
     Demo(DemoArgs),
-    /// Publish one JSON value to a channel over the HTTP API.
+    /// Publish one JSON value to a channel over the HTTP API and print the node's answer.
     Publish(switchboard_client::cli::PublishArgs),
     /// Subscribe to channels and print each publication as a JSON line.
     Sub(switchboard_client::cli::SubArgs),
@@ -373,7 +373,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.downcast_ref::<ConfigError>().is_some() => {
+        Err(e)
+            if e.downcast_ref::<ConfigError>().is_some()
+                || e.downcast_ref::<switchboard_client::cli::UsageError>().is_some() =>
+        {
             eprintln!("switchboard: {e:#}");
             ExitCode::from(2)
         }

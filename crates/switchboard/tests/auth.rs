@@ -65,7 +65,7 @@ fn keyed_api(server: &Server) -> HttpApi {
 
 fn with_token(token: &str) -> ConnectOptions {
     let mut o = ConnectOptions::new(Format::Json);
-    o.token = Some(token.to_string());
+    o.credentials = Some(switchboard_client::Credentials::Bearer(token.to_string()));
     o
 }
 
@@ -83,7 +83,7 @@ async fn connect_with_headers(
         );
     }
     let authority = url.trim_start_matches("ws://").split('/').next().unwrap().to_string();
-    let tcp = tokio::net::TcpStream::connect(authority).await?;
+    let tcp = switchboard_client::MaybeTls::Plain(tokio::net::TcpStream::connect(authority).await?);
     let (ws, response) = tokio_tungstenite::client_async(request, tcp).await?;
     Ok((Client::from_stream(ws, Format::Json), response))
 }
@@ -95,7 +95,7 @@ async fn closed(c: &mut Client) -> (Option<(u16, String, bool)>, u16) {
     loop {
         match tokio::time::timeout(Duration::from_secs(10), c.next_event()).await.expect("closed within 10 s") {
             Some(Event::Disconnect { code, reason, reconnect }) => disconnect = Some((code, reason, reconnect)),
-            Some(Event::Closed { code }) => return (disconnect, code),
+            Some(Event::Closed { code, .. }) => return (disconnect, code),
             Some(_) => {}
             None => panic!("events ended without Closed"),
         }
@@ -106,7 +106,7 @@ async fn next_pub(c: &mut Client) -> switchboard_client::Publication {
     loop {
         match tokio::time::timeout(Duration::from_secs(5), c.next_event()).await.expect("event within 5 s") {
             Some(Event::Publication(p)) => return p,
-            Some(Event::Closed { code }) => panic!("closed with {code}"),
+            Some(Event::Closed { code, .. }) => panic!("closed with {code}"),
             Some(_) => continue,
             None => panic!("connection ended"),
         }

@@ -254,7 +254,7 @@ async fn cluster_redis_restart_changes_the_epoch_and_service_resumes() {
                 break;
             }
             Some(Event::Publication(p)) => panic!("publication {} after the hole and before the notice", p.off),
-            Some(Event::Disconnect { code, .. } | Event::Closed { code }) => panic!("connection closed ({code})"),
+            Some(Event::Disconnect { code, .. } | Event::Closed { code, .. }) => panic!("connection closed ({code})"),
             Some(_) => continue,
             None => panic!("ended without an unsubscribed push"),
         }

@@ -110,7 +110,7 @@ async fn limits_oversize_frame_closes_1009_and_garbage_closes_4010_while_others_
     for (c, code) in [(&mut big, 1009), (&mut garbage, 4010)] {
         let closed = loop {
             match tokio::time::timeout(Duration::from_secs(5), c.next_event()).await.unwrap() {
-                Some(Event::Closed { code }) => break code,
+                Some(Event::Closed { code, .. }) => break code,
                 Some(_) => continue,
                 None => panic!("no close"),
             }
@@ -137,7 +137,7 @@ async fn limits_connection_and_subscription_limits_answer_4029_and_429() {
     while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(5), c.next_event()).await {
         match ev {
             Event::Disconnect { code, reconnect, .. } => saw.push((code, reconnect)),
-            Event::Closed { code } => {
+            Event::Closed { code, .. } => {
                 saw.push((code, false));
                 break;
             }
@@ -172,7 +172,7 @@ async fn shutdown_sigterm_disconnects_every_client_with_4000_and_exits_0() {
         while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(5), c.next_event()).await {
             match ev {
                 Event::Disconnect { code, reconnect, .. } => got.0 = Some((code, reconnect)),
-                Event::Closed { code } => {
+                Event::Closed { code, .. } => {
                     got.1 = Some(code);
                     break;
                 }

@@ -166,7 +166,7 @@ async fn subscriber(
     let t0 = Instant::now();
     let mut opts = ConnectOptions::new(format);
     opts.bind = source_addr(cfg.first_index + i, cfg.spread);
-    opts.token = token;
+    opts.credentials = token.map(switchboard_client::Credentials::Bearer);
     opts.timeout = Duration::from_secs(30);
     let mut ws = match Conn::connect(cfg.transport, &cfg.target, &opts).await {
         Ok(ws) => ws,

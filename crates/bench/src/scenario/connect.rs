@@ -138,7 +138,7 @@ async fn connection(i: usize, cfg: Rc<ConnectWorker>, token: Option<String>, ctx
     let format = cfg.format.format();
     let mut opts = ConnectOptions::new(format);
     opts.bind = source_addr(g, cfg.spread);
-    opts.token = token;
+    opts.credentials = token.map(switchboard_client::Credentials::Bearer);
     opts.timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
     let mut ws = match handshake(&cfg.target, &opts).await {
         Ok(ws) => ws,

@@ -228,7 +228,7 @@ async fn join(s: &Shared, g: usize, channels: &[String]) -> Result<(Conn, Vec<u6
     let format = s.cfg.format.format();
     let mut opts = ConnectOptions::new(format);
     opts.bind = source_addr(g, s.cfg.spread);
-    opts.token = s.token.clone();
+    opts.credentials = s.token.clone().map(switchboard_client::Credentials::Bearer);
     opts.timeout = Duration::from_secs(30);
     let mut ws = Conn::connect(s.cfg.transport, &s.cfg.target, &opts).await.map_err(|e| format!("connect: {e}"))?;
     let cmd = json!({"id": 1, "subscribe": {"channels": channels}});

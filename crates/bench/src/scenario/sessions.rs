@@ -173,7 +173,7 @@ async fn session(i: usize, cfg: Rc<SessionsWorker>, ctx: Rc<WorkerCtx>, sem: Rc<
     let t0 = Instant::now();
     let mut opts = ConnectOptions::new(format);
     opts.bind = source_addr(g, cfg.spread);
-    opts.token = crate::worker::token();
+    opts.credentials = crate::worker::token().map(switchboard_client::Credentials::Bearer);
     opts.timeout = Duration::from_secs(30);
     let mut ws = match handshake(&cfg.target, &opts).await {
         Ok(ws) => ws,

@@ -64,6 +64,10 @@ fn config_env_and_overrides_layer_over_the_file() {
             ("SWITCHBOARD_NAMESPACES__PT__HISTORY_SIZE", "3"),
             ("OTHER", "x"),
             ("SWITCHBOARD_BIN", "/usr/local/bin/switchboard"),
+            // The command-line tools' credentials, exported in the same shell.
+            ("SWITCHBOARD_TOKEN", "t"),
+            ("SWITCHBOARD_USER", "alice"),
+            ("SWITCHBOARD_PASSWORD", "pw"),
         ]),
         &[("limits.max_connections", toml::Value::Integer(6))],
     )

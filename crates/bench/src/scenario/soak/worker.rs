@@ -173,7 +173,7 @@ async fn hold(
     let mut permit = Some(sem.acquire().await);
     let mut opts = ConnectOptions::new(Format::Json);
     opts.bind = bind;
-    opts.token = crate::worker::token();
+    opts.credentials = crate::worker::token().map(switchboard_client::Credentials::Bearer);
     opts.timeout = Duration::from_secs(30);
     let t0 = Instant::now();
     let mut ws = match handshake(&cfg.target, &opts).await {
@@ -279,7 +279,7 @@ async fn churn_one(
     let deadline = Instant::now() + timeout;
     let mut opts = ConnectOptions::new(Format::Json);
     opts.bind = bind;
-    opts.token = token;
+    opts.credentials = token.map(switchboard_client::Credentials::Bearer);
     opts.timeout = timeout;
     let mut ws = handshake(target, &opts).await.map_err(|e| format!("handshake: {e}"))?;
     let cmd = json!({"id": 1, "subscribe": {"channels": [channel], "initial": true}});

@@ -374,7 +374,7 @@ pub(crate) async fn subscriber(w: Rc<FeedWorker>, range: Range<usize>, bind: Opt
     let mut permit = Some(w.sem.acquire().await);
     let mut opts = ConnectOptions::new(format);
     opts.bind = bind;
-    opts.token = w.token.clone();
+    opts.credentials = w.token.clone().map(switchboard_client::Credentials::Bearer);
     opts.timeout = Duration::from_secs(30);
     let mut ws = match crate::transport::Conn::connect(cfg.transport, &cfg.target, &opts).await {
         Ok(ws) => ws,
