@@ -1,5 +1,6 @@
 """Hostile input, second round (docs/security.md, "Threat model"): DNS rebinding, reply buffering,
-poll sessions after their close or their token's expiry, presence amplification. Each case runs against the real binary
+poll sessions after their close or their token's expiry, presence amplification, TLS
+subscribers that reset with records pending. Each case runs against the real binary
 with a bystander — a healthy subscriber on its own channel that must keep receiving every
 publication, complete and in order — and checks the SPEC code the attacker gets."""
 
@@ -379,3 +380,73 @@ def test_hostile_poll_takeover_with_an_expired_token_runs_nothing_and_ends_4001(
         watcher.close()
         if p is not None:
             p.close()
+
+
+# ------------------------------------------------------------------------------ TLS resets
+
+
+def test_hostile2_tls_subscribers_reset_with_records_pending_leave_the_node_serving(switchboard_bin, tmp_path):
+    """A TLS subscriber that stops reading and then resets its connection while the node still
+    has records for it: the node's socket stays writable and takes nothing more. The node must
+    let it go and keep serving everyone else — new TLS clients included — instead of retrying
+    the write in a loop (which held a worker thread and with it the whole node)."""
+    import contextlib
+    import ssl
+    import struct
+
+    from websockets.sync.client import connect
+
+    ca, cert, key = sb.make_test_ca(tmp_path)
+    port = sb.free_port()
+    srv = sb.start_on_port(switchboard_bin, port, ["--tls-cert", str(cert), "--tls-key", str(key)],
+                           str(tmp_path / "tls-node.log"))
+    ctx = ssl.create_default_context(cafile=str(ca))
+
+    def healthy() -> bool:
+        try:
+            with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5),
+                                 server_hostname="127.0.0.1") as s:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                return s.recv(100).startswith(b"HTTP/1.1 200")
+        except OSError:
+            return False
+
+    def publish(ch: str, data) -> None:
+        body = json.dumps({"channel": ch, "data": data}).encode()
+        with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10),
+                             server_hostname="127.0.0.1") as s:
+            s.sendall(f"POST /api/publish HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
+                      f"Content-Type: application/json\r\nConnection: close\r\n\r\n".encode() + body)
+            assert s.recv(100).startswith(b"HTTP/1.1 200")
+
+    try:
+        bystander_ch = uniq("room:tls-bystander-")
+        with contextlib.ExitStack() as stack, connect(f"wss://127.0.0.1:{port}/ws", ssl=ctx,
+                                                      open_timeout=10) as bystander:
+            bystander.send(json.dumps({"id": 1, "subscribe": {"channels": [bystander_ch]}}))
+            assert json.loads(bystander.recv(timeout=10))["id"] == 1
+            for round_ in range(3):
+                ch = uniq("room:tls-reset-")
+                victims = []
+                for _ in range(4):
+                    v = stack.enter_context(connect(f"wss://127.0.0.1:{port}/ws", ssl=ctx, open_timeout=10))
+                    v.send(json.dumps({"id": 1, "subscribe": {"channels": [ch]}}))
+                    assert json.loads(v.recv(timeout=10))["id"] == 1
+                    victims.append(v)
+                # The victims read nothing more: their buffers and the node's fill up.
+                for i in range(40):
+                    publish(ch, "x" * 30_000 + str(i))
+                for v in victims:
+                    v.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    v.socket.close()
+                publish(bystander_ch, round_)
+                got = [json.loads(bystander.recv(timeout=10)) for _ in range(1)]
+                while "pub" not in got[-1]:  # a heartbeat ping may come first
+                    got.append(json.loads(bystander.recv(timeout=10)))
+                assert got[-1]["pub"]["data"] == round_, got
+                deadline = time.monotonic() + 10
+                while not healthy():
+                    assert time.monotonic() < deadline, "the TLS node stopped answering after the resets"
+                    time.sleep(0.2)
+    finally:
+        srv.kill()

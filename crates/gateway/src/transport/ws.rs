@@ -474,11 +474,18 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
         };
         match wake {
             Wake::Other => {}
-            Wake::Writable => {
-                if socket.flush_tls().is_ok() && outbox.is_blocked() {
-                    outbox.flush_blocked();
+            Wake::Writable => match socket.flush_tls() {
+                Ok(()) if outbox.is_blocked() => outbox.flush_blocked(),
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                // The peer is gone (reset): nothing more can be written, and a writable socket
+                // with records left would wake this loop forever.
+                Err(_) => {
+                    read_failed(&node, &session, ReadError::Io);
+                    finished = true;
+                    break;
                 }
-            }
+            },
             Wake::Deadline => {
                 timer = None;
                 deadline = None;
@@ -600,8 +607,12 @@ async fn finish(socket: &Socket, outbox: &crate::outbox::Outbox) {
                 if r.is_err() {
                     return;
                 }
-                if socket.flush_tls().is_ok() {
-                    outbox.flush_blocked();
+                match socket.flush_tls() {
+                    Ok(()) => outbox.flush_blocked(),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    // The peer is gone: the socket stays writable and nothing more goes out, so
+                    // waiting would spin this task (and stall its worker) until the grace ends.
+                    Err(_) => return,
                 }
             }
             _ = outbox.notified() => {}
