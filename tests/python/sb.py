@@ -491,12 +491,15 @@ OP_CONT, OP_TEXT, OP_BINARY, OP_CLOSE, OP_PING, OP_PONG = 0, 1, 2, 8, 9, 10
 
 class RawWS:
     def __init__(self, host: str, port: int, path: str = "/ws", subprotocol: str | None = None,
-                 rcvbuf: int | None = None, timeout: float = DEFAULT_TIMEOUT):
+                 rcvbuf: int | None = None, timeout: float = DEFAULT_TIMEOUT, tls=None):
+        """`tls`: an `ssl.SSLContext` for a TLS node."""
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf is not None:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.settimeout(timeout)
         self.sock.connect((host, port))
+        if tls is not None:
+            self.sock = tls.wrap_socket(self.sock, server_hostname=host)
         key = base64.b64encode(os.urandom(16)).decode()
         lines = [
             f"GET {path} HTTP/1.1",

@@ -390,7 +390,6 @@ def test_hostile2_tls_subscribers_reset_with_records_pending_leave_the_node_serv
     has records for it: the node's socket stays writable and takes nothing more. The node must
     let it go and keep serving everyone else — new TLS clients included — instead of retrying
     the write in a loop (which held a worker thread and with it the whole node)."""
-    import contextlib
     import ssl
     import struct
 
@@ -421,24 +420,25 @@ def test_hostile2_tls_subscribers_reset_with_records_pending_leave_the_node_serv
 
     try:
         bystander_ch = uniq("room:tls-bystander-")
-        with contextlib.ExitStack() as stack, connect(f"wss://127.0.0.1:{port}/ws", ssl=ctx,
-                                                      open_timeout=10) as bystander:
+        with connect(f"wss://127.0.0.1:{port}/ws", ssl=ctx, open_timeout=10) as bystander:
             bystander.send(json.dumps({"id": 1, "subscribe": {"channels": [bystander_ch]}}))
             assert json.loads(bystander.recv(timeout=10))["id"] == 1
             for round_ in range(3):
                 ch = uniq("room:tls-reset-")
+                # Raw connections: no reader thread, so resetting one cannot race a new socket for
+                # its file descriptor.
                 victims = []
                 for _ in range(4):
-                    v = stack.enter_context(connect(f"wss://127.0.0.1:{port}/ws", ssl=ctx, open_timeout=10))
-                    v.send(json.dumps({"id": 1, "subscribe": {"channels": [ch]}}))
-                    assert json.loads(v.recv(timeout=10))["id"] == 1
+                    v = sb.RawWS("127.0.0.1", port, rcvbuf=4096, tls=ctx)
+                    v.send_json({"id": 1, "subscribe": {"channels": [ch]}})
+                    assert json.loads(v.recv_message()[1])["id"] == 1
                     victims.append(v)
                 # The victims read nothing more: their buffers and the node's fill up.
                 for i in range(40):
                     publish(ch, "x" * 30_000 + str(i))
                 for v in victims:
-                    v.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    v.socket.close()
+                    v.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    v.sock.close()
                 publish(bystander_ch, round_)
                 got = [json.loads(bystander.recv(timeout=10)) for _ in range(1)]
                 while "pub" not in got[-1]:  # a heartbeat ping may come first
