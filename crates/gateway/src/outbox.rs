@@ -81,6 +81,11 @@ impl Frame {
     pub fn payload(&self) -> &[u8] {
         &self.bytes[usize::from(self.header_len)..]
     }
+
+    /// The message without its header, sharing the frame's bytes.
+    pub fn payload_bytes(&self) -> Bytes {
+        self.bytes.slice(usize::from(self.header_len)..)
+    }
 }
 
 /// A publication on its way to one connection.
@@ -124,10 +129,9 @@ struct OutState {
     lost: Vec<Arc<str>>,
     /// Replies recorded for [`Outbox::take_replies`] (taking outboxes that record them).
     replies: Vec<Bytes>,
-    /// The close code, once closing.
+    /// The close code, once closing: nothing more is accepted, and the connection task
+    /// closes once everything is written out.
     close_code: Option<u16>,
-    /// Nothing more is accepted; the connection task closes once written out.
-    closing: bool,
     /// The socket failed; everything is dropped.
     dead: bool,
 }
@@ -198,7 +202,7 @@ impl Outbox {
     /// Queues a publication. `conflate`: keep only the latest pending value of its channel.
     pub fn push(&self, d: Delivery, conflate: bool) -> Pushed {
         let mut st = self.state.lock();
-        if st.closing || st.dead {
+        if st.close_code.is_some() || st.dead {
             self.metrics.dropped.fetch_add(1, Relaxed);
             return Pushed::Dropped;
         }
@@ -244,7 +248,7 @@ impl Outbox {
     /// [`Outbox::take_lost`]. A subscribe that holds the outbox puts its reply before the notice.
     pub fn end_subscription(&self, channel: &Arc<str>, notice: &Frame) -> Pushed {
         let mut st = self.state.lock();
-        if st.closing || st.dead {
+        if st.close_code.is_some() || st.dead {
             return Pushed::Dropped;
         }
         st.lost.push(channel.clone());
@@ -287,7 +291,7 @@ impl Outbox {
             Item::Latest(_) => 0,
         };
         let mut st = self.state.lock();
-        if st.closing || st.dead {
+        if st.close_code.is_some() || st.dead {
             return Pushed::Dropped;
         }
         if st.pending + len > self.max_pending && !(lone_ok && st.pending == 0) {
@@ -351,7 +355,7 @@ impl Outbox {
             Sink::Socket(w) => w,
             Sink::Pull(_) => {
                 // The transport takes what is queued when woken.
-                if !st.queue.is_empty() || st.closing {
+                if !st.queue.is_empty() || st.close_code.is_some() {
                     self.wake.notify_one();
                 }
                 return;
@@ -359,7 +363,7 @@ impl Outbox {
         };
         loop {
             if st.current.is_empty() && !self.next_chunk(st) {
-                if st.closing {
+                if st.close_code.is_some() {
                     self.wake.notify_one();
                 }
                 return;
@@ -510,7 +514,7 @@ impl Outbox {
         let mut st = self.state.lock();
         st.hold = st.hold.saturating_sub(1);
         let mut mark = st.hold_marks.pop().unwrap_or(0);
-        if st.closing || st.dead {
+        if st.close_code.is_some() || st.dead {
             return;
         }
         if !covered.is_empty() {
@@ -566,7 +570,7 @@ impl Outbox {
     pub fn close(&self, code: u16, reason: &str, drop_pending: bool) {
         let msg = switchboard_protocol::message::encode_disconnect(self.format, code, reason);
         let mut st = self.state.lock();
-        if st.closing || st.dead {
+        if st.close_code.is_some() || st.dead {
             return;
         }
         if drop_pending {
@@ -581,7 +585,6 @@ impl Outbox {
         let frame = Frame::message(self.format, &msg);
         st.queue.push_back(Item::Message { frame, channel: None, offset: 0, born: None });
         st.queue.push_back(Item::Control(Bytes::from(websocket::encode_close(code, reason))));
-        st.closing = true;
         st.close_code = Some(code);
         st.hold = 0;
         st.hold_marks.clear();
@@ -611,12 +614,11 @@ impl Outbox {
     /// Answers a client's close frame with `payload` (its code) and closes; no `disconnect`.
     pub fn close_echo(&self, payload: &[u8]) {
         let mut st = self.state.lock();
-        if st.closing || st.dead {
+        if st.close_code.is_some() || st.dead {
             return;
         }
         self.drop_held(&mut st);
         st.queue.push_back(Item::Control(Bytes::from(websocket::encode_frame(Opcode::Close, payload))));
-        st.closing = true;
         st.close_code = Some(
             payload.get(..2).map_or(switchboard_protocol::code::close::NORMAL, |c| u16::from_be_bytes([c[0], c[1]])),
         );
@@ -640,12 +642,12 @@ impl Outbox {
     /// True once closing and everything, close frame included, is written — or the socket died.
     pub fn finished(&self) -> bool {
         let st = self.state.lock();
-        st.dead || (st.closing && st.queue.is_empty() && st.current.is_empty())
+        st.dead || (st.close_code.is_some() && st.queue.is_empty() && st.current.is_empty())
     }
 
     pub fn is_closing(&self) -> bool {
         let st = self.state.lock();
-        st.closing || st.dead
+        st.close_code.is_some() || st.dead
     }
 
     /// Unwritten bytes (non-conflated) and conflated channels pending; for tests and metrics.

@@ -69,7 +69,7 @@ impl Outbox {
     /// Keeps a copy of `frame` when it is a reply and replies are recorded.
     pub(super) fn record_reply(&self, st: &mut OutState, frame: &Frame) {
         if self.pull_options().record_replies && matches!(classify(frame.payload()), Kind::Reply { .. }) {
-            st.replies.push(frame.bytes.slice(usize::from(frame.header_len)..));
+            st.replies.push(frame.payload_bytes());
         }
     }
 
@@ -90,7 +90,7 @@ impl Outbox {
                     if let Some(b) = born {
                         self.metrics.observe_lag(now.saturating_duration_since(b));
                     }
-                    let text = frame.bytes.slice(usize::from(frame.header_len)..);
+                    let text = frame.payload_bytes();
                     match channel {
                         Some(ch) => {
                             delivered += 1;
@@ -103,7 +103,7 @@ impl Outbox {
                     let Some(d) = st.latest.remove(&ch) else { continue };
                     self.metrics.observe_lag(now.saturating_duration_since(d.born));
                     delivered += 1;
-                    let text = d.frame.bytes.slice(usize::from(d.frame.header_len)..);
+                    let text = d.frame.payload_bytes();
                     Message { text, kind: Kind::Pub { ch, off: d.offset } }
                 }
                 // Pings are the WebSocket heartbeat, and the close frame is the close code
