@@ -86,6 +86,19 @@ impl Node {
         self.admit(Arc::new(Outbox::new_pull(id, self.config.limits.max_pending_bytes, self.metrics.clone(), options)))
     }
 
+    /// Registers an SSE stream, whose outbox frames its messages with `framer` and writes them
+    /// into `wire` (the stream owns its socket) or keeps them for the response body
+    /// (`outbox::framed`). As [`Node::register`] otherwise.
+    pub fn register_framed(
+        &self,
+        wire: Option<Arc<dyn Wire>>,
+        framer: Box<dyn crate::outbox::Framer>,
+    ) -> Result<Arc<Outbox>, Arc<Outbox>> {
+        let id = self.next_conn.fetch_add(1, Relaxed);
+        let max = self.config.limits.max_pending_bytes;
+        self.admit(Arc::new(Outbox::new_framed(id, wire, framer, max, self.metrics.clone())))
+    }
+
     fn admit(&self, ob: Arc<Outbox>) -> Result<Arc<Outbox>, Arc<Outbox>> {
         let id = ob.id;
         let mut conns = self.conns.lock();
@@ -323,7 +336,7 @@ impl Node {
                     for ob in conns {
                         if now.saturating_sub(ob.last_seen.load(Relaxed)) >= limit {
                             ob.close(close::STALE, "no pong for three ping intervals", true);
-                        } else if ob.push_control(ping.clone()) == crate::outbox::Pushed::Schedule {
+                        } else if ob.websocket() && ob.push_control(ping.clone()) == crate::outbox::Pushed::Schedule {
                             ob.flush();
                         }
                     }

@@ -17,9 +17,11 @@
 //! replaced in place). [`Outbox::is_full`] tells the connection task to stop reading from a
 //! client whose queue is full (back-pressure on its commands).
 //!
-//! The HTTP transports (SSE, long-polling) have no socket the fan-out could write to: their
-//! outboxes keep what is queued, under the same rules, until the transport takes it
-//! ([`pull`]).
+//! An SSE stream's outbox frames messages as events with the stream's [`Framer`] and writes
+//! them the same way when the stream owns its socket ([`framed`]). A transport whose socket
+//! hyper holds (long-polling, SSE over a reused or TLS connection) has no socket the fan-out
+//! could write to: its outbox keeps what is queued, under the same rules, until the transport
+//! takes it ([`pull`]).
 //!
 //! Concurrency: all state is behind one `parking_lot::Mutex`, held for the duration of a
 //! non-blocking write call. It is per connection, so contention is limited to a fan-out and
@@ -40,8 +42,10 @@ use tokio::sync::Notify;
 
 use crate::metrics::Metrics;
 
+pub mod framed;
 pub mod pull;
 
+pub use framed::Framer;
 pub use pull::{Kind, Message, PullOptions};
 
 /// Where an outbox writes: a socket, or a buffer in tests.
@@ -134,6 +138,10 @@ struct OutState {
     close_code: Option<u16>,
     /// The socket failed; everything is dropped.
     dead: bool,
+    /// Turns messages into the transport's bytes (framed outboxes).
+    framer: Option<Box<dyn Framer>>,
+    /// Something was written since [`Outbox::wrote_since`] last asked.
+    wrote: bool,
 }
 
 /// What [`Outbox::push`] did.
@@ -149,9 +157,11 @@ pub enum Pushed {
 
 /// Where an outbox's messages go.
 enum Sink {
-    /// Written into a socket by whoever finds it idle.
+    /// WebSocket frames written into a socket by whoever finds it idle.
     Socket(Arc<dyn Wire>),
-    /// Kept until the transport takes them ([`pull`]).
+    /// Messages framed by the outbox's [`Framer`], written the same way ([`framed`]).
+    Framed(Arc<dyn Wire>),
+    /// Kept until the transport takes them ([`pull`]), framed when the outbox has a framer.
     Pull(PullOptions),
 }
 
@@ -352,7 +362,7 @@ impl Outbox {
 
     fn write_locked(&self, st: &mut OutState) {
         let wire = match &self.sink {
-            Sink::Socket(w) => w,
+            Sink::Socket(w) | Sink::Framed(w) => w,
             Sink::Pull(_) => {
                 // The transport takes what is queued when woken.
                 if !st.queue.is_empty() || st.close_code.is_some() {
@@ -375,6 +385,7 @@ impl Outbox {
                     return;
                 }
                 Ok(n) => {
+                    st.wrote = true;
                     self.metrics.bytes_out.fetch_add(n as u64, Relaxed);
                     let _ = st.current.split_to(n);
                 }
@@ -404,6 +415,9 @@ impl Outbox {
     /// Moves queued items into `current`: one shared frame as is when it is alone, otherwise
     /// a run of messages merged into one frame, followed by control frames, up to MAX_CHUNK.
     fn next_chunk(&self, st: &mut OutState) -> bool {
+        if st.framer.is_some() {
+            return self.next_framed_chunk(st);
+        }
         let Some(first) = st.queue.pop_front() else { return false };
         let now = Instant::now();
         let mut delivered = 0u64;
@@ -584,7 +598,9 @@ impl Outbox {
         }
         let frame = Frame::message(self.format, &msg);
         st.queue.push_back(Item::Message { frame, channel: None, offset: 0, born: None });
-        st.queue.push_back(Item::Control(Bytes::from(websocket::encode_close(code, reason))));
+        if self.websocket() {
+            st.queue.push_back(Item::Control(Bytes::from(websocket::encode_close(code, reason))));
+        }
         st.close_code = Some(code);
         st.hold = 0;
         st.hold_marks.clear();
@@ -633,6 +649,12 @@ impl Outbox {
     /// Waits until something needs the connection task (blocked socket, closing, failure).
     pub async fn notified(&self) {
         self.wake.notified().await
+    }
+
+    /// Whether this outbox writes WebSocket frames (the others take no WebSocket control
+    /// frames: pings, close frames).
+    pub fn websocket(&self) -> bool {
+        matches!(self.sink, Sink::Socket(_))
     }
 
     pub fn is_blocked(&self) -> bool {

@@ -12,14 +12,13 @@
 //! (no copy, no parse). Replies, presence events and notices are told apart by their first
 //! bytes ([`classify`]); there are few of them.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::Bytes;
 use switchboard_protocol::code::close;
 
-use super::{Frame, Item, OutState, Outbox, Sink};
+use super::framed::Taken;
+use super::{Frame, OutState, Outbox, Sink};
 
 /// What a taken message is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,10 +58,10 @@ pub struct PullOptions {
 }
 
 impl Outbox {
-    fn pull_options(&self) -> PullOptions {
+    pub(super) fn pull_options(&self) -> PullOptions {
         match &self.sink {
             Sink::Pull(o) => *o,
-            Sink::Socket(_) => PullOptions::default(),
+            Sink::Socket(_) | Sink::Framed(_) => PullOptions::default(),
         }
     }
 
@@ -80,43 +79,14 @@ impl Outbox {
         if st.hold > 0 {
             return (Vec::new(), None);
         }
-        let survive = self.pull_options().survive_shutdown;
-        let now = Instant::now();
-        let mut delivered = 0u64;
         let mut out = Vec::with_capacity(st.queue.len());
-        while let Some(item) = st.queue.pop_front() {
-            let m = match item {
-                Item::Message { frame, channel, offset, born } => {
-                    if let Some(b) = born {
-                        self.metrics.observe_lag(now.saturating_duration_since(b));
-                    }
-                    let text = frame.payload_bytes();
-                    match channel {
-                        Some(ch) => {
-                            delivered += 1;
-                            Message { text, kind: Kind::Pub { ch, off: offset } }
-                        }
-                        None => Message::new(text),
-                    }
-                }
-                Item::Latest(ch) => {
-                    let Some(d) = st.latest.remove(&ch) else { continue };
-                    self.metrics.observe_lag(now.saturating_duration_since(d.born));
-                    delivered += 1;
-                    let text = d.frame.payload_bytes();
-                    Message { text, kind: Kind::Pub { ch, off: d.offset } }
-                }
-                // Pings are the WebSocket heartbeat, and the close frame is the close code
-                // below: the HTTP transports have their own.
-                Item::Control(_) => continue,
-            };
-            if survive && m.kind == (Kind::Disconnect { code: close::SHUTDOWN }) {
-                continue;
+        self.take_each(&mut st, usize::MAX, |t| {
+            // Transport bytes (a WebSocket pong) are not messages.
+            if let Taken::Message(m) = t {
+                out.push(m);
             }
-            out.push(m);
-        }
-        st.pending = 0;
-        self.metrics.deliveries.fetch_add(delivered, Relaxed);
+            0
+        });
         (out, st.close_code)
     }
 

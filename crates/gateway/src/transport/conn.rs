@@ -1,5 +1,7 @@
 //! One accepted TCP connection: the TLS handshake when TLS is configured, then HTTP/1.1 with
 //! upgrades. Every request carries the peer's address ([`Peer`]) for the per-address limits.
+//! A plain connection that opens with an event stream request is served by the stream itself
+//! (`transport::sse::socket`), which owns its socket as a WebSocket connection does.
 //!
 //! Slow clients (slowloris) are cut: the TLS handshake and each request head must complete
 //! within `limits.handshake_timeout_s`.
@@ -16,6 +18,7 @@ use tokio::net::TcpStream;
 use tower::ServiceExt;
 
 use crate::node::Node;
+use crate::transport::sse::{self, socket::First};
 
 /// The TCP peer of a request (a proxy's address when there is one in front).
 #[derive(Debug, Clone, Copy)]
@@ -24,12 +27,16 @@ pub struct Peer(pub SocketAddr);
 /// Serves one connection to its end (or to its upgrade).
 pub async fn serve(node: Arc<Node>, app: Router, tcp: TcpStream, peer: SocketAddr) {
     let timeout = Duration::from_secs(node.config.limits.handshake_timeout_s);
-    let svc = app.map_request(move |mut req: Request<hyper::body::Incoming>| {
+    let svc = app.clone().map_request(move |mut req: Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(Peer(peer));
         req
     });
     match node.config.security.tls.clone() {
-        None => serve_http(TokioIo::new(tcp), svc, timeout).await,
+        None => match sse::socket::first_request(&tcp, peer, timeout).await {
+            First::Stream(parts) => sse::socket::serve(node, app, tcp, parts).await,
+            First::Http => serve_http(TokioIo::new(tcp), svc, timeout).await,
+            First::Gone => {}
+        },
         Some(tls) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls);
             match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
