@@ -12,6 +12,10 @@
 //! connection, as a browser would. Replies then arrive in order with the publications, as on a
 //! WebSocket, so the scenarios' accounting does not change. Both are JSON only.
 //!
+//! `sse-channels` is a plain stream, `GET /sse?channels=…`, as an `EventSource` opens it: the
+//! client's first command must be a subscribe, which opens the stream for its channels; the
+//! stream's `subscribed` event is handed on as that command's reply. It takes no other command.
+//!
 //! A minimal HTTP/1.1 client is written here rather than borrowed, because the load generator
 //! must bind its connections to spread source addresses (like the WebSocket clients) and read
 //! a chunked event stream incrementally; [`switchboard_client::HttpApi`] does neither.
@@ -43,6 +47,8 @@ pub enum Transport {
     Sse,
     /// Long-polling (`/poll`).
     Poll,
+    /// Server-Sent Events of a plain stream (`/sse?channels=`): subscriptions only.
+    SseChannels,
 }
 
 impl Transport {
@@ -51,6 +57,7 @@ impl Transport {
             Transport::Ws => "ws",
             Transport::Sse => "sse",
             Transport::Poll => "poll",
+            Transport::SseChannels => "sse-channels",
         }
     }
 
@@ -98,9 +105,17 @@ impl Conn {
         if transport == Transport::Ws {
             return handshake(target, opts).await.map(Conn::Ws).map_err(|e| e.to_string());
         }
+        if transport == Transport::SseChannels {
+            let server = Server::of(target, opts)?;
+            let (tx, rx) = mpsc::unbounded_channel();
+            let link = CommandLink { server, session: String::new(), conn: None, stream: Some(StreamLink::Waiting(tx)) };
+            // The stream opens with the first command; its task is the link's.
+            let reader = tokio::spawn(async {});
+            return Ok(Conn::Http(Box::new(HttpConn { link, frames: Frames { rx, reader } })));
+        }
         let attempt = async {
             let server = Server::of(target, opts)?;
-            let mut link = CommandLink { server: server.clone(), session: String::new(), conn: None };
+            let mut link = CommandLink { server: server.clone(), session: String::new(), conn: None, stream: None };
             let (status, body) = link.request("POST", "/poll", b"").await?;
             if status != 200 {
                 return Err(format!("POST /poll: HTTP {status} {}", String::from_utf8_lossy(&body)));
@@ -123,7 +138,7 @@ impl Conn {
                     if status != 200 {
                         return Err(format!("GET /sse: HTTP {status}"));
                     }
-                    tokio::spawn(sse_task(stream, headers.chunked, tx))
+                    tokio::spawn(sse_task(stream, headers.chunked, tx, None))
                 }
                 _ => tokio::spawn(poll_task(server, link.session.clone(), tx)),
             };
@@ -235,11 +250,29 @@ impl Server {
     }
 }
 
-/// `POST /poll/{session}` on a kept-alive connection of its own.
+/// `POST /poll/{session}` on a kept-alive connection of its own; for `sse-channels`, the
+/// stream its subscribe opens.
 pub struct CommandLink {
     server: Server,
     session: String,
     conn: Option<BufReader<TcpStream>>,
+    stream: Option<StreamLink>,
+}
+
+/// A plain stream's side of the link.
+enum StreamLink {
+    /// Not open yet: where its frames will go.
+    Waiting(mpsc::UnboundedSender<Result<Message, String>>),
+    /// Open: its reading task.
+    Open(tokio::task::JoinHandle<()>),
+}
+
+impl Drop for CommandLink {
+    fn drop(&mut self) {
+        if let Some(StreamLink::Open(task)) = &self.stream {
+            task.abort();
+        }
+    }
 }
 
 impl CommandLink {
@@ -249,12 +282,58 @@ impl CommandLink {
             Message::Binary(_) => return Err("the HTTP transports carry JSON only".into()),
             _ => return Ok(()),
         };
+        match self.stream.take() {
+            None => {}
+            Some(StreamLink::Waiting(tx)) => {
+                let task = self.open_stream(&body, tx).await?;
+                self.stream = Some(StreamLink::Open(task));
+                return Ok(());
+            }
+            Some(open) => {
+                self.stream = Some(open);
+                return Err("--transport sse-channels takes no command after its subscribe".into());
+            }
+        }
         let path = format!("/poll/{}", self.session);
         let (status, reply) = self.request("POST", &path, &body).await?;
         if status != 202 {
             return Err(format!("POST {path}: HTTP {status} {}", String::from_utf8_lossy(&reply)));
         }
         Ok(())
+    }
+
+    /// Opens `GET /sse?channels=` for the subscribe command `cmd`; its `subscribed` event
+    /// becomes the command's reply.
+    async fn open_stream(
+        &self,
+        cmd: &[u8],
+        tx: mpsc::UnboundedSender<Result<Message, String>>,
+    ) -> Result<tokio::task::JoinHandle<()>, String> {
+        #[derive(Deserialize)]
+        struct Subscribe {
+            channels: Vec<String>,
+            #[serde(default)]
+            initial: bool,
+        }
+        #[derive(Deserialize)]
+        struct Command {
+            id: u64,
+            subscribe: Subscribe,
+        }
+        let c: Command = serde_json::from_slice(cmd)
+            .map_err(|_| "--transport sse-channels: the first command must be a subscribe".to_string())?;
+        let channels: Vec<String> = c.subscribe.channels.iter().map(|ch| query_escape(ch)).collect();
+        let mut path = format!("{}/sse?channels={}", self.server.base_path, channels.join(","));
+        if c.subscribe.initial {
+            path.push_str("&initial=true");
+        }
+        let mut stream = self.server.open().await?;
+        write_head(stream.get_mut(), &self.server, "GET", &path, None).await?;
+        let (status, headers) = read_head(&mut stream).await?;
+        if status != 200 {
+            return Err(format!("GET /sse: HTTP {status}"));
+        }
+        Ok(tokio::spawn(sse_task(stream, headers.chunked, tx, Some(c.id))))
     }
 
     async fn request(&mut self, method: &str, path: &str, body: &[u8]) -> Result<(u16, Vec<u8>), String> {
@@ -461,8 +540,38 @@ async fn poll_task(server: Server, session: String, tx: mpsc::UnboundedSender<Re
     }
 }
 
-/// Reads the session's event stream; each read's events become one frame.
-async fn sse_task(mut conn: BufReader<TcpStream>, chunked: bool, tx: mpsc::UnboundedSender<Result<Message, String>>) {
+/// A query parameter's value with everything but unreserved characters percent-encoded.
+fn query_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The data of a stream's `subscribed` event as the reply to subscribe command `id`.
+fn subscribed_as_reply(data: &[u8], id: u64) -> Option<Vec<u8>> {
+    #[derive(Deserialize)]
+    struct Subscribed<'a> {
+        #[serde(borrow)]
+        subscribed: &'a RawValue,
+    }
+    let s: Subscribed<'_> = serde_json::from_slice(data).ok()?;
+    Some(format!("{{\"id\":{id},\"ok\":{}}}", s.subscribed.get()).into_bytes())
+}
+
+/// Reads an event stream; each read's events become one frame. `reply_to`: a plain stream's
+/// subscribe command, answered by its `subscribed` event.
+async fn sse_task(
+    mut conn: BufReader<TcpStream>,
+    chunked: bool,
+    tx: mpsc::UnboundedSender<Result<Message, String>>,
+    mut reply_to: Option<u64>,
+) {
     let mut text: Vec<u8> = Vec::new();
     let mut data: Vec<u8> = Vec::new();
     loop {
@@ -500,7 +609,14 @@ async fn sse_task(mut conn: BufReader<TcpStream>, chunked: bool, tx: mpsc::Unbou
                     if !frame.is_empty() {
                         frame.push(b'\n');
                     }
-                    frame.append(&mut data);
+                    match reply_to.and_then(|id| subscribed_as_reply(&data, id)) {
+                        Some(reply) => {
+                            reply_to = None;
+                            data.clear();
+                            frame.extend_from_slice(&reply);
+                        }
+                        None => frame.append(&mut data),
+                    }
                 }
             } else if let Some(v) = line.strip_prefix(b"data: ") {
                 if !data.is_empty() {
