@@ -108,7 +108,8 @@ impl Conn {
         if transport == Transport::SseChannels {
             let server = Server::of(target, opts)?;
             let (tx, rx) = mpsc::unbounded_channel();
-            let link = CommandLink { server, session: String::new(), conn: None, stream: Some(StreamLink::Waiting(tx)) };
+            let link =
+                CommandLink { server, session: String::new(), conn: None, stream: Some(StreamLink::Waiting(tx)) };
             // The stream opens with the first command; its task is the link's.
             let reader = tokio::spawn(async {});
             return Ok(Conn::Http(Box::new(HttpConn { link, frames: Frames { rx, reader } })));

@@ -10,15 +10,17 @@
 //! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out;
 //!   internal channels (`$…`, messages between nodes) go to the internal handler registered
 //!   for their prefix instead.
-//! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes; for the
-//!   HTTP transports, the same queue taken as structured messages (`outbox::pull`).
+//! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes; an SSE
+//!   stream's events framed by the stream (`outbox::framed`); for the HTTP transports whose
+//!   socket hyper holds, the same queue taken as structured messages (`outbox::pull`).
 //! - [`sampling`]: per-subscription `max_rate_hz` and deadbands, beside the hub's fan-out.
 //! - [`trend`]: trend reads (`/api/channels/{ch}/trend`, the `trend` option of subscribe).
 //! - [`session`]: one client's commands and subscriptions, transport-free (`session/subscribe.rs`:
 //!   subscribe and unsubscribe; `session/reply.rs`: replies within the connection's budget).
 //! - [`transport`]: the accepted connection (`transport::conn`, TLS in `transport::tls`), the
 //!   WebSocket handshake and connection task (`transport::ws`), Server-Sent Events
-//!   (`transport::sse`) and long-poll sessions (`transport::poll`, `transport::poll_session`,
+//!   (`transport::sse`: events in `sse/events.rs`, a stream that owns its socket in
+//!   `sse/socket.rs`) and long-poll sessions (`transport::poll`, `transport::poll_session`,
 //!   their state in `transport::poll_store`), which take their messages from the outbox.
 //! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`).
 //! - [`auth`]: authentication (JWT from files and a JWKS URL, Basic, API keys), revoked

@@ -76,7 +76,7 @@ pub async fn guard(State(node): State<Arc<Node>>, mut req: Request, next: Next) 
                 }
                 Some(Err(e)) => Err(e.into()),
                 Some(Ok(c)) => {
-                    let ip = req.extensions().get::<crate::transport::conn::Peer>().map(|p| {
+                    let ip = req.extensions().get::<crate::transport::http::Peer>().map(|p| {
                         let h = req.headers();
                         let header = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
                         auth.client_ip(p.0.ip(), header("x-forwarded-for"), header("x-real-ip"))

@@ -1,5 +1,5 @@
 //! One accepted TCP connection: the TLS handshake when TLS is configured, then HTTP/1.1 with
-//! upgrades. Every request carries the peer's address ([`Peer`]) for the per-address limits.
+//! upgrades. Every request carries the peer's address (`transport::http::Peer`) for the per-address limits.
 //! A plain connection that opens with an event stream request is served by the stream itself
 //! (`transport::sse::socket`), which owns its socket as a WebSocket connection does.
 //!
@@ -18,11 +18,8 @@ use tokio::net::TcpStream;
 use tower::ServiceExt;
 
 use crate::node::Node;
+use crate::transport::http::Peer;
 use crate::transport::sse::{self, socket::First};
-
-/// The TCP peer of a request (a proxy's address when there is one in front).
-#[derive(Debug, Clone, Copy)]
-pub struct Peer(pub SocketAddr);
 
 /// Serves one connection to its end (or to its upgrade).
 pub async fn serve(node: Arc<Node>, app: Router, tcp: TcpStream, peer: SocketAddr) {

@@ -23,7 +23,11 @@ use crate::auth::credentials::{parse_authorization, percent_decode, token_from_q
 use crate::auth::limits::{Admission, IpGuard};
 use crate::auth::{AuthFailure, Identity};
 use crate::node::{ApiError, Node};
-use crate::transport::conn::Peer;
+
+/// The TCP peer of a request (a proxy's address when there is one in front), attached by
+/// `transport::conn`.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub std::net::SocketAddr);
 
 /// Who is asking, once admitted.
 pub struct Admitted {

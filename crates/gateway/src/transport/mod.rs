@@ -1,10 +1,11 @@
 //! Transports: how clients reach a [`Session`](crate::session::Session). `conn` serves an
 //! accepted TCP connection (TLS, HTTP/1.1, the peer address); `tls` holds the TLS configuration
 //! and the TLS wire a WebSocket connection writes through; `ws` is the WebSocket transport.
-//! The HTTP transports share the session and outbox machinery (taking messages from the
-//! outbox, `outbox::pull`) and `http` (admission, CORS): `sse` streams
-//! Server-Sent Events, `poll` serves long-poll sessions over HTTP, `poll_session` holds their
-//! live copies, and `poll_store` keeps their state where any node can continue them.
+//! The HTTP transports share the session and outbox machinery and `http` (admission, CORS):
+//! `sse` streams Server-Sent Events (a stream that opens a plain connection owns its socket and
+//! is written by the fan-out like a WebSocket; otherwise hyper's body takes the framed events),
+//! `poll` serves long-poll sessions over HTTP, `poll_session` holds their live copies, and
+//! `poll_store` keeps their state where any node can continue them.
 
 pub mod conn;
 pub mod http;

@@ -56,7 +56,7 @@ use bytes::Bytes;
 use switchboard_protocol::code::{self, close};
 
 use crate::node::Node;
-use crate::transport::conn::Peer;
+use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error, query_param};
 use crate::transport::poll_session::*;
 use crate::transport::poll_store::{self, Notice};

@@ -32,7 +32,7 @@ use crate::auth::Identity;
 use crate::node::Node;
 use crate::outbox::{Kind, Message, Outbox, PullOptions};
 use crate::session::Session;
-use crate::transport::conn::Peer;
+use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error};
 use crate::transport::poll_store::{self, Notice, PollStore, Record, StoredIdentity, StoredSub};
 use crate::transport::sse::{ChannelPos, ReplyIn};

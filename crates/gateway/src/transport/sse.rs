@@ -47,7 +47,7 @@ use crate::auth::Action;
 use crate::node::Node;
 use crate::outbox::{Outbox, Wire};
 use crate::session::Session;
-use crate::transport::conn::Peer;
+use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error, query_flag, query_param};
 
 use events::StreamEvents;
@@ -322,7 +322,7 @@ pub(crate) async fn open(
         }
     }
     let initial = query_flag(q, "initial").unwrap_or(false);
-    let sampling = sampling(q)?;
+    let sampling = sampling(q).map_err(|e| error(e.code, e.message))?;
     let slot = transport_http::acquire_slot(node, &admitted)?;
     // `last` comes with the reply only when asked for; a recovery that finds a gap needs it.
     let mut body = serde_json::json!({ "channels": channels, "initial": initial || !recover.is_empty() });
@@ -371,14 +371,13 @@ pub(crate) async fn open(
 
 /// The sampling of a stream's query (`max_rate_hz=F`, `deadband_abs=X` or `deadband_pct=P`),
 /// as the fields of a subscribe.
-fn sampling(q: Option<&str>) -> Result<serde_json::Map<String, serde_json::Value>, Response> {
+fn sampling(q: Option<&str>) -> Result<serde_json::Map<String, serde_json::Value>, crate::node::ApiError> {
     let mut sampling = serde_json::Map::new();
     for (key, field) in [("max_rate_hz", None), ("deadband_abs", Some("abs")), ("deadband_pct", Some("pct"))] {
         let Some(text) = query_param(q, key) else { continue };
-        let Ok(v) = text.parse::<f64>() else { return Err(error(code::BAD_REQUEST, format!("{key}: not a number"))) };
-        let Some(number) = serde_json::Number::from_f64(v) else {
-            return Err(error(code::BAD_REQUEST, format!("{key}: not a finite number")));
-        };
+        let bad = |why: &str| crate::node::ApiError::new(code::BAD_REQUEST, format!("{key}: {why}"));
+        let Ok(v) = text.parse::<f64>() else { return Err(bad("not a number")) };
+        let Some(number) = serde_json::Number::from_f64(v) else { return Err(bad("not a finite number")) };
         match field {
             None => sampling.insert(key.into(), number.into()),
             Some(f) => sampling
@@ -390,9 +389,7 @@ fn sampling(q: Option<&str>) -> Result<serde_json::Map<String, serde_json::Value
     }
     let deadband = sampling.get("deadband").cloned().map(serde_json::from_value);
     let rate = sampling.get("max_rate_hz").and_then(serde_json::Value::as_f64);
-    if let Err(e) = crate::sampling::parse(rate, deadband.transpose().ok().flatten()) {
-        return Err(error(e.code, e.message));
-    }
+    crate::sampling::parse(rate, deadband.transpose().ok().flatten())?;
     Ok(sampling)
 }
 

@@ -38,7 +38,7 @@ use crate::auth::{AuthFailure, Identity};
 use crate::node::Node;
 use crate::outbox::Wire;
 use crate::session::{CloseReason, Session};
-use crate::transport::conn::Peer;
+use crate::transport::http::Peer;
 use crate::transport::tls::TlsWire;
 
 /// How long a closing connection may take to write its last frames and see the peer go.

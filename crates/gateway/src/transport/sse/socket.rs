@@ -34,8 +34,8 @@ use tower::ServiceExt;
 use super::{end, Opened, PING};
 use crate::node::Node;
 use crate::outbox::{Outbox, Pushed};
-use crate::transport::conn::Peer;
 use crate::transport::http as transport_http;
+use crate::transport::http::Peer;
 
 /// The request line prefix of a stream this module serves.
 const PREFIX: &[u8] = b"GET /sse?";
@@ -52,7 +52,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(3);
 /// What the first bytes of a connection are.
 pub enum First {
     /// A stream request, its head read off the socket.
-    Stream(Parts),
+    Stream(Box<Parts>),
     /// Something else, left unread for hyper.
     Http,
     /// Nothing came within the timeout, or the connection failed.
@@ -86,7 +86,7 @@ pub async fn first_request(tcp: &TcpStream, peer: SocketAddr, timeout: Duration)
     }
     // The head is in the socket's buffer (it was just peeked): read exactly it.
     match tcp.try_read(&mut buf[..len]) {
-        Ok(got) if got == len => First::Stream(parts),
+        Ok(got) if got == len => First::Stream(Box::new(parts)),
         _ => First::Gone,
     }
 }
@@ -112,7 +112,8 @@ pub(crate) struct SocketOffer {
 
 /// Serves the request `parts` on `tcp` through `app` — the node's routes and middleware, as
 /// any request — and, when the route opened a stream on the socket, the stream to its end.
-pub async fn serve(node: Arc<Node>, app: Router, tcp: TcpStream, mut parts: Parts) {
+pub async fn serve(node: Arc<Node>, app: Router, tcp: TcpStream, parts: Box<Parts>) {
+    let mut parts = *parts;
     let _ = tcp.set_nodelay(true);
     let tcp = Arc::new(tcp);
     let offer = SocketOffer { wire: tcp.clone(), taken: Arc::default() };
