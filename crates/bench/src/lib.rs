@@ -39,8 +39,8 @@
 //! - [`search`]: the doubling-then-bisecting sweep of `--search` (broadcast, streams).
 //! - [`common`]: flags shared by all scenarios (`--duration` takes `90s`, `30m`, `1h`) and
 //!   helpers built on them.
-//! - [`transport`]: `--transport ws|sse|poll` of the fan-out scenarios, one connection type
-//!   for all three.
+//! - [`transport`]: `--transport ws|sse|poll|sse-channels` of the fan-out scenarios, one
+//!   connection type for all four.
 
 // Tests may unwrap: a panic is the failure report there.
 #![cfg_attr(test, allow(clippy::unwrap_used))]

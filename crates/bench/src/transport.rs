@@ -48,6 +48,7 @@ pub enum Transport {
     /// Long-polling (`/poll`).
     Poll,
     /// Server-Sent Events of a plain stream (`/sse?channels=`): subscriptions only.
+    #[serde(rename = "sse-channels")]
     SseChannels,
 }
 

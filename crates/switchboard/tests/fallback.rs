@@ -316,3 +316,20 @@ fn fallback_bench_scenarios_run_over_sse_and_poll() {
         }
     }
 }
+
+#[test]
+fn fallback_bench_broadcast_runs_over_plain_streams_and_rooms_say_they_cannot() {
+    let node = Server::start(&[]);
+    let r = bench_over(&node, "sse-channels", &["broadcast", "--subs", "40", "--bursts", "3", "--period", "0.5"]);
+    let what = format!("broadcast over sse-channels: {r}");
+    assert_eq!(r["params"]["transport"], "sse-channels", "{what}");
+    assert_eq!(r["connections"]["established"], 40, "{what}");
+    assert_eq!(r["messages"]["expected"], 40 * 3, "{what}");
+    assert_eq!(r["messages"]["received"], 40 * 3, "{what}");
+    assert_eq!((r["messages"]["lost"].as_u64(), r["messages"]["duplicated"].as_u64()), (Some(0), Some(0)), "{what}");
+    assert_eq!(r["pass"], true, "{what}");
+    // A plain stream takes no command after its subscribe: members cannot publish.
+    let r = bench_over(&node, "sse-channels", &["rooms", "--rooms", "2", "--members", "2", "--iterations", "2"]);
+    assert_eq!(r["pass"], false, "rooms over sse-channels: {r}");
+    assert!(r.to_string().contains("sse-channels takes no command"), "the reason is reported: {r}");
+}
