@@ -1,8 +1,9 @@
-//! The taking side of an outbox, for the HTTP transports (SSE, long-polling).
+//! The taking side of an outbox, for the HTTP transports whose socket hyper holds (long-poll
+//! sessions, their SSE streams, and plain SSE streams that do not own their connection).
 //!
-//! A WebSocket outbox writes into its socket; an SSE stream or a poll session has no socket
-//! the fan-out could write to — hyper writes its response body — so its outbox keeps what is
-//! queued until the transport takes it ([`Outbox::take_messages`]), woken by
+//! A WebSocket outbox writes into its socket; such a transport has no socket the fan-out could
+//! write to — hyper writes its response body — so its outbox keeps what is queued until the
+//! transport takes it ([`Outbox::take_messages`], or framed: `outbox::framed`), woken by
 //! [`Outbox::notified`]. What waits there is under the same rules as a WebSocket connection's
 //! queue, applied in one place: a conflated channel keeps only its latest value, and the
 //! `max_pending_bytes` bound closes a client that does not take its messages with 4008.

@@ -22,6 +22,11 @@
 //! reconnect recovers the channels the id names and starts the others afresh (`initial`). A
 //! client that needs exact recovery for many channels uses a session (long-polling, or SSE
 //! attached to one: `GET /sse?session=<id>`, see `transport::poll`).
+//!
+//! **Layout.** [`open`] admits, checks and subscribes a stream; its outbox frames the events
+//! (`events`: the ids, `subscribed`, the recovered and initial publications). A stream that is
+//! the first request of a plain connection owns the socket and is written by the fan-out
+//! (`socket`); any other is written by hyper from [`handle`]'s response body.
 
 mod events;
 pub mod socket;
