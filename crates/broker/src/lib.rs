@@ -322,11 +322,11 @@ pub trait Broker: Send + Sync + 'static {
 
     /// The current position and last publication of a channel (creating its epoch when it
     /// has none: a subscriber's starting point).
-    async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError>;
+    async fn last_or_start(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError>;
 
-    /// As [`Broker::last`] for a channel the broker knows; `None`, creating nothing, for one it
-    /// does not (reads of unknown channels must not grow the broker's state).
-    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError>;
+    /// As [`Broker::last_or_start`] for a channel the broker knows; `None`, creating nothing,
+    /// for one it does not (reads of unknown channels must not grow the broker's state).
+    async fn last_if_known(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError>;
 
     /// Publications after `since` (all kept ones when `None`), at most `limit`, oldest first.
     /// A `since` of another epoch selects the current epoch's publications from its oldest kept

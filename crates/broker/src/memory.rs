@@ -305,13 +305,13 @@ impl Broker for MemoryBroker {
         Ok(())
     }
 
-    async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
+    async fn last_or_start(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
         let stream = self.stream(channel)?;
         let s = stream.lock();
         Ok((s.position(), s.last.clone()))
     }
 
-    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
+    async fn last_if_known(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
         let Some(stream) = self.streams.read().map.get(channel).cloned() else { return Ok(None) };
         let s = stream.lock();
         Ok(Some((s.position(), s.last.clone())))
@@ -471,7 +471,7 @@ mod tests {
         for ch in ["room:idle", "room:sub", "room:here", "pt:kept"] {
             b.publish(ch, d(), policy).await.unwrap();
         }
-        let old = b.last("room:idle").await.unwrap().0;
+        let old = b.last_or_start("room:idle").await.unwrap().0;
         b.subscribe("room:sub").await.unwrap();
         b.presence_add("room:here", ClientInfo { client: "c1".into(), user: String::new() }).await.unwrap();
         let keep = |ch: &str| if ch.starts_with("pt:") { Duration::ZERO } else { Duration::from_millis(20) };
@@ -483,7 +483,7 @@ mod tests {
         assert!(!names.contains(&"room:idle".to_string()) && names.len() == 3, "{names:?}");
         // Forgotten entirely: a reader starts a new epoch at offset 0, and history from the
         // old position is incomplete.
-        assert!(b.peek("room:idle").await.unwrap().is_none());
+        assert!(b.last_if_known("room:idle").await.unwrap().is_none());
         let r = b.history("room:idle", Some(&old), 10).await.unwrap();
         assert!(!r.complete && r.position.epoch != old.epoch && r.position.offset == 0);
         // The last subscriber leaving starts the idle time.
@@ -500,8 +500,8 @@ mod tests {
     async fn broker_memory_new_process_means_new_epoch() {
         let a = MemoryBroker::new();
         let b = MemoryBroker::new();
-        let pa = a.last("x").await.unwrap().0;
-        let pb = b.last("x").await.unwrap().0;
+        let pa = a.last_or_start("x").await.unwrap().0;
+        let pb = b.last_or_start("x").await.unwrap().0;
         assert_ne!(pa.epoch, pb.epoch);
     }
 

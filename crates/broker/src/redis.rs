@@ -426,13 +426,13 @@ impl Broker for RedisBroker {
         Ok(())
     }
 
-    async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
+    async fn last_or_start(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
         let (position, last) = self.inner.position(channel).await?;
         self.inner.settle(channel, &position).await;
         Ok((position, last))
     }
 
-    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
+    async fn last_if_known(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
         let i = &self.inner;
         let mut call = i.scripts.peek.prepare_invoke();
         call.key(i.keys.meta(channel));

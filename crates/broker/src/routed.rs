@@ -354,12 +354,12 @@ impl<R: Router> Broker for RoutedBroker<R> {
         target.unsubscribe(channel).await
     }
 
-    async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
-        self.on_owner(channel, |t| async move { t.last(channel).await }).await
+    async fn last_or_start(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
+        self.on_owner(channel, |t| async move { t.last_or_start(channel).await }).await
     }
 
-    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
-        self.on_owner(channel, |t| async move { t.peek(channel).await }).await
+    async fn last_if_known(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
+        self.on_owner(channel, |t| async move { t.last_if_known(channel).await }).await
     }
 
     async fn history(

@@ -220,7 +220,7 @@ async fn channel(
     if let Some(ch) = rest.strip_suffix("/trend") {
         validate_channel(ch).map_err(|e| ApiError::new(400, e.to_string()))?;
         allow(&node, &caller, Action::History, ch)?;
-        if node.broker.peek(ch).await.map_err(|e| node.broker_error(e))?.is_none() {
+        if node.broker.last_if_known(ch).await.map_err(|e| node.broker_error(e))?.is_none() {
             return Err(ApiError::new(404, "unknown channel"));
         }
         let reply = crate::trend::read(&node, ch, q.window_s.unwrap_or(3600), q.step_s, q.until_ms).await?;
@@ -236,7 +236,7 @@ async fn channel(
     // A read never creates a channel: an unknown one is 404.
     let (pos, last) = node
         .broker
-        .peek(&rest)
+        .last_if_known(&rest)
         .await
         .map_err(|e| node.broker_error(e))?
         .ok_or_else(|| ApiError::new(404, "unknown channel"))?;
@@ -259,7 +259,7 @@ async fn history(node: &Node, ch: &str, q: HistoryQuery) -> Result<Response, Api
         (None, None) => None,
         _ => return Err(ApiError::new(400, "since_offset and epoch go together")),
     };
-    if node.broker.peek(ch).await.map_err(|e| node.broker_error(e))?.is_none() {
+    if node.broker.last_if_known(ch).await.map_err(|e| node.broker_error(e))?.is_none() {
         return Err(ApiError::new(404, "unknown channel"));
     }
     let r = node.broker.history(ch, since.as_ref(), limit).await.map_err(|e| node.broker_error(e))?;

@@ -448,7 +448,7 @@ impl Session {
         let since = req.since.map(|s| Position { epoch: s.epoch.into(), offset: s.offset });
         let limit = req.limit.unwrap_or(100).min(10_000);
         // A read never creates a channel: an unknown one is 404.
-        let known = self.node.broker.peek(&req.channel).await.map_err(|e| self.node.broker_error(e))?;
+        let known = self.node.broker.last_if_known(&req.channel).await.map_err(|e| self.node.broker_error(e))?;
         let Some((head, _)) = known else {
             return Err(ApiError::new(code::NOT_FOUND, "unknown channel"));
         };

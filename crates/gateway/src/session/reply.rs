@@ -316,7 +316,7 @@ mod tests {
             publish(&node, ch, json!({ "i": i, "blob": blob })).await;
         }
         let (mut s, wire) = session(&node);
-        let epoch = node.broker.last(ch).await.unwrap().0.epoch.to_string();
+        let epoch = node.broker.last_or_start(ch).await.unwrap().0.epoch.to_string();
         let cmd = json!({"id": 1, "subscribe": {"channels": [ch], "recover": {ch: {"epoch": epoch, "offset": 0}}}});
         let (r, size) = command(&mut s, &wire, cmd).await;
         assert!(size <= 32 * 1024, "a reply of {size} bytes");
