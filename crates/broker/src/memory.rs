@@ -273,14 +273,8 @@ impl Broker for MemoryBroker {
         let _ = self.handler.set(handler);
     }
 
-    async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
-        let position = self.append(channel, data, policy);
-        if let Some(h) = self.handler.get() {
-            h.after_publications();
-        }
-        position
-    }
-
+    /// Every item is handed to the handler under its stream's lock; the handler flushes once,
+    /// after the last one.
     async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
         let out = items.into_iter().map(|i| self.append_item(i)).collect();
         if let Some(h) = self.handler.get() {
@@ -494,6 +488,35 @@ mod tests {
         // room:idle (re-created by the reads above), room:sub and room:here go; pt:kept stays.
         assert_eq!(b.forget_idle(&keep).await, 3);
         assert_eq!(b.channel_count(), Some(1));
+    }
+
+    /// Counts deliveries and flushes, in the order they came.
+    #[derive(Default)]
+    struct Flushes(Mutex<Vec<&'static str>>);
+
+    impl BrokerHandler for Flushes {
+        fn on_publication(&self, _: &str, _: &Publication) {
+            self.0.lock().push("deliver");
+        }
+        fn after_publications(&self) {
+            self.0.lock().push("flush");
+        }
+        fn on_presence(&self, _: &str, _: &ClientInfo, _: bool) {}
+    }
+
+    #[tokio::test]
+    async fn broker_memory_flushes_once_per_batch_after_its_last_delivery() {
+        let b = MemoryBroker::new();
+        let seen = Arc::new(Flushes::default());
+        b.set_handler(seen.clone());
+        let policy = HistoryPolicy { size: 10, ttl: Duration::from_secs(60), trend: None };
+        let d = || Arc::new(serde_json::value::RawValue::from_string("1".into()).unwrap());
+        let items = ["room:a", "room:b", "room:a"].map(|ch| Outgoing::new(ch, d(), policy)).to_vec();
+        assert!(b.publish_batch(items).await.iter().all(Result::is_ok));
+        assert_eq!(*seen.0.lock(), ["deliver", "deliver", "deliver", "flush"]);
+        seen.0.lock().clear();
+        b.publish("room:c", d(), policy).await.unwrap();
+        assert_eq!(*seen.0.lock(), ["deliver", "flush"], "a publish is a batch of one");
     }
 
     #[tokio::test]

@@ -52,7 +52,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket, TrendPolicy,
+    HistoryResult, Outgoing, Position, Publication, TrendBucket, TrendPolicy,
 };
 pub use endpoint::{client_for, take_tls_ca};
 use endpoint::{Commands, Endpoint};
@@ -401,12 +401,8 @@ impl Broker for RedisBroker {
         let _ = self.inner.keep.set(keep);
     }
 
-    async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
-        let item = Outgoing::new(channel, data, policy);
-        let mut out = self.inner.publish_waiting(std::slice::from_ref(&item)).await;
-        out.pop().unwrap_or_else(|| Err(BrokerError::Unavailable("redis answered an empty publish".into())))
-    }
-
+    /// Hands nothing to the handler: publications come back through the pub/sub link, which
+    /// flushes once per burst it receives.
     async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
         self.inner.publish_waiting(&items).await
     }

@@ -30,8 +30,8 @@ use tokio::time::Instant;
 
 use crate::redis::{link_down, may_retry, page_over, RedisBroker};
 use crate::{
-    Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket, TrendPolicy,
+    Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, HistoryResult,
+    Outgoing, Position, Publication, TrendBucket, TrendPolicy,
 };
 
 /// How long a call keeps retrying while a router's routes change (slots moving, a failover
@@ -229,14 +229,10 @@ impl<R: Router> Broker for RoutedBroker<R> {
         }
     }
 
-    async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
-        let mut out = self.publish_batch(vec![Outgoing::new(channel, data, policy)]).await;
-        out.pop().unwrap_or_else(|| Err(BrokerError::Unavailable("redis answered an empty publish".into())))
-    }
-
     /// Splits the batch by target (item order kept within each part), publishes the parts in
     /// parallel, one attempt each, and sends again what may be sent again: to where the
-    /// router points by then, after a pause.
+    /// router points by then, after a pause. Hands nothing to the handler: each target's
+    /// pub/sub link flushes once per burst it receives.
     async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
         let deadline = Instant::now() + crate::PUBLISH_WAIT;
         let mut results: Vec<Option<Result<Position, BrokerError>>> = vec![None; items.len()];

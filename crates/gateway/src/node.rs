@@ -16,7 +16,7 @@ use switchboard_protocol::{validate_channel, Format};
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::hub::{Hub, IN_BATCH};
+use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::outbox::{Outbox, PullOptions, Wire};
 
@@ -188,15 +188,13 @@ impl Node {
 
     /// Publishes several publications (channel, data, idempotency key): each is validated as
     /// by [`Node::publish`], the valid ones go to the broker as one batch (one round trip per
-    /// Redis shard) and every subscriber is written to once for the whole batch. One result
-    /// per item, in order.
+    /// Redis shard) and every subscriber is written to once for the whole batch (the broker
+    /// flushes after it, see [`Broker::publish_batch`]). One result per item, in order.
     pub async fn publish_batch(&self, items: Vec<(String, Data, Option<String>)>) -> Vec<Result<Position, ApiError>> {
         let checked: Vec<Result<Outgoing, ApiError>> =
             items.into_iter().map(|(channel, data, key)| self.outgoing(&channel, data, key.as_deref())).collect();
         let valid: Vec<Outgoing> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
-        let published = IN_BATCH.scope((), self.broker.publish_batch(valid)).await;
-        self.hub.flush_pending();
-        let mut published = published.into_iter();
+        let mut published = self.broker.publish_batch(valid).await.into_iter();
         checked
             .into_iter()
             .map(|c| match c {
