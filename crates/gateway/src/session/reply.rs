@@ -278,7 +278,8 @@ mod tests {
 
     async fn publish(node: &Node, ch: &str, data: Value) {
         let raw = serde_json::value::to_raw_value(&data).unwrap();
-        node.publish(ch, Arc::new(raw), None).await.unwrap();
+        let checked = node.target(ch).and_then(|t| node.check_publication(t, Arc::new(raw), None)).unwrap();
+        node.publish(checked).await.unwrap();
     }
 
     #[tokio::test]
