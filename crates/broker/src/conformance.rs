@@ -91,7 +91,7 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     a_new_channel_keeps_its_first_epoch(make()).await;
     history_limit_takes_the_oldest_after_a_position(make()).await;
     a_batch_keeps_item_order_per_channel(make()).await;
-    peeking_at_an_unknown_channel_creates_nothing(make()).await;
+    last_if_known_of_an_unknown_channel_creates_nothing(make()).await;
     paging_lists_each_channel_once_while_channels_are_created(make()).await;
     a_trend_keeps_numeric_values_in_buckets(make()).await;
     a_trend_keeps_a_tier_per_step(make()).await;
@@ -203,7 +203,7 @@ async fn a_trend_keeps_numeric_values_in_buckets(b: Arc<dyn Broker>) {
     assert!(b.trend("pt:trend", TREND, later).await.unwrap().is_empty(), "nothing after since");
     assert!(b.trend("pt:no-trend", TREND, 0).await.unwrap().is_empty());
     assert!(b.trend("pt:never", TREND, 0).await.unwrap().is_empty());
-    assert!(b.peek("pt:never").await.unwrap().is_none(), "a trend read creates nothing");
+    assert!(b.last_if_known("pt:never").await.unwrap().is_none(), "a trend read creates nothing");
     // A point with its own time within reach lands in that time's bucket (a late source
     // value), before the buckets of values published at arrival.
     let late = crate::now_ms() - 20_000;
@@ -275,7 +275,7 @@ async fn paging_lists_each_channel_once_while_channels_are_created(b: Arc<dyn Br
     assert!(matches!(bad, Err(crate::BrokerError::BadCursor(_))) || bad.is_ok(), "{bad:?}");
 }
 
-async fn peeking_at_an_unknown_channel_creates_nothing(b: Arc<dyn Broker>) {
+async fn last_if_known_of_an_unknown_channel_creates_nothing(b: Arc<dyn Broker>) {
     let listed = async |b: &Arc<dyn Broker>| -> Vec<String> {
         let mut names: Vec<String> = list_all(&**b, "", 1000).await.iter().map(|c| c.channel.to_string()).collect();
         names.sort();
@@ -283,15 +283,15 @@ async fn peeking_at_an_unknown_channel_creates_nothing(b: Arc<dyn Broker>) {
     };
     let before = listed(&b).await;
     for i in 0..20 {
-        assert!(b.peek(&format!("c:never{i}")).await.unwrap().is_none());
+        assert!(b.last_if_known(&format!("c:never{i}")).await.unwrap().is_none());
     }
     assert_eq!(listed(&b).await, before, "peeks created channels");
     let pos = b.publish("c:peek", data("7"), KEEP).await.unwrap();
-    let (seen, last) = b.peek("c:peek").await.unwrap().expect("a published channel is known");
+    let (seen, last) = b.last_if_known("c:peek").await.unwrap().expect("a published channel is known");
     assert_eq!((seen, last.unwrap().data.get()), (pos, "7"));
     // A channel whose epoch a subscriber's read created is known too, with offset 0.
-    let (first, _) = b.last("c:peek-empty").await.unwrap();
-    assert_eq!(b.peek("c:peek-empty").await.unwrap().map(|(p, l)| (p, l.is_none())), Some((first, true)));
+    let (first, _) = b.last_or_start("c:peek-empty").await.unwrap();
+    assert_eq!(b.last_if_known("c:peek-empty").await.unwrap().map(|(p, l)| (p, l.is_none())), Some((first, true)));
 }
 
 async fn offsets_increase_and_reach_the_handler_in_order(b: Arc<dyn Broker>) {
@@ -313,7 +313,7 @@ async fn history_since_a_position_is_exact(b: Arc<dyn Broker>) {
     for i in 1..=4 {
         b.publish("c:h", data(&i.to_string()), KEEP).await.unwrap();
     }
-    let (pos, last) = b.last("c:h").await.unwrap();
+    let (pos, last) = b.last_or_start("c:h").await.unwrap();
     assert_eq!(pos.offset, 4);
     assert_eq!(last.unwrap().data.get(), "4");
     let since = crate::Position { epoch: pos.epoch.clone(), offset: 2 };
@@ -330,7 +330,7 @@ async fn history_beyond_its_size_is_incomplete(b: Arc<dyn Broker>) {
     for i in 1..=8 {
         b.publish("c:big", data(&i.to_string()), KEEP).await.unwrap();
     }
-    let (pos, _) = b.last("c:big").await.unwrap();
+    let (pos, _) = b.last_or_start("c:big").await.unwrap();
     let r = b.history("c:big", Some(&crate::Position { epoch: pos.epoch.clone(), offset: 1 }), 100).await.unwrap();
     assert!(!r.complete, "offsets 2 and 3 fell out of a 5-entry history");
     assert_eq!(r.publications.first().map(|p| p.offset), Some(4));
@@ -344,7 +344,7 @@ async fn history_beyond_its_size_is_incomplete(b: Arc<dyn Broker>) {
 /// epoch holds, from its first kept offset, oldest first, with `complete: false`.
 async fn another_epoch_reads_what_the_current_one_holds(b: Arc<dyn Broker>) {
     let other = |offset| crate::Position { epoch: "other".into(), offset };
-    let (empty, _) = b.last("c:e0").await.unwrap();
+    let (empty, _) = b.last_or_start("c:e0").await.unwrap();
     let r = b.history("c:e0", Some(&other(4)), 10).await.unwrap();
     assert!(!r.complete && r.publications.is_empty(), "a new epoch with nothing in it");
     assert_eq!(r.position, empty);
@@ -374,7 +374,7 @@ async fn last_value_is_kept_without_history(b: Arc<dyn Broker>) {
     for i in 1..=3 {
         b.publish("pt:x", data(&format!("{{\"v\":{i}}}")), none).await.unwrap();
     }
-    let (pos, last) = b.last("pt:x").await.unwrap();
+    let (pos, last) = b.last_or_start("pt:x").await.unwrap();
     assert_eq!(pos.offset, 3);
     assert_eq!(last.unwrap().data.get(), "{\"v\":3}");
     let r = b.history("pt:x", Some(&crate::Position { epoch: pos.epoch, offset: 1 }), 10).await.unwrap();
@@ -428,7 +428,7 @@ async fn reads_never_run_ahead_of_deliveries(b: Arc<dyn Broker>) {
     };
     // A read that reports offset N promises the handler already has 1..=N.
     for _ in 0..50 {
-        let (pos, _) = b.last("c:race").await.unwrap();
+        let (pos, _) = b.last_or_start("c:race").await.unwrap();
         let seen = h.offsets("c:race");
         assert_eq!(seen, (1..=seen.len() as u64).collect::<Vec<_>>(), "in order, no gaps");
         assert!(seen.len() as u64 >= pos.offset, "last() reported {} but only {} delivered", pos.offset, seen.len());
@@ -443,7 +443,7 @@ async fn reads_never_run_ahead_of_deliveries(b: Arc<dyn Broker>) {
 }
 
 async fn a_new_channel_keeps_its_first_epoch(b: Arc<dyn Broker>) {
-    let (before, last) = b.last("c:fresh").await.unwrap();
+    let (before, last) = b.last_or_start("c:fresh").await.unwrap();
     assert_eq!(before.offset, 0);
     assert!(last.is_none());
     let p = b.publish("c:fresh", data("1"), KEEP).await.unwrap();
@@ -458,7 +458,7 @@ async fn history_limit_takes_the_oldest_after_a_position(b: Arc<dyn Broker>) {
     for i in 1..=5 {
         b.publish("c:lim", data(&format!("{{\"i\": {i}, \"s\": \"a b\\nc\"}}")), KEEP).await.unwrap();
     }
-    let (pos, _) = b.last("c:lim").await.unwrap();
+    let (pos, _) = b.last_or_start("c:lim").await.unwrap();
     let since = crate::Position { epoch: pos.epoch.clone(), offset: 1 };
     let r = b.history("c:lim", Some(&since), 2).await.unwrap();
     assert!(r.complete);
@@ -495,7 +495,7 @@ async fn a_batch_keeps_item_order_per_channel(b: Arc<dyn Broker>) {
         let want: Vec<(u64, String)> = (0..300).map(|j| (j as u64 + first, (j * 4 + k).to_string())).collect();
         assert_eq!(got[got.len() - 300..], want[..], "{ch}: offsets and data in item order");
     }
-    let (pos, last) = b.last("c:bd").await.unwrap();
+    let (pos, last) = b.last_or_start("c:bd").await.unwrap();
     assert_eq!((pos.offset, last.unwrap().data.get()), (300, "1199"));
     let r = b.history("c:bd", None, 3).await.unwrap();
     assert_eq!(r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(), vec![298, 299, 300]);

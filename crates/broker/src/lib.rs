@@ -260,7 +260,8 @@ pub trait BrokerHandler: Send + Sync + 'static {
     /// broker holds the channel's lock: must not block or call back into the broker.
     fn on_publication(&self, channel: &str, publication: &Publication);
     /// Called after one or more `on_publication` calls once the broker released its locks:
-    /// the place to do slow work (socket writes) that the handler deferred.
+    /// the place to do slow work (socket writes) that the handler deferred. The broker is its
+    /// only caller, once per group of deliveries (see [`Broker::publish_batch`]).
     fn after_publications(&self);
     /// A presence change on `channel`.
     fn on_presence(&self, channel: &str, info: &ClientInfo, joined: bool);
@@ -290,26 +291,26 @@ pub trait Broker: Send + Sync + 'static {
 
     /// Publishes: assigns the next offset, keeps history per `policy`, updates the last value
     /// and delivers to every node with subscribers. A shared broker that is unreachable or
-    /// failing over is waited for up to [`PUBLISH_WAIT`]. A publication with an idempotency key
-    /// goes through [`Broker::publish_batch`].
-    async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError>;
+    /// failing over is waited for up to [`PUBLISH_WAIT`]. A batch of one
+    /// ([`Broker::publish_batch`], which also takes publications with an idempotency key).
+    async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
+        let mut out = self.publish_batch(vec![Outgoing::new(channel, data, policy)]).await;
+        out.pop().unwrap_or_else(|| Err(BrokerError::Unavailable("the broker answered an empty publish".into())))
+    }
 
     /// Publishes several publications, each as [`Broker::publish`] would (honouring each item's
-    /// idempotency key), and returns one result per item in the same order. Items of one channel get their offsets in item order. A
-    /// shared broker sends the whole batch in as few round trips as it can (one per shard), so
-    /// a batch of a thousand costs about what one publication costs in waiting. The default
-    /// publishes one after the other.
-    async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
-        let mut out = Vec::with_capacity(items.len());
-        for item in items {
-            if item.idempotency_key.is_some() {
-                out.push(Err(BrokerError::Unavailable("this broker does not keep idempotency keys".into())));
-                continue;
-            }
-            out.push(self.publish(&item.channel, item.data, item.policy).await);
-        }
-        out
-    }
+    /// idempotency key), and returns one result per item in the same order. Items of one
+    /// channel get their offsets in item order. A shared broker sends the whole batch in as few
+    /// round trips as it can (one per shard), so a batch of a thousand costs about what one
+    /// publication costs in waiting.
+    ///
+    /// Flushing is the broker's: whoever hands publications to the handler calls
+    /// [`BrokerHandler::after_publications`] once after each group it handed over, never per
+    /// item, so a connection subscribed to many of a batch's channels gets them in one write.
+    /// A broker that delivers while publishing (the memory broker) calls it once per batch,
+    /// after the last item; one whose deliveries come back on their own (the Redis pub/sub
+    /// link) calls it once per burst it received. Callers of `publish_batch` never flush.
+    async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>>;
 
     /// One more local subscription of `channel`. Called for every subscription, not only the
     /// channel's first on this node: the broker counts them (so calls for different clients may
@@ -322,11 +323,11 @@ pub trait Broker: Send + Sync + 'static {
 
     /// The current position and last publication of a channel (creating its epoch when it
     /// has none: a subscriber's starting point).
-    async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError>;
+    async fn last_or_start(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError>;
 
-    /// As [`Broker::last`] for a channel the broker knows; `None`, creating nothing, for one it
-    /// does not (reads of unknown channels must not grow the broker's state).
-    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError>;
+    /// As [`Broker::last_or_start`] for a channel the broker knows; `None`, creating nothing,
+    /// for one it does not (reads of unknown channels must not grow the broker's state).
+    async fn last_if_known(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError>;
 
     /// Publications after `since` (all kept ones when `None`), at most `limit`, oldest first.
     /// A `since` of another epoch selects the current epoch's publications from its oldest kept

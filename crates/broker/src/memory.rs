@@ -273,14 +273,8 @@ impl Broker for MemoryBroker {
         let _ = self.handler.set(handler);
     }
 
-    async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
-        let position = self.append(channel, data, policy);
-        if let Some(h) = self.handler.get() {
-            h.after_publications();
-        }
-        position
-    }
-
+    /// Every item is handed to the handler under its stream's lock; the handler flushes once,
+    /// after the last one.
     async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
         let out = items.into_iter().map(|i| self.append_item(i)).collect();
         if let Some(h) = self.handler.get() {
@@ -305,13 +299,13 @@ impl Broker for MemoryBroker {
         Ok(())
     }
 
-    async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
+    async fn last_or_start(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
         let stream = self.stream(channel)?;
         let s = stream.lock();
         Ok((s.position(), s.last.clone()))
     }
 
-    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
+    async fn last_if_known(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
         let Some(stream) = self.streams.read().map.get(channel).cloned() else { return Ok(None) };
         let s = stream.lock();
         Ok(Some((s.position(), s.last.clone())))
@@ -471,7 +465,7 @@ mod tests {
         for ch in ["room:idle", "room:sub", "room:here", "pt:kept"] {
             b.publish(ch, d(), policy).await.unwrap();
         }
-        let old = b.last("room:idle").await.unwrap().0;
+        let old = b.last_or_start("room:idle").await.unwrap().0;
         b.subscribe("room:sub").await.unwrap();
         b.presence_add("room:here", ClientInfo { client: "c1".into(), user: String::new() }).await.unwrap();
         let keep = |ch: &str| if ch.starts_with("pt:") { Duration::ZERO } else { Duration::from_millis(20) };
@@ -483,7 +477,7 @@ mod tests {
         assert!(!names.contains(&"room:idle".to_string()) && names.len() == 3, "{names:?}");
         // Forgotten entirely: a reader starts a new epoch at offset 0, and history from the
         // old position is incomplete.
-        assert!(b.peek("room:idle").await.unwrap().is_none());
+        assert!(b.last_if_known("room:idle").await.unwrap().is_none());
         let r = b.history("room:idle", Some(&old), 10).await.unwrap();
         assert!(!r.complete && r.position.epoch != old.epoch && r.position.offset == 0);
         // The last subscriber leaving starts the idle time.
@@ -496,12 +490,41 @@ mod tests {
         assert_eq!(b.channel_count(), Some(1));
     }
 
+    /// Counts deliveries and flushes, in the order they came.
+    #[derive(Default)]
+    struct Flushes(Mutex<Vec<&'static str>>);
+
+    impl BrokerHandler for Flushes {
+        fn on_publication(&self, _: &str, _: &Publication) {
+            self.0.lock().push("deliver");
+        }
+        fn after_publications(&self) {
+            self.0.lock().push("flush");
+        }
+        fn on_presence(&self, _: &str, _: &ClientInfo, _: bool) {}
+    }
+
+    #[tokio::test]
+    async fn broker_memory_flushes_once_per_batch_after_its_last_delivery() {
+        let b = MemoryBroker::new();
+        let seen = Arc::new(Flushes::default());
+        b.set_handler(seen.clone());
+        let policy = HistoryPolicy { size: 10, ttl: Duration::from_secs(60), trend: None };
+        let d = || Arc::new(serde_json::value::RawValue::from_string("1".into()).unwrap());
+        let items = ["room:a", "room:b", "room:a"].map(|ch| Outgoing::new(ch, d(), policy)).to_vec();
+        assert!(b.publish_batch(items).await.iter().all(Result::is_ok));
+        assert_eq!(*seen.0.lock(), ["deliver", "deliver", "deliver", "flush"]);
+        seen.0.lock().clear();
+        b.publish("room:c", d(), policy).await.unwrap();
+        assert_eq!(*seen.0.lock(), ["deliver", "flush"], "a publish is a batch of one");
+    }
+
     #[tokio::test]
     async fn broker_memory_new_process_means_new_epoch() {
         let a = MemoryBroker::new();
         let b = MemoryBroker::new();
-        let pa = a.last("x").await.unwrap().0;
-        let pb = b.last("x").await.unwrap().0;
+        let pa = a.last_or_start("x").await.unwrap().0;
+        let pb = b.last_or_start("x").await.unwrap().0;
         assert_ne!(pa.epoch, pb.epoch);
     }
 

@@ -52,7 +52,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket, TrendPolicy,
+    HistoryResult, Outgoing, Position, Publication, TrendBucket, TrendPolicy,
 };
 pub use endpoint::{client_for, take_tls_ca};
 use endpoint::{Commands, Endpoint};
@@ -401,12 +401,8 @@ impl Broker for RedisBroker {
         let _ = self.inner.keep.set(keep);
     }
 
-    async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
-        let item = Outgoing::new(channel, data, policy);
-        let mut out = self.inner.publish_waiting(std::slice::from_ref(&item)).await;
-        out.pop().unwrap_or_else(|| Err(BrokerError::Unavailable("redis answered an empty publish".into())))
-    }
-
+    /// Hands nothing to the handler: publications come back through the pub/sub link, which
+    /// flushes once per burst it receives.
     async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
         self.inner.publish_waiting(&items).await
     }
@@ -426,13 +422,13 @@ impl Broker for RedisBroker {
         Ok(())
     }
 
-    async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
+    async fn last_or_start(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
         let (position, last) = self.inner.position(channel).await?;
         self.inner.settle(channel, &position).await;
         Ok((position, last))
     }
 
-    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
+    async fn last_if_known(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
         let i = &self.inner;
         let mut call = i.scripts.peek.prepare_invoke();
         call.key(i.keys.meta(channel));

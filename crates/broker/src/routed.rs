@@ -30,8 +30,8 @@ use tokio::time::Instant;
 
 use crate::redis::{link_down, may_retry, page_over, RedisBroker};
 use crate::{
-    Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket, TrendPolicy,
+    Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, HistoryResult,
+    Outgoing, Position, Publication, TrendBucket, TrendPolicy,
 };
 
 /// How long a call keeps retrying while a router's routes change (slots moving, a failover
@@ -229,14 +229,10 @@ impl<R: Router> Broker for RoutedBroker<R> {
         }
     }
 
-    async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
-        let mut out = self.publish_batch(vec![Outgoing::new(channel, data, policy)]).await;
-        out.pop().unwrap_or_else(|| Err(BrokerError::Unavailable("redis answered an empty publish".into())))
-    }
-
     /// Splits the batch by target (item order kept within each part), publishes the parts in
     /// parallel, one attempt each, and sends again what may be sent again: to where the
-    /// router points by then, after a pause.
+    /// router points by then, after a pause. Hands nothing to the handler: each target's
+    /// pub/sub link flushes once per burst it receives.
     async fn publish_batch(&self, items: Vec<Outgoing>) -> Vec<Result<Position, BrokerError>> {
         let deadline = Instant::now() + crate::PUBLISH_WAIT;
         let mut results: Vec<Option<Result<Position, BrokerError>>> = vec![None; items.len()];
@@ -354,12 +350,12 @@ impl<R: Router> Broker for RoutedBroker<R> {
         target.unsubscribe(channel).await
     }
 
-    async fn last(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
-        self.on_owner(channel, |t| async move { t.last(channel).await }).await
+    async fn last_or_start(&self, channel: &str) -> Result<(Position, Option<Publication>), BrokerError> {
+        self.on_owner(channel, |t| async move { t.last_or_start(channel).await }).await
     }
 
-    async fn peek(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
-        self.on_owner(channel, |t| async move { t.peek(channel).await }).await
+    async fn last_if_known(&self, channel: &str) -> Result<Option<(Position, Option<Publication>)>, BrokerError> {
+        self.on_owner(channel, |t| async move { t.last_if_known(channel).await }).await
     }
 
     async fn history(

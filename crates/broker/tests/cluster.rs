@@ -214,7 +214,7 @@ async fn broker_cluster_failover_under_load_never_reuses_an_offset_and_tells_of_
         let r = subscriber.history("pt:f", Some(before), 2000).await.unwrap();
         assert!(!r.complete);
     }
-    let (pos, value) = subscriber.last("pt:f").await.unwrap();
+    let (pos, value) = subscriber.last_or_start("pt:f").await.unwrap();
     assert_eq!((pos, value.unwrap().data.get()), (last, "1000"));
     // The refused subscribe held nothing: asked again after the failover, it is served.
     subscriber.subscribe(&on_dead).await.unwrap();
@@ -281,8 +281,8 @@ async fn broker_cluster_a_slot_moved_under_load_keeps_every_publication_once_and
         h.publications.lock().iter().any(|x| x.0 == "pt:mv" && x.1 == p.offset && x.2 == "\"after\"")
     })
     .await;
-    let (pos, last) = b.last("pt:mv").await.unwrap();
+    let (pos, last) = b.last_or_start("pt:mv").await.unwrap();
     assert_eq!((pos, last.unwrap().data.get()), (p, "\"after\""));
     let twin_last = accepted.iter().rev().find(|a| a.0 == twin).unwrap();
-    assert_eq!(b.last(&twin).await.unwrap().0, twin_last.1, "the twin's keys moved with the slot");
+    assert_eq!(b.last_or_start(&twin).await.unwrap().0, twin_last.1, "the twin's keys moved with the slot");
 }

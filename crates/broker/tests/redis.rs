@@ -67,8 +67,8 @@ async fn broker_redis_two_nodes_share_offsets_history_and_presence() {
         assert_eq!(p.offset, i);
     }
     ha.wait_for("3 publications from the other node", |h| h.offsets("room:1") == vec![1, 2, 3]).await;
-    let (pa, _) = a.last("room:1").await.unwrap();
-    let (pb, last) = b.last("room:1").await.unwrap();
+    let (pa, _) = a.last_or_start("room:1").await.unwrap();
+    let (pb, last) = b.last_or_start("room:1").await.unwrap();
     assert_eq!(pa, pb, "one position for the whole cluster");
     assert_eq!(last.unwrap().data.get(), "{\"n\":3}");
     let since = switchboard_broker::Position { epoch: pa.epoch.clone(), offset: 1 };
@@ -209,8 +209,10 @@ async fn broker_redis_offsets_going_backwards_are_an_epoch_change() {
         r.cmd(redis::cmd("PUBLISH").arg("sb:{rb}:p").arg(format!("p{} 2 1700000000000 {{\"other\":true}}", p.epoch)));
     h.wait_for("the rollback report", |h| h.missed.lock().as_slice() == ["rb".to_string()]).await;
     h.wait_for("offset 2 delivered, not dropped", |h| h.offsets("rb") == vec![1, 2, 3, 2]).await;
-    until("a new epoch in Redis", Duration::from_secs(5), async || a.last("rb").await.unwrap().0.epoch != p.epoch)
-        .await;
+    until("a new epoch in Redis", Duration::from_secs(5), async || {
+        a.last_or_start("rb").await.unwrap().0.epoch != p.epoch
+    })
+    .await;
     let r1 = a.history("rb", Some(&p), 10).await.unwrap();
     assert!(!r1.complete, "a client at offset 3 of the old epoch is told of the gap");
 
@@ -221,7 +223,10 @@ async fn broker_redis_offsets_going_backwards_are_an_epoch_change() {
     let _: () = r.cmd(redis::cmd("HSET").arg("sb:{rb}:m").arg("o").arg(0));
     let _: i64 = r.cmd(redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("pubsub"));
     h.wait_for("the resync report", |h| h.missed.lock().contains(&"rb".to_string())).await;
-    until("another new epoch", Duration::from_secs(5), async || a.last("rb").await.unwrap().0.epoch != q.epoch).await;
+    until("another new epoch", Duration::from_secs(5), async || {
+        a.last_or_start("rb").await.unwrap().0.epoch != q.epoch
+    })
+    .await;
     assert!(!a.history("rb", Some(&q), 10).await.unwrap().complete);
 }
 
@@ -294,7 +299,7 @@ async fn broker_redis_subscription_churn_never_loses_what_follows_a_read() {
     };
     for _ in 0..40 {
         a.subscribe("churn").await.unwrap();
-        let (p, _) = a.last("churn").await.unwrap();
+        let (p, _) = a.last_or_start("churn").await.unwrap();
         let q = a.publish("churn", data("1"), KEEP).await.unwrap();
         // Everything after the read reaches the handler, whoever published it.
         h.wait_for("the offsets after the read", |h| {
@@ -341,7 +346,7 @@ async fn broker_redis_promoted_replica_starts_a_new_epoch_instead_of_reusing_off
     assert_ne!(p.epoch, before.epoch, "offset {} of epoch {} would mean two different publications", p.offset, p.epoch);
     let r = new.history("room:f", Some(&before), 100).await.unwrap();
     assert!(!r.complete, "a client at offset 8 of the old epoch is told of the gap");
-    let (pos, last) = new.last("room:f").await.unwrap();
+    let (pos, last) = new.last_or_start("room:f").await.unwrap();
     assert_eq!((pos, last.unwrap().data.get()), (p, "\"after\""));
 }
 
@@ -386,21 +391,23 @@ async fn broker_redis_idle_channels_expire_but_subscribed_and_kept_ones_stay() {
     let old = b.publish("room:gone", data("1"), KEEP).await.unwrap();
     b.publish("pt:kept", data("1"), KEEP).await.unwrap();
     b.subscribe("room:held").await.unwrap();
-    b.last("room:held").await.unwrap();
+    b.last_or_start("room:held").await.unwrap();
     assert!((1..=1400).contains(&pttl("room:gone")), "{}", pttl("room:gone"));
     assert_eq!(pttl("pt:kept"), -1, "points are kept forever");
     // Between one and two keeps after its last use the idle channel is gone, with its history.
-    until("the idle channel to expire", Duration::from_secs(10), async || b.peek("room:gone").await.unwrap().is_none())
-        .await;
+    until("the idle channel to expire", Duration::from_secs(10), async || {
+        b.last_if_known("room:gone").await.unwrap().is_none()
+    })
+    .await;
     let h = b.history("room:gone", Some(&old), 10).await.unwrap();
     assert!(!h.complete && h.position.epoch != old.epoch, "a recovering reader learns it");
     // The subscribed channel outlives several keeps; once released, it expires too.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert!(b.peek("room:held").await.unwrap().is_some(), "kept alive while subscribed");
-    assert!(b.peek("pt:kept").await.unwrap().is_some());
+    assert!(b.last_if_known("room:held").await.unwrap().is_some(), "kept alive while subscribed");
+    assert!(b.last_if_known("pt:kept").await.unwrap().is_some());
     b.unsubscribe("room:held").await.unwrap();
     until("the released channel to expire", Duration::from_secs(10), async || {
-        b.peek("room:held").await.unwrap().is_none()
+        b.last_if_known("room:held").await.unwrap().is_none()
     })
     .await;
 }

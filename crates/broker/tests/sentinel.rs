@@ -102,7 +102,7 @@ async fn broker_sentinel_failover_under_load_never_reuses_an_offset_and_tells_of
     let before = accepted.iter().map(|(p, _)| p).find(|p| p.epoch != last.epoch).unwrap().clone();
     let r = subscriber.history("pt:f", Some(&before), 2000).await.unwrap();
     assert!(!r.complete);
-    let (pos, value) = subscriber.last("pt:f").await.unwrap();
+    let (pos, value) = subscriber.last_or_start("pt:f").await.unwrap();
     assert_eq!((pos, value.unwrap().data.get()), (last, "1000"));
     drop(set);
 }

@@ -50,7 +50,7 @@ async fn broker_tls_shards_take_rediss_urls_too() {
     until("both TLS shards ready", Duration::from_secs(10), async || s.ready().await).await;
     let p = s.publish("room:tls", data("1"), KEEP).await.unwrap();
     assert_eq!(p.offset, 1);
-    assert_eq!(s.last("room:tls").await.unwrap().1.unwrap().data.get(), "1");
+    assert_eq!(s.last_or_start("room:tls").await.unwrap().1.unwrap().data.get(), "1");
 }
 
 #[tokio::test]

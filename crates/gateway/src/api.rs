@@ -10,11 +10,11 @@ use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use switchboard_broker::{ChannelQuery, Position, Publication};
-use switchboard_protocol::{code, validate_channel};
+use switchboard_protocol::validate_channel;
 
 use crate::auth::http::{allow, allow_publish, Caller};
 use crate::auth::{Action, Identity};
-use crate::node::{ApiError, Node};
+use crate::node::{ApiError, Node, Target};
 
 mod bodies;
 mod control;
@@ -89,14 +89,14 @@ async fn publish(
         .map_err(|e| ApiError::new(400, format!("expected {{\"channel\", \"data\"}} or {{\"batch\": [...]}}: {e}")))?;
     match body {
         PublishBody { channel: Some(channel), data: Some(data), idempotency_key, batch: None } => {
-            let permitted = allow_publish(&node, &caller, &channel);
+            let permitted = permitted(&node, &caller, &channel);
             if let Some(source) = crate::sources::write_source(&node, &channel) {
                 let writer = who(&caller);
                 let reply = crate::sources::write(&node, &writer, source, &channel, Arc::new(data), permitted).await?;
                 return Ok(Json(reply).into_response());
             }
-            permitted?;
-            let pos = node.publish(&channel, Arc::new(data), idempotency_key.as_deref()).await?;
+            let checked = node.check_publication(permitted?, Arc::new(data), idempotency_key.as_deref())?;
+            let pos = node.publish(checked).await?;
             Ok(Json(Published { offset: pos.offset, epoch: &pos.epoch }).into_response())
         }
         PublishBody { channel: None, data: None, idempotency_key: None, batch: Some(batch) } => {
@@ -112,7 +112,7 @@ async fn publish(
             let writer = who(&caller);
             for (i, (channel, data, _)) in writes {
                 let source = crate::sources::write_source(&node, &channel).unwrap_or_default();
-                let permitted = allow_publish(&node, &caller, &channel);
+                let permitted = permitted(&node, &caller, &channel);
                 let written = crate::sources::write(&node, &writer, source, &channel, data, permitted).await;
                 results[i] = Some(written.unwrap_or_else(error));
             }
@@ -131,23 +131,31 @@ async fn publish(
     }
 }
 
-/// Publishes a batch on behalf of the caller: the items it may publish (permission and rate,
-/// `auth::http::allow_publish_batch`) go to the node as one batch; one result per item.
+/// Where the caller's publication to `channel` goes, if it may publish there: a valid
+/// channel name (400, whoever asks), then the caller's permission and rate.
+fn permitted<'a>(node: &Node, caller: &CallerExt, channel: &'a str) -> Result<Target<'a>, ApiError> {
+    let target = node.target(channel)?;
+    allow_publish(node, caller, target)?;
+    Ok(target)
+}
+
+/// Publishes a batch on behalf of the caller: each item's target ([`Node::target`]), the
+/// caller's permission and rate for the valid ones (`auth::http::allow_publish_batch`), then
+/// the checks of the data ([`Node::check_publication`]); what passed goes to the node as one
+/// batch. One result per item.
 async fn publish_batch(
     node: &Node,
     caller: &CallerExt,
     items: Vec<(String, switchboard_broker::Data, Option<String>)>,
 ) -> Vec<Result<Position, ApiError>> {
-    let verdicts = crate::auth::http::allow_publish_batch(node, caller, items.iter().map(|(ch, _, _)| ch.as_str()));
-    let allowed: Vec<_> = items.into_iter().zip(&verdicts).filter(|(_, v)| v.is_ok()).map(|(item, _)| item).collect();
-    let mut published = node.publish_batch(allowed).await.into_iter();
-    verdicts
+    let (channels, rest): (Vec<String>, Vec<_>) = items.into_iter().map(|(ch, data, key)| (ch, (data, key))).unzip();
+    let verdicts = crate::auth::http::allow_publish_batch(node, caller, channels.iter().map(|ch| node.target(ch)));
+    let checked = verdicts
         .into_iter()
-        .map(|v| match v {
-            Ok(()) => published.next().unwrap_or_else(|| Err(ApiError::new(code::INTERNAL, "missing result"))),
-            Err(e) => Err(e),
-        })
-        .collect()
+        .zip(rest)
+        .map(|(verdict, (data, key))| verdict.and_then(|t| node.check_publication(t, data, key.as_deref())))
+        .collect();
+    node.publish_batch(checked).await
 }
 
 #[derive(Serialize)]
@@ -220,7 +228,7 @@ async fn channel(
     if let Some(ch) = rest.strip_suffix("/trend") {
         validate_channel(ch).map_err(|e| ApiError::new(400, e.to_string()))?;
         allow(&node, &caller, Action::History, ch)?;
-        if node.broker.peek(ch).await.map_err(|e| node.broker_error(e))?.is_none() {
+        if node.broker.last_if_known(ch).await.map_err(|e| node.broker_error(e))?.is_none() {
             return Err(ApiError::new(404, "unknown channel"));
         }
         let reply = crate::trend::read(&node, ch, q.window_s.unwrap_or(3600), q.step_s, q.until_ms).await?;
@@ -236,7 +244,7 @@ async fn channel(
     // A read never creates a channel: an unknown one is 404.
     let (pos, last) = node
         .broker
-        .peek(&rest)
+        .last_if_known(&rest)
         .await
         .map_err(|e| node.broker_error(e))?
         .ok_or_else(|| ApiError::new(404, "unknown channel"))?;
@@ -259,7 +267,7 @@ async fn history(node: &Node, ch: &str, q: HistoryQuery) -> Result<Response, Api
         (None, None) => None,
         _ => return Err(ApiError::new(400, "since_offset and epoch go together")),
     };
-    if node.broker.peek(ch).await.map_err(|e| node.broker_error(e))?.is_none() {
+    if node.broker.last_if_known(ch).await.map_err(|e| node.broker_error(e))?.is_none() {
         return Err(ApiError::new(404, "unknown channel"));
     }
     let r = node.broker.history(ch, since.as_ref(), limit).await.map_err(|e| node.broker_error(e))?;

@@ -2,8 +2,9 @@
 //!
 //! A publication is encoded once per wire format in use on the channel, framed once, and the
 //! same bytes are pushed into every subscriber's [`Outbox`]. Pushing only queues; the socket
-//! writes happen in [`Hub::flush_pending`], after the broker released the channel lock, and
-//! are spread over the runtime's workers when many connections are involved.
+//! writes happen in [`Hub::flush_pending`], which the broker calls (`after_publications`) once
+//! per batch or burst it delivered, after it released the channel lock; they are spread over
+//! the runtime's workers when many connections are involved.
 //!
 //! Internal channels (`$…`, see [`InternalHandler`]) carry messages between nodes; they reach
 //! the internal handler registered for their prefix, never the fan-out.
@@ -53,12 +54,6 @@ impl Subscribers {
     fn outboxes(&self) -> impl Iterator<Item = &Arc<Outbox>> {
         self.conns.values().chain(self.sampled.values().map(|s| &s.outbox))
     }
-}
-
-tokio::task_local! {
-    /// Set while a batch of publications is published: flushing waits for the batch's end so a
-    /// connection subscribed to many of its channels gets them in one write.
-    pub static IN_BATCH: ();
 }
 
 /// Receives publications on internal channels: names starting with `$`, which no client can
@@ -256,10 +251,9 @@ impl BrokerHandler for Hub {
         });
     }
 
+    /// The broker calls this once per group of deliveries (a batch, a burst from Redis), so a
+    /// connection subscribed to many of the group's channels gets them in one write.
     fn after_publications(&self) {
-        if IN_BATCH.try_with(|_| ()).is_ok() {
-            return;
-        }
         self.flush_pending();
     }
 

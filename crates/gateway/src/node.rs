@@ -16,11 +16,39 @@ use switchboard_protocol::{validate_channel, Format};
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::hub::{Hub, IN_BATCH};
+use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::outbox::{Outbox, PullOptions, Wire};
 
 pub use crate::error::ApiError;
+
+/// Where a publication goes: a channel name that passed [`Node::target`]. Permission checks
+/// take one, so they are never asked about a name that cannot exist.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a>(&'a str);
+
+impl<'a> Target<'a> {
+    pub fn channel(self) -> &'a str {
+        self.0
+    }
+}
+
+/// A publication that passed every check ([`Node::target`], then
+/// [`Node::check_publication`]): the only thing [`Node::publish`], [`Node::publish_batch`] and
+/// a write to a device take.
+#[derive(Debug)]
+pub struct Checked(Outgoing);
+
+impl Checked {
+    pub fn channel(&self) -> &str {
+        &self.0.channel
+    }
+
+    /// The data on one line.
+    pub fn data(&self) -> &Data {
+        &self.0.data
+    }
+}
 
 /// One gateway node.
 pub struct Node {
@@ -179,58 +207,60 @@ impl Node {
         Ok(())
     }
 
-    /// Publishes on behalf of the HTTP API, the simulator or a client (after its permission
-    /// check): validates the channel, size and idempotency key, then hands it to the broker. A
-    /// retry with the same `idempotency_key` on the same channel within
-    /// [`switchboard_broker::IDEMPOTENCY_WINDOW`] answers the first publication's position.
-    pub async fn publish(
-        &self,
-        channel: &str,
-        data: Data,
-        idempotency_key: Option<&str>,
-    ) -> Result<Position, ApiError> {
-        let item = self.outgoing(channel, data, idempotency_key)?;
-        let published = if item.idempotency_key.is_some() {
-            let mut out = self.broker.publish_batch(vec![item]).await;
-            out.pop().unwrap_or_else(|| Err(BrokerError::Unavailable("broker returned no result".into())))
-        } else {
-            self.broker.publish(&item.channel, item.data, item.policy).await
-        };
+    /// Publishes a checked publication ([`Node::check_publication`]) on behalf of the HTTP API,
+    /// the simulator, a source or a client. A retry with the same idempotency key on the same
+    /// channel within [`switchboard_broker::IDEMPOTENCY_WINDOW`] answers the first
+    /// publication's position.
+    pub async fn publish(&self, publication: Checked) -> Result<Position, ApiError> {
+        let mut out = self.broker.publish_batch(vec![publication.0]).await;
+        let published = out.pop().unwrap_or_else(|| Err(BrokerError::Unavailable("broker returned no result".into())));
         published.map_err(|e| self.broker_error(e))
     }
 
-    /// Publishes several publications (channel, data, idempotency key): each is validated as
-    /// by [`Node::publish`], the valid ones go to the broker as one batch (one round trip per
-    /// Redis shard) and every subscriber is written to once for the whole batch. One result
-    /// per item, in order.
-    pub async fn publish_batch(&self, items: Vec<(String, Data, Option<String>)>) -> Vec<Result<Position, ApiError>> {
-        let checked: Vec<Result<Outgoing, ApiError>> =
-            items.into_iter().map(|(channel, data, key)| self.outgoing(&channel, data, key.as_deref())).collect();
-        let valid: Vec<Outgoing> = checked.iter().filter_map(|c| c.as_ref().ok().cloned()).collect();
-        let published = IN_BATCH.scope((), self.broker.publish_batch(valid)).await;
-        self.hub.flush_pending();
-        let mut published = published.into_iter();
-        checked
+    /// Publishes several publications, each checked or refused already: the checked ones go
+    /// to the broker as one batch (one round trip per Redis shard) and every subscriber is
+    /// written to once for the whole batch (the broker flushes after it, see
+    /// [`Broker::publish_batch`]); a refusal stays the item's result. One result per item, in
+    /// order.
+    pub async fn publish_batch(&self, items: Vec<Result<Checked, ApiError>>) -> Vec<Result<Position, ApiError>> {
+        let mut valid: Vec<Outgoing> = Vec::with_capacity(items.len());
+        let slots: Vec<Result<(), ApiError>> = items.into_iter().map(|c| c.map(|c| valid.push(c.0))).collect();
+        let mut published = self.broker.publish_batch(valid).await.into_iter();
+        slots
             .into_iter()
-            .map(|c| match c {
-                Ok(_) => published
+            .map(|slot| {
+                slot?;
+                published
                     .next()
                     .unwrap_or_else(|| Err(BrokerError::Unavailable("broker returned too few results".into())))
-                    .map_err(|e| self.broker_error(e)),
-                Err(e) => Err(e),
+                    .map_err(|e| self.broker_error(e))
             })
             .collect()
     }
 
-    /// The checks every publication passes, wherever it goes (the broker, or a device as a
-    /// write, `crate::sources::write`): a valid channel name (400), data of at most
-    /// `limits.max_publication_bytes` (413) that every format can carry (400). Returns the data
+    /// The first check of every publication: a valid channel name (400). It comes before the
+    /// caller's permission (which only a [`Target`] is asked about), so a name that cannot
+    /// exist is 400 whoever publishes it; the rest waits for [`Node::check_publication`].
+    pub fn target<'a>(&self, channel: &'a str) -> Result<Target<'a>, ApiError> {
+        validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+        Ok(Target(channel))
+    }
+
+    /// The checks every publication passes after its target ([`Node::target`]) and the
+    /// caller's permission, wherever it goes (the broker, or a device as a write,
+    /// `crate::sources::write`): data of at most `limits.max_publication_bytes` (413) that
+    /// every format can carry (400), and a well-formed idempotency key (400). The data is put
     /// on one line, as it is stored and sent: every transport frames messages by line, so a
     /// pretty-printed publication kept verbatim would cut every reply and batch that carries it
-    /// ([`switchboard_protocol::message::single_line`]; data already on one line is returned
-    /// as it came).
-    pub fn check_publication(&self, channel: &str, data: Data) -> Result<Data, ApiError> {
-        validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+    /// ([`switchboard_protocol::message::single_line`]; data already on one line is kept as it
+    /// came). The namespace's history policy is attached.
+    pub fn check_publication(
+        &self,
+        target: Target<'_>,
+        data: Data,
+        idempotency_key: Option<&str>,
+    ) -> Result<Checked, ApiError> {
+        let channel = target.0;
         if data.get().len() > self.config.limits.max_publication_bytes {
             return Err(ApiError::new(
                 code::TOO_LARGE,
@@ -239,19 +269,13 @@ impl Node {
         }
         // Data every subscriber can take, whatever its format (no silent empty deliveries).
         switchboard_protocol::message::check_data(data.get()).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
-        Ok(single_line(&data).map(Arc::new).unwrap_or(data))
-    }
-
-    /// Checks a publication ([`Node::check_publication`], the idempotency key) and attaches its
-    /// namespace's history policy.
-    fn outgoing(&self, channel: &str, data: Data, idempotency_key: Option<&str>) -> Result<Outgoing, ApiError> {
-        let data = self.check_publication(channel, data)?;
         if let Some(key) = idempotency_key {
             check_idempotency_key(key).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
         }
+        let data = single_line(&data).map(Arc::new).unwrap_or(data);
         let mut item = Outgoing::new(channel, data, self.config.history_policy(channel));
         item.idempotency_key = idempotency_key.map(Arc::from);
-        Ok(item)
+        Ok(Checked(item))
     }
 
     /// A receiver that turns true when the node starts shutting down.
@@ -354,7 +378,8 @@ mod tests {
     fn node_publication_data_is_kept_on_one_line() {
         let config = Config::load(None, Vec::new(), &[]).unwrap();
         let node = Node::new(config, Arc::new(switchboard_broker::MemoryBroker::new()));
-        let one_line = |data: Data| node.check_publication("room:1", data).unwrap();
+        let target = node.target("room:1").unwrap();
+        let one_line = |data: Data| node.check_publication(target, data, None).unwrap().data().clone();
         let raw = |s: &str| Arc::new(serde_json::value::RawValue::from_string(s.into()).unwrap());
         let d = one_line(raw("{\"a\":\r\n 1,\n\"s\": \"x\\ny\"}"));
         assert_eq!(d.get(), "{\"a\":   1, \"s\": \"x\\ny\"}");

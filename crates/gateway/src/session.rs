@@ -42,7 +42,7 @@ use switchboard_protocol::{
 
 use crate::auth::limits::Bucket;
 use crate::auth::{Action, Auth, AuthFailure, Identity, Method};
-use crate::node::{ApiError, Node};
+use crate::node::{ApiError, Node, Target};
 use crate::outbox::{Outbox, Pushed};
 use reply::{pub_of, reply_budget};
 
@@ -408,8 +408,8 @@ impl Session {
     }
 
     async fn publish(&mut self, id: Option<u32>, req: PublishRequest) -> Result<(), ApiError> {
-        validate_channel(&req.channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
-        let permitted = self.may_publish(&req.channel);
+        let target = self.node.target(&req.channel)?;
+        let permitted = self.may_publish(target).map(|()| target);
         // A namespace written to a plant data source: the reply is the device's answer, and
         // the attempt is audited whatever the checks said.
         if let Some(source) = crate::sources::write_source(&self.node, &req.channel) {
@@ -421,14 +421,16 @@ impl Session {
         }
         permitted?;
         let data = self.publish_hook(&req.channel, req.data).await?;
-        let pos = self.node.publish(&req.channel, Arc::new(data), req.idempotency_key.as_deref()).await?;
+        let checked = self.node.check_publication(target, Arc::new(data), req.idempotency_key.as_deref())?;
+        let pos = self.node.publish(checked).await?;
         self.ok(id, &serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}));
         Ok(())
     }
 
     /// Whether this client may publish to `channel` now: its namespace takes client
     /// publications, its permissions allow it, and it is within its publish rate.
-    fn may_publish(&mut self, channel: &str) -> Result<(), ApiError> {
+    fn may_publish(&mut self, target: Target<'_>) -> Result<(), ApiError> {
+        let channel = target.channel();
         if !self.node.config.namespace(namespace_of(channel)).client_publish {
             return Err(ApiError::new(code::FORBIDDEN, "clients may not publish in this namespace"));
         }
@@ -448,7 +450,7 @@ impl Session {
         let since = req.since.map(|s| Position { epoch: s.epoch.into(), offset: s.offset });
         let limit = req.limit.unwrap_or(100).min(10_000);
         // A read never creates a channel: an unknown one is 404.
-        let known = self.node.broker.peek(&req.channel).await.map_err(|e| self.node.broker_error(e))?;
+        let known = self.node.broker.last_if_known(&req.channel).await.map_err(|e| self.node.broker_error(e))?;
         let Some((head, _)) = known else {
             return Err(ApiError::new(code::NOT_FOUND, "unknown channel"));
         };

@@ -40,13 +40,13 @@ async fn run(node: Arc<Node>, n: usize, hz: f64) {
         switchboard_supervisor::fault::hit("simulator.tick", "tick");
         let t_ms = switchboard_broker::now_ms();
         let secs = start.elapsed().as_secs_f64();
-        let batch: Vec<(String, switchboard_broker::Data, Option<String>)> = points
+        let batch = points
             .iter_mut()
             .enumerate()
             .filter_map(|(i, p)| {
                 let v = next_value(i, p, secs);
                 let raw = RawValue::from_string(format!("{{\"v\":{v},\"t\":{t_ms},\"q\":\"good\"}}")).ok()?;
-                Some((p.channel.clone(), Arc::new(raw), None))
+                Some(node.target(&p.channel).and_then(|t| node.check_publication(t, Arc::new(raw), None)))
             })
             .collect();
         let _ = node.publish_batch(batch).await;
@@ -109,8 +109,11 @@ async fn chatter(node: Arc<Node>, lines: [&'static str; 6]) {
         let text = lines[n % lines.len()];
         let user = ["ana", "ben", "chen", "dara"][n % 4];
         let body = serde_json::json!({"user": user, "text": text, "t": switchboard_broker::now_ms()}).to_string();
-        if let Ok(raw) = RawValue::from_string(body) {
-            let _ = node.publish(room, Arc::new(raw), None).await;
+        let checked = RawValue::from_string(body)
+            .ok()
+            .and_then(|raw| node.target(room).and_then(|t| node.check_publication(t, Arc::new(raw), None)).ok());
+        if let Some(checked) = checked {
+            let _ = node.publish(checked).await;
         }
     }
 }

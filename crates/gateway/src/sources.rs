@@ -12,14 +12,15 @@ use switchboard_protocol::code;
 use switchboard_sources::{Lease, Sink, Sources, WriteError};
 
 use crate::auth::Identity;
-use crate::node::{ApiError, Node};
+use crate::node::{ApiError, Checked, Node, Target};
 
 pub mod audit;
 pub mod demo;
 pub mod forward;
 
-/// Publishes a source's points through [`Node::publish_batch`]: the same validation, limits
-/// and broker as any publisher. Holds the node weakly: the node owns its sources.
+/// Publishes a source's points through [`Node::publish_batch`], each checked as any
+/// publication is ([`Node::target`], [`Node::check_publication`]): the same limits and broker
+/// as any publisher. Holds the node weakly: the node owns its sources.
 struct NodeSink(Weak<Node>);
 
 #[async_trait::async_trait]
@@ -28,7 +29,9 @@ impl Sink for NodeSink {
         let Some(node) = self.0.upgrade() else {
             return items.iter().map(|_| Err("the node stopped".to_string())).collect();
         };
-        let results = node.publish_batch(items.into_iter().map(|(ch, data)| (ch, data, None)).collect()).await;
+        let checked =
+            items.into_iter().map(|(ch, data)| node.target(&ch).and_then(|t| node.check_publication(t, data, None)));
+        let results = node.publish_batch(checked.collect()).await;
         results.into_iter().map(|r| r.map(drop).map_err(|e| e.to_string())).collect()
     }
 }
@@ -78,11 +81,11 @@ pub fn write_source<'a>(node: &'a Node, channel: &str) -> Option<&'a str> {
 /// Writes a publication to `source` on behalf of `who` and waits for the device's answer:
 /// `{"written": true, "source": name}`, or the refusal.
 ///
-/// `permitted` is the outcome of the caller's permission and rate checks, made as for any
-/// publish; a refusal there is answered (and audited) as it is. The data then passes the
-/// checks every publication passes ([`Node::check_publication`]: channel name, size against
-/// `limits.max_publication_bytes` 413, data every format can carry 400) before the source
-/// sees it. The source answers 502 (the device refused), 503 (not available now, or no answer
+/// `permitted` is the outcome of the checks of the channel name ([`Node::target`]) and of the
+/// caller's permission and rate, made as for any publish; a refusal there is answered (and
+/// audited) as it is. The data then passes the checks every publication passes
+/// ([`Node::check_publication`]: size against `limits.max_publication_bytes` 413, data every
+/// format can carry 400) before the source sees it. The source answers 502 (the device refused), 503 (not available now, or no answer
 /// in time), 400 (not a writable channel or value) or 403 (a target the source is not set up
 /// for). In a cluster a write whose source runs on another node is forwarded there
 /// ([`forward`]) and answered the same way. Every attempt is audited here ([`audit`]), on the
@@ -93,14 +96,14 @@ pub async fn write(
     source: &str,
     channel: &str,
     data: Data,
-    permitted: Result<(), ApiError>,
+    permitted: Result<Target<'_>, ApiError>,
 ) -> Result<serde_json::Value, ApiError> {
     let (t, started) = (switchboard_broker::now_ms(), Instant::now());
     let bytes = data.get().len();
     let author = audit::Author::of(who);
     let mut forwarded = false;
-    let result = match permitted.and_then(|()| node.check_publication(channel, data)) {
-        Ok(data) => deliver(node, source, channel, data, &mut forwarded).await,
+    let result = match permitted.and_then(|t| node.check_publication(t, data, None)) {
+        Ok(checked) => deliver(node, source, &checked, &mut forwarded).await,
         Err(e) => Err(e),
     };
     node.writes.record(audit::Entry {
@@ -119,14 +122,16 @@ pub async fn write(
     Ok(serde_json::json!({"written": true, "source": source}))
 }
 
-/// Hands checked data to the source here, or to the node that runs it (`forwarded` set).
-async fn deliver(node: &Node, source: &str, channel: &str, data: Data, forwarded: &mut bool) -> Result<(), ApiError> {
+/// Hands a checked publication to the source here, or to the node that runs it (`forwarded`
+/// set; that node writes it as it comes).
+async fn deliver(node: &Node, source: &str, checked: &Checked, forwarded: &mut bool) -> Result<(), ApiError> {
     let sources =
         node.sources.get().ok_or_else(|| ApiError::new(code::UNAVAILABLE, "the node's sources are not running"))?;
+    let (channel, data) = (checked.channel(), checked.data());
     match sources.write(source, channel, data.clone()).await {
         Err(WriteError::NotHere(_)) if forward::in_cluster(node) => {
             *forwarded = true;
-            forward::send(node, source, channel, data).await
+            forward::send(node, source, channel, data.clone()).await
         }
         result => result.map_err(api_error),
     }

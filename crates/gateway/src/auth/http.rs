@@ -14,7 +14,9 @@
 //!
 //! Health, readiness, metrics and the dashboard page stay open: they carry no channel data.
 //! The handlers then ask [`allow`] / [`allow_publish`] per channel: API keys may do anything;
-//! tokens and users follow the namespace permissions, and publish only where clients may.
+//! tokens and users follow the namespace permissions, and publish only where clients may. This
+//! module decides permission only: a publication's channel name is checked before it is asked
+//! ([`Node::target`]), its data after ([`Node::check_publication`]).
 //! Every publisher with credentials has a publish rate: each API key its own, each user (token
 //! `sub` or Basic user name) its own across all of its requests; past it an item gets 429.
 
@@ -25,11 +27,11 @@ use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use switchboard_protocol::{code, namespace_of, validate_channel};
+use switchboard_protocol::{code, namespace_of};
 
 use super::credentials::parse_authorization;
 use super::{Action, Identity, Method as AuthMethod};
-use crate::node::{ApiError, Node};
+use crate::node::{ApiError, Node, Target};
 
 /// The authenticated caller of an HTTP API request, attached by [`guard`].
 #[derive(Debug, Clone)]
@@ -120,8 +122,8 @@ pub fn allow(
     node.config.security.auth.check(&who, &node.config.namespace(namespace_of(channel)).allow, action, channel)
 }
 
-fn allow_publish_one(node: &Node, who: &Identity, channel: &str) -> Result<(), ApiError> {
-    validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+fn allow_publish_one(node: &Node, who: &Identity, target: Target<'_>) -> Result<(), ApiError> {
+    let channel = target.channel();
     match who.method {
         // Server-side publishers: an API key, or anyone while the API is open (no auth
         // configured: a node on a trusted network, every permission granted).
@@ -137,10 +139,15 @@ fn allow_publish_one(node: &Node, who: &Identity, channel: &str) -> Result<(), A
     }
 }
 
-/// Checks one HTTP publish: permission, then the caller's publish rate (429).
-pub fn allow_publish(node: &Node, caller: &Option<axum::Extension<Caller>>, channel: &str) -> Result<(), ApiError> {
+/// Checks one HTTP publish to a valid channel ([`Node::target`]): permission, then the
+/// caller's publish rate (429).
+pub fn allow_publish(
+    node: &Node,
+    caller: &Option<axum::Extension<Caller>>,
+    target: Target<'_>,
+) -> Result<(), ApiError> {
     let who = identity(caller);
-    allow_publish_one(node, &who, channel)?;
+    allow_publish_one(node, &who, target)?;
     if take_publishes(node, &who, 1) == 0 {
         return Err(rate_limited(node, &who));
     }
@@ -175,17 +182,18 @@ fn rate_limited(node: &Node, who: &Identity) -> ApiError {
     ApiError::new(code::LIMIT, message)
 }
 
-/// Whether the caller may publish each of `channels`, in order: 401 / 403 for a channel it
-/// may not publish to, 429 for those past its rate (API key or user); a refused permission
-/// costs no token of the rate.
+/// Whether the caller may publish to each of `targets`, in order: a target refused already
+/// (an invalid channel name, [`Node::target`]) stays refused; 401 / 403 for a channel it may
+/// not publish to, 429 for those past its rate (API key or user). A refusal costs no token of
+/// the rate.
 pub fn allow_publish_batch<'a>(
     node: &Node,
     caller: &Option<axum::Extension<Caller>>,
-    channels: impl IntoIterator<Item = &'a str>,
-) -> Vec<Result<(), ApiError>> {
+    targets: impl IntoIterator<Item = Result<Target<'a>, ApiError>>,
+) -> Vec<Result<Target<'a>, ApiError>> {
     let who = identity(caller);
-    let mut verdicts: Vec<Result<(), ApiError>> =
-        channels.into_iter().map(|ch| allow_publish_one(node, &who, ch)).collect();
+    let mut verdicts: Vec<Result<Target<'a>, ApiError>> =
+        targets.into_iter().map(|t| t.and_then(|t| allow_publish_one(node, &who, t).map(|()| t))).collect();
     let wanted = verdicts.iter().filter(|v| v.is_ok()).count();
     let mut granted = take_publishes(node, &who, wanted);
     for v in verdicts.iter_mut().filter(|v| v.is_ok()) {
@@ -226,40 +234,43 @@ mod tests {
     fn auth_http_users_have_a_publish_rate_of_their_own() {
         let node = node();
         let alice = caller(AuthMethod::Token, "alice");
+        let (room, nope) = (node.target("room:1").unwrap(), node.target("nope:1").unwrap());
         // Six (twice the rate) pass, then 429 naming the setting.
-        let verdicts: Vec<_> = (0..10).map(|_| allow_publish(&node, &alice, "room:1")).collect();
+        let verdicts: Vec<_> = (0..10).map(|_| allow_publish(&node, &alice, room)).collect();
         assert_eq!(verdicts.iter().filter(|v| v.is_ok()).count(), 6);
         let refused = verdicts.last().unwrap().as_ref().unwrap_err();
         assert_eq!(refused.code, code::LIMIT);
         assert!(refused.message.contains("limits.publishes_per_user_per_s"), "{}", refused.message);
         assert!(refused.message.contains("more than 3 publications per second by this user"), "{}", refused.message);
         // The same user with Basic credentials shares the bucket; others have their own.
-        assert_eq!(allow_publish(&node, &caller(AuthMethod::Password, "alice"), "room:1").unwrap_err().code, 429);
-        assert!(allow_publish(&node, &caller(AuthMethod::Password, "bob"), "room:1").is_ok());
-        assert!(allow_publish(&node, &caller(AuthMethod::ApiKey(0), "api-key-0"), "room:1").is_ok());
+        assert_eq!(allow_publish(&node, &caller(AuthMethod::Password, "alice"), room).unwrap_err().code, 429);
+        assert!(allow_publish(&node, &caller(AuthMethod::Password, "bob"), room).is_ok());
+        assert!(allow_publish(&node, &caller(AuthMethod::ApiKey(0), "api-key-0"), room).is_ok());
         // A refused permission costs no token.
         let carol = caller(AuthMethod::Token, "carol");
         for _ in 0..10 {
-            assert_eq!(allow_publish(&node, &carol, "nope:1").unwrap_err().code, code::FORBIDDEN);
+            assert_eq!(allow_publish(&node, &carol, nope).unwrap_err().code, code::FORBIDDEN);
         }
-        assert!(allow_publish(&node, &carol, "room:1").is_ok());
+        assert!(allow_publish(&node, &carol, room).is_ok());
     }
 
     #[test]
     fn auth_http_batch_items_past_the_user_rate_get_429() {
         let node = node();
+        let targets = |channels: &[&'static str]| channels.iter().map(|ch| node.target(ch)).collect::<Vec<_>>();
         let channels = ["room:b"; 10];
-        let verdicts = allow_publish_batch(&node, &caller(AuthMethod::Password, "dave"), channels);
+        let verdicts = allow_publish_batch(&node, &caller(AuthMethod::Password, "dave"), targets(&channels));
         let codes: Vec<u16> = verdicts.iter().map(|r| r.as_ref().map_or_else(|e| e.code, |_| 200)).collect();
         assert_eq!(codes, [vec![200; 6], vec![429; 4]].concat());
         // Refused permissions cost no token; another user's batch and an API key's still pass
         // whole (up to their own rates).
-        let mixed = allow_publish_batch(&node, &caller(AuthMethod::Token, "erin"), ["nope:1", "room:b", "nope:2"]);
+        let mixed =
+            allow_publish_batch(&node, &caller(AuthMethod::Token, "erin"), targets(&["nope:1", "room:b", "nope:2"]));
         let codes: Vec<u16> = mixed.iter().map(|r| r.as_ref().map_or_else(|e| e.code, |_| 200)).collect();
         assert_eq!(codes, [code::FORBIDDEN, 200, code::FORBIDDEN]);
-        let erin = allow_publish_batch(&node, &caller(AuthMethod::Token, "erin"), ["room:b"; 5]);
+        let erin = allow_publish_batch(&node, &caller(AuthMethod::Token, "erin"), targets(&["room:b"; 5]));
         assert!(erin.iter().all(Result::is_ok));
-        let key = allow_publish_batch(&node, &caller(AuthMethod::ApiKey(0), "api-key-0"), ["room:b"; 6]);
+        let key = allow_publish_batch(&node, &caller(AuthMethod::ApiKey(0), "api-key-0"), targets(&["room:b"; 6]));
         assert!(key.iter().all(Result::is_ok));
     }
 }

@@ -278,7 +278,8 @@ mod tests {
 
     async fn publish(node: &Node, ch: &str, data: Value) {
         let raw = serde_json::value::to_raw_value(&data).unwrap();
-        node.publish(ch, Arc::new(raw), None).await.unwrap();
+        let checked = node.target(ch).and_then(|t| node.check_publication(t, Arc::new(raw), None)).unwrap();
+        node.publish(checked).await.unwrap();
     }
 
     #[tokio::test]
@@ -316,7 +317,7 @@ mod tests {
             publish(&node, ch, json!({ "i": i, "blob": blob })).await;
         }
         let (mut s, wire) = session(&node);
-        let epoch = node.broker.last(ch).await.unwrap().0.epoch.to_string();
+        let epoch = node.broker.last_or_start(ch).await.unwrap().0.epoch.to_string();
         let cmd = json!({"id": 1, "subscribe": {"channels": [ch], "recover": {ch: {"epoch": epoch, "offset": 0}}}});
         let (r, size) = command(&mut s, &wire, cmd).await;
         assert!(size <= 32 * 1024, "a reply of {size} bytes");

@@ -63,7 +63,7 @@ async fn read_start(node: &Node, name: &str, req: &SubscribeRequest) -> Result<O
     // other way round, publications landing between the two reads were covered by the reply's
     // offset but in neither `recovered` nor `last`: lost.)
     if req.initial || !req.recover.contains_key(name) {
-        let (pos, l) = node.broker.last(name).await.map_err(broker_err)?;
+        let (pos, l) = node.broker.last_or_start(name).await.map_err(broker_err)?;
         if req.deadband.is_some() && l.as_ref().is_some_and(|p| PointView::of(p.data.get()).v.is_none()) {
             return Err(ApiError::new(
                 code::BAD_REQUEST,
