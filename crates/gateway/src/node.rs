@@ -278,6 +278,13 @@ impl Node {
         Ok(Checked(item))
     }
 
+    /// A publication of the node's own publishers (sources, the simulator), which no caller's
+    /// permission governs: [`Node::target`], then [`Node::check_publication`] without an
+    /// idempotency key.
+    pub fn check_own(&self, channel: &str, data: Data) -> Result<Checked, ApiError> {
+        self.check_publication(self.target(channel)?, data, None)
+    }
+
     /// A receiver that turns true when the node starts shutting down.
     pub fn stopping(&self) -> watch::Receiver<bool> {
         self.stop_tx.subscribe()

@@ -46,7 +46,7 @@ async fn run(node: Arc<Node>, n: usize, hz: f64) {
             .filter_map(|(i, p)| {
                 let v = next_value(i, p, secs);
                 let raw = RawValue::from_string(format!("{{\"v\":{v},\"t\":{t_ms},\"q\":\"good\"}}")).ok()?;
-                Some(node.target(&p.channel).and_then(|t| node.check_publication(t, Arc::new(raw), None)))
+                Some(node.check_own(&p.channel, Arc::new(raw)))
             })
             .collect();
         let _ = node.publish_batch(batch).await;
@@ -109,9 +109,7 @@ async fn chatter(node: Arc<Node>, lines: [&'static str; 6]) {
         let text = lines[n % lines.len()];
         let user = ["ana", "ben", "chen", "dara"][n % 4];
         let body = serde_json::json!({"user": user, "text": text, "t": switchboard_broker::now_ms()}).to_string();
-        let checked = RawValue::from_string(body)
-            .ok()
-            .and_then(|raw| node.target(room).and_then(|t| node.check_publication(t, Arc::new(raw), None)).ok());
+        let checked = RawValue::from_string(body).ok().and_then(|raw| node.check_own(room, Arc::new(raw)).ok());
         if let Some(checked) = checked {
             let _ = node.publish(checked).await;
         }

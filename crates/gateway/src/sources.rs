@@ -19,8 +19,7 @@ pub mod demo;
 pub mod forward;
 
 /// Publishes a source's points through [`Node::publish_batch`], each checked as any
-/// publication is ([`Node::target`], [`Node::check_publication`]): the same limits and broker
-/// as any publisher. Holds the node weakly: the node owns its sources.
+/// publication is ([`Node::check_own`]): the same limits and broker as any publisher. Holds the node weakly: the node owns its sources.
 struct NodeSink(Weak<Node>);
 
 #[async_trait::async_trait]
@@ -29,8 +28,7 @@ impl Sink for NodeSink {
         let Some(node) = self.0.upgrade() else {
             return items.iter().map(|_| Err("the node stopped".to_string())).collect();
         };
-        let checked =
-            items.into_iter().map(|(ch, data)| node.target(&ch).and_then(|t| node.check_publication(t, data, None)));
+        let checked = items.into_iter().map(|(ch, data)| node.check_own(&ch, data));
         let results = node.publish_batch(checked.collect()).await;
         results.into_iter().map(|r| r.map(drop).map_err(|e| e.to_string())).collect()
     }
@@ -85,9 +83,9 @@ pub fn write_source<'a>(node: &'a Node, channel: &str) -> Option<&'a str> {
 /// caller's permission and rate, made as for any publish; a refusal there is answered (and
 /// audited) as it is. The data then passes the checks every publication passes
 /// ([`Node::check_publication`]: size against `limits.max_publication_bytes` 413, data every
-/// format can carry 400) before the source sees it. The source answers 502 (the device refused), 503 (not available now, or no answer
-/// in time), 400 (not a writable channel or value) or 403 (a target the source is not set up
-/// for). In a cluster a write whose source runs on another node is forwarded there
+/// format can carry 400) before the source sees it. The source answers 502 (the device
+/// refused), 503 (not available now, or no answer in time), 400 (not a writable channel or
+/// value) or 403 (a target the source is not set up for). In a cluster a write whose source runs on another node is forwarded there
 /// ([`forward`]) and answered the same way. Every attempt is audited here ([`audit`]), on the
 /// node that received it.
 pub async fn write(

@@ -278,7 +278,7 @@ mod tests {
 
     async fn publish(node: &Node, ch: &str, data: Value) {
         let raw = serde_json::value::to_raw_value(&data).unwrap();
-        let checked = node.target(ch).and_then(|t| node.check_publication(t, Arc::new(raw), None)).unwrap();
+        let checked = node.check_own(ch, Arc::new(raw)).unwrap();
         node.publish(checked).await.unwrap();
     }
 

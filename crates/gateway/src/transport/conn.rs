@@ -1,7 +1,8 @@
 //! One accepted TCP connection: the TLS handshake when TLS is configured, then HTTP/1.1 with
-//! upgrades. Every request carries the peer's address (`transport::http::Peer`) for the per-address limits.
-//! A plain connection that opens with an event stream request is served by the stream itself
-//! (`transport::sse::socket`), which owns its socket as a WebSocket connection does.
+//! upgrades. Every request carries the peer's address (`transport::http::Peer`) for the
+//! per-address limits. A plain connection that opens with an event stream request is served by
+//! the stream itself (`transport::sse::socket`), which owns its socket as a WebSocket
+//! connection does.
 //!
 //! Slow clients (slowloris) are cut: the TLS handshake and each request head must complete
 //! within `limits.handshake_timeout_s`.

@@ -1,6 +1,7 @@
 //! Transports: how clients reach a [`Session`](crate::session::Session). `conn` serves an
 //! accepted TCP connection (TLS, HTTP/1.1, the peer address); `tls` holds the TLS configuration
-//! and the TLS wire a WebSocket connection writes through; `ws` is the WebSocket transport.
+//! and the TLS wire a WebSocket connection writes through; `ws` is the WebSocket transport;
+//! `owned` holds what the transports that own their socket share (deadlines, closing).
 //! The HTTP transports share the session and outbox machinery and `http` (admission, CORS):
 //! `sse` streams Server-Sent Events (a stream that opens a plain connection owns its socket and
 //! is written by the fan-out like a WebSocket; otherwise hyper's body takes the framed events),
@@ -9,6 +10,7 @@
 
 pub mod conn;
 pub mod http;
+pub mod owned;
 pub mod poll;
 pub mod poll_session;
 pub mod poll_store;

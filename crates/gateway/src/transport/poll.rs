@@ -316,7 +316,7 @@ pub async fn attach_sse(polls: Arc<Polls>, req: Request, id: String) -> Response
         let mut out = Vec::new();
         if !started {
             started = true;
-            out.extend_from_slice(b"retry: 1000\n\n");
+            out.extend_from_slice(sse::RETRY);
         }
         loop {
             if s.state.load(Relaxed) != LIVE || s.waiter.load(Relaxed) != me {
@@ -348,7 +348,7 @@ pub async fn attach_sse(polls: Arc<Polls>, req: Request, id: String) -> Response
             tokio::select! {
                 _ = s.outbox.notified() => {}
                 _ = tokio::time::sleep(heartbeat) => {
-                    out.extend_from_slice(b": ping\n\n");
+                    out.extend_from_slice(sse::PING);
                     break;
                 }
             }

@@ -61,8 +61,9 @@ pub use events::{event_name, write_event};
 /// Streams with at most this many channels carry every channel's position in each event id.
 pub const FULL_ID_CHANNELS: usize = 32;
 
-/// How long a browser waits before reconnecting a dropped stream (the `retry:` field).
-const RETRY_MS: u32 = 1000;
+/// The field a stream starts with: how long a browser waits before reconnecting a dropped
+/// stream (1 s).
+pub(crate) const RETRY: &[u8] = b"retry: 1000\n\n";
 
 /// The id of the subscribe command a stream sends for its query.
 const SUBSCRIBE_ID: u32 = 1;
@@ -236,16 +237,14 @@ pub async fn handle(State(node): State<Arc<Node>>, req: Request) -> Response {
     let (parts, _) = req.into_parts();
     let offer = parts.extensions.get::<socket::SocketOffer>().cloned();
     let wire = offer.as_ref().map(|o| o.wire.clone() as Arc<dyn Wire>);
-    let mut r = match open(&node, &parts, query.as_deref(), wire).await {
-        Err(r) => r,
-        Ok(opened) if offer.is_some() => {
+    let mut r = match (open(&node, &parts, query.as_deref(), wire).await, offer) {
+        (Err(r), _) => r,
+        (Ok(opened), Some(offer)) => {
             // The stream owns its socket: `socket` writes this head and runs it.
-            if let Some(o) = offer {
-                *o.taken.lock() = Some(opened);
-            }
+            *offer.taken.lock() = Some(opened);
             stream_response(Body::empty())
         }
-        Ok(Opened { session, outbox, slot }) => {
+        (Ok(Opened { session, outbox, slot }), None) => {
             let stream = Stream {
                 node: node.clone(),
                 deadline: session.deadline(),

@@ -39,10 +39,8 @@ use crate::node::Node;
 use crate::outbox::Wire;
 use crate::session::{CloseReason, Session};
 use crate::transport::http::Peer;
+use crate::transport::owned::{instant_of, linger, CLOSE_GRACE};
 use crate::transport::tls::TlsWire;
-
-/// How long a closing connection may take to write its last frames and see the peer go.
-const CLOSE_GRACE: Duration = Duration::from_secs(3);
 
 /// What the handshake decided about a connection, carried into its task.
 struct Admitted {
@@ -376,11 +374,6 @@ enum Wake {
     Other,
 }
 
-/// The wall-clock `deadline` as a Tokio instant.
-fn instant_of(deadline: SystemTime) -> tokio::time::Instant {
-    tokio::time::Instant::now() + deadline.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO)
-}
-
 /// Runs one connection to its end.
 async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, max_frame: usize, admitted: Admitted) {
     let _ = socket.tcp().set_nodelay(true);
@@ -624,22 +617,5 @@ async fn finish(socket: &Socket, outbox: &crate::outbox::Outbox) {
         t.close_notify();
         let _ = t.flush();
     }
-    let _ = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Write);
-    let mut buf = [0u8; 1024];
-    loop {
-        tokio::select! {
-            r = stream.readable() => {
-                if r.is_err() {
-                    return;
-                }
-                match stream.try_read(&mut buf) {
-                    Ok(0) => return,
-                    Ok(_) => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(_) => return,
-                }
-            }
-            _ = tokio::time::sleep_until(deadline) => return,
-        }
-    }
+    linger(stream, deadline).await;
 }

@@ -13,7 +13,7 @@ use indexmap::IndexMap;
 use switchboard_protocol::message::encode_publication;
 use switchboard_protocol::Format;
 
-use super::{ChannelPos, ChannelResult, PubIn, ReplyIn, FULL_ID_CHANNELS, RETRY_MS};
+use super::{ChannelPos, ChannelResult, PubIn, ReplyIn, FULL_ID_CHANNELS, RETRY};
 use crate::outbox::{Framer, Kind, Message};
 
 /// Appends one event. `data` is one JSON message; the server's JSON has no raw line breaks,
@@ -197,7 +197,7 @@ impl Framer for StreamEvents {
     fn frame(&mut self, out: &mut Vec<u8>, m: &Message) {
         if !self.started {
             self.started = true;
-            let _ = write!(out, "retry: {RETRY_MS}\n\n");
+            out.extend_from_slice(RETRY);
         }
         match &m.kind {
             Kind::Pub { ch, off } => {

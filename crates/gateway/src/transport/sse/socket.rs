@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::request::Parts;
@@ -36,6 +36,7 @@ use crate::node::Node;
 use crate::outbox::{Outbox, Pushed};
 use crate::transport::http as transport_http;
 use crate::transport::http::Peer;
+use crate::transport::owned::{discard_input, instant_of, linger, CLOSE_GRACE};
 
 /// The request line prefix of a stream this module serves.
 const PREFIX: &[u8] = b"GET /sse?";
@@ -45,9 +46,6 @@ const MAX_HEAD: usize = 16 * 1024;
 
 /// Most headers read here; a request with more goes to hyper.
 const MAX_HEADERS: usize = 64;
-
-/// How long a closing stream waits for its last events to be taken.
-const CLOSE_GRACE: Duration = Duration::from_secs(3);
 
 /// What the first bytes of a connection are.
 pub enum First {
@@ -132,7 +130,7 @@ pub async fn serve(node: Arc<Node>, app: Router, tcp: TcpStream, parts: Box<Part
     let sent = tokio::time::timeout(timeout, write_all(&tcp, &head)).await.is_ok_and(|r| r.is_ok());
     let Some(Opened { mut session, outbox, slot }) = opened else {
         if sent {
-            linger(&tcp).await;
+            linger(&tcp, tokio::time::Instant::now() + CLOSE_GRACE).await;
         }
         return;
     };
@@ -200,7 +198,8 @@ async fn run(node: &Node, tcp: &TcpStream, session: &mut crate::session::Session
     let heartbeat = Duration::from_secs(node.config.transports.sse_heartbeat_s);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
     let mut deadline = session.deadline();
-    let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = deadline.map(|d| Box::pin(sleep_until(d)));
+    let mut timer: Option<Pin<Box<tokio::time::Sleep>>> =
+        deadline.map(|d| Box::pin(tokio::time::sleep_until(instant_of(d))));
     loop {
         if outbox.is_closing() {
             return false;
@@ -213,7 +212,7 @@ async fn run(node: &Node, tcp: &TcpStream, session: &mut crate::session::Session
                 Err(_) => return true,
             },
             r = tcp.readable() => {
-                if r.is_err() || client_gone(tcp) {
+                if r.is_err() || discard_input(tcp) {
                     return true;
                 }
             }
@@ -228,30 +227,10 @@ async fn run(node: &Node, tcp: &TcpStream, session: &mut crate::session::Session
                     outbox.close(reason.code, &reason.reason, true);
                 }
                 deadline = session.deadline();
-                timer = deadline.map(|d| Box::pin(sleep_until(d)));
+                timer = deadline.map(|d| Box::pin(tokio::time::sleep_until(instant_of(d))));
             }
         }
     }
-}
-
-fn sleep_until(deadline: SystemTime) -> tokio::time::Sleep {
-    tokio::time::sleep(deadline.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO))
-}
-
-/// Reads what the client sent after its request (nothing, normally) and discards it; true
-/// when the client closed or reset the connection.
-fn client_gone(tcp: &TcpStream) -> bool {
-    let mut buf = [0u8; 512];
-    for _ in 0..128 {
-        match tcp.try_read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return true,
-        }
-    }
-    false
 }
 
 /// Writes out the last events (the `disconnect`), then lets the client go.
@@ -267,19 +246,5 @@ async fn finish(tcp: &TcpStream, outbox: &Outbox) {
             _ = tokio::time::sleep_until(deadline) => return,
         }
     }
-    linger(tcp).await;
-}
-
-/// Half-closes and waits briefly for the client to close, so what was written is not lost to
-/// a reset.
-async fn linger(tcp: &TcpStream) {
-    let _ = socket2::SockRef::from(tcp).shutdown(std::net::Shutdown::Write);
-    let _ = tokio::time::timeout(CLOSE_GRACE, async {
-        while tcp.readable().await.is_ok() {
-            if client_gone(tcp) {
-                return;
-            }
-        }
-    })
-    .await;
+    linger(tcp, deadline).await;
 }
