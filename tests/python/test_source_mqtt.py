@@ -269,6 +269,36 @@ def _redis(tmp_path):
     return proc, f"redis://127.0.0.1:{port}"
 
 
+def test_source_mqtt_forwarded_write_passes_the_checks_of_the_node_that_runs_the_source(start_server, tmp_path,
+                                                                                        mosquitto):
+    """The node that runs the source checks a forwarded write as it checks its own: data within
+    node-b's limits but over node-a's is refused by node-a (413), and the device sees nothing."""
+    redis, url = _redis(tmp_path)
+    try:
+        extra = 'source_lease_ttl_s = 3\n[namespaces.pt]\nclient_publish = true\nwrite_source = "plant"\n'
+        cfg = source_config(tmp_path, mosquitto, extra=extra)
+        a = start_server("--config", cfg, "--broker", url, "--jwt-secret", SECRET,
+                         env={"SWITCHBOARD_NODE_ID": "node-a", "SWITCHBOARD_LIMITS__MAX_PUBLICATION_BYTES": "64"})
+        wait_until("node-a runs the source", lambda: metric_value(a, "source_connected") == 1)
+        b = start_server("--config", cfg, "--broker", url, "--jwt-secret", SECRET, env={"SWITCHBOARD_NODE_ID": "node-b"})
+        time.sleep(1)
+        assert metric_value(b, "source_active") == 0, "the lease is node-a's"
+        u = uniq()
+        ch = f"pt:plant.{u}.sp"
+        allowed = {"Authorization": f"Bearer {token([f'pt:plant.{u}.*'])}"}
+        r = http("POST", b.http_url + "/api/publish", {"channel": ch, "data": {"v": 1, "note": "x" * 100}},
+                 headers=allowed)
+        assert r.status == 413, r.body
+        assert "64 bytes" in r.json()["error"]["message"], r.body
+        r = http("POST", b.http_url + "/api/publish", {"channel": ch, "data": 7}, headers=allowed)
+        assert r.status == 200 and r.json() == {"written": True, "source": "plant"}, r.body
+        assert (forwarded(b, "sent"), forwarded(a, "served")) == (2, 2)
+        assert metric_value(a, "source_writes_total") == 1, "only the write within node-a's limits reached the device"
+    finally:
+        redis.kill()
+        redis.wait()
+
+
 def sb_free_port() -> int:
     from mqtt_kit import free_port
     return free_port()

@@ -144,6 +144,21 @@ struct OutState {
     wrote: bool,
 }
 
+impl OutState {
+    /// Everything is written: frees what an idle connection would otherwise keep, the queue's
+    /// and the conflation map's capacity and the last frame (a shared frame stays alive as
+    /// long as any outbox points into it).
+    fn release_idle(&mut self) {
+        if self.queue.is_empty() && self.queue.capacity() > 0 {
+            self.queue = VecDeque::new();
+        }
+        if self.latest.is_empty() && self.latest.capacity() > 0 {
+            self.latest = HashMap::new();
+        }
+        self.current = Bytes::new();
+    }
+}
+
 /// What [`Outbox::push`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Pushed {
@@ -373,6 +388,7 @@ impl Outbox {
         };
         loop {
             if st.current.is_empty() && !self.next_chunk(st) {
+                st.release_idle();
                 if st.close_code.is_some() {
                     self.wake.notify_one();
                 }

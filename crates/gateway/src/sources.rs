@@ -121,7 +121,7 @@ pub async fn write(
 }
 
 /// Hands a checked publication to the source here, or to the node that runs it (`forwarded`
-/// set; that node writes it as it comes).
+/// set; that node checks it again, against its own limits, and writes it).
 async fn deliver(node: &Node, source: &str, checked: &Checked, forwarded: &mut bool) -> Result<(), ApiError> {
     let sources =
         node.sources.get().ok_or_else(|| ApiError::new(code::UNAVAILABLE, "the node's sources are not running"))?;

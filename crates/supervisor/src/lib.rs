@@ -165,8 +165,11 @@ fn caught(site: &'static str, payload: &(dyn Any + Send)) -> Panicked {
 
 /// Awaits `fut`; a panic inside it becomes `Err`, logged and counted under `site`. For work done
 /// on behalf of one client (its commands), so a panic closes that client only.
-pub async fn catch<T>(site: &'static str, fut: impl Future<Output = T>) -> Result<T, Panicked> {
-    AssertUnwindSafe(fut).catch_unwind().await.map_err(|p| caught(site, p.as_ref()))
+///
+/// A plain function returning the wrapped future: an `async fn` would keep `fut` twice in its
+/// state (the argument and the future it awaits), doubling what a connection's task holds.
+pub fn catch<T>(site: &'static str, fut: impl Future<Output = T>) -> impl Future<Output = Result<T, Panicked>> {
+    AssertUnwindSafe(fut).catch_unwind().map(move |r| r.map_err(|p| caught(site, p.as_ref())))
 }
 
 /// Runs `f`; a panic inside it becomes `Err`, logged and counted under `site`. For the part of a

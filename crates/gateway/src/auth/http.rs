@@ -83,7 +83,9 @@ pub async fn guard(State(node): State<Arc<Node>>, mut req: Request, next: Next) 
                         let header = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
                         auth.client_ip(p.0.ip(), header("x-forwarded-for"), header("x-real-ip"))
                     });
-                    auth.authenticate_http(c, ip.filter(|ip| !auth.is_exempt(*ip))).await
+                    // Boxed: checking credentials may wait on a key set or a password hash, a
+                    // large future that every request (most need no credentials) would carry.
+                    Box::pin(auth.authenticate_http(c, ip.filter(|ip| !auth.is_exempt(*ip)))).await
                 }
             };
             match verdict {

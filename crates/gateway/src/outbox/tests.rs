@@ -253,3 +253,32 @@ fn outbox_close_while_a_subscribe_holds_drops_what_it_held() {
     assert_eq!(msgs[0]["pub"]["off"], 1, "what was sent before the subscribe stays");
     assert_eq!(msgs[1]["disconnect"]["code"], 4008);
 }
+
+#[test]
+fn outbox_written_out_keeps_no_queue_no_conflation_map_and_no_frame() {
+    let wire = TestWire::open(0);
+    let ob = outbox(&wire, 1 << 20);
+    let shared = delivery("a", 1, "1");
+    let _ = ob.push(shared.clone(), false);
+    for i in 2..=20u64 {
+        let _ = ob.push(delivery("a", i, &i.to_string()), false);
+        let _ = ob.push(delivery("pt:b", i, &i.to_string()), true);
+    }
+    ob.flush();
+    {
+        let st = ob.state.lock();
+        assert!(st.queue.capacity() > 0 && st.latest.capacity() > 0, "a blocked outbox holds what is queued");
+    }
+    *wire.room.lock() = usize::MAX;
+    ob.flush_blocked();
+    let offs = |ch: &str| -> Vec<u64> {
+        wire.messages().iter().filter(|m| m["pub"]["ch"] == ch).map(|m| m["pub"]["off"].as_u64().unwrap()).collect()
+    };
+    assert_eq!((offs("a"), offs("pt:b")), ((1..=20).collect(), vec![20]));
+    let st = ob.state.lock();
+    assert_eq!((st.queue.capacity(), st.latest.capacity(), st.current.len()), (0, 0, 0));
+    drop(st);
+    let frame = shared.frame.bytes.clone();
+    drop(shared);
+    assert!(frame.is_unique(), "the outbox keeps no reference to a frame it wrote");
+}

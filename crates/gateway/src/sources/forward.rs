@@ -187,27 +187,30 @@ impl InternalHandler for Internal {
     }
 }
 
-/// Makes a forwarded write if `source` runs here, and answers the node that forwarded it.
+/// Makes a forwarded write if `source` runs here, and answers the node that forwarded it. The
+/// data passes the checks of every publication ([`Node::check_publication`]) here as well: the
+/// node that runs the source is the one whose limits the device is set up with.
 async fn serve(node: Arc<Node>, source: String, request: Request) {
     let Some(sources) = node.sources.get() else { return };
     let result = if super::write_source(&node, &request.channel) != Some(source.as_str()) {
         // The nodes' configurations differ.
-        Err(WriteError::NotWritable(format!(
+        Err(super::api_error(WriteError::NotWritable(format!(
             "channel {} is not written to source {source} on the node that runs it",
             request.channel
-        )))
+        ))))
     } else {
-        sources.write(&source, &request.channel, Arc::new(request.data)).await
-    };
-    let error = match result {
-        // Not (or no longer) here: the node it runs on answers.
-        Err(WriteError::NotHere(_)) => return,
-        Ok(()) => None,
-        Err(e) => {
-            let e = super::api_error(e);
-            Some(ApiErrorBody { code: e.code, message: e.message })
+        let checked =
+            node.target(&request.channel).and_then(|t| node.check_publication(t, Arc::new(request.data), None));
+        match checked {
+            Ok(checked) => match sources.write(&source, checked.channel(), checked.data().clone()).await {
+                // Not (or no longer) here: the node it runs on answers.
+                Err(WriteError::NotHere(_)) => return,
+                r => r.map_err(super::api_error),
+            },
+            Err(e) => Err(e),
         }
     };
+    let error = result.err().map(|e| ApiErrorBody { code: e.code, message: e.message });
     node.forwarded.served.fetch_add(1, Relaxed);
     let reply = Reply { id: request.id, error };
     if let Err(e) = publish(&node, &format!("{REPLIES}{}", request.node), &reply).await {

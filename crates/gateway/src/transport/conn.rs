@@ -1,8 +1,8 @@
 //! One accepted TCP connection: the TLS handshake when TLS is configured, then HTTP/1.1 with
 //! upgrades. Every request carries the peer's address (`transport::http::Peer`) for the
 //! per-address limits. A plain connection that opens with an event stream request is served by
-//! the stream itself (`transport::sse::socket`), which owns its socket as a WebSocket
-//! connection does.
+//! the stream itself (`transport::sse::socket`), in a task of its own, which owns its socket as
+//! a WebSocket connection does.
 //!
 //! Slow clients (slowloris) are cut: the TLS handshake and each request head must complete
 //! within `limits.handshake_timeout_s`.
@@ -29,16 +29,20 @@ pub async fn serve(node: Arc<Node>, app: Router, tcp: TcpStream, peer: SocketAdd
         req.extensions_mut().insert(Peer(peer));
         req
     });
+    // hyper's connection and the TLS handshake are boxed: each is a large future, and a
+    // connection needs only the ones it uses.
     match node.config.security.tls.clone() {
         None => match sse::socket::first_request(&tcp, peer, timeout).await {
-            First::Stream(parts) => sse::socket::serve(node, app, tcp, parts).await,
-            First::Http => serve_http(TokioIo::new(tcp), svc, timeout).await,
+            // The stream gets a task of its own that holds only the stream's state; this one,
+            // sized for hyper's connections, ends here.
+            First::Stream(parts) => drop(tokio::spawn(sse::socket::serve(node, app, tcp, parts))),
+            First::Http => Box::pin(serve_http(TokioIo::new(tcp), svc, timeout)).await,
             First::Gone => {}
         },
         Some(tls) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-            match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => serve_http(TokioIo::new(stream), svc, timeout).await,
+            match Box::pin(tokio::time::timeout(timeout, acceptor.accept(tcp))).await {
+                Ok(Ok(stream)) => Box::pin(serve_http(TokioIo::new(stream), svc, timeout)).await,
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
             }

@@ -199,10 +199,8 @@ fn no_commands(body: &[u8]) -> bool {
 
 /// `GET /poll/{session}`.
 async fn poll(State(polls): State<Arc<Polls>>, Path(id): Path<String>, req: Request) -> Response {
-    let headers = req.headers().clone();
-    let q = req.uri().query().map(str::to_string);
     let max = Duration::from_secs(polls.node.config.transports.poll_timeout_s);
-    let mut r = match ack_and_timeout(q.as_deref(), max) {
+    let mut r = match ack_and_timeout(req.uri().query(), max) {
         Err(r) => r,
         Ok((ack, timeout)) => match polls.find(&id, ack, req.headers(), req.extensions().get::<Peer>()).await {
             Err(r) => r,
@@ -210,7 +208,7 @@ async fn poll(State(polls): State<Arc<Polls>>, Path(id): Path<String>, req: Requ
             Ok(Found::Session(s)) => polls.poll_once(&s, ack, timeout).await,
         },
     };
-    transport_http::cors(&headers, &polls.node, &mut r);
+    transport_http::cors(req.headers(), &polls.node, &mut r);
     r
 }
 

@@ -246,7 +246,9 @@ impl Polls {
             }
         }
         s.outbox.wake();
-        self.release(s, live).await;
+        // Boxed: the session's teardown waits on the broker, a large future that every poll
+        // (which may end up here) would otherwise carry.
+        Box::pin(self.release(s, live)).await;
     }
 
     pub(crate) async fn release(&self, s: &Arc<PollSession>, live: &mut Live) {
@@ -282,8 +284,13 @@ impl Polls {
                 return Ok(Found::Session(s));
             }
         }
-        let admitted = transport_http::admit(&self.node, headers, peer, None, false).await?;
-        self.take_over(id, ack, admitted.exempt(), admitted.limited_ip).await
+        // Boxed: a takeover waits on the store, a large future that a poll of a session held
+        // here (every poll but a session's first on this node) would otherwise carry.
+        Box::pin(async {
+            let admitted = transport_http::admit(&self.node, headers, peer, None, false).await?;
+            self.take_over(id, ack, admitted.exempt(), admitted.limited_ip).await
+        })
+        .await
     }
 
     /// Takes the session over from the store (see the module docs).
@@ -684,7 +691,7 @@ impl Polls {
         let body = batch_body(live.seq, &messages);
         live.last_batch = Some((live.seq, body.clone()));
         if let Some(code) = closed {
-            self.finish(s, &mut live, code).await;
+            Box::pin(self.finish(s, &mut live, code)).await;
         } else if !self.save(s, &mut live).await {
             // Another node holds the session now and recovers these from history.
             return json_response(StatusCode::OK, batch_body(seq, &[]));

@@ -12,8 +12,11 @@
 //! asked for), the task stops reading its commands; everything queued counts against
 //! `max_pending_bytes`, past which the connection closes with 4008 (`outbox`).
 //!
-//! The task holds no read buffer while idle: reads land in a stack buffer, and only a partial
-//! frame is kept between reads. That keeps an idle connection to a few hundred bytes of heap.
+//! An idle connection holds no buffers: reads land in a stack buffer, only a partial frame is
+//! kept between reads, hyper's handshake buffer is freed with the upgrade, and the outbox frees
+//! its queue once written out. What stays is the connection's task (the read loop's state,
+//! under 2 KiB; command handling and teardown are boxed while they run), its session and its
+//! outbox: under 4 KiB of server memory per idle subscribed connection (docs/benchmarks.md).
 
 use std::io;
 use std::net::IpAddr;
@@ -52,6 +55,10 @@ struct Admitted {
     exempt: bool,
     /// The request headers the connect hook is told (`proxy.headers`).
     hook_headers: std::collections::BTreeMap<String, String>,
+    format: Format,
+    max_frame: usize,
+    /// Bytes that came after the handshake, before the connection's task read anything.
+    leftover: Vec<u8>,
 }
 
 fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -126,17 +133,19 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
         tracing::debug!(ip = ?ip, reason = %e, "handshake credentials refused");
     }
     let hook_headers = node.config.hooks.pick_headers(req.headers().iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
-    let admitted = Admitted {
+    let format = format.unwrap_or(Format::Json);
+    let mut admitted = Admitted {
         identity,
         slot: limited.map(|ip| auth.limiter.acquire(ip)),
         exempt: limited.is_none(),
         hook_headers,
+        format,
+        max_frame: node.config.limits.max_frame_bytes,
+        leftover: Vec::new(),
     };
-    let format = format.unwrap_or(Format::Json);
     // Echo the chosen protocol only when the client offered it.
     let echo = offered.contains(&format.subprotocol()).then_some(format.subprotocol());
     let on_upgrade = hyper::upgrade::on(&mut req);
-    let max_frame = node.config.limits.max_frame_bytes;
     tokio::spawn(async move {
         let upgraded = match on_upgrade.await {
             Ok(u) => u,
@@ -145,28 +154,26 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
                 return;
             }
         };
-        // The socket is taken out of hyper before anything is awaited, so the task keeps no
-        // slot for the TLS stream type it was not (rustls state is kilobytes): an idle
-        // connection's task stays a few hundred bytes.
+        // The socket is taken out of hyper, and the bytes that came after the handshake are
+        // copied out of hyper's read buffer (usually none), so the buffer is freed here.
         let taken = match upgraded.downcast::<TokioIo<TcpStream>>() {
-            Ok(parts) => Some((Socket::Plain(Arc::new(parts.io.into_inner())), parts.read_buf)),
+            Ok(parts) => Some((Socket::Plain(Arc::new(parts.io.into_inner())), parts.read_buf.to_vec())),
             Err(u) => match u.downcast::<TokioIo<tokio_rustls::server::TlsStream<TcpStream>>>() {
                 Ok(parts) => {
                     let (tcp, session) = parts.io.into_inner().into_inner();
-                    Some((Socket::Tls(Arc::new(TlsWire::new(tcp, session))), parts.read_buf))
+                    Some((Socket::Tls(Arc::new(TlsWire::new(tcp, session))), parts.read_buf.to_vec()))
                 }
                 Err(_) => None,
             },
         };
+        // The connection gets a task of its own, holding only the connection's state: not the
+        // upgrade's, nor a slot for the TLS stream type it was not (rustls state is kilobytes).
+        // A panic outside command handling (which the session catches itself) ends this
+        // connection only; its session's teardown runs in `Drop` as the task unwinds.
         match taken {
-            // A panic outside command handling (which the session catches itself) ends this
-            // connection only; its session's teardown runs in `Drop` as the task unwinds.
             Some((socket, leftover)) => {
-                let _ = switchboard_supervisor::catch(
-                    "connection",
-                    run(node, socket, leftover, format, max_frame, admitted),
-                )
-                .await;
+                admitted.leftover = leftover;
+                tokio::spawn(switchboard_supervisor::catch("connection", run(node, socket, Box::new(admitted))));
             }
             None => tracing::error!("upgraded connection is neither TCP nor TLS over TCP"),
         }
@@ -375,7 +382,9 @@ enum Wake {
 }
 
 /// Runs one connection to its end.
-async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, max_frame: usize, admitted: Admitted) {
+async fn run(node: Arc<Node>, socket: Socket, admitted: Box<Admitted>) {
+    // Unboxed at once, so the connection's state keeps no copy of what the handshake decided.
+    let Admitted { identity, slot, exempt, hook_headers, format, max_frame, leftover } = *admitted;
     let _ = socket.tcp().set_nodelay(true);
     let outbox = match node.register(format, socket.wire()) {
         Ok(ob) => ob,
@@ -388,7 +397,7 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
     // the broker lost ends with an `unsubscribed` push, the others keep streaming.
     outbox.accept_resubscribes();
     // Refusals that waited for the upgrade so the client can be told why.
-    let refusal = match (&admitted.slot, &admitted.identity) {
+    let refusal = match (&slot, &identity) {
         (Some(None), _) => {
             node.metrics.rejected_connections.fetch_add(1, Relaxed);
             Some(CloseReason::new(close::TOO_MANY, "too many connections from this address"))
@@ -407,22 +416,22 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
         return;
     }
     // Held until the connection ends: it frees the address's slot on drop.
-    let _slot = admitted.slot;
+    let _slot = slot;
     let mut session = Session::new(node.clone(), outbox.clone());
-    let identity = admitted.identity.ok().flatten();
+    let identity = identity.ok().flatten();
     if identity.is_none() && node.config.security.auth.has_connect_hook() {
-        let ctx = crate::session::ConnectContext { transport: "websocket", headers: admitted.hook_headers };
+        let ctx = crate::session::ConnectContext { transport: "websocket", headers: hook_headers };
         session.await_connect_hook(ctx);
     }
     session.set_identity(identity);
-    session.set_rate_exempt(admitted.exempt);
+    session.set_rate_exempt(exempt);
     session.set_limited_ip(_slot.as_ref().and_then(|g| g.as_ref().map(|g| g.ip())));
     let mut reader = FrameReader { max: max_frame, partial: Vec::new(), fragments: None, started: None };
     let message_timeout = Duration::from_secs(node.config.limits.handshake_timeout_s);
-    let mut events = Vec::new();
     let mut stop = node.stopping();
     if !leftover.is_empty() {
-        let mut data = leftover.to_vec();
+        let mut data = leftover;
+        let mut events = Vec::new();
         match reader.feed(&mut data, &mut events) {
             Ok(()) => {
                 if let Err(reason) = Box::pin(handle_events(&mut session, &mut events)).await {
@@ -490,21 +499,25 @@ async fn run(node: Arc<Node>, socket: Socket, leftover: Bytes, format: Format, m
                     session.outbox().close(reason.code, &reason.reason, true);
                 }
             }
-            Wake::Read => match reader.read(&socket, &mut events) {
-                Ok(0) => {}
-                Ok(_) => {
-                    outbox.last_seen.store(crate::unix_s(), Relaxed);
-                    // Boxed: command handling needs a large future, but only while a
-                    // command runs; an idle connection keeps just this loop's small state.
-                    let (handled, done) =
-                        Box::pin(handle_until_closed(&mut session, &mut events, &socket, &outbox)).await;
-                    finished |= done;
-                    if let Err(reason) = handled {
-                        close_with(&node, &session, reason);
+            Wake::Read => {
+                // The events of one read: allocated only while a read has some.
+                let mut events = Vec::new();
+                match reader.read(&socket, &mut events) {
+                    Ok(0) => {}
+                    Ok(_) => {
+                        outbox.last_seen.store(crate::unix_s(), Relaxed);
+                        // Boxed: command handling needs a large future, but only while a
+                        // command runs; an idle connection keeps just this loop's small state.
+                        let (handled, done) =
+                            Box::pin(handle_until_closed(&mut session, &mut events, &socket, &outbox)).await;
+                        finished |= done;
+                        if let Err(reason) = handled {
+                            close_with(&node, &session, reason);
+                        }
                     }
+                    Err(e) => read_failed(&node, &session, e),
                 }
-                Err(e) => read_failed(&node, &session, e),
-            },
+            }
         }
     }
     // The client is let go at once; the teardown (which may wait on a failing broker: presence

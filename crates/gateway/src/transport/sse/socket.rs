@@ -111,6 +111,25 @@ pub(crate) struct SocketOffer {
 /// Serves the request `parts` on `tcp` through `app` — the node's routes and middleware, as
 /// any request — and, when the route opened a stream on the socket, the stream to its end.
 pub async fn serve(node: Arc<Node>, app: Router, tcp: TcpStream, parts: Box<Parts>) {
+    // Boxed: the request's routing and answer need a large future, but only until the head is
+    // out; an open stream keeps just its own small state.
+    let Some((tcp, Opened { mut session, outbox, slot })) = Box::pin(answer(&node, app, tcp, parts)).await else {
+        return;
+    };
+    // The head is out: the events queued meanwhile (the subscribe's) follow it.
+    outbox.flush_blocked();
+    let gone = run(&node, &tcp, &mut session, &outbox).await;
+    let teardown = Box::pin(end(node.clone(), session, outbox.clone()));
+    match gone {
+        true => teardown.await,
+        false => drop(tokio::join!(teardown, Box::pin(finish(&tcp, &outbox)))),
+    }
+    drop(slot);
+}
+
+/// Routes the request and writes the answer's head; returns the stream the route opened on
+/// the socket once its head is out. A refusal is written whole and the client let go.
+async fn answer(node: &Arc<Node>, app: Router, tcp: TcpStream, parts: Box<Parts>) -> Option<(Arc<TcpStream>, Opened)> {
     let mut parts = *parts;
     let _ = tcp.set_nodelay(true);
     let tcp = Arc::new(tcp);
@@ -123,30 +142,22 @@ pub async fn serve(node: Arc<Node>, app: Router, tcp: TcpStream, parts: Box<Part
     let opened = offer.taken.lock().take();
     drop(offer);
     let timeout = Duration::from_secs(node.config.limits.handshake_timeout_s);
-    let head = match head_of(response, opened.is_some()).await {
-        Some(h) => h,
-        None => return,
-    };
+    let head = head_of(response, opened.is_some()).await?;
     let sent = tokio::time::timeout(timeout, write_all(&tcp, &head)).await.is_ok_and(|r| r.is_ok());
-    let Some(Opened { mut session, outbox, slot }) = opened else {
-        if sent {
-            linger(&tcp, tokio::time::Instant::now() + CLOSE_GRACE).await;
+    match opened {
+        Some(opened) if sent => Some((tcp, opened)),
+        Some(Opened { session, outbox, slot }) => {
+            end(node.clone(), session, outbox).await;
+            drop(slot);
+            None
         }
-        return;
-    };
-    if sent {
-        // The head is out: the events queued meanwhile (the subscribe's) follow it.
-        outbox.flush_blocked();
-        let gone = run(&node, &tcp, &mut session, &outbox).await;
-        let teardown = end(node.clone(), session, outbox.clone());
-        match gone {
-            true => teardown.await,
-            false => drop(tokio::join!(teardown, finish(&tcp, &outbox))),
+        None => {
+            if sent {
+                linger(&tcp, tokio::time::Instant::now() + CLOSE_GRACE).await;
+            }
+            None
         }
-    } else {
-        end(node.clone(), session, outbox).await;
     }
-    drop(slot);
 }
 
 /// The bytes of `r`'s head — and of its body, unless it is the head of a `stream` — for a
