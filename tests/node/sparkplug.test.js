@@ -191,7 +191,7 @@ function startServer() {
 kind = "mqtt"
 name = "plant"
 url = "mqtt://127.0.0.1:${mqttPort}"
-topics = ["spBv1.0/#"]
+topics = ["plant/#", "spBv1.0/#"]
 channel = "pt:{topic}"
 client_id = "sb-node-test-${process.pid}"
 
@@ -217,11 +217,31 @@ write_source = "plant"
   });
 }
 
+// The source subscribes after it connects, some time after the node listens; a birth published
+// before that would be lost (it is not retained). Probe values on `plant/probe` until one comes
+// through: the source's topic filters are subscribed together, so `spBv1.0/#` is then too.
+async function sourceSubscribed() {
+  const probe = await Mqtt.connect(mqttPort, `probe-${process.pid}`);
+  try {
+    const deadline = Date.now() + 20000;
+    for (;;) {
+      await probe.publish('plant/probe', Buffer.from('1'));
+      const res = await fetch(`${httpUrl}/api/channels/${encodeURIComponent('pt:plant.probe')}`);
+      if (res.ok && /"last":\{/.test(await res.text())) return;
+      if (Date.now() > deadline) throw new Error('the source did not subscribe within 20 s');
+      await sleep(100);
+    }
+  } finally {
+    probe.close();
+  }
+}
+
 before(async () => {
   dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sb-sparkplug-'));
   await startMosquitto();
   server = await startServer();
   httpUrl = server.httpUrl;
+  await sourceSubscribed();
 });
 
 after(() => {
