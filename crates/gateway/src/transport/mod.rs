@@ -5,8 +5,9 @@
 //! The HTTP transports share the session and outbox machinery and `http` (admission, CORS):
 //! `sse` streams Server-Sent Events (a stream that opens a plain connection owns its socket and
 //! is written by the fan-out like a WebSocket; otherwise hyper's body takes the framed events),
-//! `poll` serves long-poll sessions over HTTP, `poll_session` holds their live copies, and
-//! `poll_store` keeps their state where any node can continue them.
+//! `poll` serves long-poll sessions over HTTP, `poll_session` holds their live copies,
+//! `poll_store` keeps their state where any node can continue them, and `poll_takeover`
+//! continues one there.
 
 pub mod conn;
 pub mod http;
@@ -14,6 +15,7 @@ pub mod owned;
 pub mod poll;
 pub mod poll_session;
 pub mod poll_store;
+pub mod poll_takeover;
 pub mod sse;
 pub mod tls;
 pub mod ws;
