@@ -3,17 +3,20 @@
 //! letting a client go without losing the last bytes written to it.
 
 use std::io;
+use std::pin::Pin;
 use std::time::{Duration, SystemTime};
 
 use tokio::net::TcpStream;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 /// How long a closing connection may take to write its last bytes and see the peer go.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(3);
 
-/// The wall-clock `deadline` as a Tokio instant.
-pub fn instant_of(deadline: SystemTime) -> Instant {
-    Instant::now() + deadline.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO)
+/// A timer for the wall-clock `deadline` (a session's token expiry, a message in progress),
+/// boxed so that a connection carries one only while it has a deadline.
+pub fn timer_at(deadline: SystemTime) -> Pin<Box<Sleep>> {
+    let at = Instant::now() + deadline.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
+    Box::pin(tokio::time::sleep_until(at))
 }
 
 /// Reads what the client sent and discards it (a bounded amount per call); true when the

@@ -42,7 +42,7 @@ use crate::node::Node;
 use crate::outbox::Wire;
 use crate::session::{CloseReason, Session};
 use crate::transport::http::Peer;
-use crate::transport::owned::{instant_of, linger, CLOSE_GRACE};
+use crate::transport::owned::{linger, timer_at, CLOSE_GRACE};
 use crate::transport::tls::TlsWire;
 
 /// What the handshake decided about a connection, carried into its task.
@@ -458,7 +458,7 @@ async fn run(node: Arc<Node>, socket: Socket, admitted: Box<Admitted>) {
         };
         if next != deadline {
             deadline = next;
-            timer = next.map(|d| Box::pin(tokio::time::sleep_until(instant_of(d))));
+            timer = next.map(timer_at);
         }
         let blocked = outbox.is_blocked() || socket.tls_pending();
         // Back-pressure: while the client's queue is full (it does not read), its commands are

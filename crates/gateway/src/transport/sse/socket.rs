@@ -36,7 +36,7 @@ use crate::node::Node;
 use crate::outbox::{Outbox, Pushed};
 use crate::transport::http as transport_http;
 use crate::transport::http::Peer;
-use crate::transport::owned::{discard_input, instant_of, linger, CLOSE_GRACE};
+use crate::transport::owned::{discard_input, linger, timer_at, CLOSE_GRACE};
 
 /// The request line prefix of a stream this module serves.
 const PREFIX: &[u8] = b"GET /sse?";
@@ -209,8 +209,7 @@ async fn run(node: &Node, tcp: &TcpStream, session: &mut crate::session::Session
     let heartbeat = Duration::from_secs(node.config.transports.sse_heartbeat_s);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
     let mut deadline = session.deadline();
-    let mut timer: Option<Pin<Box<tokio::time::Sleep>>> =
-        deadline.map(|d| Box::pin(tokio::time::sleep_until(instant_of(d))));
+    let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = deadline.map(timer_at);
     loop {
         if outbox.is_closing() {
             return false;
@@ -238,7 +237,7 @@ async fn run(node: &Node, tcp: &TcpStream, session: &mut crate::session::Session
                     outbox.close(reason.code, &reason.reason, true);
                 }
                 deadline = session.deadline();
-                timer = deadline.map(|d| Box::pin(tokio::time::sleep_until(instant_of(d))));
+                timer = deadline.map(timer_at);
             }
         }
     }
