@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from sb import WS, api_publish, ch_path, uniq
+from sb import WS, api_batch, api_publish, ch_path, uniq
 
 
 def test_trend_reads_buckets_and_subscribe_opens_full_then_continues_live(server):
@@ -46,6 +46,24 @@ def test_trend_reads_buckets_and_subscribe_opens_full_then_continues_live(server
         assert [m for m in ws.drain(0.3) if "pub" in m] == []
     after = c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 60}).json()["buckets"]
     assert sum(b["n"] for b in after) == 13 and after[-1]["last"] == 42
+    c.close()
+
+
+def test_a_window_of_whole_steps_covers_its_start_even_when_it_falls_inside_a_bucket(server):
+    # Values on both sides of a minute boundary M, each at its own time; the window
+    # [M - 30 s, M + 30 s] is one step of 60 s, and must hold all three.
+    ch = uniq("pt:tw-")
+    now = int(time.time() * 1000)
+    m = now - now % 60_000 - 120_000
+    api_batch(server, [{"channel": ch, "data": {"v": v, "t": t}} for v, t in [(1, m - 2000), (2, m - 1000), (3, m + 500)]])
+    c = httpx.Client(base_url=server.http_url, timeout=10, trust_env=False)
+    params = {"window_s": 60, "step_s": 60, "until_ms": m + 30_000}
+    body = c.get(f"/api/channels/{ch_path(ch)}/trend", params=params).json()
+    assert body["step_s"] == 60, body
+    assert [(b["t"], b["n"], b["min"], b["max"]) for b in body["buckets"]] == [(m - 60_000, 2, 1, 2), (m, 1, 3, 3)], body
+    # The stored 1 s buckets of the same window: all three, none before its start's bucket.
+    fine = c.get(f"/api/channels/{ch_path(ch)}/trend", params={"window_s": 60, "until_ms": m + 30_000}).json()
+    assert [b["t"] for b in fine["buckets"]] == [m - 2000, m - 1000, m], fine
     c.close()
 
 

@@ -69,8 +69,11 @@ pub async fn read(
         return Err(bad(format!("step_s: {step_s} (a multiple of the stored step, {stored} s) exceeds window_s")));
     }
     let step_ms = step_s * 1000;
-    // Whole buckets of the asked step, the one holding `until` included.
-    let since = (until - until % step_ms).saturating_sub((window_s.div_ceil(step_s) - 1) * step_ms);
+    // Whole buckets of the asked step that overlap the window: from the one holding the
+    // window's start (which may begin before it) to the one holding `until`. A window of one
+    // step thus still covers the last `window_s` seconds, not just the current bucket.
+    let start = until.saturating_sub(window_s.saturating_mul(1000));
+    let since = start - start % step_ms;
     let mut raw = node.broker.trend(channel, policy, since).await.map_err(|e| node.broker_error(e))?;
     if until < now {
         raw.retain(|b| b.t <= until);
