@@ -73,18 +73,24 @@ def head_of(raw: RawSSE) -> bytes:
     return raw._raw.partition(b"\r\n\r\n")[0].lower()
 
 
+def assert_framing(own: RawSSE, kept: RawSSE) -> None:
+    """A stream on its own connection ends with it (no chunks); one after another request on a
+    kept-alive connection is chunked. Both are event streams."""
+    own_head, kept_head = head_of(own), head_of(kept)
+    assert own_head.startswith(b"http/1.1 200") and kept_head.startswith(b"http/1.1 200")
+    assert b"connection: close" in own_head and b"transfer-encoding" not in own_head, own_head
+    assert b"transfer-encoding: chunked" in kept_head, kept_head
+    for h in (own_head, kept_head):
+        assert b"content-type: text/event-stream" in h and b"cache-control: no-cache" in h
+
+
 def test_sse_socket_own_connection_and_kept_alive_streams_say_the_same(server):
     ch, other = uniq("news."), uniq("news.")
     first = api_publish(server, ch, {"n": 1})
     own = RawSSE("127.0.0.1", server.port, sse_path([ch, other], initial="true"))
     kept = kept_alive_stream(server, sse_path([ch, other], initial="true"))
     try:
-        own_head, kept_head = head_of(own), head_of(kept)
-        assert own_head.startswith(b"http/1.1 200") and kept_head.startswith(b"http/1.1 200")
-        assert b"connection: close" in own_head and b"transfer-encoding" not in own_head, own_head
-        assert b"transfer-encoding: chunked" in kept_head, kept_head
-        for h in (own_head, kept_head):
-            assert b"content-type: text/event-stream" in h and b"cache-control: no-cache" in h
+        assert_framing(own, kept)
         for raw in (own, kept):
             raw.events(until=lambda evs: sum(e.event == "message" for e in evs) >= 1)
         api_publish(server, ch, {"n": 2})
@@ -162,3 +168,52 @@ def test_sse_socket_clients_that_vanish_leave_nothing_behind(server):
             wait_for(lambda: metric(server, "switchboard_connections") == base_conns, what=f"{how}: connections")
             wait_for(lambda: metric(server, "switchboard_subscriptions") == base_subs, what=f"{how}: subscriptions")
             wait_for(lambda: fds(server) <= base_fds, what=f"{how}: descriptors")
+
+
+def test_sse_socket_session_streams_own_their_connection_and_say_what_a_kept_alive_one_says(server):
+    """`GET /sse?session=` as the first request of a plain connection owns it (no chunks; the
+    connection ends with the stream); after another request on a kept-alive connection it is
+    chunked. Both carry the same messages. A later stream supersedes one, a client that
+    vanishes leaves its session to be polled, and the node's descriptors come back."""
+    ch = uniq("sess.")
+    base_fds = fds(server)
+    http = httpx.Client(base_url=server.http_url, timeout=10, trust_env=False)
+    ids = [http.post("/poll").json()["session"] for _ in range(2)]
+    own = RawSSE("127.0.0.1", server.port, f"/sse?session={ids[0]}")
+    kept = kept_alive_stream(server, f"/sse?session={ids[1]}")
+    assert_framing(own, kept)
+    for sid in ids:
+        r = http.post(f"/poll/{sid}", content=json.dumps({"id": 7, "subscribe": {"channels": [ch]}}))
+        assert r.status_code == 202, r.text
+    for raw in (own, kept):
+        [reply] = raw.events(until=lambda evs: len(evs) >= 1)
+        assert json.loads(reply.data)["id"] == 7, reply
+    for i in range(3):
+        api_publish(server, ch, {"n": i})
+    seen = []
+    for raw in (own, kept):
+        evs = raw.events(until=lambda evs: len(evs) >= 4)
+        assert raw.parser.retry == 1000
+        seen.append([(e.event, e.id, json.loads(e.data)) for e in evs])
+    assert seen[0] == seen[1], "both ways of serving a session's stream give the same events"
+    assert [m["pub"]["off"] for _, _, m in seen[0][1:]] == [1, 2, 3], seen[0]
+    # A second stream of the session supersedes the first: it ends, and its connection with it.
+    again = RawSSE("127.0.0.1", server.port, f"/sse?session={ids[0]}")
+    assert head_of(again).startswith(b"http/1.1 200")
+    own.events(timeout=10, until=lambda evs: False)
+    assert own.ended, "the superseded stream's connection ends"
+    api_publish(server, ch, {"n": 3})
+    assert json.loads(again.events(until=lambda evs: len(evs) >= 1)[-1].data)["pub"]["off"] == 4
+    # Its client vanishes (reset): the session is still there to be polled, nothing skipped.
+    again.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    again.sock.close()
+    assert http.get(f"/poll/{ids[0]}", params={"timeout": 0}).status_code == 200
+    api_publish(server, ch, {"n": 4})
+    batch = http.get(f"/poll/{ids[0]}", params={"timeout": 5}).json()
+    assert [m["pub"]["off"] for m in batch["messages"] if "pub" in m] == [5], batch
+    for raw in (own, kept):
+        raw.close()
+    for sid in ids:
+        assert http.delete(f"/poll/{sid}").status_code == 204
+    http.close()
+    wait_for(lambda: fds(server) <= base_fds, what="descriptors back")

@@ -21,8 +21,9 @@
 //!   WebSocket handshake and connection task (`transport::ws`), Server-Sent Events
 //!   (`transport::sse`: events in `sse/events.rs`, a stream that owns its socket in
 //!   `sse/socket.rs`) and long-poll sessions (`transport::poll`, `transport::poll_session`,
-//!   their state in `transport::poll_store`, taken over from it in `transport::poll_takeover`),
-//!   which take their messages from the outbox.
+//!   their state in `transport::poll_store`, taken over from it in `transport::poll_takeover`,
+//!   streamed as events by `transport::session_stream`), which take their messages from the
+//!   outbox.
 //! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`).
 //! - [`auth`]: authentication (JWT from files and a JWKS URL, Basic, API keys), revoked
 //!   tokens, namespace permissions, `Origin` checks and per-address / per-key abuse limits.

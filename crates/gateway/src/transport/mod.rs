@@ -6,8 +6,9 @@
 //! `sse` streams Server-Sent Events (a stream that opens a plain connection owns its socket and
 //! is written by the fan-out like a WebSocket; otherwise hyper's body takes the framed events),
 //! `poll` serves long-poll sessions over HTTP, `poll_session` holds their live copies,
-//! `poll_store` keeps their state where any node can continue them, and `poll_takeover`
-//! continues one there.
+//! `poll_store` keeps their state where any node can continue them, `poll_takeover`
+//! continues one there, and `session_stream` streams a session's messages as events (on a
+//! socket of its own when the stream opened the connection, else through hyper).
 
 pub mod conn;
 pub mod http;
@@ -16,6 +17,7 @@ pub mod poll;
 pub mod poll_session;
 pub mod poll_store;
 pub mod poll_takeover;
+pub mod session_stream;
 pub mod sse;
 pub mod tls;
 pub mod ws;

@@ -14,7 +14,7 @@
 //! - `DELETE /poll/{session}` ends the session. Sessions also expire after
 //!   `transports.poll_session_ttl_s` seconds without a request.
 //! - `GET /sse?session=<id>` streams the session's messages as SSE events instead (the SDK's
-//!   SSE transport: commands still go by `POST /poll/{session}`).
+//!   SSE transport: commands still go by `POST /poll/{session}`; `transport::session_stream`).
 //!
 //! A session is a [`Session`](crate::session::Session) with an outbox like any connection,
 //! one its polls take from (`outbox::pull`): the same commands, limits, permissions, conflation (a slow poller gets the latest value per
@@ -46,7 +46,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -60,7 +59,7 @@ use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error, query_param};
 use crate::transport::poll_session::*;
 use crate::transport::poll_store::{self, Notice};
-use crate::transport::sse;
+use crate::transport::{session_stream, sse};
 
 /// The routes of the HTTP transports: `/sse`, `/poll`, `/poll/{session}`.
 pub fn router<S: Clone + Send + Sync + 'static>(node: Arc<Node>) -> Router<S> {
@@ -88,7 +87,7 @@ pub fn router<S: Clone + Send + Sync + 'static>(node: Arc<Node>) -> Router<S> {
 async fn sse_route(State(polls): State<Arc<Polls>>, req: Request) -> Response {
     let query = req.uri().query().map(str::to_string);
     if let Some(id) = query_param(query.as_deref(), "session") {
-        return attach_sse(polls, req, id).await;
+        return session_stream::attach(polls, req, id).await;
     }
     sse::handle(State(polls.node.clone()), req).await
 }
@@ -292,69 +291,6 @@ async fn end(State(polls): State<Arc<Polls>>, Path(id): Path<String>, headers: H
         }
     }
     let mut r = StatusCode::NO_CONTENT.into_response();
-    transport_http::cors(&headers, &polls.node, &mut r);
-    r
-}
-
-/// `GET /sse?session=<id>`: the session's messages as an event stream (see `transport::sse`);
-/// each message is a default `message` event whose data is the message.
-pub async fn attach_sse(polls: Arc<Polls>, req: Request, id: String) -> Response {
-    let headers = req.headers().clone();
-    let s = match polls.find(&id, None, req.headers(), req.extensions().get::<Peer>()).await {
-        Ok(Found::Session(s)) => s,
-        Ok(Found::Lost(_)) => return error(code::NOT_FOUND, "unknown or expired session"),
-        Err(r) => return r,
-    };
-    let busy = Busy::new(&s);
-    let me = s.waiter.fetch_add(1, Relaxed) + 1;
-    s.outbox.wake();
-    let heartbeat = Duration::from_secs(polls.node.config.transports.sse_heartbeat_s);
-    let state = (polls.clone(), s, busy, me, false, tokio::time::Instant::now());
-    let body = futures_util::stream::unfold(state, move |(polls, s, busy, me, mut started, mut saved)| async move {
-        let mut out = Vec::new();
-        if !started {
-            started = true;
-            out.extend_from_slice(sse::RETRY);
-        }
-        loop {
-            if s.state.load(Relaxed) != LIVE || s.waiter.load(Relaxed) != me {
-                if !out.is_empty() {
-                    break;
-                }
-                return None;
-            }
-            let mut live = s.live.lock().await;
-            let (messages, closed) = polls.take_messages(&s, &mut live);
-            for m in &messages {
-                sse::write_event(&mut out, None, None, m);
-            }
-            if !messages.is_empty() {
-                live.queued.clear();
-            }
-            if let Some(code) = closed {
-                polls.finish(&s, &mut live, code).await;
-                break;
-            }
-            if !messages.is_empty() && saved.elapsed() >= STREAM_SAVE_EVERY {
-                saved = tokio::time::Instant::now();
-                polls.save(&s, &mut live).await;
-            }
-            drop(live);
-            if !out.is_empty() {
-                break;
-            }
-            tokio::select! {
-                _ = s.outbox.notified() => {}
-                _ = tokio::time::sleep(heartbeat) => {
-                    out.extend_from_slice(sse::PING);
-                    break;
-                }
-            }
-        }
-        s.outbox.last_seen.store(crate::unix_s(), Relaxed);
-        Some((Ok::<Bytes, std::convert::Infallible>(Bytes::from(out)), (polls, s, busy, me, started, saved)))
-    });
-    let mut r = sse::stream_response(Body::from_stream(body));
     transport_http::cors(&headers, &polls.node, &mut r);
     r
 }

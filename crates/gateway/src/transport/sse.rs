@@ -21,7 +21,7 @@
 //! would pay for long ids on every event, so their ids name only the event's own channel: a
 //! reconnect recovers the channels the id names and starts the others afresh (`initial`). A
 //! client that needs exact recovery for many channels uses a session (long-polling, or SSE
-//! attached to one: `GET /sse?session=<id>`, see `transport::poll`).
+//! attached to one: `GET /sse?session=<id>`, see `transport::session_stream`).
 //!
 //! **Layout.** [`open`] admits, checks and subscribes a stream; its outbox frames the events
 //! (`events`: the ids, `subscribed`, the recovered and initial publications). A stream that is
@@ -241,7 +241,7 @@ pub async fn handle(State(node): State<Arc<Node>>, req: Request) -> Response {
         (Err(r), _) => r,
         (Ok(opened), Some(offer)) => {
             // The stream owns its socket: `socket` writes this head and runs it.
-            *offer.taken.lock() = Some(opened);
+            *offer.taken.lock() = Some(socket::OnSocket::Stream(Box::new(opened)));
             stream_response(Body::empty())
         }
         (Ok(Opened { session, outbox, slot }), None) => {

@@ -1,16 +1,20 @@
-//! An event stream that owns its socket: `GET /sse?channels=` as the first request of a
-//! plain TCP connection.
+//! An event stream that owns its socket: `GET /sse?…` as the first request of a plain TCP
+//! connection.
 //!
 //! Through hyper, every delivery to a stream would wake the task polling its response body,
 //! which then writes. A stream that owns its socket is written like a WebSocket connection
 //! instead: the fan-out that finds it idle frames the events (`outbox::framed`) and calls
 //! `try_write`, so a delivery costs one write call and no task wake-up, and the connection
 //! keeps no HTTP buffers while idle. So the accept path looks at a plain connection's first
-//! bytes ([`first_request`]): a complete `GET /sse?…` head without `session=` is read off the
-//! socket and served here; anything else goes to hyper untouched (nothing was read).
+//! bytes ([`first_request`]): a complete `GET /sse?…` head is read off the socket and served
+//! here; anything else goes to hyper untouched (nothing was read).
 //!
-//! The same [`open`](super::open) admits and subscribes both kinds of stream, and the same
-//! framer writes their events. The response is `Connection: close` and ends when the socket
+//! The request still goes through the node's routes and middleware, with the socket offered
+//! to the route ([`SocketOffer`]). A `?channels=` stream is opened on it by the same
+//! [`open`](super::open) that admits and subscribes a stream through hyper, and the same
+//! framer writes its events. A session's stream (`?session=`) runs its own loop on the
+//! socket instead (`transport::session_stream`): its messages are taken from the session, not
+//! written by the fan-out. The response is `Connection: close` and ends when the socket
 //! does (no length, no chunks: an event stream is not reused for another request). A stream
 //! over TLS, or one that comes after other requests on a kept-alive connection, is served by
 //! hyper ([`super::handle`]).
@@ -34,7 +38,6 @@ use tower::ServiceExt;
 use super::{end, Opened, PING};
 use crate::node::Node;
 use crate::outbox::{Outbox, Pushed};
-use crate::transport::http as transport_http;
 use crate::transport::http::Peer;
 use crate::transport::owned::{discard_input, linger, timer_at, CLOSE_GRACE};
 
@@ -79,9 +82,6 @@ pub async fn first_request(tcp: &TcpStream, peer: SocketAddr, timeout: Duration)
     // answers as it does any request.
     let Ok(httparse::Status::Complete(len)) = req.parse(&buf[..n]) else { return First::Http };
     let Some(parts) = parts_of(&req, peer) else { return First::Http };
-    if transport_http::query_param(parts.uri.query(), "session").is_some() {
-        return First::Http;
-    }
     // The head is in the socket's buffer (it was just peeked): read exactly it.
     match tcp.try_read(&mut buf[..len]) {
         Ok(got) if got == len => First::Stream(Box::new(parts)),
@@ -101,11 +101,20 @@ fn parts_of(req: &httparse::Request<'_, '_>, peer: SocketAddr) -> Option<Parts> 
 }
 
 /// Offered to the `/sse` route by a request whose stream may own its socket: the route opens
-/// the stream with the socket as its wire and leaves it here.
+/// the stream on the socket and leaves it here.
 #[derive(Clone)]
 pub(crate) struct SocketOffer {
     pub(crate) wire: Arc<TcpStream>,
-    pub(crate) taken: Arc<parking_lot::Mutex<Option<Opened>>>,
+    pub(crate) taken: Arc<parking_lot::Mutex<Option<OnSocket>>>,
+}
+
+/// A stream a route opened on an offered socket.
+pub(crate) enum OnSocket {
+    /// A `?channels=` stream: its outbox writes into the socket, as a WebSocket's does.
+    Stream(Box<Opened>),
+    /// A stream that runs its own writing loop on the socket (a session's,
+    /// `transport::session_stream`), once the head is out.
+    Own(Box<dyn FnOnce(Arc<TcpStream>) -> futures_util::future::BoxFuture<'static, ()> + Send>),
 }
 
 /// Serves the request `parts` on `tcp` through `app` — the node's routes and middleware, as
@@ -113,8 +122,12 @@ pub(crate) struct SocketOffer {
 pub async fn serve(node: Arc<Node>, app: Router, tcp: TcpStream, parts: Box<Parts>) {
     // Boxed: the request's routing and answer need a large future, but only until the head is
     // out; an open stream keeps just its own small state.
-    let Some((tcp, Opened { mut session, outbox, slot })) = Box::pin(answer(&node, app, tcp, parts)).await else {
+    let Some((tcp, on)) = Box::pin(answer(&node, app, tcp, parts)).await else {
         return;
+    };
+    let Opened { mut session, outbox, slot } = match on {
+        OnSocket::Stream(opened) => *opened,
+        OnSocket::Own(run) => return run(tcp).await,
     };
     // The head is out: the events queued meanwhile (the subscribe's) follow it.
     outbox.flush_blocked();
@@ -129,7 +142,12 @@ pub async fn serve(node: Arc<Node>, app: Router, tcp: TcpStream, parts: Box<Part
 
 /// Routes the request and writes the answer's head; returns the stream the route opened on
 /// the socket once its head is out. A refusal is written whole and the client let go.
-async fn answer(node: &Arc<Node>, app: Router, tcp: TcpStream, parts: Box<Parts>) -> Option<(Arc<TcpStream>, Opened)> {
+async fn answer(
+    node: &Arc<Node>,
+    app: Router,
+    tcp: TcpStream,
+    parts: Box<Parts>,
+) -> Option<(Arc<TcpStream>, OnSocket)> {
     let mut parts = *parts;
     let _ = tcp.set_nodelay(true);
     let tcp = Arc::new(tcp);
@@ -145,12 +163,14 @@ async fn answer(node: &Arc<Node>, app: Router, tcp: TcpStream, parts: Box<Parts>
     let head = head_of(response, opened.is_some()).await?;
     let sent = tokio::time::timeout(timeout, write_all(&tcp, &head)).await.is_ok_and(|r| r.is_ok());
     match opened {
-        Some(opened) if sent => Some((tcp, opened)),
-        Some(Opened { session, outbox, slot }) => {
+        Some(on) if sent => Some((tcp, on)),
+        Some(OnSocket::Stream(opened)) => {
+            let Opened { session, outbox, slot } = *opened;
             end(node.clone(), session, outbox).await;
             drop(slot);
             None
         }
+        Some(OnSocket::Own(_)) => None,
         None => {
             if sent {
                 linger(&tcp, tokio::time::Instant::now() + CLOSE_GRACE).await;
@@ -191,7 +211,8 @@ async fn head_of(r: Response, stream: bool) -> Option<Vec<u8>> {
     Some(out)
 }
 
-async fn write_all(tcp: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
+/// Writes all of `buf`, waiting for the socket to take it.
+pub(crate) async fn write_all(tcp: &TcpStream, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
         tcp.writable().await?;
         match tcp.try_write(buf) {
