@@ -21,7 +21,8 @@
 //! them the same way when the stream owns its socket ([`framed`]). A transport whose socket
 //! hyper holds (long-polling, SSE over a reused or TLS connection) has no socket the fan-out
 //! could write to: its outbox keeps what is queued, under the same rules, until the transport
-//! takes it ([`pull`]).
+//! takes it ([`pull`]). A session's stream that owns its socket attaches it to the session's
+//! taking outbox for as long as it runs, and is written the framed way meanwhile.
 //!
 //! Concurrency: all state is behind one `parking_lot::Mutex`, held for the duration of a
 //! non-blocking write call. It is per connection, so contention is limited to a fan-out and
@@ -140,6 +141,9 @@ struct OutState {
     dead: bool,
     /// Turns messages into the transport's bytes (framed outboxes).
     framer: Option<Box<dyn Framer>>,
+    /// A socket a taking outbox writes into for now, framed by `framer` ([`pull`]:
+    /// `Outbox::attach`), and what tells its transport when it is taken away.
+    attached: Option<(Arc<dyn Wire>, tokio::sync::oneshot::Sender<()>)>,
     /// Something was written since [`Outbox::wrote_since`] last asked.
     wrote: bool,
 }
@@ -376,15 +380,22 @@ impl Outbox {
     }
 
     fn write_locked(&self, st: &mut OutState) {
+        let attached;
         let wire = match &self.sink {
             Sink::Socket(w) | Sink::Framed(w) => w,
-            Sink::Pull(_) => {
-                // The transport takes what is queued when woken.
-                if !st.queue.is_empty() || st.close_code.is_some() {
-                    self.wake.notify_one();
+            Sink::Pull(_) => match &st.attached {
+                Some((w, _)) => {
+                    attached = w.clone();
+                    &attached
                 }
-                return;
-            }
+                None => {
+                    // The transport takes what is queued when woken.
+                    if !st.queue.is_empty() || st.close_code.is_some() {
+                        self.wake.notify_one();
+                    }
+                    return;
+                }
+            },
         };
         loop {
             if st.current.is_empty() && !self.next_chunk(st) {
@@ -420,6 +431,12 @@ impl Outbox {
     }
 
     fn fail(&self, st: &mut OutState) {
+        if st.attached.is_some() {
+            // An attached wire failed: it is detached, and the session it served keeps what
+            // is queued for its next taker.
+            self.detach_locked(st);
+            return;
+        }
         st.dead = true;
         st.queue.clear();
         st.latest.clear();

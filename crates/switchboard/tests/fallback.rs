@@ -196,6 +196,106 @@ async fn fallback_poll_session_survives_a_graceful_shutdown() {
     assert_eq!(got, (1..=20).collect::<Vec<_>>());
 }
 
+/// Streams session `id` over SSE from `port` until the node ends the stream; every message it
+/// carried. `kept_alive`: the stream is the connection's second request (hyper writes it,
+/// chunked); otherwise its first (it owns the socket).
+fn session_stream_to_end(port: u16, id: &str, kept_alive: bool, opened: std::sync::mpsc::Sender<()>) -> Vec<Value> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 8192];
+    if kept_alive {
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+        while !raw.ends_with(b"ok\n") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "closed after the first request");
+            raw.extend_from_slice(&buf[..n]);
+        }
+        raw.clear();
+    }
+    s.write_all(format!("GET /sse?session={id} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes()).unwrap();
+    let mut told = false;
+    loop {
+        let n = s.read(&mut buf).expect("the stream ends when the session moves");
+        // A chunked stream ends with its last chunk; the connection may stay.
+        if n == 0 || (kept_alive && raw.ends_with(b"\r\n0\r\n\r\n")) {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        if !told && raw.windows(4).any(|w| w == b"\r\n\r\n") {
+            told = true;
+            let _ = opened.send(());
+        }
+    }
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert_eq!(head.to_lowercase().contains("transfer-encoding: chunked"), kept_alive, "{head}");
+    body.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str(d).unwrap()).collect()
+}
+
+/// A session streamed — on a connection of its own (the fan-out writes into it), or after
+/// another request on a kept-alive one (hyper writes it) — with commands posted to both nodes
+/// meanwhile, then polled on the other node: once the stream's node has had a quiet second to
+/// record what it wrote, the takeover repeats nothing and loses nothing — every publication
+/// and every reply exactly once.
+#[tokio::test]
+async fn fallback_poll_session_streamed_then_polled_on_another_node_repeats_nothing() {
+    streamed_then_polled_elsewhere(false).await;
+}
+
+#[tokio::test]
+async fn fallback_poll_session_streamed_on_a_kept_alive_connection_then_polled_elsewhere_repeats_nothing() {
+    streamed_then_polled_elsewhere(true).await;
+}
+
+async fn streamed_then_polled_elsewhere(kept_alive: bool) {
+    const TOTAL: u64 = 200;
+    let redis = Redis::start();
+    let (n1, n2) = (Node::node_on(&redis.url(), "n1", POLL_ENV), Node::node_on(&redis.url(), "n2", POLL_ENV));
+    all_ready(&[&n1, &n2]).await;
+    let (a1, a2) = (n1.api(), n2.api());
+    let mut p = Poller::open(&a1, &[json!({"id": 1, "subscribe": {"channels": ["streamed"]}})]).await;
+    assert_eq!(p.poll(&a1).await[0]["id"], 1);
+    let (port, id) = (n1.port, p.id.clone());
+    let (opened_tx, opened) = std::sync::mpsc::channel();
+    let stream = tokio::task::spawn_blocking(move || session_stream_to_end(port, &id, kept_alive, opened_tx));
+    tokio::task::spawn_blocking(move || opened.recv_timeout(Duration::from_secs(20))).await.unwrap().unwrap();
+    let publishing = publisher(n2.api(), "streamed", TOTAL);
+    for i in 0..6u64 {
+        // Commands to the holder, and to the other node (which hands them to the holder).
+        p.send(if i % 2 == 0 { &a1 } else { &a2 }, json!({"id": 100 + i, "ping": {"data": i}})).await;
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    publishing.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // The poll on the other node takes the session over; the stream on the first one ends.
+    let mut msgs = stream_and_then(&mut p, &a2, stream).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert_no_disconnect(&msgs);
+        let got = offsets(&msgs, "streamed");
+        let pings: Vec<u64> = msgs.iter().filter_map(|m| m["ok"]["data"].as_u64()).collect();
+        if got.len() as u64 >= TOTAL && pings.len() >= 6 {
+            assert_eq!(got, (1..=TOTAL).collect::<Vec<_>>(), "every publication exactly once, in order");
+            assert_eq!(pings, (0..6).collect::<Vec<_>>(), "every reply exactly once, in order");
+            break;
+        }
+        assert!(Instant::now() < deadline, "stuck at {} publications, pings {pings:?}", got.len());
+        msgs.extend(p.poll(&a2).await);
+    }
+    // Nothing more comes: no repeat after the takeover settled.
+    assert_eq!(offsets(&p.poll(&a2).await, "streamed"), Vec::<u64>::new());
+}
+
+/// The stream's messages, then those of a poll on `api` (which ends the stream).
+async fn stream_and_then(p: &mut Poller, api: &HttpApi, stream: tokio::task::JoinHandle<Vec<Value>>) -> Vec<Value> {
+    let polled = p.poll(api).await;
+    let mut msgs = stream.await.unwrap();
+    msgs.extend(polled);
+    msgs
+}
+
 /// Reads SSE events from a raw socket until `count` publications arrived.
 fn sse_read(port: u16, path: &str, last_id: Option<&str>, count: usize) -> Vec<(String, Value)> {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();

@@ -8,6 +8,10 @@
 //! queue, applied in one place: a conflated channel keeps only its latest value, and the
 //! `max_pending_bytes` bound closes a client that does not take its messages with 4008.
 //!
+//! A session's event stream that owns its socket attaches it for as long as it runs
+//! ([`Outbox::attach`]): meanwhile the outbox is written like a framed one, by whoever finds
+//! it idle; detached, what is queued waits for the taker again.
+//!
 //! The transport gets structured messages: a publication comes with the channel and offset
 //! the hub delivered it with, and its text is a slice of the frame every subscriber shares
 //! (no copy, no parse). Replies, presence events and notices are told apart by their first
@@ -19,7 +23,7 @@ use bytes::Bytes;
 use switchboard_protocol::code::close;
 
 use super::framed::Taken;
-use super::{Frame, OutState, Outbox, Sink};
+use super::{Frame, Framer, OutState, Outbox, Sink, Wire};
 
 /// What a taken message is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +124,48 @@ impl Outbox {
     /// Wakes the taker without a message (a superseded poll, a moved session).
     pub fn wake(&self) {
         self.wake.notify_one();
+    }
+
+    /// Has the fan-out write into `wire` from now on, each message framed by `framer`, as a
+    /// framed outbox does, until [`Outbox::detach`]; what is queued stays and is written
+    /// first. Nothing is written before the transport's first [`Outbox::flush_blocked`] (its
+    /// own bytes go first). The receiver completes when the wire is detached (by whoever
+    /// takes the outbox over). Replaces a wire attached before, which is detached.
+    pub fn attach(&self, wire: Arc<dyn Wire>, framer: Box<dyn Framer>) -> tokio::sync::oneshot::Receiver<()> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut st = self.state.lock();
+        st.attached = Some((wire, tx));
+        st.framer = Some(framer);
+        st.blocked = true;
+        st.current = Bytes::new();
+        rx
+    }
+
+    /// Back to being taken: the attached wire (if any) gets nothing more, and what is queued
+    /// waits for the taker again. A chunk half written into the wire is that wire's. A wire
+    /// that fails is detached the same way. True when a wire was attached.
+    pub fn detach(&self) -> bool {
+        self.detach_locked(&mut self.state.lock())
+    }
+
+    /// Detaches `wire` if it is still the one attached (its transport ends; a later one may
+    /// have taken its place already).
+    pub fn detach_if(&self, wire: &Arc<dyn Wire>) -> bool {
+        let mut st = self.state.lock();
+        let ours = st.attached.as_ref().is_some_and(|(w, _)| std::ptr::addr_eq(Arc::as_ptr(w), Arc::as_ptr(wire)));
+        ours && self.detach_locked(&mut st)
+    }
+
+    pub(super) fn detach_locked(&self, st: &mut OutState) -> bool {
+        let Some((_, tx)) = st.attached.take() else { return false };
+        drop(tx);
+        st.framer = None;
+        st.current = Bytes::new();
+        st.blocked = false;
+        if !st.queue.is_empty() || st.close_code.is_some() {
+            self.wake.notify_one();
+        }
+        true
     }
 }
 
@@ -267,6 +313,71 @@ mod tests {
         let (msgs, closed) = ob.take_messages();
         assert_eq!(closed, Some(4000));
         assert!(msgs.is_empty(), "the shutdown disconnect is swallowed");
+    }
+
+    /// Frames a taken message as its text and `;`.
+    struct Texts;
+
+    impl crate::outbox::Framer for Texts {
+        fn frame(&mut self, out: &mut Vec<u8>, m: &Message) {
+            out.extend_from_slice(&m.text);
+            out.push(b';');
+        }
+    }
+
+    /// A socket whose client is gone.
+    struct Broken;
+
+    impl Wire for Broken {
+        fn try_write(&self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::BrokenPipe.into())
+        }
+    }
+
+    #[test]
+    fn pull_attached_wire_is_written_by_the_pusher_until_detached_then_messages_wait_again() {
+        use crate::outbox::tests::TestWire;
+        use tokio::sync::oneshot::error::TryRecvError;
+        let ob = taking(1 << 20, PullOptions::default());
+        let _ = ob.push(delivery("a", 1, "1"), false);
+        ob.flush();
+        let wire = TestWire::open(usize::MAX);
+        let w: Arc<dyn Wire> = wire.clone();
+        let mut rx = ob.attach(w.clone(), Box::new(Texts));
+        let written = || String::from_utf8(wire.written.lock().clone()).unwrap();
+        assert_eq!(written(), "", "nothing before the transport's own bytes");
+        ob.flush_blocked();
+        assert_eq!(written(), r#"{"pub":{"ch":"a","off":1,"data":1}};"#, "what waited goes first");
+        let writes = wire.writes.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(ob.push(delivery("a", 2, "2"), false), Pushed::Schedule);
+        ob.flush();
+        assert!(written().ends_with(r#"{"pub":{"ch":"a","off":2,"data":2}};"#), "{}", written());
+        assert_eq!(wire.writes.load(std::sync::atomic::Ordering::Relaxed), writes + 1, "one write per delivery");
+        assert!(ob.take_messages().0.is_empty());
+        // Only the attached wire detaches itself; a successor is not detached by its predecessor.
+        let other: Arc<dyn Wire> = TestWire::open(usize::MAX);
+        assert!(!ob.detach_if(&other));
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
+        assert!(ob.detach_if(&w));
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Closed), "the transport learns it was detached");
+        let before = written();
+        if ob.push(delivery("a", 3, "3"), false) == Pushed::Schedule {
+            ob.flush();
+        }
+        assert_eq!(written(), before, "a detached wire gets nothing more");
+        assert_eq!(offs(&ob.take_messages().0), vec![("a".to_string(), 3)]);
+        // A wire that fails is detached; the outbox stays open and keeps what comes next.
+        let mut rx = ob.attach(Arc::new(Broken), Box::new(Texts));
+        ob.flush_blocked();
+        if ob.push(delivery("a", 4, "4"), false) == Pushed::Schedule {
+            ob.flush();
+        }
+        assert_eq!(rx.try_recv(), Err(TryRecvError::Closed));
+        assert!(!ob.is_closing());
+        if ob.push(delivery("a", 5, "5"), false) == Pushed::Schedule {
+            ob.flush();
+        }
+        assert_eq!(offs(&ob.take_messages().0), vec![("a".to_string(), 5)]);
     }
 
     #[test]

@@ -71,6 +71,18 @@ pub struct PollSession {
     pub(crate) state: AtomicU8,
     /// Subscriptions and the outbox were released.
     pub(crate) cleaned: AtomicBool,
+    /// What a stream that owns its socket wrote since `live` last heard
+    /// (`transport::session_stream`).
+    pub(crate) streamed: Arc<Mutex<Streamed>>,
+}
+
+/// What the fan-out wrote of a session's messages into a stream's socket, for the live copy
+/// to take in ([`Polls::take_streamed`]): the highest offset per channel, and how many replies
+/// (the oldest of `Live::queued`, which were written in their order).
+#[derive(Default)]
+pub(crate) struct Streamed {
+    pub(crate) offsets: HashMap<Arc<str>, u64>,
+    pub(crate) replies: usize,
 }
 
 pub(crate) struct Live {
@@ -195,6 +207,7 @@ impl Polls {
             waiter: AtomicU64::new(0),
             state: AtomicU8::new(LIVE),
             cleaned: AtomicBool::new(false),
+            streamed: Arc::default(),
         }))
     }
 
@@ -216,6 +229,7 @@ impl Polls {
     /// Writes the live copy's record. `false`: another node took the session; this copy is
     /// dropped.
     pub(crate) async fn save(&self, s: &Arc<PollSession>, live: &mut Live) -> bool {
+        Polls::take_streamed(s, live);
         let rec = self.record_of(live);
         match self.store.save(&s.id, live.version, &rec, self.ttl).await {
             Ok(true) => {
@@ -236,9 +250,24 @@ impl Polls {
         }
     }
 
+    /// Takes in what a stream wrote since the last call: positions advance (of channels still
+    /// subscribed), and the replies written leave `queued`.
+    pub(crate) fn take_streamed(s: &PollSession, live: &mut Live) {
+        let mut st = s.streamed.lock();
+        for (ch, off) in st.offsets.drain() {
+            if let Some(p) = live.head.get_mut(&*ch) {
+                p.offset = p.offset.max(off);
+            }
+        }
+        let n = st.replies.min(live.queued.len());
+        live.queued.drain(..n);
+        st.replies -= n;
+    }
+
     /// Drops the live copy: leaves the hub and the broker, frees the connection.
     pub(crate) async fn drop_local(&self, s: &Arc<PollSession>, why: u8, live: &mut Live) {
         s.state.store(why, Relaxed);
+        s.outbox.detach();
         {
             let mut map = self.sessions.lock();
             if map.get(&s.id).is_some_and(|x| Arc::ptr_eq(x, s)) {
@@ -306,6 +335,7 @@ impl Polls {
             s.outbox.close(reason.code, &reason.reason, true);
             return Err(crate::node::ApiError::new(code::UNAUTHORIZED, reason.reason));
         }
+        Polls::take_streamed(s, live);
         // All or nothing, as a WebSocket frame: nothing runs if any part is not a command.
         switchboard_protocol::decode_json_frame(body)
             .map_err(|e| crate::node::ApiError::new(code::BAD_REQUEST, e.to_string()))?;
@@ -429,18 +459,7 @@ impl Polls {
             }
             Kind::Reply { id: RESUBSCRIBE_ID } => self.resubscribed(live, &m.text, out),
             Kind::Reply { id: SILENT_ID } => {
-                if let Ok(r) = serde_json::from_slice::<ReplyIn<'_>>(&m.text) {
-                    let failed =
-                        r.error.or_else(|| r.ok.and_then(|ok| ok.channels.into_values().find_map(|c| c.error)));
-                    if let Some(e) = failed {
-                        out.push(Bytes::from(encode_error(
-                            Format::Json,
-                            0,
-                            e.code,
-                            "some channels could not be subscribed",
-                        )));
-                    }
-                }
+                out.extend(silent_reply(&m.text));
                 false
             }
             _ => {
@@ -494,6 +513,7 @@ impl Polls {
     /// store — stays for another node to continue.
     pub(crate) async fn finish(&self, s: &Arc<PollSession>, live: &mut Live, code: u16) {
         if code == close::SHUTDOWN && self.store.shared() {
+            Polls::take_streamed(s, live);
             let mut rec = self.record_of(live);
             rec.owner = String::new();
             let _ = self.store.save(&s.id, live.version, &rec, self.ttl).await;
@@ -507,7 +527,8 @@ impl Polls {
     pub(crate) async fn poll_once(&self, s: &Arc<PollSession>, ack: Option<u64>, timeout: Duration) -> Response {
         let _busy = Busy::new(s);
         let me = s.waiter.fetch_add(1, Relaxed) + 1;
-        // An older poll of the same session gives way.
+        // An older poll or stream of the same session gives way.
+        s.outbox.detach();
         s.outbox.wake();
         {
             let live = s.live.lock().await;
@@ -570,6 +591,14 @@ impl Polls {
         }
         json_response(StatusCode::OK, body)
     }
+}
+
+/// What the client sees of the reply to a subscribe it sent without `id`: nothing, or one
+/// error (`id` 0, as on a WebSocket) when a channel was refused.
+pub(crate) fn silent_reply(text: &[u8]) -> Option<Bytes> {
+    let r = serde_json::from_slice::<ReplyIn<'_>>(text).ok()?;
+    let e = r.error.or_else(|| r.ok.and_then(|ok| ok.channels.into_values().find_map(|c| c.error)))?;
+    Some(Bytes::from(encode_error(Format::Json, 0, e.code, "some channels could not be subscribed")))
 }
 
 /// Gives every subscribe without `id` the silent id (so positions are learned from its

@@ -1,15 +1,23 @@
 //! `GET /sse?session=<id>`: a long-poll session's messages as an event stream (the SDK's SSE
 //! transport; its commands still go by `POST /poll/{session}`). Each message is a default
-//! `message` event whose data is the message, exactly as a poll batch would hold it.
+//! `message` event whose data is the message, exactly as a poll batch would hold it. The
+//! stream ends when the session leaves this node, closes, or another poll or stream of it
+//! starts. Who writes the events depends on who holds the connection:
 //!
-//! [`SessionStream::next`] takes what the session has pending and frames it; the stream ends
-//! when the session leaves this node, closes, or another poll or stream attaches to it. Who
-//! writes the chunks depends on who holds the connection:
+//! - A stream that is the first request of a plain connection owns the socket
+//!   (`sse::socket`, [`on_socket`]). What the session holds when it starts is taken and
+//!   framed the session's way (a takeover's recovered publications among it); then the
+//!   session's outbox is attached to the socket (`Outbox::attach`) and the fan-out writes
+//!   each delivery into it, framed by [`SessionEvents`], as it writes a WebSocket's: one
+//!   write, no task wake-up. The framer notes what it wrote ([`Streamed`]: positions, replies)
+//!   for the session's record. A later poll or stream detaches the socket, and the session's
+//!   messages wait to be taken again.
+//! - Any other (a kept-alive connection, TLS) is hyper's response body: [`SessionStream::next`]
+//!   takes what the session has pending and frames it, chunk by chunk ([`attach`]).
 //!
-//! - a stream that is the first request of a plain connection owns the socket
-//!   (`sse::socket`) and writes each chunk itself ([`on_socket`]), with no HTTP machinery
-//!   between the session and the socket;
-//! - any other (a kept-alive connection, TLS) is hyper's response body ([`attach`]).
+//! With a shared store, either kind writes the session's record at most once a second and
+//! within a second of the last message, so a node that takes the session over continues from
+//! what the stream delivered.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -22,9 +30,12 @@ use bytes::Bytes;
 use switchboard_protocol::code;
 use tokio::net::TcpStream;
 
+use crate::outbox::{Framer, Kind, Message, Pushed, Wire};
 use crate::transport::http::{self as transport_http, error, Peer};
 use crate::transport::owned::{discard_input, linger, CLOSE_GRACE};
-use crate::transport::poll_session::{Busy, Found, PollSession, Polls, LIVE, STREAM_SAVE_EVERY};
+use crate::transport::poll_session::{
+    silent_reply, Busy, Found, PollSession, Polls, Streamed, LIVE, RESUBSCRIBE_ID, SILENT_ID, STREAM_SAVE_EVERY,
+};
 use crate::transport::sse::{self, socket};
 
 /// One attached stream: which session, and where its framing stands.
@@ -37,6 +48,8 @@ pub(crate) struct SessionStream {
     me: u64,
     started: bool,
     saved: tokio::time::Instant,
+    /// Messages were taken since the record was last written.
+    unsaved: bool,
     heartbeat: Duration,
 }
 
@@ -64,15 +77,18 @@ impl SessionStream {
             }
             if !messages.is_empty() {
                 live.queued.clear();
+                // The record is where another node continues the session from; a store that
+                // no other node reads (one node, the memory broker) needs no positions.
+                self.unsaved = self.polls.store.shared();
             }
             if let Some(code) = closed {
                 self.polls.finish(&s, &mut live, code).await;
                 break;
             }
-            // The record is where another node continues the session from; a store that no
-            // other node reads (one node, the memory broker) needs no positions from a stream.
-            if !messages.is_empty() && self.polls.store.shared() && self.saved.elapsed() >= STREAM_SAVE_EVERY {
+            // At most once a second, and within a second of the last message taken.
+            if self.unsaved && self.saved.elapsed() >= STREAM_SAVE_EVERY {
                 self.saved = tokio::time::Instant::now();
+                self.unsaved = false;
                 self.polls.save(&s, &mut live).await;
             }
             drop(live);
@@ -81,6 +97,7 @@ impl SessionStream {
             }
             tokio::select! {
                 _ = s.outbox.notified() => {}
+                _ = tokio::time::sleep_until(self.saved + STREAM_SAVE_EVERY), if self.unsaved => {}
                 _ = tokio::time::sleep(self.heartbeat) => {
                     out.extend_from_slice(sse::PING);
                     break;
@@ -103,6 +120,8 @@ pub async fn attach(polls: Arc<Polls>, req: Request, id: String) -> Response {
     };
     let busy = Busy::new(&s);
     let me = s.waiter.fetch_add(1, Relaxed) + 1;
+    // An older stream or poll of the session gives way.
+    s.outbox.detach();
     s.outbox.wake();
     let heartbeat = Duration::from_secs(polls.node.config.transports.sse_heartbeat_s);
     let node = polls.node.clone();
@@ -113,6 +132,7 @@ pub async fn attach(polls: Arc<Polls>, req: Request, id: String) -> Response {
         me,
         started: false,
         saved: tokio::time::Instant::now(),
+        unsaved: false,
         heartbeat,
     };
     let mut r = match parts.extensions.get::<socket::SocketOffer>() {
@@ -131,29 +151,148 @@ pub async fn attach(polls: Arc<Polls>, req: Request, id: String) -> Response {
     r
 }
 
-/// Runs an attached stream on the socket it owns, its head already written, until the stream
-/// is over or the client is gone.
+/// How a stream on its own socket ended.
+enum End {
+    /// A later poll or stream took the session, or it left this node.
+    Detached,
+    /// The client is gone.
+    Gone,
+    /// The session closed (the code its `disconnect` carried), everything written.
+    Closed(u16),
+}
+
+/// Runs an attached stream on the socket it owns, its head already written. What the session
+/// holds is framed the session's way once (a takeover's recovered publications among it);
+/// from then on the fan-out writes each delivery into the socket as it does a WebSocket's
+/// (`Outbox::attach`), and this task only waits for the socket, heartbeats and the session's
+/// record, until the stream is detached, its client is gone or the session closes.
 async fn on_socket(stream: SessionStream, tcp: Arc<TcpStream>) {
-    // One future at a time, never dropped half-way: what it took from the session is written
-    // before the next is started, even when the client's bytes arrive meanwhile.
-    let mut next = Box::pin(stream.next());
-    loop {
-        tokio::select! {
-            r = &mut next => match r {
-                Some((chunk, stream)) => {
-                    if socket::write_all(&tcp, &chunk).await.is_err() {
-                        return;
-                    }
-                    next.set(stream.next());
-                }
-                None => break,
-            },
-            r = tcp.readable() => {
-                if r.is_err() || discard_input(&tcp) {
-                    return;
-                }
-            }
+    let SessionStream { polls, session: s, _busy, me, heartbeat, .. } = stream;
+    let superseded = |s: &PollSession| s.state.load(Relaxed) != LIVE || s.waiter.load(Relaxed) != me;
+    let (first, closed) = {
+        let mut live = s.live.lock().await;
+        if superseded(&s) {
+            return;
+        }
+        let (messages, closed) = polls.take_messages(&s, &mut live);
+        let mut out = sse::RETRY.to_vec();
+        for m in &messages {
+            sse::write_event(&mut out, None, None, m);
+        }
+        if !messages.is_empty() {
+            live.queued.clear();
+        }
+        if let Some(code) = closed {
+            polls.finish(&s, &mut live, code).await;
+        }
+        (out, closed)
+    };
+    if socket::write_all(&tcp, &first).await.is_err() {
+        return;
+    }
+    if closed.is_some() {
+        return linger(&tcp, tokio::time::Instant::now() + CLOSE_GRACE).await;
+    }
+    let framer = SessionEvents { streamed: s.streamed.clone() };
+    let wire: Arc<dyn Wire> = tcp.clone();
+    let mut detached = s.outbox.attach(wire.clone(), Box::new(framer));
+    // A poll or stream that came between the take and the attach found nothing to detach.
+    if superseded(&s) {
+        s.outbox.detach_if(&wire);
+    }
+    s.outbox.flush_blocked();
+    let end = run(&polls, &s, &tcp, &mut detached, heartbeat).await;
+    s.outbox.detach_if(&wire);
+    match end {
+        End::Gone => {}
+        End::Detached => linger(&tcp, tokio::time::Instant::now() + CLOSE_GRACE).await,
+        End::Closed(code) => {
+            polls.finish(&s, &mut *s.live.lock().await, code).await;
+            linger(&tcp, tokio::time::Instant::now() + CLOSE_GRACE).await;
         }
     }
-    linger(&tcp, tokio::time::Instant::now() + CLOSE_GRACE).await;
+}
+
+async fn run(
+    polls: &Polls,
+    s: &Arc<PollSession>,
+    tcp: &TcpStream,
+    detached: &mut tokio::sync::oneshot::Receiver<()>,
+    heartbeat: Duration,
+) -> End {
+    let outbox = &s.outbox;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + heartbeat, heartbeat);
+    // The record is where another node continues the session from; one node's store needs
+    // no positions from a stream.
+    let shared = polls.store.shared();
+    let mut save = tokio::time::interval_at(tokio::time::Instant::now() + STREAM_SAVE_EVERY, STREAM_SAVE_EVERY);
+    let mut closing_since: Option<tokio::time::Instant> = None;
+    loop {
+        if let Some(code) = outbox.closed() {
+            // The `disconnect` goes out first, within the grace a closing connection gets.
+            let since = *closing_since.get_or_insert_with(tokio::time::Instant::now);
+            if outbox.finished() || since.elapsed() >= CLOSE_GRACE {
+                return End::Closed(code);
+            }
+        }
+        let blocked = outbox.is_blocked();
+        tokio::select! {
+            _ = &mut *detached => return End::Detached,
+            _ = outbox.notified() => {}
+            r = tcp.writable(), if blocked => match r {
+                Ok(()) => outbox.flush_blocked(),
+                Err(_) => return End::Gone,
+            },
+            r = tcp.readable() => {
+                if r.is_err() || discard_input(tcp) {
+                    return End::Gone;
+                }
+            }
+            _ = tick.tick() => {
+                outbox.last_seen.store(crate::unix_s(), Relaxed);
+                if !outbox.wrote_since() && outbox.push_control(Bytes::from_static(sse::PING)) == Pushed::Schedule {
+                    outbox.flush();
+                }
+            }
+            _ = save.tick(), if shared => {
+                let written = { let st = s.streamed.lock(); !st.offsets.is_empty() || st.replies > 0 };
+                if written {
+                    // A save that finds the session taken over drops this copy (and detaches).
+                    polls.save(s, &mut *s.live.lock().await).await;
+                }
+            }
+            _ = tokio::time::sleep(CLOSE_GRACE), if closing_since.is_some() => {}
+        }
+    }
+}
+
+/// Frames a session's messages for a stream that owns its socket — the same events
+/// [`SessionStream::next`] writes — under the outbox's lock, and notes what it wrote for the
+/// session's live copy ([`Streamed`]).
+struct SessionEvents {
+    streamed: Arc<parking_lot::Mutex<Streamed>>,
+}
+
+impl Framer for SessionEvents {
+    fn frame(&mut self, out: &mut Vec<u8>, m: &Message) {
+        match &m.kind {
+            Kind::Pub { ch, off } => {
+                let mut st = self.streamed.lock();
+                let at = st.offsets.entry(ch.clone()).or_insert(*off);
+                *at = (*at).max(*off);
+            }
+            Kind::Reply { id: SILENT_ID } => {
+                self.streamed.lock().replies += 1;
+                if let Some(e) = silent_reply(&m.text) {
+                    sse::write_event(out, None, None, &e);
+                }
+                return;
+            }
+            // A takeover's resubscribe replies are all queued before its copy is found, so
+            // the take before the attach had them; they never enter `queued`.
+            Kind::Reply { id } if *id != RESUBSCRIBE_ID => self.streamed.lock().replies += 1,
+            _ => {}
+        }
+        sse::write_event(out, None, None, &m.text);
+    }
 }
