@@ -85,6 +85,24 @@ pub(crate) struct Streamed {
     pub(crate) replies: usize,
 }
 
+impl PollSession {
+    /// Makes the caller (a poll or a stream starting) the session's current waiter: an older
+    /// poll or stream gives way, and a stream's socket is detached at once. Its number, for
+    /// [`PollSession::serves`].
+    pub(crate) fn take_turn(&self) -> u64 {
+        let me = self.waiter.fetch_add(1, Relaxed) + 1;
+        self.outbox.detach();
+        self.outbox.wake();
+        me
+    }
+
+    /// Whether waiter `me` still serves the session: it is live here and no later poll or
+    /// stream took its turn.
+    pub(crate) fn serves(&self, me: u64) -> bool {
+        self.state.load(Relaxed) == LIVE && self.waiter.load(Relaxed) == me
+    }
+}
+
 pub(crate) struct Live {
     pub(crate) session: Session,
     /// Version of the stored record this copy wrote or read last.
@@ -526,10 +544,7 @@ impl Polls {
     /// One poll: waits for messages (up to `timeout`), then answers the batch.
     pub(crate) async fn poll_once(&self, s: &Arc<PollSession>, ack: Option<u64>, timeout: Duration) -> Response {
         let _busy = Busy::new(s);
-        let me = s.waiter.fetch_add(1, Relaxed) + 1;
-        // An older poll or stream of the same session gives way.
-        s.outbox.detach();
-        s.outbox.wake();
+        let me = s.take_turn();
         {
             let live = s.live.lock().await;
             match ack {

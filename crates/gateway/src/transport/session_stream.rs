@@ -34,7 +34,7 @@ use crate::outbox::{Framer, Kind, Message, Pushed, Wire};
 use crate::transport::http::{self as transport_http, error, Peer};
 use crate::transport::owned::{discard_input, linger, CLOSE_GRACE};
 use crate::transport::poll_session::{
-    silent_reply, Busy, Found, PollSession, Polls, Streamed, LIVE, RESUBSCRIBE_ID, SILENT_ID, STREAM_SAVE_EVERY,
+    silent_reply, Busy, Found, Live, PollSession, Polls, Streamed, RESUBSCRIBE_ID, SILENT_ID, STREAM_SAVE_EVERY,
 };
 use crate::transport::sse::{self, socket};
 
@@ -64,25 +64,20 @@ impl SessionStream {
             out.extend_from_slice(sse::RETRY);
         }
         loop {
-            if s.state.load(Relaxed) != LIVE || s.waiter.load(Relaxed) != self.me {
+            if !s.serves(self.me) {
                 if !out.is_empty() {
                     break;
                 }
                 return None;
             }
             let mut live = s.live.lock().await;
-            let (messages, closed) = self.polls.take_messages(&s, &mut live);
-            for m in &messages {
-                sse::write_event(&mut out, None, None, m);
-            }
-            if !messages.is_empty() {
-                live.queued.clear();
+            let (taken, closed) = take_events(&self.polls, &s, &mut live, &mut out).await;
+            if taken {
                 // The record is where another node continues the session from; a store that
                 // no other node reads (one node, the memory broker) needs no positions.
                 self.unsaved = self.polls.store.shared();
             }
-            if let Some(code) = closed {
-                self.polls.finish(&s, &mut live, code).await;
+            if closed {
                 break;
             }
             // At most once a second, and within a second of the last message taken.
@@ -109,6 +104,24 @@ impl SessionStream {
     }
 }
 
+/// Takes what the session holds and appends it to `out` as events, the session's way (a
+/// takeover's resubscribe replies become the recovered publications); what is taken leaves
+/// `queued`. A session that closed is finished here. Whether anything was taken, and whether
+/// the session closed.
+async fn take_events(polls: &Polls, s: &Arc<PollSession>, live: &mut Live, out: &mut Vec<u8>) -> (bool, bool) {
+    let (messages, closed) = polls.take_messages(s, live);
+    for m in &messages {
+        sse::write_event(out, None, None, m);
+    }
+    if !messages.is_empty() {
+        live.queued.clear();
+    }
+    if let Some(code) = closed {
+        polls.finish(s, live, code).await;
+    }
+    (!messages.is_empty(), closed.is_some())
+}
+
 /// Attaches a stream to session `id`. When the request offers its socket, the stream is left
 /// in the offer for `sse::socket` to run and the answer is only the head.
 pub async fn attach(polls: Arc<Polls>, req: Request, id: String) -> Response {
@@ -119,10 +132,7 @@ pub async fn attach(polls: Arc<Polls>, req: Request, id: String) -> Response {
         Err(r) => return r,
     };
     let busy = Busy::new(&s);
-    let me = s.waiter.fetch_add(1, Relaxed) + 1;
-    // An older stream or poll of the session gives way.
-    s.outbox.detach();
-    s.outbox.wake();
+    let me = s.take_turn();
     let heartbeat = Duration::from_secs(polls.node.config.transports.sse_heartbeat_s);
     let node = polls.node.clone();
     let stream = SessionStream {
@@ -168,36 +178,25 @@ enum End {
 /// record, until the stream is detached, its client is gone or the session closes.
 async fn on_socket(stream: SessionStream, tcp: Arc<TcpStream>) {
     let SessionStream { polls, session: s, _busy, me, heartbeat, .. } = stream;
-    let superseded = |s: &PollSession| s.state.load(Relaxed) != LIVE || s.waiter.load(Relaxed) != me;
-    let (first, closed) = {
+    let mut first = sse::RETRY.to_vec();
+    let closed = {
         let mut live = s.live.lock().await;
-        if superseded(&s) {
+        if !s.serves(me) {
             return;
         }
-        let (messages, closed) = polls.take_messages(&s, &mut live);
-        let mut out = sse::RETRY.to_vec();
-        for m in &messages {
-            sse::write_event(&mut out, None, None, m);
-        }
-        if !messages.is_empty() {
-            live.queued.clear();
-        }
-        if let Some(code) = closed {
-            polls.finish(&s, &mut live, code).await;
-        }
-        (out, closed)
+        take_events(&polls, &s, &mut live, &mut first).await.1
     };
     if socket::write_all(&tcp, &first).await.is_err() {
         return;
     }
-    if closed.is_some() {
+    if closed {
         return linger(&tcp, tokio::time::Instant::now() + CLOSE_GRACE).await;
     }
     let framer = SessionEvents { streamed: s.streamed.clone() };
     let wire: Arc<dyn Wire> = tcp.clone();
     let mut detached = s.outbox.attach(wire.clone(), Box::new(framer));
     // A poll or stream that came between the take and the attach found nothing to detach.
-    if superseded(&s) {
+    if !s.serves(me) {
         s.outbox.detach_if(&wire);
     }
     s.outbox.flush_blocked();
@@ -278,8 +277,10 @@ impl Framer for SessionEvents {
         match &m.kind {
             Kind::Pub { ch, off } => {
                 let mut st = self.streamed.lock();
-                let at = st.offsets.entry(ch.clone()).or_insert(*off);
-                *at = (*at).max(*off);
+                match st.offsets.get_mut(&**ch) {
+                    Some(at) => *at = (*at).max(*off),
+                    None => drop(st.offsets.insert(ch.clone(), *off)),
+                }
             }
             Kind::Reply { id: SILENT_ID } => {
                 self.streamed.lock().replies += 1;
