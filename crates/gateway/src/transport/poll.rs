@@ -169,7 +169,7 @@ async fn open_inner(polls: &Arc<Polls>, req: Request) -> Response {
             }
             Err(e) => {
                 polls.release(&s, &mut live).await;
-                return error(code::INTERNAL, e.to_string());
+                return store_error(e);
             }
         }
     }
@@ -247,7 +247,7 @@ async fn command_inner(
         let rec = match polls.store.load(id).await {
             Ok(Some(r)) => r,
             Ok(None) => return error(code::NOT_FOUND, "unknown or expired session"),
-            Err(e) => return error(code::INTERNAL, e.to_string()),
+            Err(e) => return store_error(e),
         };
         if rec.owner.is_empty() || rec.owner == node.id {
             // Nobody holds it (or this node lost its copy): take it over and run here.
@@ -261,7 +261,7 @@ async fn command_inner(
             return r;
         }
         if let Err(e) = polls.store.push_commands(id, &body, polls.ttl).await {
-            return error(code::INTERNAL, e.to_string());
+            return store_error(e);
         }
         let _ = polls.store.notify(&rec.owner, Notice::Commands(id.to_string())).await;
         return accepted();
@@ -287,7 +287,7 @@ async fn end(State(polls): State<Arc<Polls>>, Path(id): Path<String>, headers: H
                 }
             }
             Ok(None) => return error(code::NOT_FOUND, "unknown or expired session"),
-            Err(e) => return error(code::INTERNAL, e.to_string()),
+            Err(e) => return store_error(e),
         }
     }
     let mut r = StatusCode::NO_CONTENT.into_response();

@@ -126,6 +126,11 @@ pub struct Polls {
     pub(crate) ttl: Duration,
 }
 
+/// A failure of the session store, as the request's answer: 500 with what the store said.
+pub(crate) fn store_error(e: poll_store::StoreError) -> Response {
+    error(code::INTERNAL, e.to_string())
+}
+
 pub(crate) fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
     let mut r = Response::new(body.into());
     *r.status_mut() = status;
@@ -406,8 +411,7 @@ impl Polls {
             return Err(error(code::NOT_FOUND, "unknown or expired session"));
         }
         let token = if self.store.shared() {
-            let store_err = |e: poll_store::StoreError| error(code::INTERNAL, e.to_string());
-            let Some(t) = self.store.lock(&s.id, LOCK_WAIT).await.map_err(store_err)? else {
+            let Some(t) = self.store.lock(&s.id, LOCK_WAIT).await.map_err(store_error)? else {
                 return Err(error(503, "session busy; retry"));
             };
             let current = self.store.load(&s.id).await;

@@ -15,8 +15,8 @@ use switchboard_protocol::message::encode_disconnect;
 use switchboard_protocol::Format;
 
 use crate::transport::http::error;
-use crate::transport::poll_session::{batch_body, Found, Polls, LOCK_WAIT, RESUBSCRIBE_ID};
-use crate::transport::poll_store::{self, Notice, Record, StoredSub};
+use crate::transport::poll_session::{batch_body, store_error, Found, Polls, LOCK_WAIT, RESUBSCRIBE_ID};
+use crate::transport::poll_store::{Notice, Record, StoredSub};
 use crate::transport::sse::{ChannelPos, ReplyIn};
 
 impl Polls {
@@ -28,8 +28,7 @@ impl Polls {
         exempt: bool,
         ip: Option<std::net::IpAddr>,
     ) -> Result<Found, Response> {
-        let store_err = |e: poll_store::StoreError| error(code::INTERNAL, e.to_string());
-        let token = match self.store.lock(id, LOCK_WAIT).await.map_err(store_err)? {
+        let token = match self.store.lock(id, LOCK_WAIT).await.map_err(store_error)? {
             Some(t) => t,
             None => return Err(error(503, "session busy; retry")),
         };
@@ -45,14 +44,13 @@ impl Polls {
         exempt: bool,
         ip: Option<std::net::IpAddr>,
     ) -> Result<Found, Response> {
-        let store_err = |e: poll_store::StoreError| error(code::INTERNAL, e.to_string());
         // Someone may have created the live copy here while this request waited for the lock.
         if let Some(s) = self.local(id) {
             return Ok(Found::Session(s));
         }
         let mut rec = None;
         for _ in 0..5 {
-            let Some(r) = self.store.load(id).await.map_err(store_err)? else {
+            let Some(r) = self.store.load(id).await.map_err(store_error)? else {
                 return Err(error(code::NOT_FOUND, "unknown or expired session"));
             };
             if let Some(a) = ack.filter(|a| *a != r.seq) {
@@ -70,7 +68,7 @@ impl Polls {
             }
             // Claim it first, so the old node's next write fails instead of racing this one.
             let claim = Record { version: r.version + 1, owner: self.node.id.clone(), ..r.clone() };
-            if self.store.save(id, r.version, &claim, self.ttl).await.map_err(store_err)? {
+            if self.store.save(id, r.version, &claim, self.ttl).await.map_err(store_error)? {
                 if !r.owner.is_empty() && r.owner != self.node.id {
                     let _ = self.store.notify(&r.owner, Notice::Moved(id.to_string())).await;
                 }
