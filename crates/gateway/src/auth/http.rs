@@ -48,24 +48,10 @@ fn error(status: StatusCode, message: &str) -> Response {
 
 /// The middleware; see the module docs.
 pub async fn guard(State(node): State<Arc<Node>>, mut req: Request, next: Next) -> Response {
+    if let Some(refused) = refusal(&node, req.method(), req.uri().path(), req.headers()) {
+        return refused;
+    }
     let auth = node.config.security.auth.clone();
-    let open = matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
-    let host = req.headers().get(header::HOST).map(|v| v.to_str().unwrap_or("\u{fffd}"));
-    if !open && !auth.host_allowed(host) {
-        tracing::debug!(host = host.unwrap_or(""), "request for a foreign Host refused");
-        return error(
-            StatusCode::FORBIDDEN,
-            "host not allowed: this node answers only to its own address names (add the name to auth.hosts)",
-        );
-    }
-    if !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
-        let h = req.headers();
-        let origin = h.get(header::ORIGIN).and_then(|v| v.to_str().ok());
-        let host = h.get(header::HOST).and_then(|v| v.to_str().ok());
-        if !auth.origin_allowed(origin, host) {
-            return error(StatusCode::FORBIDDEN, "origin not allowed");
-        }
-    }
     if req.uri().path().starts_with("/api/") {
         let identity = if auth.http_enabled() {
             let presented = req.headers().get(header::AUTHORIZATION).map(|v| parse_authorization(v.as_bytes()));
@@ -106,6 +92,30 @@ pub async fn guard(State(node): State<Arc<Node>>, mut req: Request, next: Next) 
         req.extensions_mut().insert(Caller(identity));
     }
     next.run(req).await
+}
+
+/// The refusals every request gets before its route, whoever it is: a foreign `Host`, and a
+/// state-changing request from another origin (see the module docs). Requests the node reads
+/// off a kept-alive connection itself (`transport::poll_socket`) are checked here too.
+pub(crate) fn refusal(node: &Node, method: &Method, path: &str, headers: &axum::http::HeaderMap) -> Option<Response> {
+    let auth = &node.config.security.auth;
+    let open = matches!(path, "/healthz" | "/readyz" | "/metrics");
+    let host = headers.get(header::HOST).map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    if !open && !auth.host_allowed(host) {
+        tracing::debug!(host = host.unwrap_or(""), "request for a foreign Host refused");
+        return Some(error(
+            StatusCode::FORBIDDEN,
+            "host not allowed: this node answers only to its own address names (add the name to auth.hosts)",
+        ));
+    }
+    if !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+        let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+        if !auth.origin_allowed(origin, host) {
+            return Some(error(StatusCode::FORBIDDEN, "origin not allowed"));
+        }
+    }
+    None
 }
 
 fn identity(caller: &Option<axum::Extension<Caller>>) -> Identity {

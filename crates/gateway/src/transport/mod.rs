@@ -1,20 +1,25 @@
 //! Transports: how clients reach a [`Session`](crate::session::Session). `conn` serves an
-//! accepted TCP connection (TLS, HTTP/1.1, the peer address); `tls` holds the TLS configuration
+//! accepted TCP connection (TLS, HTTP/1.1, the peer address), with `http1`, the node's own
+//! HTTP/1.1, for the requests that are cheaper off the socket than through hyper (an event
+//! stream or a held poll that opens a plain connection); `tls` holds the TLS configuration
 //! and the TLS wire a WebSocket connection writes through; `ws` is the WebSocket transport;
 //! `owned` holds what the transports that own their socket share (deadlines, closing).
 //! The HTTP transports share the session and outbox machinery and `http` (admission, CORS):
 //! `sse` streams Server-Sent Events (a stream that opens a plain connection owns its socket and
 //! is written by the fan-out like a WebSocket; otherwise hyper's body takes the framed events),
-//! `poll` serves long-poll sessions over HTTP, `poll_session` holds their live copies,
-//! `poll_store` keeps their state where any node can continue them, `poll_takeover`
+//! `poll` serves long-poll sessions over HTTP, `poll_socket` answers a held poll (and serves
+//! the polls that follow on a connection a poll opened), `poll_session` holds their live
+//! copies, `poll_store` keeps their state where any node can continue them, `poll_takeover`
 //! continues one there, and `session_stream` streams a session's messages as events (on a
 //! socket of its own when the stream opened the connection, else through hyper).
 
 pub mod conn;
 pub mod http;
+pub mod http1;
 pub mod owned;
 pub mod poll;
 pub mod poll_session;
+pub mod poll_socket;
 pub mod poll_store;
 pub mod poll_takeover;
 pub mod session_stream;

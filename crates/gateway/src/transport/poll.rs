@@ -35,9 +35,10 @@
 //! replies still travel in order with the publications. No sticky sessions are needed; a load
 //! balancer that hashes on the session id merely saves the moves.
 //!
-//! The live sessions and everything that changes them are in `transport::poll_session`; this
-//! file is the HTTP side: routes, requests, and the tasks that expire sessions and act on what
-//! other nodes say.
+//! The live sessions and everything that changes them are in `transport::poll_session`; a
+//! held poll is answered by `transport::poll_socket`, which also serves the polls that follow
+//! on a connection a poll opened (without hyper); this file is the HTTP side: routes,
+//! requests, and the tasks that expire sessions and act on what other nodes say.
 
 // Refusals are the response itself (status, body, headers), returned on the cold path of a
 // request that answers with it anyway; boxing them would buy nothing.
@@ -59,7 +60,7 @@ use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error, query_param};
 use crate::transport::poll_session::*;
 use crate::transport::poll_store::{self, Notice};
-use crate::transport::{session_stream, sse};
+use crate::transport::{http1, poll_socket, session_stream, sse};
 
 /// The routes of the HTTP transports: `/sse`, `/poll`, `/poll/{session}`.
 pub fn router<S: Clone + Send + Sync + 'static>(node: Arc<Node>) -> Router<S> {
@@ -94,25 +95,6 @@ async fn sse_route(State(polls): State<Arc<Polls>>, req: Request) -> Response {
 
 async fn preflight(State(polls): State<Arc<Polls>>, headers: HeaderMap) -> Response {
     transport_http::preflight(State(polls.node.clone()), headers).await
-}
-
-fn ack_and_timeout(q: Option<&str>, max: Duration) -> Result<(Option<u64>, Duration), Response> {
-    let ack = match query_param(q, "ack") {
-        None => None,
-        Some(a) => Some(a.parse::<u64>().map_err(|_| error(code::BAD_REQUEST, "ack: expected a batch number"))?),
-    };
-    let timeout = match query_param(q, "timeout") {
-        None => max,
-        Some(t) => {
-            let s: f64 = t.parse().map_err(|_| error(code::BAD_REQUEST, "timeout: expected seconds"))?;
-            if s.is_nan() || s < 0.0 {
-                return Err(error(code::BAD_REQUEST, "timeout: expected seconds"));
-            }
-            // Any number of seconds, however large (`inf`, `1e20`), is at most the maximum.
-            Duration::try_from_secs_f64(s).map_or(max, |d| d.min(max))
-        }
-    };
-    Ok((ack, timeout))
 }
 
 /// `POST /poll`: opens a session.
@@ -196,19 +178,16 @@ fn no_commands(body: &[u8]) -> bool {
         || matches!(serde_json::from_slice::<serde_json::Value>(body), Ok(serde_json::Value::Object(m)) if m.is_empty())
 }
 
-/// `GET /poll/{session}`.
+/// `GET /poll/{session}`. A poll that opened its connection leaves the connection to
+/// `poll_socket`, which serves the polls that follow on it.
 async fn poll(State(polls): State<Arc<Polls>>, Path(id): Path<String>, req: Request) -> Response {
-    let max = Duration::from_secs(polls.node.config.transports.poll_timeout_s);
-    let mut r = match ack_and_timeout(req.uri().query(), max) {
-        Err(r) => r,
-        Ok((ack, timeout)) => match polls.find(&id, ack, req.headers(), req.extensions().get::<Peer>()).await {
-            Err(r) => r,
-            Ok(Found::Lost(body)) => json_response(StatusCode::OK, body),
-            Ok(Found::Session(s)) => polls.poll_once(&s, ack, timeout).await,
-        },
-    };
-    transport_http::cors(req.headers(), &polls.node, &mut r);
-    r
+    if let Some(offer) = req.extensions().get::<http1::SocketOffer>() {
+        let p = polls.clone();
+        let run: http1::KeepAliveRun =
+            Box::new(move |tcp, app, peer| Box::pin(poll_socket::keep_alive(p, tcp, app, peer)));
+        *offer.taken.lock() = Some(http1::OnSocket::KeepAlive(run));
+    }
+    poll_socket::answer(&polls, &id, req.uri().query(), req.headers(), req.extensions().get::<Peer>()).await
 }
 
 /// `POST /poll/{session}`: commands.

@@ -5,7 +5,7 @@
 //! starts. Who writes the events depends on who holds the connection:
 //!
 //! - A stream that is the first request of a plain connection owns the socket
-//!   (`sse::socket`, [`on_socket`]). What the session holds when it starts is taken and
+//!   (`transport::http1`, [`on_socket`]). What the session holds when it starts is taken and
 //!   framed the session's way (a takeover's recovered publications among it); then the
 //!   session's outbox is attached to the socket (`Outbox::attach`) and the fan-out writes
 //!   each delivery into it, framed by [`SessionEvents`], as it writes a WebSocket's: one
@@ -32,11 +32,12 @@ use tokio::net::TcpStream;
 
 use crate::outbox::{Framer, Kind, Message, Pushed, Wire};
 use crate::transport::http::{self as transport_http, error, Peer};
+use crate::transport::http1;
 use crate::transport::owned::{discard_input, linger, CLOSE_GRACE};
 use crate::transport::poll_session::{
     silent_reply, Busy, Found, Live, PollSession, Polls, Streamed, RESUBSCRIBE_ID, SILENT_ID, STREAM_SAVE_EVERY,
 };
-use crate::transport::sse::{self, socket};
+use crate::transport::sse;
 
 /// One attached stream: which session, and where its framing stands.
 pub(crate) struct SessionStream {
@@ -123,7 +124,7 @@ async fn take_events(polls: &Polls, s: &Arc<PollSession>, live: &mut Live, out: 
 }
 
 /// Attaches a stream to session `id`. When the request offers its socket, the stream is left
-/// in the offer for `sse::socket` to run and the answer is only the head.
+/// in the offer for `transport::http1` to run and the answer is only the head.
 pub async fn attach(polls: Arc<Polls>, req: Request, id: String) -> Response {
     let (parts, _) = req.into_parts();
     let s = match polls.find(&id, None, &parts.headers, parts.extensions.get::<Peer>()).await {
@@ -145,9 +146,16 @@ pub async fn attach(polls: Arc<Polls>, req: Request, id: String) -> Response {
         unsaved: false,
         heartbeat,
     };
-    let mut r = match parts.extensions.get::<socket::SocketOffer>() {
+    let mut r = match parts.extensions.get::<http1::SocketOffer>() {
         Some(offer) => {
-            *offer.taken.lock() = Some(socket::OnSocket::Own(Box::new(move |tcp| Box::pin(on_socket(stream, tcp)))));
+            let run: http1::StreamRun = Box::new(move |tcp| {
+                Box::pin(async move {
+                    if let Some(tcp) = tcp {
+                        on_socket(stream, tcp).await
+                    }
+                })
+            });
+            *offer.taken.lock() = Some(http1::OnSocket::Stream(run));
             sse::stream_response(Body::empty())
         }
         None => {
@@ -186,7 +194,7 @@ async fn on_socket(stream: SessionStream, tcp: Arc<TcpStream>) {
         }
         take_events(&polls, &s, &mut live, &mut first).await.1
     };
-    if socket::write_all(&tcp, &first).await.is_err() {
+    if http1::write_all(&tcp, &first).await.is_err() {
         return;
     }
     if closed {

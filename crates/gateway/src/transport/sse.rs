@@ -54,6 +54,7 @@ use crate::outbox::{Outbox, Wire};
 use crate::session::Session;
 use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error, query_flag, query_param};
+use crate::transport::http1;
 
 use events::StreamEvents;
 pub use events::{event_name, write_event};
@@ -235,13 +236,15 @@ pub(crate) const PING: &[u8] = b": ping\n\n";
 pub async fn handle(State(node): State<Arc<Node>>, req: Request) -> Response {
     let query = req.uri().query().map(str::to_string);
     let (parts, _) = req.into_parts();
-    let offer = parts.extensions.get::<socket::SocketOffer>().cloned();
+    let offer = parts.extensions.get::<http1::SocketOffer>().cloned();
     let wire = offer.as_ref().map(|o| o.wire.clone() as Arc<dyn Wire>);
     let mut r = match (open(&node, &parts, query.as_deref(), wire).await, offer) {
         (Err(r), _) => r,
         (Ok(opened), Some(offer)) => {
-            // The stream owns its socket: `socket` writes this head and runs it.
-            *offer.taken.lock() = Some(socket::OnSocket::Stream(Box::new(opened)));
+            // The stream owns its socket: `http1` writes this head and `socket` runs it.
+            let node = node.clone();
+            let run: http1::StreamRun = Box::new(move |tcp| Box::pin(socket::run_opened(node, tcp, opened)));
+            *offer.taken.lock() = Some(http1::OnSocket::Stream(run));
             stream_response(Body::empty())
         }
         (Ok(Opened { session, outbox, slot }), None) => {

@@ -1,0 +1,194 @@
+"""Long polls on a connection they opened, which the node keeps alive itself.
+
+A `GET /poll/{session}` that is the first request of a plain connection is answered by the
+node's own HTTP/1.1, and so is every poll that follows on that connection; the first request of
+another kind hands the connection to the HTTP stack. Such polls must say exactly what polls
+through the HTTP stack say, keep the connection open, answer pipelined requests in order, apply
+the same refusals, and leave nothing behind when their clients vanish mid-poll. Driven with the
+standard library's `http.client` and raw sockets (clients nobody here wrote); what the node
+holds is read from /proc."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import time
+
+import httpx
+
+import sb
+from sb import api_publish, uniq
+
+
+def fds(srv) -> int:
+    return len(os.listdir(f"/proc/{srv.pid}/fd"))
+
+
+def open_session(srv, commands=()) -> str:
+    body = "\n".join(json.dumps(c) for c in commands)
+    r = httpx.post(f"{srv.http_url}/poll", content=body, trust_env=False)
+    assert r.status_code == 200, r.text
+    return r.json()["session"]
+
+
+def read_response(sock: socket.socket, buf: bytearray) -> tuple[int, dict, bytes]:
+    """One `Content-Length` response from `sock` (`buf` holds what was read past it)."""
+    sock.settimeout(30)
+    while b"\r\n\r\n" not in buf:
+        data = sock.recv(65536)
+        assert data, "connection closed before a response"
+        buf += data
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    assert "transfer-encoding" not in headers
+    n = int(headers["content-length"])
+    while len(rest) < n:
+        data = sock.recv(65536)
+        assert data, "connection closed inside a body"
+        rest += data
+    buf[:] = rest[n:]
+    return status, headers, rest[:n]
+
+
+def get(path: str, port: int, extra: str = "") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode()
+
+
+def test_polls_on_their_own_connection_say_what_polls_through_the_http_stack_say(server):
+    ch = uniq("own.")
+    sid = open_session(server, [{"id": 1, "subscribe": {"channels": [ch]}}])
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", f"/poll/{sid}?ack=0")
+    first = conn.getresponse()
+    batch = json.loads(first.read())
+    assert first.status == 200 and batch["seq"] == 1
+    assert batch["messages"][0]["id"] == 1 and "ok" in batch["messages"][0]
+    sock = conn.sock
+    got, seq = [], batch["seq"]
+    for i in range(20):
+        api_publish(server, ch, {"n": i})
+        conn.request("GET", f"/poll/{sid}?ack={seq}")
+        r = conn.getresponse()
+        body = r.read()
+        assert r.status == 200, body
+        # The same connection, kept alive by the node.
+        assert conn.sock is sock and r.getheader("connection") is None
+        b = json.loads(body)
+        seq = b["seq"]
+        got += [m["pub"]["data"]["n"] for m in b["messages"]]
+    assert got == list(range(20))
+
+    # The same poll through the HTTP stack (a connection that served another request first)
+    # has the same status, headers and body.
+    with httpx.Client(trust_env=False) as h:
+        assert h.get(f"{server.http_url}/healthz").status_code == 200
+        via_stack = h.get(f"{server.http_url}/poll/{sid}", params={"ack": seq, "timeout": 0})
+    conn.request("GET", f"/poll/{sid}?ack={seq}&timeout=0")
+    own = conn.getresponse()
+    own_body = own.read()
+    assert (own.status, own_body) == (via_stack.status_code, via_stack.content)
+    names = lambda hs: sorted(k.lower() for k in hs if k.lower() != "date")
+    assert names(own.headers.keys()) == names(via_stack.headers.keys())
+    assert own.getheader("content-type") == via_stack.headers["content-type"]
+    assert own.getheader("date")
+    conn.close()
+
+
+def test_a_kept_alive_poll_connection_answers_pipelined_requests_in_order_and_hands_others_on(server):
+    ch = uniq("pipe.")
+    sid = open_session(server, [{"id": 1, "subscribe": {"channels": [ch]}}])
+    api_publish(server, ch, "a")
+    s = socket.create_connection(("127.0.0.1", server.port))
+    buf = bytearray()
+    command = json.dumps({"id": 7, "publish": {"channel": ch, "data": "from-poll"}}).encode()
+    # Two polls, a command (the HTTP stack's), then polls again (now through the stack), all
+    # written at once.
+    s.sendall(
+        get(f"/poll/{sid}?ack=0&timeout=0", server.port)
+        + get(f"/poll/{sid}?ack=1&timeout=0", server.port)
+        + f"POST /poll/{sid} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nContent-Type: application/json\r\n"
+          f"Content-Length: {len(command)}\r\n\r\n".encode() + command
+        + get(f"/poll/{sid}?ack=1", server.port)
+    )
+    st1, _, b1 = read_response(s, buf)
+    st2, _, b2 = read_response(s, buf)
+    st3, _, b3 = read_response(s, buf)
+    st4, _, b4 = read_response(s, buf)
+    assert (st1, st2, st3, st4) == (200, 200, 202, 200), (b1, b2, b3, b4)
+    first = json.loads(b1)
+    assert first["seq"] == 1
+    assert [m.get("id") for m in first["messages"]][0] == 1
+    assert [m["pub"]["data"] for m in first["messages"] if "pub" in m] == ["a"]
+    assert json.loads(b2) == {"seq": 1, "messages": []}
+    last = json.loads(b4)
+    assert last["seq"] == 2
+    assert {m.get("id") for m in last["messages"]} >= {7}
+    # The stack keeps serving the connection.
+    s.sendall(get("/healthz", server.port))
+    assert read_response(s, buf)[2] == b"ok\n"
+    s.close()
+
+
+def test_polls_on_a_kept_alive_connection_get_the_same_refusals(server):
+    sid = open_session(server)
+    s = socket.create_connection(("127.0.0.1", server.port))
+    buf = bytearray()
+    s.sendall(get(f"/poll/{sid}?ack=0&timeout=0", server.port))
+    assert read_response(s, buf)[0] == 200
+    # A foreign Host is refused 403 (DNS rebinding), as every route refuses it.
+    s.sendall(f"GET /poll/{sid}?ack=0&timeout=0 HTTP/1.1\r\nHost: rebound.example\r\n\r\n".encode())
+    status, _, body = read_response(s, buf)
+    assert status == 403 and json.loads(body)["error"]["code"] == 403
+    # Bad numbers and unknown sessions get SPEC errors; the connection goes on.
+    s.sendall(get(f"/poll/{sid}?ack=x", server.port))
+    status, _, body = read_response(s, buf)
+    assert status == 400 and "ack" in json.loads(body)["error"]["message"]
+    s.sendall(get(f"/poll/{sid}?ack=0&timeout=-1", server.port))
+    assert read_response(s, buf)[0] == 400
+    s.sendall(get("/poll/" + "0" * 32 + "?ack=0", server.port))
+    status, _, body = read_response(s, buf)
+    assert status == 404 and json.loads(body)["error"]["code"] == 404
+    # A browser's CORS headers, as through the stack.
+    s.sendall(get(f"/poll/{sid}?ack=0&timeout=0", server.port, f"Origin: http://127.0.0.1:{server.port}\r\n"))
+    status, headers, _ = read_response(s, buf)
+    assert status == 200 and headers.get("access-control-allow-origin") == f"http://127.0.0.1:{server.port}"
+    # `Connection: close` is honoured: the answer comes and the connection ends.
+    s.sendall(get(f"/poll/{sid}?ack=0&timeout=0", server.port, "Connection: close\r\n"))
+    assert read_response(s, buf)[0] == 200
+    s.settimeout(10)
+    assert s.recv(1) == b""
+    s.close()
+
+
+def test_a_poller_that_vanishes_mid_poll_leaves_nothing_behind(start_server):
+    srv = start_server()
+    ch = uniq("gone.")
+    sids = [open_session(srv, [{"id": 1, "subscribe": {"channels": [ch]}}]) for _ in range(20)]
+    base = fds(srv)
+    socks = []
+    for sid in sids:
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(get(f"/poll/{sid}?ack=0&timeout=0", srv.port))
+        buf = bytearray()
+        assert json.loads(read_response(s, buf)[2])["seq"] == 1
+        # Held: nothing is pending at seq 1.
+        s.sendall(get(f"/poll/{sid}?ack=1", srv.port))
+        socks.append(s)
+    time.sleep(0.3)
+    assert fds(srv) == base + 20
+    for s in socks:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        s.close()
+    # The node lets every connection go long before the polls' 25 s would end them.
+    sb.wait_until(f"descriptors back to {base}", lambda: fds(srv) <= base, 5)
+    # Every session is whole: a publication reaches its next poll.
+    api_publish(srv, ch, "after")
+    with httpx.Client(trust_env=False) as h:
+        for sid in sids:
+            r = h.get(f"{srv.http_url}/poll/{sid}", params={"ack": 1, "timeout": 5})
+            assert r.status_code == 200
+            assert [m["pub"]["data"] for m in r.json()["messages"] if "pub" in m] == ["after"]
