@@ -243,7 +243,7 @@ pub async fn handle(State(node): State<Arc<Node>>, req: Request) -> Response {
         (Ok(opened), Some(offer)) => {
             // The stream owns its socket: `http1` writes this head and `socket` runs it.
             let node = node.clone();
-            let run: http1::StreamRun = Box::new(move |tcp| Box::pin(socket::run_opened(node, tcp, opened)));
+            let run: http1::StreamRun = Box::new(move |tcp| Box::pin(socket::run_opened(node, tcp, Box::new(opened))));
             *offer.taken.lock() = Some(http1::OnSocket::Stream(run));
             stream_response(Body::empty())
         }

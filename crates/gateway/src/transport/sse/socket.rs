@@ -24,8 +24,10 @@ use crate::transport::owned::{discard_input, linger, timer_at, CLOSE_GRACE};
 
 /// Serves a stream opened on its socket once its head is written (`None`: it could not be,
 /// and the stream only ends).
-pub(crate) async fn run_opened(node: Arc<Node>, tcp: Option<Arc<TcpStream>>, opened: Opened) {
-    let Opened { mut session, outbox, slot } = opened;
+pub(crate) async fn run_opened(node: Arc<Node>, tcp: Option<Arc<TcpStream>>, opened: Box<Opened>) {
+    // Boxed until here: an argument taken apart is kept in the future beside its parts, and
+    // a session is large.
+    let Opened { mut session, outbox, slot } = *opened;
     let Some(tcp) = tcp else {
         end(node, session, outbox).await;
         drop(slot);
