@@ -19,7 +19,7 @@
 //!
 //! TLS connections, and every other request, are hyper's.
 
-use std::io;
+use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -250,9 +250,7 @@ pub(crate) async fn response_bytes(r: Response, ending: Ending) -> Option<Vec<u8
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    out.extend_from_slice(b"date: ");
-    out.extend_from_slice(httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes());
-    out.extend_from_slice(b"\r\n");
+    let _ = write!(out, "date: {}\r\n", httpdate::HttpDate::from(std::time::SystemTime::now()));
     if ending != Ending::KeepAlive {
         out.extend_from_slice(b"connection: close\r\n");
     }
@@ -261,9 +259,7 @@ pub(crate) async fn response_bytes(r: Response, ending: Ending) -> Option<Vec<u8
         return Some(out);
     }
     let body = axum::body::to_bytes(body, 1 << 20).await.ok()?;
-    out.extend_from_slice(b"content-length: ");
-    out.extend_from_slice(body.len().to_string().as_bytes());
-    out.extend_from_slice(b"\r\n\r\n");
+    let _ = write!(out, "content-length: {}\r\n\r\n", body.len());
     out.extend_from_slice(&body);
     Some(out)
 }
@@ -310,7 +306,8 @@ pub(crate) async fn next_request<T>(
     tcp: &TcpStream,
     pending: &mut Vec<u8>,
     peer: SocketAddr,
-    (idle, timeout): (Duration, Duration),
+    idle: Duration,
+    timeout: Duration,
     pick: impl Fn(&Parts) -> Option<T>,
 ) -> Next<T> {
     let mut deadline = tokio::time::Instant::now() + idle;

@@ -76,7 +76,7 @@ pub(crate) async fn keep_alive(polls: Arc<Polls>, tcp: Arc<TcpStream>, app: Rout
     let idle = Duration::from_secs(node.config.transports.poll_session_ttl_s.max(1));
     let mut pending = Vec::new();
     loop {
-        let (parts, id) = match http1::next_request(&tcp, &mut pending, peer, (idle, head_timeout), poll_of).await {
+        let (parts, id) = match http1::next_request(&tcp, &mut pending, peer, idle, head_timeout, poll_of).await {
             Next::Request(parts, id) => (parts, id),
             Next::Other => break,
             Next::Gone => return,

@@ -148,12 +148,10 @@ pub async fn attach(polls: Arc<Polls>, req: Request, id: String) -> Response {
     };
     let mut r = match parts.extensions.get::<http1::SocketOffer>() {
         Some(offer) => {
-            let run: http1::StreamRun = Box::new(move |tcp| {
-                Box::pin(async move {
-                    if let Some(tcp) = tcp {
-                        on_socket(stream, tcp).await
-                    }
-                })
+            // A head that could not be written leaves nothing to run: the session stays.
+            let run: http1::StreamRun = Box::new(move |tcp| match tcp {
+                Some(tcp) => Box::pin(on_socket(stream, tcp)),
+                None => Box::pin(std::future::ready(())),
             });
             *offer.taken.lock() = Some(http1::OnSocket::Stream(run));
             sse::stream_response(Body::empty())
