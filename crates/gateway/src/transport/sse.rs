@@ -243,7 +243,15 @@ pub async fn handle(State(node): State<Arc<Node>>, req: Request) -> Response {
         (Ok(opened), Some(offer)) => {
             // The stream owns its socket: `http1` writes this head and `socket` runs it.
             let node = node.clone();
-            let run: http1::StreamRun = Box::new(move |tcp| Box::pin(socket::run_opened(node, tcp, Box::new(opened))));
+            let run: http1::StreamRun = Box::new(move |tcp| match tcp {
+                Some(tcp) => Box::pin(socket::run_opened(node, tcp, Box::new(opened))),
+                // The head could not be written: the stream only ends.
+                None => Box::pin(async move {
+                    let Opened { session, outbox, slot } = opened;
+                    end(node, session, outbox).await;
+                    drop(slot);
+                }),
+            });
             *offer.taken.lock() = Some(http1::OnSocket::Stream(run));
             stream_response(Body::empty())
         }

@@ -22,17 +22,11 @@ use crate::node::Node;
 use crate::outbox::{Outbox, Pushed};
 use crate::transport::owned::{discard_input, linger, timer_at, CLOSE_GRACE};
 
-/// Serves a stream opened on its socket once its head is written (`None`: it could not be,
-/// and the stream only ends).
-pub(crate) async fn run_opened(node: Arc<Node>, tcp: Option<Arc<TcpStream>>, opened: Box<Opened>) {
+/// Serves a stream opened on its socket once its head is written.
+pub(crate) async fn run_opened(node: Arc<Node>, tcp: Arc<TcpStream>, opened: Box<Opened>) {
     // Boxed until here: an argument taken apart is kept in the future beside its parts, and
     // a session is large.
     let Opened { mut session, outbox, slot } = *opened;
-    let Some(tcp) = tcp else {
-        end(node, session, outbox).await;
-        drop(slot);
-        return;
-    };
     // The head is out: the events queued meanwhile (the subscribe's) follow it.
     outbox.flush_blocked();
     let gone = run(&node, &tcp, &mut session, &outbox).await;
