@@ -201,6 +201,8 @@ async fn a_trend_keeps_numeric_values_in_buckets(b: Arc<dyn Broker>) {
     assert_eq!((min, max, t[t.len() - 1].last), (-2.25, 5.0, -2.25));
     let later = crate::now_ms() + 5000;
     assert!(b.trend("pt:trend", TREND, later).await.unwrap().is_empty(), "nothing after since");
+    let hour_on = crate::now_ms() + 3_600_000;
+    assert!(b.trend("pt:trend", TREND, hour_on).await.unwrap().is_empty(), "a since past every stored bucket");
     assert!(b.trend("pt:no-trend", TREND, 0).await.unwrap().is_empty());
     assert!(b.trend("pt:never", TREND, 0).await.unwrap().is_empty());
     assert!(b.last_if_known("pt:never").await.unwrap().is_none(), "a trend read creates nothing");

@@ -106,6 +106,10 @@ pub(super) async fn read(
     let now = crate::now_ms();
     let oldest = chunk_of(now.saturating_sub(policy.reach_ms()), step).max(chunk_of(since_ms, step));
     let newest = chunk_of(now, step);
+    if oldest > newest {
+        // `since_ms` is in a chunk not begun yet: nothing to read (and `MGET` needs a key).
+        return Ok(Vec::new());
+    }
     let chunks: Vec<u64> = (oldest..=newest).collect();
     let mut pipe = redis::pipe();
     pipe.atomic().cmd("HGETALL").arg(inner.keys.trend_compressed(channel, step));
