@@ -146,6 +146,8 @@ struct OutState {
     attached: Option<(Arc<dyn Wire>, tokio::sync::oneshot::Sender<()>)>,
     /// Something was written since [`Outbox::wrote_since`] last asked.
     wrote: bool,
+    /// The attached one-answer framer made its answer ([`Framer::once`]).
+    sealed: bool,
 }
 
 impl OutState {

@@ -28,6 +28,18 @@ use crate::outbox::{Kind, Message};
 pub trait Framer: Send + 'static {
     /// Appends `m`, framed, to `out`.
     fn frame(&mut self, out: &mut Vec<u8>, m: &Message);
+
+    /// Whether the framer writes one whole answer (a held poll's) rather than a stream: then
+    /// everything queued is framed into one chunk, wrapped by [`Framer::seal`], and nothing is
+    /// framed after it (what comes next waits in the queue for the next taker).
+    fn once(&self) -> bool {
+        false
+    }
+
+    /// Wraps the one answer's framed messages (its HTTP head, the batch around them).
+    fn seal(&mut self, framed: Vec<u8>) -> Bytes {
+        Bytes::from(framed)
+    }
 }
 
 /// One item taken off the queue.
@@ -93,12 +105,33 @@ impl Outbox {
     /// Moves queued items into `current` framed, up to MAX_CHUNK (a socket-writing framed
     /// outbox's `next_chunk`).
     pub(super) fn next_framed_chunk(&self, st: &mut OutState) -> bool {
+        if st.framer.as_ref().is_some_and(|f| f.once()) {
+            return self.next_answer(st);
+        }
         let out = self.frame_queue(st, MAX_CHUNK);
         if out.is_empty() {
             return false;
         }
         st.current = Bytes::from(out);
         true
+    }
+
+    /// A one-answer framer's chunk: everything queued, sealed, once.
+    fn next_answer(&self, st: &mut OutState) -> bool {
+        if st.sealed || st.queue.is_empty() {
+            return false;
+        }
+        let out = self.frame_queue(st, usize::MAX);
+        let Some(framer) = st.framer.as_mut() else { return false };
+        st.current = framer.seal(out);
+        st.sealed = true;
+        true
+    }
+
+    /// Whether the attached one-answer framer answered, and the answer is written whole.
+    pub fn answered(&self) -> bool {
+        let st = self.state.lock();
+        st.sealed && st.current.is_empty()
     }
 
     /// Takes queued items, oldest first, handing each to `f` (which returns the bytes it

@@ -130,19 +130,29 @@ impl Outbox {
     /// framed outbox does, until [`Outbox::detach`]; what is queued stays and is written
     /// first. Nothing is written before the transport's first [`Outbox::flush_blocked`] (its
     /// own bytes go first). The receiver completes when the wire is detached (by whoever
-    /// takes the outbox over). Replaces a wire attached before, which is detached.
+    /// takes the outbox over): with `Ok` when a chunk was left half written in it, else with
+    /// `Err`. Replaces a wire attached before, which is detached.
     pub fn attach(&self, wire: Arc<dyn Wire>, framer: Box<dyn Framer>) -> tokio::sync::oneshot::Receiver<()> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let mut st = self.state.lock();
         st.attached = Some((wire, tx));
         st.framer = Some(framer);
         st.blocked = true;
+        st.sealed = false;
         st.current = Bytes::new();
         rx
     }
 
+    /// Detaches `wire`, attached with a one-answer framer, if that framer has not answered
+    /// yet (a held poll's time is up): true when it was detached, and the taker answers.
+    pub fn detach_unanswered(&self, wire: &Arc<dyn Wire>) -> bool {
+        let mut st = self.state.lock();
+        let ours = st.attached.as_ref().is_some_and(|(w, _)| std::ptr::addr_eq(Arc::as_ptr(w), Arc::as_ptr(wire)));
+        ours && !st.sealed && self.detach_locked(&mut st)
+    }
+
     /// Back to being taken: the attached wire (if any) gets nothing more, and what is queued
-    /// waits for the taker again. A chunk half written into the wire is that wire's. A wire
+    /// waits for the taker again. A chunk half written into the wire is that wire's, cut. A wire
     /// that fails is detached the same way. True when a wire was attached.
     pub fn detach(&self) -> bool {
         self.detach_locked(&mut self.state.lock())
@@ -158,8 +168,12 @@ impl Outbox {
 
     pub(super) fn detach_locked(&self, st: &mut OutState) -> bool {
         let Some((_, tx)) = st.attached.take() else { return false };
-        drop(tx);
+        if !st.current.is_empty() {
+            // The wire's transport learns that its last chunk was cut short.
+            let _ = tx.send(());
+        }
         st.framer = None;
+        st.sealed = false;
         st.current = Bytes::new();
         st.blocked = false;
         if !st.queue.is_empty() || st.close_code.is_some() {
@@ -372,12 +386,72 @@ mod tests {
         if ob.push(delivery("a", 4, "4"), false) == Pushed::Schedule {
             ob.flush();
         }
-        assert_eq!(rx.try_recv(), Err(TryRecvError::Closed));
+        assert_eq!(rx.try_recv(), Ok(()), "the chunk the wire failed on is cut");
         assert!(!ob.is_closing());
         if ob.push(delivery("a", 5, "5"), false) == Pushed::Schedule {
             ob.flush();
         }
         assert_eq!(offs(&ob.take_messages().0), vec![("a".to_string(), 5)]);
+    }
+
+    /// Frames one answer: the texts between `<` and `>`.
+    struct OneAnswer;
+
+    impl crate::outbox::Framer for OneAnswer {
+        fn frame(&mut self, out: &mut Vec<u8>, m: &Message) {
+            out.extend_from_slice(&m.text);
+        }
+
+        fn once(&self) -> bool {
+            true
+        }
+
+        fn seal(&mut self, framed: Vec<u8>) -> Bytes {
+            Bytes::from([b"<".as_slice(), &framed, b">"].concat())
+        }
+    }
+
+    #[test]
+    fn pull_a_one_answer_framer_writes_what_is_queued_once_then_messages_wait_again() {
+        use crate::outbox::tests::TestWire;
+        let ob = taking(1 << 20, PullOptions::default());
+        let wire = TestWire::open(usize::MAX);
+        let w: Arc<dyn Wire> = wire.clone();
+        let mut rx = ob.attach(w.clone(), Box::new(OneAnswer));
+        ob.flush_blocked();
+        assert!(!ob.answered() && wire.written.lock().is_empty(), "nothing queued, nothing written");
+        // Two deliveries queued before the writer comes make one answer.
+        let _ = ob.push(delivery("a", 1, "1"), false);
+        let _ = ob.push(delivery("a", 2, "2"), false);
+        ob.flush();
+        let written = || String::from_utf8(wire.written.lock().clone()).unwrap();
+        assert_eq!(written(), r#"<{"pub":{"ch":"a","off":1,"data":1}}{"pub":{"ch":"a","off":2,"data":2}}>"#);
+        assert!(ob.answered());
+        // What comes after the answer waits for the next taker; the wire gets nothing more.
+        if ob.push(delivery("a", 3, "3"), false) == Pushed::Schedule {
+            ob.flush();
+        }
+        assert!(written().ends_with("}>"));
+        assert!(!ob.detach_unanswered(&w), "an answered poll is not taken back");
+        assert!(ob.detach_if(&w));
+        assert!(rx.try_recv().is_err(), "written whole: nothing was cut");
+        assert_eq!(offs(&ob.take_messages().0), vec![("a".to_string(), 3)]);
+        // Unanswered, it is detached when its time is up.
+        let _rx = ob.attach(w.clone(), Box::new(OneAnswer));
+        ob.flush_blocked();
+        assert!(ob.detach_unanswered(&w));
+        // An answer the socket took only part of is cut when detached, and its wire learns it.
+        let full = TestWire::open(4);
+        let f: Arc<dyn Wire> = full.clone();
+        let mut rx = ob.attach(f.clone(), Box::new(OneAnswer));
+        ob.flush_blocked();
+        if ob.push(delivery("a", 4, "4"), false) == Pushed::Schedule {
+            ob.flush();
+        }
+        assert!(ob.is_blocked() && !ob.answered());
+        assert!(!ob.detach_unanswered(&f), "a half-written answer is the wire's");
+        assert!(ob.detach());
+        assert_eq!(rx.try_recv(), Ok(()), "cut short");
     }
 
     #[test]

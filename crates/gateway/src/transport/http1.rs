@@ -230,6 +230,19 @@ pub(crate) enum Ending {
 /// The bytes of `r` as `ending` says (an event stream's: its head only).
 pub(crate) async fn response_bytes(r: Response, ending: Ending) -> Option<Vec<u8>> {
     let (parts, body) = r.into_parts();
+    let mut out = head_lines(&parts);
+    if ending == Ending::Stream {
+        end_head(&mut out, ending, None);
+        return Some(out);
+    }
+    let body = axum::body::to_bytes(body, 1 << 20).await.ok()?;
+    end_head(&mut out, ending, Some(body.len()));
+    out.extend_from_slice(&body);
+    Some(out)
+}
+
+/// A response's status line and header lines, but for those [`end_head`] writes.
+pub(crate) fn head_lines(parts: &axum::http::response::Parts) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     let status = parts.status;
     out.extend_from_slice(b"HTTP/1.1 ");
@@ -238,7 +251,7 @@ pub(crate) async fn response_bytes(r: Response, ending: Ending) -> Option<Vec<u8
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
     for (name, value) in &parts.headers {
-        // The length is set below (a stream's is where the connection ends).
+        // The length is set by `end_head` (a stream's is where the connection ends).
         if name == axum::http::header::CONTENT_LENGTH
             || name == axum::http::header::TRANSFER_ENCODING
             || name == axum::http::header::CONNECTION
@@ -250,18 +263,20 @@ pub(crate) async fn response_bytes(r: Response, ending: Ending) -> Option<Vec<u8
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    out
+}
+
+/// Ends a head: its `date`, `connection: close` unless the connection stays open, and the
+/// length of a whole answer's body (`None`: a stream's head).
+pub(crate) fn end_head(out: &mut Vec<u8>, ending: Ending, body_len: Option<usize>) {
     let _ = write!(out, "date: {}\r\n", httpdate::HttpDate::from(std::time::SystemTime::now()));
     if ending != Ending::KeepAlive {
         out.extend_from_slice(b"connection: close\r\n");
     }
-    if ending == Ending::Stream {
-        out.extend_from_slice(b"\r\n");
-        return Some(out);
+    if let Some(n) = body_len {
+        let _ = write!(out, "content-length: {n}\r\n");
     }
-    let body = axum::body::to_bytes(body, 1 << 20).await.ok()?;
-    let _ = write!(out, "content-length: {}\r\n\r\n", body.len());
-    out.extend_from_slice(&body);
-    Some(out)
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Writes all of `buf`, waiting for the socket to take it.
@@ -346,12 +361,28 @@ pub(crate) async fn next_request<T>(
 }
 
 /// Appends what the socket has to `pending`, through a buffer on the stack so that a
-/// connection holds only the bytes it has.
-fn read_some(tcp: &TcpStream, pending: &mut Vec<u8>) -> io::Result<usize> {
+/// connection holds only the bytes it has. A read shorter than the buffer took all there was,
+/// so the socket's readiness is cleared with it, as Tokio's own `poll_read` does: the next
+/// wait for input sleeps at once instead of making a read that finds nothing (bytes that come
+/// later raise a new readiness event).
+pub(crate) fn read_some(tcp: &TcpStream, pending: &mut Vec<u8>) -> io::Result<usize> {
+    use std::io::Read;
     let mut buf = [0u8; 4096];
-    let n = tcp.try_read(&mut buf)?;
-    pending.extend_from_slice(&buf[..n]);
-    Ok(n)
+    let mut got = 0;
+    let r = tcp.try_io(tokio::io::Interest::READABLE, || {
+        got = (&*socket2::SockRef::from(tcp)).read(&mut buf)?;
+        if got > 0 && got < buf.len() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(got)
+    });
+    match r {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => {}
+        Err(e) => return Err(e),
+        Ok(_) => {}
+    }
+    pending.extend_from_slice(&buf[..got]);
+    Ok(got)
 }
 
 /// Serves a connection with hyper (HTTP/1.1 with upgrades), every request carrying `peer`.

@@ -18,6 +18,7 @@ pub mod http;
 pub mod http1;
 pub mod owned;
 pub mod poll;
+pub mod poll_held;
 pub mod poll_session;
 pub mod poll_socket;
 pub mod poll_store;

@@ -76,13 +76,15 @@ pub struct PollSession {
     pub(crate) streamed: Arc<Mutex<Streamed>>,
 }
 
-/// What the fan-out wrote of a session's messages into a stream's socket, for the live copy
-/// to take in ([`Polls::take_streamed`]): the highest offset per channel, and how many replies
-/// (the oldest of `Live::queued`, which were written in their order).
+/// What the fan-out wrote of a session's messages into a stream's or a held poll's socket, for
+/// the live copy to take in ([`Polls::take_streamed`]): the highest offset per channel, how
+/// many replies (the oldest of `Live::queued`, which were written in their order), and the
+/// batch a poll was answered with (its number and body, kept to send again).
 #[derive(Default)]
 pub(crate) struct Streamed {
     pub(crate) offsets: HashMap<Arc<str>, u64>,
     pub(crate) replies: usize,
+    pub(crate) batch: Option<(u64, Bytes)>,
 }
 
 impl PollSession {
@@ -285,6 +287,10 @@ impl Polls {
         let n = st.replies.min(live.queued.len());
         live.queued.drain(..n);
         st.replies -= n;
+        if let Some((seq, body)) = st.batch.take() {
+            live.seq = seq;
+            live.last_batch = Some((seq, body));
+        }
     }
 
     /// Drops the live copy: leaves the hub and the broker, frees the connection.
@@ -549,16 +555,29 @@ impl Polls {
     pub(crate) async fn poll_once(&self, s: &Arc<PollSession>, ack: Option<u64>, timeout: Duration) -> Response {
         let _busy = Busy::new(s);
         let me = s.take_turn();
+        if let Some(r) = self.check_ack(s, ack).await {
+            return r;
+        }
+        self.wait_and_answer(s, me, tokio::time::Instant::now() + timeout).await
+    }
+
+    /// What a poll's `ack` asks before it waits: the last batch again (it got lost), or an
+    /// error; `None` to go on. Acks of lost batches close the session (4008).
+    pub(crate) async fn check_ack(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Option<Response> {
         {
-            let live = s.live.lock().await;
+            let mut live = s.live.lock().await;
+            Polls::take_streamed(s, &mut live);
             match ack {
                 Some(a) if a > live.seq => {
-                    return error(code::BAD_REQUEST, format!("ack {a} is ahead of the session's batch {}", live.seq))
+                    return Some(error(
+                        code::BAD_REQUEST,
+                        format!("ack {a} is ahead of the session's batch {}", live.seq),
+                    ))
                 }
                 Some(a) if a + 1 == live.seq && live.last_batch.as_ref().is_some_and(|(seq, _)| *seq == live.seq) => {
                     if let Some((seq, body)) = live.last_batch.clone() {
                         tracing::debug!(session = %s.id, seq, "poll batch sent again");
-                        return json_response(StatusCode::OK, body);
+                        return Some(json_response(StatusCode::OK, body));
                     }
                 }
                 Some(a) if a < live.seq => {
@@ -568,7 +587,16 @@ impl Polls {
             }
             drop(live);
         }
-        let deadline = tokio::time::Instant::now() + timeout;
+        None
+    }
+
+    /// Waits (until `deadline`) for what poll `me` answers with, and answers it.
+    pub(crate) async fn wait_and_answer(
+        &self,
+        s: &Arc<PollSession>,
+        me: u64,
+        deadline: tokio::time::Instant,
+    ) -> Response {
         loop {
             match s.state.load(Relaxed) {
                 MOVED => return json_response(StatusCode::OK, batch_body(s.live.lock().await.seq, &[])),

@@ -22,7 +22,8 @@ use tokio::net::TcpStream;
 
 use crate::transport::http::{self as transport_http, error, query_param, Peer};
 use crate::transport::http1::{self, Ending, Next};
-use crate::transport::poll_session::{json_response, Found, Polls};
+use crate::transport::poll_held::{self, AnswerHead, Conn, Held};
+use crate::transport::poll_session::{json_response, Busy, Found, PollSession, Polls};
 
 /// Answers `GET /poll/{id}` (`query`: the request's query).
 pub(crate) async fn answer(
@@ -32,17 +33,30 @@ pub(crate) async fn answer(
     headers: &HeaderMap,
     peer: Option<&Peer>,
 ) -> Response {
-    let max = Duration::from_secs(polls.node.config.transports.poll_timeout_s);
-    let mut r = match ack_and_timeout(query, max) {
+    let mut r = match session_of(polls, id, query, headers, peer).await {
         Err(r) => r,
-        Ok((ack, timeout)) => match polls.find(id, ack, headers, peer).await {
-            Err(r) => r,
-            Ok(Found::Lost(body)) => json_response(StatusCode::OK, body),
-            Ok(Found::Session(s)) => polls.poll_once(&s, ack, timeout).await,
-        },
+        Ok((s, ack, timeout)) => polls.poll_once(&s, ack, timeout).await,
     };
     transport_http::cors(headers, &polls.node, &mut r);
     r
+}
+
+/// The session a poll is for, with its `ack` and how long it may wait; `Err`: the answer,
+/// given at once (a refusal, or the final batch of a client behind what the store keeps).
+#[allow(clippy::result_large_err)]
+async fn session_of(
+    polls: &Arc<Polls>,
+    id: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    peer: Option<&Peer>,
+) -> Result<(Arc<PollSession>, Option<u64>, Duration), Response> {
+    let max = Duration::from_secs(polls.node.config.transports.poll_timeout_s);
+    let (ack, timeout) = ack_and_timeout(query, max)?;
+    match polls.find(id, ack, headers, peer).await? {
+        Found::Lost(body) => Err(json_response(StatusCode::OK, body)),
+        Found::Session(s) => Ok((s, ack, timeout)),
+    }
 }
 
 // A refusal is the response itself, returned on the cold path of a request that answers with
@@ -75,16 +89,18 @@ pub(crate) async fn keep_alive(polls: Arc<Polls>, tcp: Arc<TcpStream>, app: Rout
     // A poller polls again at once; a connection quiet for a session's lifetime serves none.
     let idle = Duration::from_secs(node.config.transports.poll_session_ttl_s.max(1));
     let mut pending = Vec::new();
+    let mut head = AnswerHead::default();
     loop {
         let (parts, id) = match http1::next_request(&tcp, &mut pending, peer, idle, head_timeout, poll_of).await {
             Next::Request(parts, id) => (parts, id),
             Next::Other => break,
             Next::Gone => return,
         };
-        let r = tokio::select! {
-            r = serve_one(&polls, &id, &parts) => r,
-            // A client that leaves while its poll is held ends the poll.
-            () = http1::client_gone(&tcp) => return,
+        let conn = Conn { tcp: &tcp, pending: &mut pending };
+        let r = match serve_one(&polls, &id, &parts, conn, &mut head, head_timeout).await {
+            Served::Response(r) => r,
+            Served::Answered => continue,
+            Served::Gone => return,
         };
         let Some(bytes) = http1::response_bytes(r, Ending::KeepAlive).await else { return };
         match tokio::time::timeout(head_timeout, http1::write_all(&tcp, &bytes)).await {
@@ -97,11 +113,54 @@ pub(crate) async fn keep_alive(polls: Arc<Polls>, tcp: Arc<TcpStream>, app: Rout
     http1::serve_http(http1::Rewind::new(pending, tcp), app, peer, head_timeout).await;
 }
 
-async fn serve_one(polls: &Arc<Polls>, id: &str, parts: &Parts) -> Response {
-    if let Some(refused) = crate::auth::http::refusal(&polls.node, &parts.method, parts.uri.path(), &parts.headers) {
-        return refused;
+/// What became of one poll on a kept-alive connection.
+enum Served {
+    /// The answer to write.
+    Response(Response),
+    /// The fan-out wrote the answer (`transport::poll_held`).
+    Answered,
+    /// The connection ends.
+    Gone,
+}
+
+async fn serve_one(
+    polls: &Arc<Polls>,
+    id: &str,
+    parts: &Parts,
+    conn: Conn<'_>,
+    head: &mut AnswerHead,
+    write_timeout: Duration,
+) -> Served {
+    let headers = &parts.headers;
+    if let Some(refused) = crate::auth::http::refusal(&polls.node, &parts.method, parts.uri.path(), headers) {
+        return Served::Response(refused);
     }
-    answer(polls, id, parts.uri.query(), &parts.headers, parts.extensions.get::<Peer>()).await
+    let cors = |mut r: Response| {
+        transport_http::cors(headers, &polls.node, &mut r);
+        Served::Response(r)
+    };
+    let (s, ack, timeout) =
+        match session_of(polls, id, parts.uri.query(), headers, parts.extensions.get::<Peer>()).await {
+            Err(r) => return cors(r),
+            Ok(found) => found,
+        };
+    let _busy = Busy::new(&s);
+    let me = s.take_turn();
+    if let Some(r) = polls.check_ack(&s, ack).await {
+        return cors(r);
+    }
+    let deadline = tokio::time::Instant::now() + timeout;
+    let head = head.of(headers, &polls.node);
+    let tcp = conn.tcp;
+    match poll_held::wait(polls, &s, me, deadline, conn, head, write_timeout).await {
+        Held::Answered => Served::Answered,
+        Held::Gone => Served::Gone,
+        Held::Unanswered => tokio::select! {
+            r = polls.wait_and_answer(&s, me, deadline) => cors(r),
+            // A client that leaves while its poll is held ends the poll.
+            () = http1::client_gone(tcp) => Served::Gone,
+        },
+    }
 }
 
 /// The session of a plain `GET /poll/{session}` that this module serves: no body, no

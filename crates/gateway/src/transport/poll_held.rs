@@ -1,0 +1,260 @@
+//! A held poll on a connection the node keeps alive itself (`transport::poll_socket`),
+//! answered by the fan-out.
+//!
+//! A poll that finds nothing to take waits. Through hyper, the delivery that ends the wait
+//! wakes the poll's task, which takes the batch, writes the session's record and answers. On
+//! a connection the node reads itself, [`wait`] attaches the session's outbox to the socket
+//! with [`PollBatch`], a framer that writes one answer: whoever delivers the next messages
+//! frames them as the poll's batch, HTTP head and all, and writes it with one `try_write` —
+//! no task wake-up, as for a WebSocket delivery. The framer notes what it wrote
+//! (`poll_session::Streamed`: positions, replies, the batch kept to send again), which the
+//! live copy takes in before its next use. The poll's task wakes when the next request comes,
+//! and then writes the record.
+//!
+//! A session whose record other nodes read (a shared store) is not answered this way: there
+//! the record is written before a batch goes out, so that a node taking the session over
+//! continues from what the client has.
+
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::node::Node;
+use crate::outbox::{Framer, Kind, Message, Outbox, Wire};
+use crate::transport::http as transport_http;
+use crate::transport::http1::{self, Ending};
+use crate::transport::poll_session::{
+    json_response, silent_reply, PollSession, Polls, Streamed, RESUBSCRIBE_ID, SILENT_ID,
+};
+
+/// How a held poll ended.
+pub(crate) enum Held {
+    /// The fan-out answered it, whole; the session's record is written.
+    Answered,
+    /// Not answered here: the poll goes on the usual way (its time is up, a later poll or
+    /// stream took the session, the session left this node).
+    Unanswered,
+    /// The connection cannot go on: the client is gone, or its answer was cut short.
+    Gone,
+}
+
+/// The head of a connection's poll answers up to their `date`: the same for each poll that
+/// sends the same `Origin` and `Host` (CORS), so it is made once.
+#[derive(Default)]
+pub(crate) struct AnswerHead {
+    key: Option<(Option<HeaderValue>, Option<HeaderValue>)>,
+    head: Bytes,
+}
+
+impl AnswerHead {
+    pub(crate) fn of(&mut self, headers: &HeaderMap, node: &Node) -> Bytes {
+        let key = (headers.get(header::ORIGIN).cloned(), headers.get(header::HOST).cloned());
+        if self.key.as_ref() != Some(&key) {
+            let mut r = json_response(StatusCode::OK, Body::empty());
+            transport_http::cors(headers, node, &mut r);
+            self.head = Bytes::from(http1::head_lines(&r.into_parts().0));
+            self.key = Some(key);
+        }
+        self.head.clone()
+    }
+}
+
+/// What the framer tells the poll's task: that it answered, and the close code when the
+/// answer carried the session's `disconnect`.
+#[derive(Default)]
+struct Answer {
+    sealed: AtomicBool,
+    closed: AtomicU16,
+}
+
+/// Keeps the socket attached while the poll waits; detaches it however the wait ends.
+struct Attached<'a> {
+    outbox: &'a Outbox,
+    wire: Arc<dyn Wire>,
+}
+
+impl Drop for Attached<'_> {
+    fn drop(&mut self) {
+        self.outbox.detach_if(&self.wire);
+    }
+}
+
+/// A held poll's connection: its socket, and what was read of it and not yet parsed.
+pub(crate) struct Conn<'a> {
+    pub(crate) tcp: &'a Arc<TcpStream>,
+    pub(crate) pending: &'a mut Vec<u8>,
+}
+
+/// Holds poll `me` of `s` until `deadline`, to be answered by the fan-out; `head` is its
+/// answer's head ([`AnswerHead`]). `write_timeout`: how long an answer the client does not
+/// take may wait.
+pub(crate) async fn wait(
+    polls: &Polls,
+    s: &Arc<PollSession>,
+    me: u64,
+    deadline: Instant,
+    conn: Conn<'_>,
+    head: Bytes,
+    write_timeout: Duration,
+) -> Held {
+    let Conn { tcp, pending } = conn;
+    if polls.store.shared() {
+        return Held::Unanswered;
+    }
+    let base = {
+        let live = s.live.lock().await;
+        if !s.serves(me) || s.outbox.has_pending() || s.outbox.closed().is_some() {
+            return Held::Unanswered;
+        }
+        live.seq
+    };
+    let answer = Arc::new(Answer::default());
+    let framer = PollBatch { head, base, messages: 0, streamed: s.streamed.clone(), answer: answer.clone() };
+    let attached = Attached { outbox: &s.outbox, wire: tcp.clone() };
+    let mut detached = s.outbox.attach(attached.wire.clone(), Box::new(framer));
+    // A poll or stream that came between the check and the attach found nothing to detach.
+    if !s.serves(me) {
+        return Held::Unanswered;
+    }
+    // Whatever came since the check is the answer, at once.
+    s.outbox.flush_blocked();
+    let mut until = deadline;
+    let mut late = false;
+    let mut next_request = false;
+    let held = loop {
+        let sealed = answer.sealed.load(Relaxed);
+        let blocked = s.outbox.is_blocked();
+        if sealed && !blocked && (late || next_request || answer.closed.load(Relaxed) != 0) {
+            break Held::Answered;
+        }
+        tokio::select! {
+            // A later poll or stream took the session, it left this node, or the socket failed:
+            // an answer written whole lets the connection go on; one cut short ends it.
+            r = &mut detached => break match (r.is_ok(), answer.sealed.load(Relaxed)) {
+                (true, _) => Held::Gone,
+                (false, true) => Held::Answered,
+                (false, false) => Held::Unanswered,
+            },
+            _ = s.outbox.notified() => {}
+            r = tcp.writable(), if blocked => match r {
+                Ok(()) => s.outbox.flush_blocked(),
+                Err(_) => break Held::Gone,
+            },
+            // Read into the connection's buffer, where the next request is parsed from.
+            r = tcp.readable(), if !next_request => match r.and_then(|()| http1::read_some(tcp, pending)) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                // The client left while its poll was held: the poll ends.
+                Ok(0) | Err(_) => break Held::Gone,
+                // The next request (or input sent before the answer, kept for it).
+                Ok(_) => next_request = true,
+            },
+            () = tokio::time::sleep_until(until) => {
+                if !answer.sealed.load(Relaxed) {
+                    if s.outbox.detach_unanswered(&attached.wire) {
+                        break Held::Unanswered;
+                    }
+                } else if late {
+                    // An answer the client does not take.
+                    break Held::Gone;
+                } else {
+                    late = true;
+                    until = deadline + write_timeout;
+                }
+            }
+        }
+    };
+    drop(attached);
+    if matches!(held, Held::Answered) {
+        let mut live = s.live.lock().await;
+        match answer.closed.load(Relaxed) {
+            // No other node reads the store: the record needs no positions, only its lease.
+            0 => {
+                Polls::take_streamed(s, &mut live);
+                let _ = polls.store.touch(&s.id, polls.ttl).await;
+            }
+            code => polls.finish(s, &mut live, code).await,
+        }
+    }
+    held
+}
+
+/// Frames a held poll's answer — the batch `poll_session::batch_body` makes, with its HTTP
+/// head — under the outbox's lock, and notes what it wrote for the session's live copy.
+struct PollBatch {
+    head: Bytes,
+    /// The session's batch number when the poll began.
+    base: u64,
+    messages: usize,
+    streamed: Arc<Mutex<Streamed>>,
+    answer: Arc<Answer>,
+}
+
+impl Framer for PollBatch {
+    fn frame(&mut self, out: &mut Vec<u8>, m: &Message) {
+        let silent;
+        let text: &[u8] = match &m.kind {
+            Kind::Pub { ch, off } => {
+                let mut st = self.streamed.lock();
+                match st.offsets.get_mut(&**ch) {
+                    Some(at) => *at = (*at).max(*off),
+                    None => drop(st.offsets.insert(ch.clone(), *off)),
+                }
+                &m.text
+            }
+            Kind::Reply { id: SILENT_ID } => {
+                self.streamed.lock().replies += 1;
+                silent = silent_reply(&m.text);
+                match &silent {
+                    Some(e) => e,
+                    None => return,
+                }
+            }
+            // A takeover's resubscribe replies are all queued before its copy is found, so
+            // the poll that took the session over had them; they never enter `queued`.
+            Kind::Reply { id } if *id != RESUBSCRIBE_ID => {
+                self.streamed.lock().replies += 1;
+                &m.text
+            }
+            Kind::Disconnect { code } => {
+                self.answer.closed.store(*code, Relaxed);
+                &m.text
+            }
+            _ => &m.text,
+        };
+        if self.messages > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(text);
+        self.messages += 1;
+    }
+
+    fn once(&self) -> bool {
+        true
+    }
+
+    fn seal(&mut self, framed: Vec<u8>) -> Bytes {
+        let seq = if self.messages > 0 { self.base + 1 } else { self.base };
+        let open = format!("{{\"seq\":{seq},\"messages\":[");
+        let body_len = open.len() + framed.len() + 2;
+        let mut out = Vec::with_capacity(self.head.len() + 96 + body_len);
+        out.extend_from_slice(&self.head);
+        http1::end_head(&mut out, Ending::KeepAlive, Some(body_len));
+        let at = out.len();
+        out.extend_from_slice(open.as_bytes());
+        out.extend_from_slice(&framed);
+        out.extend_from_slice(b"]}");
+        let out = Bytes::from(out);
+        if self.messages > 0 {
+            self.streamed.lock().batch = Some((seq, out.slice(at..)));
+        }
+        self.answer.sealed.store(true, Relaxed);
+        out
+    }
+}
