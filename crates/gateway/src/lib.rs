@@ -23,7 +23,8 @@
 //!   Server-Sent Events (`transport::sse`: events in `sse/events.rs`, a stream that owns its
 //!   socket in `sse/socket.rs`) and long-poll sessions (`transport::poll`,
 //!   `transport::poll_session`, held polls and their kept-alive connections in
-//!   `transport::poll_socket`, their state in `transport::poll_store`, taken over from it in
+//!   `transport::poll_socket`, a held poll there answered by the fan-out in
+//!   `transport::poll_held`, their state in `transport::poll_store`, taken over from it in
 //!   `transport::poll_takeover`, streamed as events by `transport::session_stream`), which
 //!   take their messages from the outbox.
 //! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`).

@@ -10,7 +10,10 @@
 //!
 //! A session's event stream that owns its socket attaches it for as long as it runs
 //! ([`Outbox::attach`]): meanwhile the outbox is written like a framed one, by whoever finds
-//! it idle; detached, what is queued waits for the taker again.
+//! it idle; detached, what is queued waits for the taker again. A held poll on a connection
+//! the node reads itself attaches its socket the same way, with a framer that writes one
+//! answer ([`Framer::once`](super::Framer::once)): the first deliveries become the poll's
+//! whole answer, and what comes after it waits for the next poll.
 //!
 //! The transport gets structured messages: a publication comes with the channel and offset
 //! the hub delivered it with, and its text is a slice of the frame every subscriber shares

@@ -8,7 +8,8 @@
 //! `sse` streams Server-Sent Events (a stream that opens a plain connection owns its socket and
 //! is written by the fan-out like a WebSocket; otherwise hyper's body takes the framed events),
 //! `poll` serves long-poll sessions over HTTP, `poll_socket` answers a held poll (and serves
-//! the polls that follow on a connection a poll opened), `poll_session` holds their live
+//! the polls that follow on a connection a poll opened, where `poll_held` has the fan-out
+//! answer a held one), `poll_session` holds their live
 //! copies, `poll_store` keeps their state where any node can continue them, `poll_takeover`
 //! continues one there, and `session_stream` streams a session's messages as events (on a
 //! socket of its own when the stream opened the connection, else through hyper).

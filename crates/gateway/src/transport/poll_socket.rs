@@ -4,10 +4,11 @@
 //! connection machinery, the router and the middleware. When a poll is the first request of a
 //! plain connection (`transport::http1` reads it and routes it), the route leaves the
 //! connection to [`keep_alive`]: its answer is written whole and the node reads the next
-//! request itself. Each further `GET /poll/{session}` is answered by the same [`answer`] as
-//! through hyper, after the same refusals as any request (`auth::http::refusal`: the host
-//! check; a poll needs no credentials, its session id is the capability). At the first
-//! request that is not a poll the connection goes to hyper, with what was read of it.
+//! request itself. Each further `GET /poll/{session}` gets the same refusals as any request
+//! (`auth::http::refusal`: the host check; a poll needs no credentials, its session id is the
+//! capability) and the same answer as through hyper; one that has to wait is held on the
+//! socket and answered by the fan-out (`transport::poll_held`). At the first request that is
+//! not a poll the connection goes to hyper, with what was read of it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
