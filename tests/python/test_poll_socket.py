@@ -98,6 +98,16 @@ def test_polls_on_their_own_connection_say_what_polls_through_the_http_stack_say
     conn.close()
 
 
+def own_poller(srv, ch: str) -> tuple[str, socket.socket, bytearray, int]:
+    """A session subscribed to `ch` and a connection its first poll opened: the session, the
+    socket, what was read past the answer, and the batch number it answered."""
+    sid = open_session(srv, [{"id": 1, "subscribe": {"channels": [ch]}}])
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    buf = bytearray()
+    s.sendall(get(f"/poll/{sid}?ack=0&timeout=0", srv.port))
+    return sid, s, buf, json.loads(read_response(s, buf)[2])["seq"]
+
+
 def held(sock: socket.socket, sid: str, port: int, ack: int, timeout: float = 25) -> None:
     """Sends a poll that nothing pending answers, and gives the node time to hold it."""
     sock.sendall(get(f"/poll/{sid}?ack={ack}&timeout={timeout}", port))
@@ -106,11 +116,7 @@ def held(sock: socket.socket, sid: str, port: int, ack: int, timeout: float = 25
 
 def test_a_held_poll_is_answered_when_a_publication_comes_as_through_the_http_stack(server):
     ch = uniq("held.")
-    sid = open_session(server, [{"id": 1, "subscribe": {"channels": [ch]}}])
-    s = socket.create_connection(("127.0.0.1", server.port))
-    buf = bytearray()
-    s.sendall(get(f"/poll/{sid}?ack=0&timeout=0", server.port))
-    seq = json.loads(read_response(s, buf)[2])["seq"]
+    sid, s, buf, seq = own_poller(server, ch)
     with httpx.Client(trust_env=False) as h:
         stack = h.get(f"{server.http_url}/poll/{sid}", params={"ack": seq, "timeout": 0})
     for i in range(10):
@@ -129,12 +135,12 @@ def test_a_held_poll_is_answered_when_a_publication_comes_as_through_the_http_st
     # A held poll whose time is up gets an empty batch of the same number.
     s.sendall(get(f"/poll/{sid}?ack={seq}&timeout=0.4", server.port))
     assert json.loads(read_response(s, buf)[2]) == {"seq": seq, "messages": []}
-    # A poll on another connection takes the session over from a held one: 409 there.
+    # A poll on another connection while one is held here: a publication that answered the
+    # held poll first leaves this connection open; otherwise the held poll gets 409.
     held(s, sid, server.port, seq)
     api_publish(server, ch, "elsewhere")
     with httpx.Client(trust_env=False) as h:
         other = h.get(f"{server.http_url}/poll/{sid}", params={"ack": seq + 1, "timeout": 0})
-    # The publication answered the held poll first; the other connection's poll acks it.
     b = json.loads(read_response(s, buf)[2])
     assert [m["pub"]["data"] for m in b["messages"]] == ["elsewhere"]
     assert other.status_code == 200 and other.json() == {"seq": seq + 1, "messages": []}
@@ -149,11 +155,7 @@ def test_a_held_poll_is_answered_when_a_publication_comes_as_through_the_http_st
 def test_a_held_poll_of_a_session_closed_past_its_bound_gets_the_4008(start_server):
     srv = start_server("--max-pending-bytes", "20000")
     ch = uniq("bound.")
-    sid = open_session(srv, [{"id": 1, "subscribe": {"channels": [ch]}}])
-    s = socket.create_connection(("127.0.0.1", srv.port))
-    buf = bytearray()
-    s.sendall(get(f"/poll/{sid}?ack=0&timeout=0", srv.port))
-    seq = json.loads(read_response(s, buf)[2])["seq"]
+    sid, s, buf, seq = own_poller(srv, ch)
     held(s, sid, srv.port, seq)
     sb.api_batch(srv, [{"channel": ch, "data": "x" * 1000} for _ in range(100)])
     pubs, bye = [], None
