@@ -128,12 +128,6 @@ impl Outbox {
         true
     }
 
-    /// Whether the attached one-answer framer answered, and the answer is written whole.
-    pub fn answered(&self) -> bool {
-        let st = self.state.lock();
-        st.sealed && st.current.is_empty()
-    }
-
     /// Takes queued items, oldest first, handing each to `f` (which returns the bytes it
     /// produced), until the queue is empty or `limit` bytes were produced. A publication comes
     /// with the channel and offset the hub delivered it with and the text of its shared frame.

@@ -30,9 +30,7 @@ use crate::node::Node;
 use crate::outbox::{Framer, Kind, Message, Outbox, Wire};
 use crate::transport::http as transport_http;
 use crate::transport::http1::{self, Ending};
-use crate::transport::poll_session::{
-    json_response, silent_reply, PollSession, Polls, Streamed, RESUBSCRIBE_ID, SILENT_ID,
-};
+use crate::transport::poll_session::{batch_body, json_response, PollSession, Polls, Streamed};
 
 /// How a held poll ended.
 pub(crate) enum Held {
@@ -55,12 +53,12 @@ pub(crate) struct AnswerHead {
 
 impl AnswerHead {
     pub(crate) fn of(&mut self, headers: &HeaderMap, node: &Node) -> Bytes {
-        let key = (headers.get(header::ORIGIN).cloned(), headers.get(header::HOST).cloned());
-        if self.key.as_ref() != Some(&key) {
+        let (origin, host) = (headers.get(header::ORIGIN), headers.get(header::HOST));
+        if !self.key.as_ref().is_some_and(|(o, h)| o.as_ref() == origin && h.as_ref() == host) {
             let mut r = json_response(StatusCode::OK, Body::empty());
             transport_http::cors(headers, node, &mut r);
             self.head = Bytes::from(http1::head_lines(&r.into_parts().0));
-            self.key = Some(key);
+            self.key = Some((origin.cloned(), host.cloned()));
         }
         self.head.clone()
     }
@@ -116,7 +114,7 @@ pub(crate) async fn wait(
         live.seq
     };
     let answer = Arc::new(Answer::default());
-    let framer = PollBatch { head, base, messages: 0, streamed: s.streamed.clone(), answer: answer.clone() };
+    let framer = PollBatch { head, base, messages: Vec::new(), streamed: s.streamed.clone(), answer: answer.clone() };
     let attached = Attached { outbox: &s.outbox, wire: tcp.clone() };
     let mut detached = s.outbox.attach(attached.wire.clone(), Box::new(framer));
     // A poll or stream that came between the check and the attach found nothing to detach.
@@ -185,76 +183,41 @@ pub(crate) async fn wait(
     held
 }
 
-/// Frames a held poll's answer — the batch `poll_session::batch_body` makes, with its HTTP
-/// head — under the outbox's lock, and notes what it wrote for the session's live copy.
+/// Frames a held poll's answer — its HTTP head and the batch `poll_session::batch_body`
+/// makes — under the outbox's lock, and notes what it wrote for the session's live copy. The
+/// messages are kept until [`Framer::seal`], which needs the batch whole for its length.
 struct PollBatch {
     head: Bytes,
     /// The session's batch number when the poll began.
     base: u64,
-    messages: usize,
+    messages: Vec<Bytes>,
     streamed: Arc<Mutex<Streamed>>,
     answer: Arc<Answer>,
 }
 
 impl Framer for PollBatch {
-    fn frame(&mut self, out: &mut Vec<u8>, m: &Message) {
-        let silent;
-        let text: &[u8] = match &m.kind {
-            Kind::Pub { ch, off } => {
-                let mut st = self.streamed.lock();
-                match st.offsets.get_mut(&**ch) {
-                    Some(at) => *at = (*at).max(*off),
-                    None => drop(st.offsets.insert(ch.clone(), *off)),
-                }
-                &m.text
-            }
-            Kind::Reply { id: SILENT_ID } => {
-                self.streamed.lock().replies += 1;
-                silent = silent_reply(&m.text);
-                match &silent {
-                    Some(e) => e,
-                    None => return,
-                }
-            }
-            // A takeover's resubscribe replies are all queued before its copy is found, so
-            // the poll that took the session over had them; they never enter `queued`.
-            Kind::Reply { id } if *id != RESUBSCRIBE_ID => {
-                self.streamed.lock().replies += 1;
-                &m.text
-            }
-            Kind::Disconnect { code } => {
-                self.answer.closed.store(*code, Relaxed);
-                &m.text
-            }
-            _ => &m.text,
-        };
-        if self.messages > 0 {
-            out.push(b',');
+    fn frame(&mut self, _: &mut Vec<u8>, m: &Message) {
+        if let Kind::Disconnect { code } = m.kind {
+            self.answer.closed.store(code, Relaxed);
         }
-        out.extend_from_slice(text);
-        self.messages += 1;
+        self.messages.extend(Streamed::note(&self.streamed, m));
     }
 
     fn once(&self) -> bool {
         true
     }
 
-    fn seal(&mut self, framed: Vec<u8>) -> Bytes {
-        let seq = if self.messages > 0 { self.base + 1 } else { self.base };
-        let open = format!("{{\"seq\":{seq},\"messages\":[");
-        let body_len = open.len() + framed.len() + 2;
-        let mut out = Vec::with_capacity(self.head.len() + 96 + body_len);
+    fn seal(&mut self, _: Vec<u8>) -> Bytes {
+        let seq = if self.messages.is_empty() { self.base } else { self.base + 1 };
+        let body = batch_body(seq, &self.messages);
+        let mut out = Vec::with_capacity(self.head.len() + 96 + body.len());
         out.extend_from_slice(&self.head);
-        http1::end_head(&mut out, Ending::KeepAlive, Some(body_len));
-        let at = out.len();
-        out.extend_from_slice(open.as_bytes());
-        out.extend_from_slice(&framed);
-        out.extend_from_slice(b"]}");
-        let out = Bytes::from(out);
-        if self.messages > 0 {
-            self.streamed.lock().batch = Some((seq, out.slice(at..)));
+        http1::end_head(&mut out, Ending::KeepAlive, Some(body.len()));
+        out.extend_from_slice(&body);
+        if !self.messages.is_empty() {
+            self.streamed.lock().batch = Some((seq, body));
         }
         self.answer.sealed.store(true, Relaxed);
-        out
+        Bytes::from(out)
     }
 }

@@ -87,6 +87,32 @@ pub(crate) struct Streamed {
     pub(crate) batch: Option<(u64, Bytes)>,
 }
 
+impl Streamed {
+    /// Notes `m`, which the fan-out is writing into a session's socket, and gives what the
+    /// client sees of it: the message, or for a subscribe sent without `id` only its error
+    /// (`None`: nothing).
+    pub(crate) fn note(streamed: &Mutex<Streamed>, m: &Message) -> Option<Bytes> {
+        match &m.kind {
+            Kind::Pub { ch, off } => {
+                let mut st = streamed.lock();
+                match st.offsets.get_mut(&**ch) {
+                    Some(at) => *at = (*at).max(*off),
+                    None => drop(st.offsets.insert(ch.clone(), *off)),
+                }
+            }
+            Kind::Reply { id: SILENT_ID } => {
+                streamed.lock().replies += 1;
+                return silent_reply(&m.text);
+            }
+            // A takeover's resubscribe replies are all queued before its copy is found, so
+            // whoever took the session over took them; they never enter `queued`.
+            Kind::Reply { id } if *id != RESUBSCRIBE_ID => streamed.lock().replies += 1,
+            _ => {}
+        }
+        Some(m.text.clone())
+    }
+}
+
 impl PollSession {
     /// Makes the caller (a poll or a stream starting) the session's current waiter: an older
     /// poll or stream gives way, and a stream's socket is detached at once. Its number, for
@@ -564,28 +590,22 @@ impl Polls {
     /// What a poll's `ack` asks before it waits: the last batch again (it got lost), or an
     /// error; `None` to go on. Acks of lost batches close the session (4008).
     pub(crate) async fn check_ack(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Option<Response> {
-        {
-            let mut live = s.live.lock().await;
-            Polls::take_streamed(s, &mut live);
-            match ack {
-                Some(a) if a > live.seq => {
-                    return Some(error(
-                        code::BAD_REQUEST,
-                        format!("ack {a} is ahead of the session's batch {}", live.seq),
-                    ))
-                }
-                Some(a) if a + 1 == live.seq && live.last_batch.as_ref().is_some_and(|(seq, _)| *seq == live.seq) => {
-                    if let Some((seq, body)) = live.last_batch.clone() {
-                        tracing::debug!(session = %s.id, seq, "poll batch sent again");
-                        return Some(json_response(StatusCode::OK, body));
-                    }
-                }
-                Some(a) if a < live.seq => {
-                    s.outbox.close(close::SLOW_CONSUMER, "batches were lost; reconnect and recover", true);
-                }
-                _ => {}
+        let mut live = s.live.lock().await;
+        Polls::take_streamed(s, &mut live);
+        match ack {
+            Some(a) if a > live.seq => {
+                return Some(error(code::BAD_REQUEST, format!("ack {a} is ahead of the session's batch {}", live.seq)))
             }
-            drop(live);
+            Some(a) if a + 1 == live.seq && live.last_batch.as_ref().is_some_and(|(seq, _)| *seq == live.seq) => {
+                if let Some((seq, body)) = live.last_batch.clone() {
+                    tracing::debug!(session = %s.id, seq, "poll batch sent again");
+                    return Some(json_response(StatusCode::OK, body));
+                }
+            }
+            Some(a) if a < live.seq => {
+                s.outbox.close(close::SLOW_CONSUMER, "batches were lost; reconnect and recover", true);
+            }
+            _ => {}
         }
         None
     }

@@ -30,13 +30,11 @@ use bytes::Bytes;
 use switchboard_protocol::code;
 use tokio::net::TcpStream;
 
-use crate::outbox::{Framer, Kind, Message, Pushed, Wire};
+use crate::outbox::{Framer, Message, Pushed, Wire};
 use crate::transport::http::{self as transport_http, error, Peer};
 use crate::transport::http1;
 use crate::transport::owned::{discard_input, linger, CLOSE_GRACE};
-use crate::transport::poll_session::{
-    silent_reply, Busy, Found, Live, PollSession, Polls, Streamed, RESUBSCRIBE_ID, SILENT_ID, STREAM_SAVE_EVERY,
-};
+use crate::transport::poll_session::{Busy, Found, Live, PollSession, Polls, Streamed, STREAM_SAVE_EVERY};
 use crate::transport::sse;
 
 /// One attached stream: which session, and where its framing stands.
@@ -280,26 +278,8 @@ struct SessionEvents {
 
 impl Framer for SessionEvents {
     fn frame(&mut self, out: &mut Vec<u8>, m: &Message) {
-        match &m.kind {
-            Kind::Pub { ch, off } => {
-                let mut st = self.streamed.lock();
-                match st.offsets.get_mut(&**ch) {
-                    Some(at) => *at = (*at).max(*off),
-                    None => drop(st.offsets.insert(ch.clone(), *off)),
-                }
-            }
-            Kind::Reply { id: SILENT_ID } => {
-                self.streamed.lock().replies += 1;
-                if let Some(e) = silent_reply(&m.text) {
-                    sse::write_event(out, None, None, &e);
-                }
-                return;
-            }
-            // A takeover's resubscribe replies are all queued before its copy is found, so
-            // the take before the attach had them; they never enter `queued`.
-            Kind::Reply { id } if *id != RESUBSCRIBE_ID => self.streamed.lock().replies += 1,
-            _ => {}
+        if let Some(text) = Streamed::note(&self.streamed, m) {
+            sse::write_event(out, None, None, &text);
         }
-        sse::write_event(out, None, None, &m.text);
     }
 }
