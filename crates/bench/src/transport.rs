@@ -9,8 +9,10 @@
 //!   what each read brought as one frame;
 //!
 //! and commands (subscribe, and the rooms' publishes) go by `POST /poll/{session}` on a second
-//! connection, as a browser would. Replies then arrive in order with the publications, as on a
-//! WebSocket, so the scenarios' accounting does not change. Both are JSON only.
+//! connection, as a browser would; a `broadcast` subscriber, which sends nothing more, closes
+//! that connection once subscribed ([`Conn::release_commands`]). Replies then arrive in order
+//! with the publications, as on a WebSocket, so the scenarios' accounting does not change.
+//! Both are JSON only.
 //!
 //! `sse-channels` is a plain stream, `GET /sse?channels=…`, as an `EventSource` opens it: the
 //! client's first command must be a subscribe, which opens the stream for its channels; the
@@ -153,6 +155,16 @@ impl Conn {
         match self {
             Conn::Ws(ws) => ws.send(msg).await.map_err(|e| e.to_string()),
             Conn::Http(h) => h.link.send(msg).await,
+        }
+    }
+
+    /// Closes the kept-alive connection an HTTP transport's commands go on (the next command
+    /// opens another); nothing for a WebSocket. A client with nothing more to send lets it go,
+    /// so that its teardown is part of the setup and not of what is measured after it (the
+    /// node closes an idle one after `limits.handshake_timeout_s`).
+    pub fn release_commands(&mut self) {
+        if let Conn::Http(h) = self {
+            h.link.conn = None;
         }
     }
 

@@ -181,6 +181,8 @@ async fn subscriber(
         Ok(Err(e)) => return ctx.failed(&e),
         Err(_) => return ctx.failed("subscribe: no reply within 30 s"),
     };
+    // A subscriber sends nothing after its subscribe.
+    ws.release_commands();
     drop(permit);
     ctx.established(t0.elapsed().as_micros() as u64);
     ctx.expect(ctx.snapshot().established * cfg.bursts);

@@ -80,10 +80,14 @@ pub async fn first_request(tcp: &TcpStream, peer: SocketAddr, timeout: Duration)
     };
     // An incomplete head (it came in pieces) or one that does not parse: hyper reads it and
     // answers as it does any request.
-    let Head::Complete(parts, len) = parse_head(&buf[..n], peer) else { return First::Http };
+    let Head::Complete(mut parts, len) = parse_head(&buf[..n]) else { return First::Http };
     // The head is in the socket's buffer (it was just peeked): read exactly it.
     match tcp.try_read(&mut buf[..len]) {
-        Ok(got) if got == len => First::Owned(parts),
+        Ok(got) if got == len => {
+            // Routed as any request: with the peer, as hyper's requests carry it.
+            parts.extensions.insert(Peer(peer));
+            First::Owned(parts)
+        }
         _ => First::Gone,
     }
 }
@@ -100,11 +104,11 @@ pub(crate) enum Head {
 
 /// Parses the request head at the start of `buf` by the parser hyper itself uses, so a
 /// request served here is read by the same rules as any other.
-pub(crate) fn parse_head(buf: &[u8], peer: SocketAddr) -> Head {
+pub(crate) fn parse_head(buf: &[u8]) -> Head {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     match req.parse(buf) {
-        Ok(httparse::Status::Complete(len)) => match parts_of(&req, peer) {
+        Ok(httparse::Status::Complete(len)) => match parts_of(&req) {
             Some(parts) => Head::Complete(Box::new(parts), len),
             None => Head::Other,
         },
@@ -113,18 +117,21 @@ pub(crate) fn parse_head(buf: &[u8], peer: SocketAddr) -> Head {
     }
 }
 
-fn parts_of(req: &httparse::Request<'_, '_>, peer: SocketAddr) -> Option<Parts> {
+/// The request's parts, with no extensions: the polls of a kept-alive connection pass their
+/// peer along themselves rather than allocate an extension map for each.
+fn parts_of(req: &httparse::Request<'_, '_>) -> Option<Parts> {
     // Only `GET` heads are read here; HTTP/1.0 and its keep-alive rules are hyper's.
     if req.method? != "GET" || req.version? != 1 {
         return None;
     }
-    let mut b = axum::http::Request::builder().method(Method::GET).uri(req.path?);
+    let (mut parts, ()) = axum::http::Request::new(()).into_parts();
+    parts.method = Method::GET;
+    parts.uri = req.path?.parse().ok()?;
+    parts.headers.reserve(req.headers.len());
     for h in req.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes()).ok()?;
-        b = b.header(name, HeaderValue::from_bytes(h.value).ok()?);
+        parts.headers.append(name, HeaderValue::from_bytes(h.value).ok()?);
     }
-    let (mut parts, ()) = b.body(()).ok()?.into_parts();
-    parts.extensions.insert(Peer(peer));
     Some(parts)
 }
 
@@ -316,11 +323,10 @@ pub(crate) enum Next<T> {
 
 /// Reads the next request head on a kept-alive connection into `pending` (which may already
 /// hold it), waiting at most `idle` for it to start and then `timeout` for it to be complete;
-/// takes it if `pick` does.
+/// takes it if `pick` does. The parts carry no extensions (no `Peer`).
 pub(crate) async fn next_request<T>(
     tcp: &TcpStream,
     pending: &mut Vec<u8>,
-    peer: SocketAddr,
     idle: Duration,
     timeout: Duration,
     pick: impl Fn(&Parts) -> Option<T>,
@@ -329,7 +335,7 @@ pub(crate) async fn next_request<T>(
     let mut started = false;
     loop {
         if !pending.is_empty() {
-            match parse_head(pending, peer) {
+            match parse_head(pending) {
                 Head::Complete(parts, len) => {
                     let Some(picked) = pick(&parts) else { return Next::Other };
                     pending.drain(..len);

@@ -123,7 +123,9 @@ pub(crate) async fn wait(
     }
     // Whatever came since the check is the answer, at once.
     s.outbox.flush_blocked();
-    let mut until = deadline;
+    // One timer for the whole wait, moved on when the answer is late.
+    let timer = tokio::time::sleep_until(deadline);
+    tokio::pin!(timer);
     let mut late = false;
     let mut next_request = false;
     let held = loop {
@@ -153,7 +155,7 @@ pub(crate) async fn wait(
                 // The next request (or input sent before the answer, kept for it).
                 Ok(_) => next_request = true,
             },
-            () = tokio::time::sleep_until(until) => {
+            () = &mut timer => {
                 if !answer.sealed.load(Relaxed) {
                     if s.outbox.detach_unanswered(&attached.wire) {
                         break Held::Unanswered;
@@ -163,7 +165,7 @@ pub(crate) async fn wait(
                     break Held::Gone;
                 } else {
                     late = true;
-                    until = deadline + write_timeout;
+                    timer.as_mut().reset(deadline + write_timeout);
                 }
             }
         }

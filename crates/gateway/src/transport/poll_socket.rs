@@ -91,14 +91,15 @@ pub(crate) async fn keep_alive(polls: Arc<Polls>, tcp: Arc<TcpStream>, app: Rout
     let idle = Duration::from_secs(node.config.transports.poll_session_ttl_s.max(1));
     let mut pending = Vec::new();
     let mut head = AnswerHead::default();
+    let from = Peer(peer);
     loop {
-        let (parts, id) = match http1::next_request(&tcp, &mut pending, peer, idle, head_timeout, poll_of).await {
+        let (parts, id) = match http1::next_request(&tcp, &mut pending, idle, head_timeout, poll_of).await {
             Next::Request(parts, id) => (parts, id),
             Next::Other => break,
             Next::Gone => return,
         };
         let conn = Conn { tcp: &tcp, pending: &mut pending };
-        let r = match serve_one(&polls, &id, &parts, conn, &mut head, head_timeout).await {
+        let r = match serve_one(&polls, &id, &parts, &from, conn, &mut head, head_timeout).await {
             Served::Response(r) => r,
             Served::Answered => continue,
             Served::Gone => return,
@@ -128,6 +129,7 @@ async fn serve_one(
     polls: &Arc<Polls>,
     id: &str,
     parts: &Parts,
+    peer: &Peer,
     conn: Conn<'_>,
     head: &mut AnswerHead,
     write_timeout: Duration,
@@ -140,11 +142,10 @@ async fn serve_one(
         transport_http::cors(headers, &polls.node, &mut r);
         Served::Response(r)
     };
-    let (s, ack, timeout) =
-        match session_of(polls, id, parts.uri.query(), headers, parts.extensions.get::<Peer>()).await {
-            Err(r) => return cors(r),
-            Ok(found) => found,
-        };
+    let (s, ack, timeout) = match session_of(polls, id, parts.uri.query(), headers, Some(peer)).await {
+        Err(r) => return cors(r),
+        Ok(found) => found,
+    };
     let _busy = Busy::new(&s);
     let me = s.take_turn();
     if let Some(r) = polls.check_ack(&s, ack).await {
