@@ -151,6 +151,12 @@ struct OutState {
 }
 
 impl OutState {
+    /// Whether `wire` is the one attached ([`Outbox::attach`]); a later one may have taken
+    /// its place.
+    fn holds(&self, wire: &Arc<dyn Wire>) -> bool {
+        self.attached.as_ref().is_some_and(|(w, _)| std::ptr::addr_eq(Arc::as_ptr(w), Arc::as_ptr(wire)))
+    }
+
     /// Everything is written: frees what an idle connection would otherwise keep, the queue's
     /// and the conflation map's capacity and the last frame (a shared frame stays alive as
     /// long as any outbox points into it).

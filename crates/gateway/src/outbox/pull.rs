@@ -150,8 +150,7 @@ impl Outbox {
     /// yet (a held poll's time is up): true when it was detached, and the taker answers.
     pub fn detach_unanswered(&self, wire: &Arc<dyn Wire>) -> bool {
         let mut st = self.state.lock();
-        let ours = st.attached.as_ref().is_some_and(|(w, _)| std::ptr::addr_eq(Arc::as_ptr(w), Arc::as_ptr(wire)));
-        ours && !st.sealed && self.detach_locked(&mut st)
+        st.holds(wire) && !st.sealed && self.detach_locked(&mut st)
     }
 
     /// Back to being taken: the attached wire (if any) gets nothing more, and what is queued
@@ -165,8 +164,7 @@ impl Outbox {
     /// have taken its place already).
     pub fn detach_if(&self, wire: &Arc<dyn Wire>) -> bool {
         let mut st = self.state.lock();
-        let ours = st.attached.as_ref().is_some_and(|(w, _)| std::ptr::addr_eq(Arc::as_ptr(w), Arc::as_ptr(wire)));
-        ours && self.detach_locked(&mut st)
+        st.holds(wire) && self.detach_locked(&mut st)
     }
 
     pub(super) fn detach_locked(&self, st: &mut OutState) -> bool {

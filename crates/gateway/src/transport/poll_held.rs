@@ -9,7 +9,7 @@
 //! no task wake-up, as for a WebSocket delivery. The framer notes what it wrote
 //! (`poll_session::Streamed`: positions, replies, the batch kept to send again), which the
 //! live copy takes in before its next use. The poll's task wakes when the next request comes,
-//! and then writes the record.
+//! and then takes that in and renews the session's lease (no other node reads the record).
 //!
 //! A session whose record other nodes read (a shared store) is not answered this way: there
 //! the record is written before a batch goes out, so that a node taking the session over
@@ -34,7 +34,8 @@ use crate::transport::poll_session::{batch_body, json_response, PollSession, Pol
 
 /// How a held poll ended.
 pub(crate) enum Held {
-    /// The fan-out answered it, whole; the session's record is written.
+    /// The fan-out answered it, whole; the live copy took in what was written, and the
+    /// session's lease is renewed.
     Answered,
     /// Not answered here: the poll goes on the usual way (its time is up, a later poll or
     /// stream took the session, the session left this node).

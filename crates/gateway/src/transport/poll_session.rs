@@ -577,19 +577,23 @@ impl Polls {
         self.drop_local(s, ENDED, live).await;
     }
 
-    /// One poll: waits for messages (up to `timeout`), then answers the batch.
-    pub(crate) async fn poll_once(&self, s: &Arc<PollSession>, ack: Option<u64>, timeout: Duration) -> Response {
-        let _busy = Busy::new(s);
+    /// Starts a poll of `s`: it becomes the session's waiter (kept from expiring while the
+    /// returned guard lives; its number, for [`PollSession::serves`]) and its `ack` is
+    /// checked. `Err`: the answer, at once — the last batch again, or an error. The poll then
+    /// waits for its answer ([`Polls::wait_and_answer`], or held on its socket).
+    #[allow(clippy::result_large_err)]
+    pub(crate) async fn start_poll(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Result<(Busy, u64), Response> {
+        let busy = Busy::new(s);
         let me = s.take_turn();
-        if let Some(r) = self.check_ack(s, ack).await {
-            return r;
+        match self.check_ack(s, ack).await {
+            Some(r) => Err(r),
+            None => Ok((busy, me)),
         }
-        self.wait_and_answer(s, me, tokio::time::Instant::now() + timeout).await
     }
 
     /// What a poll's `ack` asks before it waits: the last batch again (it got lost), or an
     /// error; `None` to go on. Acks of lost batches close the session (4008).
-    pub(crate) async fn check_ack(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Option<Response> {
+    async fn check_ack(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Option<Response> {
         let mut live = s.live.lock().await;
         Polls::take_streamed(s, &mut live);
         match ack {

@@ -24,7 +24,7 @@ use tokio::net::TcpStream;
 use crate::transport::http::{self as transport_http, error, query_param, Peer};
 use crate::transport::http1::{self, Ending, Next};
 use crate::transport::poll_held::{self, AnswerHead, Conn, Held};
-use crate::transport::poll_session::{json_response, Busy, Found, PollSession, Polls};
+use crate::transport::poll_session::{json_response, Found, PollSession, Polls};
 
 /// Answers `GET /poll/{id}` (`query`: the request's query).
 pub(crate) async fn answer(
@@ -36,7 +36,10 @@ pub(crate) async fn answer(
 ) -> Response {
     let mut r = match session_of(polls, id, query, headers, peer).await {
         Err(r) => r,
-        Ok((s, ack, timeout)) => polls.poll_once(&s, ack, timeout).await,
+        Ok((s, ack, timeout)) => match polls.start_poll(&s, ack).await {
+            Err(r) => r,
+            Ok((_busy, me)) => polls.wait_and_answer(&s, me, tokio::time::Instant::now() + timeout).await,
+        },
     };
     transport_http::cors(headers, &polls.node, &mut r);
     r
@@ -146,11 +149,10 @@ async fn serve_one(
         Err(r) => return cors(r),
         Ok(found) => found,
     };
-    let _busy = Busy::new(&s);
-    let me = s.take_turn();
-    if let Some(r) = polls.check_ack(&s, ack).await {
-        return cors(r);
-    }
+    let (_busy, me) = match polls.start_poll(&s, ack).await {
+        Err(r) => return cors(r),
+        Ok(started) => started,
+    };
     let deadline = tokio::time::Instant::now() + timeout;
     let head = head.of(headers, &polls.node);
     let tcp = conn.tcp;
