@@ -273,3 +273,38 @@ def test_a_poller_that_vanishes_mid_poll_leaves_nothing_behind(start_server):
             r = h.get(f"{srv.http_url}/poll/{sid}", params={"ack": 1, "timeout": 5})
             assert r.status_code == 200
             assert [m["pub"]["data"] for m in r.json()["messages"] if "pub" in m] == ["after"]
+
+
+def test_a_session_answered_only_by_held_polls_outlives_its_ttl_and_takes_commands(start_server):
+    # A held poll's answer writes nothing to the session store but renews its lease when due,
+    # and the sweep renews it while the session lives: the record must outlast the session's
+    # idle time limit however long the session runs, or a command's save would find it gone.
+    srv = start_server(env={"SWITCHBOARD_POLL_SESSION_TTL_S": "4"})
+    ch = "room:" + uniq("lease.")  # clients may publish in `room:`
+    sid, s, buf, seq = own_poller(srv, ch)
+    started, n = time.monotonic(), 0
+    while time.monotonic() - started < 10:
+        held(s, sid, srv.port, seq, timeout=5)
+        api_publish(srv, ch, {"n": n})
+        b = json.loads(read_response(s, buf)[2])
+        assert b["seq"] == seq + 1 and [m["pub"]["data"] for m in b["messages"]] == [{"n": n}]
+        seq, n = b["seq"], n + 1
+    # Idle for half its time limit, then a command: the session takes it, and its reply comes
+    # with the next publication in the next poll.
+    time.sleep(2)
+    cmd = json.dumps({"id": 9, "publish": {"channel": ch, "data": "cmd"}})
+    r = httpx.post(f"{srv.http_url}/poll/{sid}", content=cmd, trust_env=False)
+    assert r.status_code == 202, r.text
+    got, replies = [], []
+    for _ in range(3):
+        s.sendall(get(f"/poll/{sid}?ack={seq}&timeout=2", srv.port))
+        status, _, body = read_response(s, buf)
+        assert status == 200, body
+        b = json.loads(body)
+        seq = b["seq"]
+        got += [m["pub"]["data"] for m in b["messages"] if "pub" in m]
+        replies += [m["id"] for m in b["messages"] if "id" in m]
+        if "cmd" in got and 9 in replies:
+            break
+    assert got == ["cmd"] and replies == [9]
+    s.close()

@@ -22,11 +22,11 @@
 //!   `transport::http1`), the WebSocket handshake and connection task (`transport::ws`),
 //!   Server-Sent Events (`transport::sse`: events in `sse/events.rs`, a stream that owns its
 //!   socket in `sse/socket.rs`) and long-poll sessions (`transport::poll`,
-//!   `transport::poll_session`, held polls and their kept-alive connections in
-//!   `transport::poll_socket`, a held poll there answered by the fan-out in
-//!   `transport::poll_held`, their state in `transport::poll_store`, taken over from it in
-//!   `transport::poll_takeover`, streamed as events by `transport::session_stream`), which
-//!   take their messages from the outbox.
+//!   `transport::poll_session`, their batches and command bodies in `transport::poll_wire`,
+//!   held polls and their kept-alive connections in `transport::poll_socket`, a held poll
+//!   there answered by the fan-out in `transport::poll_held`, their state in
+//!   `transport::poll_store`, taken over from it in `transport::poll_takeover`, streamed as
+//!   events by `transport::session_stream`), which take their messages from the outbox.
 //! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`).
 //! - [`auth`]: authentication (JWT from files and a JWKS URL, Basic, API keys), revoked
 //!   tokens, namespace permissions, `Origin` checks and per-address / per-key abuse limits.

@@ -323,6 +323,9 @@ async fn sweep_task(polls: std::sync::Weak<Polls>) {
         let list: Vec<Arc<PollSession>> = polls.sessions.lock().values().cloned().collect();
         let now = crate::unix_s();
         for s in list {
+            if !polls.store.shared() && s.state.load(Relaxed) == LIVE && s.outbox.closed().is_none() {
+                polls.renew(&s).await;
+            }
             if let Ok(mut live) = s.live.try_lock() {
                 let due = live.session.deadline().is_some_and(|d| d <= SystemTime::now());
                 if due {

@@ -9,7 +9,8 @@
 //! no task wake-up, as for a WebSocket delivery. The framer notes what it wrote
 //! (`poll_session::Streamed`: positions, replies, the batch kept to send again), which the
 //! live copy takes in before its next use. The poll's task wakes when the next request comes,
-//! and then takes that in and renews the session's lease (no other node reads the record).
+//! and then renews the session's lease if it is due (`Polls::renew`; no other node reads the
+//! record).
 //!
 //! A session whose record other nodes read (a shared store) is not answered this way: there
 //! the record is written before a batch goes out, so that a node taking the session over
@@ -30,12 +31,13 @@ use crate::node::Node;
 use crate::outbox::{Framer, Kind, Message, Outbox, Wire};
 use crate::transport::http as transport_http;
 use crate::transport::http1::{self, Ending};
-use crate::transport::poll_session::{batch_body, json_response, PollSession, Polls, Streamed};
+use crate::transport::poll_session::{json_response, PollSession, Polls, Started, Streamed};
+use crate::transport::poll_wire::{batch_len, write_batch};
 
 /// How a held poll ended.
 pub(crate) enum Held {
-    /// The fan-out answered it, whole; the live copy took in what was written, and the
-    /// session's lease is renewed.
+    /// The fan-out answered it, whole (noted in `PollSession::streamed` for the live copy),
+    /// and the session's lease is renewed when due.
     Answered,
     /// Not answered here: the poll goes on the usual way (its time is up, a later poll or
     /// stream took the session, the session left this node).
@@ -91,31 +93,26 @@ pub(crate) struct Conn<'a> {
     pub(crate) pending: &'a mut Vec<u8>,
 }
 
-/// Holds poll `me` of `s` until `deadline`, to be answered by the fan-out; `head` is its
+/// Holds `poll` of `s` until `deadline`, to be answered by the fan-out; `head` is its
 /// answer's head ([`AnswerHead`]). `write_timeout`: how long an answer the client does not
 /// take may wait.
 pub(crate) async fn wait(
     polls: &Polls,
     s: &Arc<PollSession>,
-    me: u64,
+    poll: &Started,
     deadline: Instant,
     conn: Conn<'_>,
     head: Bytes,
     write_timeout: Duration,
 ) -> Held {
     let Conn { tcp, pending } = conn;
-    if polls.store.shared() {
+    let me = poll.me;
+    if polls.store.shared() || !s.serves(me) || s.outbox.has_pending() || s.outbox.closed().is_some() {
         return Held::Unanswered;
     }
-    let base = {
-        let live = s.live.lock().await;
-        if !s.serves(me) || s.outbox.has_pending() || s.outbox.closed().is_some() {
-            return Held::Unanswered;
-        }
-        live.seq
-    };
     let answer = Arc::new(Answer::default());
-    let framer = PollBatch { head, base, messages: Vec::new(), streamed: s.streamed.clone(), answer: answer.clone() };
+    let framer =
+        PollBatch { head, base: poll.seq, messages: Vec::new(), streamed: s.streamed.clone(), answer: answer.clone() };
     let attached = Attached { outbox: &s.outbox, wire: tcp.clone() };
     let mut detached = s.outbox.attach(attached.wire.clone(), Box::new(framer));
     // A poll or stream that came between the check and the attach found nothing to detach.
@@ -173,20 +170,17 @@ pub(crate) async fn wait(
     };
     drop(attached);
     if matches!(held, Held::Answered) {
-        let mut live = s.live.lock().await;
         match answer.closed.load(Relaxed) {
             // No other node reads the store: the record needs no positions, only its lease.
-            0 => {
-                Polls::take_streamed(s, &mut live);
-                let _ = polls.store.touch(&s.id, polls.ttl).await;
-            }
-            code => polls.finish(s, &mut live, code).await,
+            // The live copy takes in what was written at its next use.
+            0 => polls.renew(s).await,
+            code => polls.finish(s, &mut *s.live.lock().await, code).await,
         }
     }
     held
 }
 
-/// Frames a held poll's answer — its HTTP head and the batch `poll_session::batch_body`
+/// Frames a held poll's answer — its HTTP head and the batch `poll_wire::batch_body`
 /// makes — under the outbox's lock, and notes what it wrote for the session's live copy. The
 /// messages are kept until [`Framer::seal`], which needs the batch whole for its length.
 struct PollBatch {
@@ -212,15 +206,18 @@ impl Framer for PollBatch {
 
     fn seal(&mut self, _: Vec<u8>) -> Bytes {
         let seq = if self.messages.is_empty() { self.base } else { self.base + 1 };
-        let body = batch_body(seq, &self.messages);
-        let mut out = Vec::with_capacity(self.head.len() + 96 + body.len());
+        let len = batch_len(seq, &self.messages);
+        let mut out = Vec::with_capacity(self.head.len() + 96 + len);
         out.extend_from_slice(&self.head);
-        http1::end_head(&mut out, Ending::KeepAlive, Some(body.len()));
-        out.extend_from_slice(&body);
+        http1::end_head(&mut out, Ending::KeepAlive, Some(len));
+        let start = out.len();
+        write_batch(&mut out, seq, &self.messages);
+        let out = Bytes::from(out);
         if !self.messages.is_empty() {
-            self.streamed.lock().batch = Some((seq, body));
+            // Kept to send again: the answer's own bytes, without its head.
+            self.streamed.lock().batch = Some((seq, out.slice(start..)));
         }
         self.answer.sealed.store(true, Relaxed);
-        Bytes::from(out)
+        out
     }
 }

@@ -22,7 +22,6 @@ use axum::response::Response;
 use bytes::Bytes;
 use indexmap::IndexMap;
 use parking_lot::Mutex;
-use serde_json::value::RawValue;
 use switchboard_protocol::code::{self, close};
 use switchboard_protocol::message::{encode_error, encode_publication};
 use switchboard_protocol::{namespace_of, Format};
@@ -35,14 +34,8 @@ use crate::session::Session;
 use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error};
 use crate::transport::poll_store::{self, PollStore, Record, StoredIdentity, StoredSub};
+use crate::transport::poll_wire::{batch_body, rewrite_commands, silent_reply, RESUBSCRIBE_ID, SILENT_ID};
 use crate::transport::sse::{ChannelPos, ReplyIn};
-
-/// Id of the subscribe a node sends when it takes a session over; its reply becomes the
-/// recovered publications. Clients must not use this id.
-pub const RESUBSCRIBE_ID: u32 = u32::MAX;
-/// Id given to a client's subscribe that has none, so the session learns the positions; its
-/// reply is not delivered (only errors, as `id` 0, like on a WebSocket).
-pub const SILENT_ID: u32 = u32::MAX - 1;
 
 /// How long a request waits for a session's lock held by another node.
 pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(5);
@@ -63,6 +56,8 @@ pub struct PollSession {
     pub(crate) live: tokio::sync::Mutex<Live>,
     /// Unix seconds of the last request.
     pub(crate) active: AtomicU64,
+    /// Unix seconds when this copy last set its record's lease ([`Polls::renew`]).
+    pub(crate) leased: AtomicU64,
     /// Requests in progress (a held poll or a stream counts until it returns).
     pub(crate) busy: AtomicUsize,
     /// Bumped by each poll or stream that starts waiting; an older one sees it and yields.
@@ -114,13 +109,17 @@ impl Streamed {
 }
 
 impl PollSession {
-    /// Makes the caller (a poll or a stream starting) the session's current waiter: an older
-    /// poll or stream gives way, and a stream's socket is detached at once. Its number, for
-    /// [`PollSession::serves`].
+    /// Makes the caller (a poll or a stream starting, counted in `busy`) the session's current
+    /// waiter: an older poll or stream gives way, and a stream's socket is detached at once.
+    /// Its number, for [`PollSession::serves`].
     pub(crate) fn take_turn(&self) -> u64 {
         let me = self.waiter.fetch_add(1, Relaxed) + 1;
         self.outbox.detach();
-        self.outbox.wake();
+        // Only another request in progress can be waiting; a wake-up nobody waits for would
+        // be kept, and end the caller's own first wait at once.
+        if self.busy.load(Relaxed) > 1 {
+            self.outbox.wake();
+        }
         me
     }
 
@@ -167,20 +166,6 @@ pub(crate) fn json_response(status: StatusCode, body: impl Into<Body>) -> Respon
     r
 }
 
-pub(crate) fn batch_body(seq: u64, messages: &[Bytes]) -> Bytes {
-    let len: usize = messages.iter().map(|m| m.len() + 1).sum();
-    let mut out = Vec::with_capacity(len + 40);
-    out.extend_from_slice(format!("{{\"seq\":{seq},\"messages\":[").as_bytes());
-    for (i, m) in messages.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(m);
-    }
-    out.extend_from_slice(b"]}");
-    Bytes::from(out)
-}
-
 /// Decrements `busy` when a request ends.
 pub(crate) struct Busy(Arc<PollSession>);
 
@@ -197,6 +182,16 @@ impl Drop for Busy {
         self.0.active.store(crate::unix_s(), Relaxed);
         self.0.busy.fetch_sub(1, Relaxed);
     }
+}
+
+/// A poll that started ([`Polls::start_poll`]).
+pub(crate) struct Started {
+    /// Keeps the session from expiring while the poll lives.
+    _busy: Busy,
+    /// The poll's turn as the session's waiter, for [`PollSession::serves`].
+    pub(crate) me: u64,
+    /// The session's batch number when the poll began.
+    pub(crate) seq: u64,
 }
 
 /// What a takeover found.
@@ -254,6 +249,7 @@ impl Polls {
                 _slot: slot,
             }),
             active: AtomicU64::new(crate::unix_s()),
+            leased: AtomicU64::new(crate::unix_s()),
             busy: AtomicUsize::new(0),
             waiter: AtomicU64::new(0),
             state: AtomicU8::new(LIVE),
@@ -285,6 +281,7 @@ impl Polls {
         match self.store.save(&s.id, live.version, &rec, self.ttl).await {
             Ok(true) => {
                 live.version = rec.version;
+                s.leased.store(crate::unix_s(), Relaxed);
                 true
             }
             Ok(false) => {
@@ -301,8 +298,22 @@ impl Polls {
         }
     }
 
-    /// Takes in what a stream wrote since the last call: positions advance (of channels still
-    /// subscribed), and the replies written leave `queued`.
+    /// Renews the session's lease in a store no other node reads, once a quarter of it is
+    /// spent: a held poll's answer writes nothing else there (`transport::poll_held`), and the
+    /// sweep renews the lease of every session live here, so the record lasts as long as the
+    /// live copy (which removes it when it ends).
+    pub(crate) async fn renew(&self, s: &PollSession) {
+        let now = crate::unix_s();
+        if now.saturating_sub(s.leased.load(Relaxed)) >= self.ttl.as_secs() / 4 {
+            s.leased.store(now, Relaxed);
+            let _ = self.store.touch(&s.id, self.ttl).await;
+        }
+    }
+
+    /// Takes in what a stream or a held poll wrote since the last call: positions advance (of
+    /// channels still subscribed), the replies written leave `queued`, the batch answered is
+    /// the last one. Whatever reads those starts here (a command, a save, a poll's start,
+    /// taking messages).
     pub(crate) fn take_streamed(s: &PollSession, live: &mut Live) {
         let mut st = s.streamed.lock();
         for (ch, off) in st.offsets.drain() {
@@ -355,18 +366,16 @@ impl Polls {
     ) -> Result<Found, Response> {
         if let Some(s) = self.local(id) {
             // A client ahead of this copy was served by another node since: the copy is stale
-            // (its notice may still be on the way).
-            let stale = {
-                let mut live = s.live.lock().await;
-                let stale = self.store.shared() && ack.is_some_and(|a| a > live.seq);
-                if stale {
-                    self.drop_local(&s, MOVED, &mut live).await;
-                }
-                stale
-            };
-            if !stale {
+            // (its notice may still be on the way). Only a shared store has other nodes.
+            if !self.store.shared() || ack.is_none() {
                 return Ok(Found::Session(s));
             }
+            let mut live = s.live.lock().await;
+            if ack.is_some_and(|a| a <= live.seq) {
+                drop(live);
+                return Ok(Found::Session(s));
+            }
+            self.drop_local(&s, MOVED, &mut live).await;
         }
         // Boxed: a takeover waits on the store, a large future that a poll of a session held
         // here (every poll but a session's first on this node) would otherwise carry.
@@ -480,6 +489,7 @@ impl Polls {
     /// they are, the takeover's resubscribe reply into recovered publications, silent
     /// subscribe replies into nothing (or their error). Advances the positions.
     pub(crate) fn take_messages(&self, s: &Arc<PollSession>, live: &mut Live) -> (Vec<Bytes>, Option<u16>) {
+        Polls::take_streamed(s, live);
         let (msgs, mut closed) = s.outbox.take_messages();
         let mut out = Vec::with_capacity(msgs.len());
         let mut lost = false;
@@ -577,33 +587,32 @@ impl Polls {
         self.drop_local(s, ENDED, live).await;
     }
 
-    /// Starts a poll of `s`: it becomes the session's waiter (kept from expiring while the
-    /// returned guard lives; its number, for [`PollSession::serves`]) and its `ack` is
-    /// checked. `Err`: the answer, at once — the last batch again, or an error. The poll then
-    /// waits for its answer ([`Polls::wait_and_answer`], or held on its socket).
+    /// Starts a poll of `s`: it becomes the session's waiter (kept from expiring while
+    /// [`Started`] lives) and its `ack` is checked. `Err`: the answer, at once — the last
+    /// batch again, or an error. The poll then waits for its answer
+    /// ([`Polls::wait_and_answer`], or held on its socket).
     #[allow(clippy::result_large_err)]
-    pub(crate) async fn start_poll(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Result<(Busy, u64), Response> {
+    pub(crate) async fn start_poll(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Result<Started, Response> {
         let busy = Busy::new(s);
         let me = s.take_turn();
-        match self.check_ack(s, ack).await {
-            Some(r) => Err(r),
-            None => Ok((busy, me)),
-        }
+        let seq = self.check_ack(s, ack).await?;
+        Ok(Started { _busy: busy, me, seq })
     }
 
     /// What a poll's `ack` asks before it waits: the last batch again (it got lost), or an
-    /// error; `None` to go on. Acks of lost batches close the session (4008).
-    async fn check_ack(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Option<Response> {
+    /// error; `Ok`: go on, with the session's batch number. Acks of lost batches close the
+    /// session (4008).
+    async fn check_ack(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Result<u64, Response> {
         let mut live = s.live.lock().await;
         Polls::take_streamed(s, &mut live);
         match ack {
             Some(a) if a > live.seq => {
-                return Some(error(code::BAD_REQUEST, format!("ack {a} is ahead of the session's batch {}", live.seq)))
+                return Err(error(code::BAD_REQUEST, format!("ack {a} is ahead of the session's batch {}", live.seq)))
             }
             Some(a) if a + 1 == live.seq && live.last_batch.as_ref().is_some_and(|(seq, _)| *seq == live.seq) => {
                 if let Some((seq, body)) = live.last_batch.clone() {
                     tracing::debug!(session = %s.id, seq, "poll batch sent again");
-                    return Some(json_response(StatusCode::OK, body));
+                    return Err(json_response(StatusCode::OK, body));
                 }
             }
             Some(a) if a < live.seq => {
@@ -611,7 +620,7 @@ impl Polls {
             }
             _ => {}
         }
-        None
+        Ok(live.seq)
     }
 
     /// Waits (until `deadline`) for what poll `me` answers with, and answers it.
@@ -644,6 +653,7 @@ impl Polls {
         }
         let (messages, closed) = self.take_messages(s, &mut live);
         if messages.is_empty() && closed.is_none() {
+            s.leased.store(crate::unix_s(), Relaxed);
             let _ = self.store.touch(&s.id, self.ttl).await;
             return json_response(StatusCode::OK, batch_body(live.seq, &[]));
         }
@@ -664,79 +674,11 @@ impl Polls {
     }
 }
 
-/// What the client sees of the reply to a subscribe it sent without `id`: nothing, or one
-/// error (`id` 0, as on a WebSocket) when a channel was refused.
-pub(crate) fn silent_reply(text: &[u8]) -> Option<Bytes> {
-    let r = serde_json::from_slice::<ReplyIn<'_>>(text).ok()?;
-    let e = r.error.or_else(|| r.ok.and_then(|ok| ok.channels.into_values().find_map(|c| c.error)))?;
-    Some(Bytes::from(encode_error(Format::Json, 0, e.code, "some channels could not be subscribed")))
-}
-
-/// Gives every subscribe without `id` the silent id (so positions are learned from its
-/// reply) and collects the channels of unsubscribes. Publication data is never re-encoded:
-/// only subscribe commands are rewritten.
-pub(crate) fn rewrite_commands(body: &[u8]) -> Result<(Vec<Vec<u8>>, Vec<String>), crate::node::ApiError> {
-    let bad = |e: String| crate::node::ApiError::new(code::BAD_REQUEST, e);
-    let mut out = Vec::new();
-    let mut unsubscribed = Vec::new();
-    for raw in serde_json::Deserializer::from_slice(body).into_iter::<&RawValue>() {
-        let raw = raw.map_err(|e| bad(format!("commands are not JSON: {e}")))?;
-        let text = raw.get();
-        let peek: Option<serde_json::Map<String, serde_json::Value>> =
-            if text.contains("\"subscribe\"") || text.contains("\"unsubscribe\"") {
-                serde_json::from_str(text).ok()
-            } else {
-                None
-            };
-        match peek {
-            Some(mut cmd) if cmd.contains_key("subscribe") && !cmd.contains_key("id") => {
-                cmd.insert("id".into(), serde_json::Value::from(SILENT_ID));
-                out.push(serde_json::Value::Object(cmd).to_string().into_bytes());
-            }
-            Some(cmd) => {
-                if let Some(list) = cmd.get("unsubscribe").and_then(|u| u.get("channels")).and_then(|c| c.as_array()) {
-                    unsubscribed.extend(list.iter().filter_map(|c| c.as_str()).map(str::to_string));
-                }
-                out.push(text.as_bytes().to_vec());
-            }
-            None => out.push(text.as_bytes().to_vec()),
-        }
-    }
-    if out.is_empty() {
-        return Err(bad("no command in the body".into()));
-    }
-    Ok((out, unsubscribed))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::auth::pattern::PatternSet;
     use crate::auth::Method;
-
-    #[test]
-    pub(crate) fn poll_rewrite_gives_silent_subscribes_an_id_and_keeps_data_bytes() {
-        let body = br#"{"subscribe":{"channels":["a"]}}
-{"id":2,"publish":{"channel":"room:1","data":{"x":1.50,"big":123456789012345678901234567890}}}
-{"id":3,"unsubscribe":{"channels":["b","c"]}}"#;
-        let (out, unsub) = rewrite_commands(body).unwrap();
-        let lines: Vec<String> = out.into_iter().map(|c| String::from_utf8(c).unwrap()).collect();
-        assert_eq!(lines.len(), 3);
-        let first: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
-        assert_eq!(first["id"], SILENT_ID);
-        assert!(lines[1].contains("1.50") && lines[1].contains("123456789012345678901234567890"));
-        assert_eq!(unsub, vec!["b", "c"]);
-        assert!(rewrite_commands(b"{not json").is_err());
-        assert!(rewrite_commands(b"   ").is_err());
-    }
-
-    #[test]
-    pub(crate) fn poll_batches_concatenate_messages() {
-        let b = batch_body(4, &[Bytes::from_static(b"{\"a\":1}"), Bytes::from_static(b"{\"b\":2}")]);
-        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
-        assert_eq!(v, serde_json::json!({"seq": 4, "messages": [{"a": 1}, {"b": 2}]}));
-        assert_eq!(&batch_body(0, &[])[..], b"{\"seq\":0,\"messages\":[]}");
-    }
 
     #[test]
     pub(crate) fn poll_identities_survive_the_store() {

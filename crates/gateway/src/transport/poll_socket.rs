@@ -38,7 +38,7 @@ pub(crate) async fn answer(
         Err(r) => r,
         Ok((s, ack, timeout)) => match polls.start_poll(&s, ack).await {
             Err(r) => r,
-            Ok((_busy, me)) => polls.wait_and_answer(&s, me, tokio::time::Instant::now() + timeout).await,
+            Ok(poll) => polls.wait_and_answer(&s, poll.me, tokio::time::Instant::now() + timeout).await,
         },
     };
     transport_http::cors(headers, &polls.node, &mut r);
@@ -149,18 +149,18 @@ async fn serve_one(
         Err(r) => return cors(r),
         Ok(found) => found,
     };
-    let (_busy, me) = match polls.start_poll(&s, ack).await {
+    let poll = match polls.start_poll(&s, ack).await {
         Err(r) => return cors(r),
         Ok(started) => started,
     };
     let deadline = tokio::time::Instant::now() + timeout;
     let head = head.of(headers, &polls.node);
     let tcp = conn.tcp;
-    match poll_held::wait(polls, &s, me, deadline, conn, head, write_timeout).await {
+    match poll_held::wait(polls, &s, &poll, deadline, conn, head, write_timeout).await {
         Held::Answered => Served::Answered,
         Held::Gone => Served::Gone,
         Held::Unanswered => tokio::select! {
-            r = polls.wait_and_answer(&s, me, deadline) => cors(r),
+            r = polls.wait_and_answer(&s, poll.me, deadline) => cors(r),
             // A client that leaves while its poll is held ends the poll.
             () = http1::client_gone(tcp) => Served::Gone,
         },

@@ -15,8 +15,9 @@ use switchboard_protocol::message::encode_disconnect;
 use switchboard_protocol::Format;
 
 use crate::transport::http::error;
-use crate::transport::poll_session::{batch_body, store_error, Found, Polls, LOCK_WAIT, RESUBSCRIBE_ID};
+use crate::transport::poll_session::{store_error, Found, Polls, LOCK_WAIT};
 use crate::transport::poll_store::{Notice, Record, StoredSub};
+use crate::transport::poll_wire::{batch_body, RESUBSCRIBE_ID};
 use crate::transport::sse::{ChannelPos, ReplyIn};
 
 impl Polls {
