@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import { createHmac } from 'node:crypto';
-import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -36,8 +36,10 @@ after(async () => {
 
 describe('sign-in form', () => {
   let server;
+  let dir;
   before(async () => {
-    const users = join(mkdtempSync(join(tmpdir(), 'sb-users-')), 'users');
+    dir = mkdtempSync(join(tmpdir(), 'sb-users-'));
+    const users = join(dir, 'users');
     execFileSync(BIN, ['user', 'add', 'olga', '--users', users], { input: `${PASSWORD}\n`, env: { PATH: process.env.PATH } });
     server = await new Server({ args: ['--simulate', '8@4', '--users', users], env: { SWITCHBOARD_JWT_SECRET: SECRET } }).start();
     const body = JSON.stringify({ title: 'Signed in', widgets: [{ type: 'value', channel: 'pt:sim.0', x: 0, y: 0, w: 8, h: 4 }] });
@@ -46,6 +48,7 @@ describe('sign-in form', () => {
   });
   after(async () => {
     await server?.stop();
+    if (dir) rmSync(dir, { recursive: true, force: true });
   });
 
   it('asks a Basic user to sign in, refuses a wrong password visibly, then goes live; sign out asks again', async () => {
@@ -170,8 +173,10 @@ describe('trend tiers', () => {
   // ones show the same thing: a window the coarse tier holds, zoomed into the fine tier's reach.
   const TIERS = '[namespaces.pt]\ntrend_tiers = [{step_s = 1, window_s = 600}, {step_s = 30, window_s = 7200}]\n';
   let server;
+  let dir;
   before(async () => {
-    const config = join(mkdtempSync(join(tmpdir(), 'sb-tiers-')), 'tiers.toml');
+    dir = mkdtempSync(join(tmpdir(), 'sb-tiers-'));
+    const config = join(dir, 'tiers.toml');
     writeFileSync(config, TIERS);
     server = await new Server({ args: ['--config', config] }).start();
     const now = Date.now();
@@ -191,6 +196,7 @@ describe('trend tiers', () => {
   });
   after(async () => {
     await server?.stop();
+    if (dir) rmSync(dir, { recursive: true, force: true });
   });
 
   it('offers the windows the tiers reach, and a zoom shows the fine tier where it reaches', async () => {

@@ -331,6 +331,14 @@ async fn auth_without_credentials_the_first_message_must_come_in_time() {
 async fn auth_basic_users_from_the_users_file() {
     let dir = std::env::temp_dir().join(format!("sb-auth-users-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    // The directory goes when the test ends, however it ends (after the server, declared later).
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _gone = Gone(dir.clone());
     let users = dir.join("users");
     let _ = std::fs::remove_file(&users);
     let mut add = Command::new(env!("CARGO_BIN_EXE_switchboard"))
