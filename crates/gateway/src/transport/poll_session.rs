@@ -303,11 +303,15 @@ impl Polls {
     /// sweep renews the lease of every session live here, so the record lasts as long as the
     /// live copy (which removes it when it ends).
     pub(crate) async fn renew(&self, s: &PollSession) {
-        let now = crate::unix_s();
-        if now.saturating_sub(s.leased.load(Relaxed)) >= self.ttl.as_secs() / 4 {
-            s.leased.store(now, Relaxed);
-            let _ = self.store.touch(&s.id, self.ttl).await;
+        if crate::unix_s().saturating_sub(s.leased.load(Relaxed)) >= self.ttl.as_secs() / 4 {
+            self.lease(s).await;
         }
+    }
+
+    /// Sets the record's lease to a full `ttl` from now, and notes when.
+    async fn lease(&self, s: &PollSession) {
+        s.leased.store(crate::unix_s(), Relaxed);
+        let _ = self.store.touch(&s.id, self.ttl).await;
     }
 
     /// Takes in what a stream or a held poll wrote since the last call: positions advance (of
@@ -653,8 +657,7 @@ impl Polls {
         }
         let (messages, closed) = self.take_messages(s, &mut live);
         if messages.is_empty() && closed.is_none() {
-            s.leased.store(crate::unix_s(), Relaxed);
-            let _ = self.store.touch(&s.id, self.ttl).await;
+            self.lease(s).await;
             return json_response(StatusCode::OK, batch_body(live.seq, &[]));
         }
         let seq = live.seq;
