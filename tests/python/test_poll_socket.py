@@ -218,10 +218,11 @@ def test_polls_on_a_kept_alive_connection_get_the_same_refusals(server):
     buf = bytearray()
     s.sendall(get(f"/poll/{sid}?ack=0&timeout=0", server.port))
     assert read_response(s, buf)[0] == 200
-    # A foreign Host is refused 403 (DNS rebinding), as every route refuses it.
-    s.sendall(f"GET /poll/{sid}?ack=0&timeout=0 HTTP/1.1\r\nHost: rebound.example\r\n\r\n".encode())
-    status, _, body = read_response(s, buf)
-    assert status == 403 and json.loads(body)["error"]["code"] == 403
+    # A foreign Host is refused 403 (DNS rebinding), as every route refuses it, each time.
+    for _ in range(2):
+        s.sendall(f"GET /poll/{sid}?ack=0&timeout=0 HTTP/1.1\r\nHost: rebound.example\r\n\r\n".encode())
+        status, _, body = read_response(s, buf)
+        assert status == 403 and json.loads(body)["error"]["code"] == 403
     # Bad numbers and unknown sessions get SPEC errors; the connection goes on.
     s.sendall(get(f"/poll/{sid}?ack=x", server.port))
     status, _, body = read_response(s, buf)
@@ -231,15 +232,35 @@ def test_polls_on_a_kept_alive_connection_get_the_same_refusals(server):
     s.sendall(get("/poll/" + "0" * 32 + "?ack=0", server.port))
     status, _, body = read_response(s, buf)
     assert status == 404 and json.loads(body)["error"]["code"] == 404
-    # A browser's CORS headers, as through the stack.
-    s.sendall(get(f"/poll/{sid}?ack=0&timeout=0", server.port, f"Origin: http://127.0.0.1:{server.port}\r\n"))
+    # A browser's CORS headers, as through the stack, for a poll that repeats the last one's
+    # headers as for the first with them, whichever session it polls.
+    origin = f"Origin: http://127.0.0.1:{server.port}\r\n"
+    other = open_session(server)
+    for poll_of in (sid, sid, other, other):
+        s.sendall(get(f"/poll/{poll_of}?ack=0&timeout=0", server.port, origin))
+        status, headers, body = read_response(s, buf)
+        assert status == 200 and headers.get("access-control-allow-origin") == f"http://127.0.0.1:{server.port}"
+        assert json.loads(body)["messages"] == []
+    s.sendall(get(f"/poll/{other}?ack=0&timeout=0", server.port))
     status, headers, _ = read_response(s, buf)
-    assert status == 200 and headers.get("access-control-allow-origin") == f"http://127.0.0.1:{server.port}"
+    assert status == 200 and "access-control-allow-origin" not in headers
+    # With the same headers, a session the node does not have.
+    s.sendall(get("/poll/" + "1" * 32 + "?ack=0", server.port))
+    assert read_response(s, buf)[0] == 404
     # `Connection: close` is honoured: the answer comes and the connection ends.
     s.sendall(get(f"/poll/{sid}?ack=0&timeout=0", server.port, "Connection: close\r\n"))
     assert read_response(s, buf)[0] == 200
     s.settimeout(10)
     assert s.recv(1) == b""
+    s.close()
+    # Another kind of request with the headers of the polls before it goes to the HTTP stack.
+    s = socket.create_connection(("127.0.0.1", server.port))
+    for _ in range(2):
+        s.sendall(get(f"/poll/{sid}?ack=0&timeout=0", server.port))
+        assert read_response(s, buf)[0] == 200
+    s.sendall(get("/metrics", server.port))
+    status, _, body = read_response(s, buf)
+    assert status == 200 and b"switchboard_" in body
     s.close()
 
 

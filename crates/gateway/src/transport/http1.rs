@@ -313,7 +313,7 @@ pub(crate) async fn client_gone(tcp: &TcpStream) {
 /// What [`next_request`] found.
 pub(crate) enum Next<T> {
     /// A request `pick` took, its head taken from `pending`, and what `pick` made of it.
-    Request(Box<Parts>, T),
+    Request(T),
     /// A request `pick` did not take, or bytes that are no request this module reads: left
     /// in `pending`, whole.
     Other,
@@ -321,29 +321,46 @@ pub(crate) enum Next<T> {
     Gone,
 }
 
+/// What [`next_request`] shows `pick` of a request head.
+pub(crate) enum Seen<'a> {
+    /// The head parsed whole, with its header lines as sent (from the end of the request line
+    /// to the empty line that ends the head, included).
+    Parsed(Box<Parts>, &'a [u8]),
+    /// A `GET … HTTP/1.1` whose header lines are byte for byte the `same` lines given: its
+    /// request target (path and query) only.
+    Same(&'a str),
+}
+
 /// Reads the next request head on a kept-alive connection into `pending` (which may already
 /// hold it), waiting at most `idle` for it to start and then `timeout` for it to be complete;
 /// takes it if `pick` does. The parts carry no extensions (no `Peer`).
+///
+/// `same`: the header lines of a request the caller took before on this connection (empty:
+/// none). A client sends the same headers request after request; a head that repeats them is
+/// not parsed again ([`repeat_of`]), and `pick` sees only its target.
 pub(crate) async fn next_request<T>(
     tcp: &TcpStream,
     pending: &mut Vec<u8>,
     idle: Duration,
     timeout: Duration,
-    pick: impl Fn(&Parts) -> Option<T>,
+    same: &[u8],
+    pick: impl Fn(Seen<'_>) -> Option<T>,
 ) -> Next<T> {
     let mut deadline = tokio::time::Instant::now() + idle;
     let mut started = false;
     loop {
+        if let Some((target, len)) = repeat_of(pending, same) {
+            let Some(picked) = pick(Seen::Same(target)) else { return Next::Other };
+            take_head(pending, len);
+            return Next::Request(picked);
+        }
         if !pending.is_empty() {
             match parse_head(pending) {
                 Head::Complete(parts, len) => {
-                    let Some(picked) = pick(&parts) else { return Next::Other };
-                    pending.drain(..len);
-                    if pending.is_empty() {
-                        // An idle connection keeps no buffer.
-                        *pending = Vec::new();
-                    }
-                    return Next::Request(parts, picked);
+                    let lines = pending[..len].iter().position(|&b| b == b'\n').map_or(len, |at| at + 1);
+                    let Some(picked) = pick(Seen::Parsed(parts, &pending[lines..len])) else { return Next::Other };
+                    take_head(pending, len);
+                    return Next::Request(picked);
                 }
                 Head::Partial if !started => {
                     started = true;
@@ -364,6 +381,35 @@ pub(crate) async fn next_request<T>(
             Err(_) => return Next::Gone,
         }
     }
+}
+
+/// Removes a request head of `len` bytes from the start of `pending`.
+fn take_head(pending: &mut Vec<u8>, len: usize) {
+    pending.drain(..len);
+    if pending.is_empty() {
+        // An idle connection keeps no buffer.
+        *pending = Vec::new();
+    }
+}
+
+/// The target and length of the head at the start of `buf` if it is `GET {target} HTTP/1.1`
+/// followed by the header lines `same`, byte for byte. The target is held to a part of the
+/// grammar that the full parse (`parse_head`, then the URI's) accepts, so that such a head reads
+/// as the full parse would read it: it starts with `/`, and has only letters, digits and
+/// ``!$%&'()*+,-./:;=?@_~``.
+fn repeat_of<'a>(buf: &'a [u8], same: &[u8]) -> Option<(&'a str, usize)> {
+    const GET: &[u8] = b"GET ";
+    const VERSION: &[u8] = b" HTTP/1.1\r\n";
+    if same.is_empty() || !buf.starts_with(GET) {
+        return None;
+    }
+    let line = buf.iter().position(|&b| b == b'\n')? + 1;
+    let target = buf[..line].strip_prefix(GET)?.strip_suffix(VERSION)?;
+    let fits = |b: &u8| b.is_ascii_alphanumeric() || b"!$%&'()*+,-./:;=?@_~".contains(b);
+    if !target.starts_with(b"/") || !target.iter().all(fits) || !buf[line..].starts_with(same) {
+        return None;
+    }
+    Some((std::str::from_utf8(target).ok()?, line + same.len()))
 }
 
 /// Appends what the socket has to `pending`, through a buffer on the stack so that a
@@ -461,5 +507,45 @@ impl AsyncWrite for Rewind {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LINES: &[u8] = b"Host: 127.0.0.1\r\nOrigin: http://a.example\r\n\r\n";
+
+    #[test]
+    fn a_head_that_repeats_the_header_lines_is_read_by_its_request_line() {
+        let mut buf = b"GET /poll/abc?ack=7&timeout=2.5 HTTP/1.1\r\n".to_vec();
+        buf.extend_from_slice(LINES);
+        let len = buf.len();
+        buf.extend_from_slice(b"GET /poll/abc?ack=8 HTTP/1.1\r\n");
+        assert_eq!(repeat_of(&buf, LINES), Some(("/poll/abc?ack=7&timeout=2.5", len)));
+        // The full parse reads the same target and the same length.
+        let Head::Complete(parts, parsed) = parse_head(&buf) else { panic!("not parsed") };
+        assert_eq!((parts.uri.path_and_query().unwrap().as_str(), parsed), ("/poll/abc?ack=7&timeout=2.5", len));
+    }
+
+    #[test]
+    fn any_other_head_is_parsed_whole() {
+        let head = |line: &str, lines: &[u8]| [line.as_bytes(), lines].concat();
+        let cases = [
+            head("GET /poll/abc HTTP/1.1\r\n", b"Host: 127.0.0.1\r\nOrigin: http://b.example\r\n\r\n"),
+            head("GET /poll/abc HTTP/1.1\r\n", b"Host: 127.0.0.1\r\n"),
+            head("GET /poll/abc HTTP/1.1\r\n", b"Host: 127.0.0.1\r\nOrigin: http://a.example\r\nX: y\r\n\r\n"),
+            head("POST /poll/abc HTTP/1.1\r\n", LINES),
+            head("GET /poll/abc HTTP/1.0\r\n", LINES),
+            head("GET /poll/a{b} HTTP/1.1\r\n", LINES),
+            head("GET /poll/a\"b HTTP/1.1\r\n", LINES),
+            head("GET poll/abc HTTP/1.1\r\n", LINES),
+            head("GET /poll/abc  HTTP/1.1\r\n", LINES),
+            head("GET /poll/abc HTTP/1.1\n", LINES),
+        ];
+        for case in cases {
+            assert_eq!(repeat_of(&case, LINES), None, "{}", String::from_utf8_lossy(&case));
+        }
+        assert_eq!(repeat_of(b"GET /poll/abc HTTP/1.1\r\n\r\n", b""), None, "no lines to repeat");
     }
 }

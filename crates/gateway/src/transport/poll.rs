@@ -230,7 +230,7 @@ async fn command_inner(
         };
         if rec.owner.is_empty() || rec.owner == node.id {
             // Nobody holds it (or this node lost its copy): take it over and run here.
-            if let Err(r) = polls.find(id, None, headers, peer.as_ref()).await {
+            if let Err(r) = polls.find(id, None, headers, peer.as_ref(), None).await {
                 return r;
             }
             continue;

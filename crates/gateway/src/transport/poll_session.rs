@@ -360,15 +360,21 @@ impl Polls {
         self.node.unregister(s.outbox.id);
     }
 
-    /// The session's live copy, here or taken over from the store.
+    /// The session's live copy, here or taken over from the store. `known`: the session the
+    /// caller served last. Where no other node reads the store, nothing takes a session over,
+    /// and a copy that is still live is the node's copy of its id: it is used without a
+    /// look-up.
     pub(crate) async fn find(
         &self,
         id: &str,
         ack: Option<u64>,
         headers: &HeaderMap,
         peer: Option<&Peer>,
+        known: Option<&Arc<PollSession>>,
     ) -> Result<Found, Response> {
-        if let Some(s) = self.local(id) {
+        let known = known.filter(|s| !self.store.shared() && s.id == id && s.state.load(Relaxed) == LIVE);
+        let known = known.cloned();
+        if let Some(s) = known.or_else(|| self.local(id)) {
             // A client ahead of this copy was served by another node since: the copy is stale
             // (its notice may still be on the way). Only a shared store has other nodes.
             if !self.store.shared() || ack.is_none() {

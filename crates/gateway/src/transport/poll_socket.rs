@@ -9,6 +9,11 @@
 //! capability) and the same answer as through hyper; one that has to wait is held on the
 //! socket and answered by the fan-out (`transport::poll_held`). At the first request that is
 //! not a poll the connection goes to hyper, with what was read of it.
+//!
+//! A poller sends the same headers poll after poll: a head that repeats the last poll's header
+//! lines byte for byte is read by its request line alone (`http1::next_request`) and answered
+//! by what those headers gave the last time ([`Known`]: not refused, its answer's head), and
+//! the session the connection polled last is found without a look-up (`Polls::find`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,11 +23,12 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Router;
+use bytes::Bytes;
 use switchboard_protocol::code;
 use tokio::net::TcpStream;
 
 use crate::transport::http::{self as transport_http, error, query_param, Peer};
-use crate::transport::http1::{self, Ending, Next};
+use crate::transport::http1::{self, Ending, Next, Seen};
 use crate::transport::poll_held::{self, AnswerHead, Conn, Held};
 use crate::transport::poll_session::{json_response, Found, PollSession, Polls};
 
@@ -34,7 +40,7 @@ pub(crate) async fn answer(
     headers: &HeaderMap,
     peer: Option<&Peer>,
 ) -> Response {
-    let mut r = match session_of(polls, id, query, headers, peer).await {
+    let mut r = match session_of(polls, id, query, headers, peer, None).await {
         Err(r) => r,
         Ok((s, ack, timeout)) => match polls.start_poll(&s, ack).await {
             Err(r) => r,
@@ -47,6 +53,7 @@ pub(crate) async fn answer(
 
 /// The session a poll is for, with its `ack` and how long it may wait; `Err`: the answer,
 /// given at once (a refusal, or the final batch of a client behind what the store keeps).
+/// `known`: the session the connection served last (`Polls::find`).
 #[allow(clippy::result_large_err)]
 async fn session_of(
     polls: &Arc<Polls>,
@@ -54,10 +61,11 @@ async fn session_of(
     query: Option<&str>,
     headers: &HeaderMap,
     peer: Option<&Peer>,
+    known: Option<&Arc<PollSession>>,
 ) -> Result<(Arc<PollSession>, Option<u64>, Duration), Response> {
     let max = Duration::from_secs(polls.node.config.transports.poll_timeout_s);
     let (ack, timeout) = ack_and_timeout(query, max)?;
-    match polls.find(id, ack, headers, peer).await? {
+    match polls.find(id, ack, headers, peer, known).await? {
         Found::Lost(body) => Err(json_response(StatusCode::OK, body)),
         Found::Session(s) => Ok((s, ack, timeout)),
     }
@@ -93,29 +101,73 @@ pub(crate) async fn keep_alive(polls: Arc<Polls>, tcp: Arc<TcpStream>, app: Rout
     // A poller polls again at once; a connection quiet for a session's lifetime serves none.
     let idle = Duration::from_secs(node.config.transports.poll_session_ttl_s.max(1));
     let mut pending = Vec::new();
-    let mut head = AnswerHead::default();
+    let mut answer_head = AnswerHead::default();
+    let mut known: Option<Known> = None;
+    let mut session: Option<Arc<PollSession>> = None;
     let from = Peer(peer);
     loop {
-        let (parts, id) = match http1::next_request(&tcp, &mut pending, idle, head_timeout, poll_of).await {
-            Next::Request(parts, id) => (parts, id),
+        let same = known.as_ref().map_or(&[][..], |k| &k.lines[..]);
+        let poll = match http1::next_request(&tcp, &mut pending, idle, head_timeout, same, poll_of).await {
+            Next::Request(poll) => poll,
             Next::Other => break,
             Next::Gone => return,
         };
+        let target = match poll {
+            PollHead::Parsed { parts, lines, target } => {
+                let headers = &parts.headers;
+                // Refused requests are not remembered: a repeat is refused the same way again.
+                if let Some(refused) = crate::auth::http::refusal(&node, &parts.method, parts.uri.path(), headers) {
+                    known = None;
+                    if !respond(&tcp, refused, head_timeout).await {
+                        return;
+                    }
+                    continue;
+                }
+                let head = answer_head.of(headers, &node);
+                known = Some(Known { lines, headers: parts.headers, head });
+                target
+            }
+            PollHead::Same(target) => target,
+        };
+        let Some(k) = known.as_ref() else { return };
         let conn = Conn { tcp: &tcp, pending: &mut pending };
-        let r = match serve_one(&polls, &id, &parts, &from, conn, &mut head, head_timeout).await {
+        let r = match serve_one(&polls, &target, k, &mut session, &from, conn, head_timeout).await {
             Served::Response(r) => r,
             Served::Answered => continue,
             Served::Gone => return,
         };
-        let Some(bytes) = http1::response_bytes(r, Ending::KeepAlive).await else { return };
-        match tokio::time::timeout(head_timeout, http1::write_all(&tcp, &bytes)).await {
-            Ok(Ok(())) => {}
-            _ => return,
+        if !respond(&tcp, r, head_timeout).await {
+            return;
         }
     }
     // Another kind of request: hyper serves the rest of the connection.
     let Ok(tcp) = Arc::try_unwrap(tcp) else { return };
     http1::serve_http(http1::Rewind::new(pending, tcp), app, peer, head_timeout).await;
+}
+
+/// Writes `r` whole on the kept-alive connection; `false`: the connection cannot go on.
+async fn respond(tcp: &TcpStream, r: Response, timeout: Duration) -> bool {
+    let Some(bytes) = http1::response_bytes(r, Ending::KeepAlive).await else { return false };
+    matches!(tokio::time::timeout(timeout, http1::write_all(tcp, &bytes)).await, Ok(Ok(())))
+}
+
+/// The connection's last poll head that was parsed whole and not refused: later polls that
+/// repeat its header lines are read by their request line alone and answered by what it
+/// parsed (the headers the answer depends on: its CORS head, the host check).
+struct Known {
+    /// Its header lines, as sent, and as parsed.
+    lines: Vec<u8>,
+    headers: HeaderMap,
+    /// The head of a poll's answer for those headers (`AnswerHead`).
+    head: Bytes,
+}
+
+/// A `GET /poll/{session}` read on a kept-alive connection (`poll_of`).
+enum PollHead {
+    /// Parsed whole: its parts, its header lines and its target.
+    Parsed { parts: Box<Parts>, lines: Vec<u8>, target: String },
+    /// Its header lines repeat the connection's `Known` ones: its target.
+    Same(String),
 }
 
 /// What became of one poll on a kept-alive connection.
@@ -128,35 +180,38 @@ enum Served {
     Gone,
 }
 
+/// Serves the poll for `target` (`/poll/{session}?{query}`) whose headers `known` holds, not
+/// refused; `session`: the session the connection served last.
 async fn serve_one(
     polls: &Arc<Polls>,
-    id: &str,
-    parts: &Parts,
+    target: &str,
+    known: &Known,
+    session: &mut Option<Arc<PollSession>>,
     peer: &Peer,
     conn: Conn<'_>,
-    head: &mut AnswerHead,
     write_timeout: Duration,
 ) -> Served {
-    let headers = &parts.headers;
-    if let Some(refused) = crate::auth::http::refusal(&polls.node, &parts.method, parts.uri.path(), headers) {
-        return Served::Response(refused);
-    }
+    let headers = &known.headers;
     let cors = |mut r: Response| {
         transport_http::cors(headers, &polls.node, &mut r);
         Served::Response(r)
     };
-    let (s, ack, timeout) = match session_of(polls, id, parts.uri.query(), headers, Some(peer)).await {
+    let (path, query) = target.split_once('?').map_or((target, None), |(p, q)| (p, Some(q)));
+    let id = session_id(path).unwrap_or_default();
+    let (s, ack, timeout) = match session_of(polls, id, query, headers, Some(peer), session.as_ref()).await {
         Err(r) => return cors(r),
         Ok(found) => found,
     };
+    if !session.as_ref().is_some_and(|k| Arc::ptr_eq(k, &s)) {
+        *session = Some(s.clone());
+    }
     let poll = match polls.start_poll(&s, ack).await {
         Err(r) => return cors(r),
         Ok(started) => started,
     };
     let deadline = tokio::time::Instant::now() + timeout;
-    let head = head.of(headers, &polls.node);
     let tcp = conn.tcp;
-    match poll_held::wait(polls, &s, &poll, deadline, conn, head, write_timeout).await {
+    match poll_held::wait(polls, &s, &poll, deadline, conn, known.head.clone(), write_timeout).await {
         Held::Answered => Served::Answered,
         Held::Gone => Served::Gone,
         Held::Unanswered => tokio::select! {
@@ -167,21 +222,36 @@ async fn serve_one(
     }
 }
 
-/// The session of a plain `GET /poll/{session}` that this module serves: no body, no
-/// upgrade, no `Connection: close`, an id that needs no decoding.
-fn poll_of(parts: &Parts) -> Option<String> {
-    let id = parts.uri.path().strip_prefix("/poll/")?;
-    if id.is_empty() || id.contains(['/', '%']) {
-        return None;
+/// A plain `GET /poll/{session}` that this module serves: no body, no upgrade, no
+/// `Connection: close`, an id that needs no decoding. A head that repeats the last one's
+/// header lines passed those header checks then.
+fn poll_of(seen: Seen<'_>) -> Option<PollHead> {
+    match seen {
+        Seen::Same(target) => {
+            session_id(target.split_once('?').map_or(target, |(p, _)| p))?;
+            Some(PollHead::Same(target.to_string()))
+        }
+        Seen::Parsed(parts, lines) => {
+            session_id(parts.uri.path())?;
+            let h = &parts.headers;
+            let has_body = h.get(header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
+                || h.contains_key(header::TRANSFER_ENCODING);
+            let closing = h.get_all(header::CONNECTION).iter().any(|v| {
+                v.to_str().is_ok_and(|v| {
+                    v.split(',')
+                        .any(|t| t.trim().eq_ignore_ascii_case("close") || t.trim().eq_ignore_ascii_case("upgrade"))
+                })
+            });
+            if has_body || closing || h.contains_key(header::UPGRADE) || h.contains_key(header::EXPECT) {
+                return None;
+            }
+            let target = parts.uri.path_and_query().map_or("/", |t| t.as_str()).to_string();
+            Some(PollHead::Parsed { parts, lines: lines.to_vec(), target })
+        }
     }
-    let h = &parts.headers;
-    let has_body = h.get(header::CONTENT_LENGTH).is_some_and(|v| v.as_bytes() != b"0")
-        || h.contains_key(header::TRANSFER_ENCODING);
-    let closing = h.get_all(header::CONNECTION).iter().any(|v| {
-        v.to_str().is_ok_and(|v| {
-            v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close") || t.trim().eq_ignore_ascii_case("upgrade"))
-        })
-    });
-    (!has_body && !closing && !h.contains_key(header::UPGRADE) && !h.contains_key(header::EXPECT))
-        .then(|| id.to_string())
+}
+
+/// The session id of a poll's path: not empty, no `/` or `%`.
+fn session_id(path: &str) -> Option<&str> {
+    path.strip_prefix("/poll/").filter(|id| !id.is_empty() && !id.contains(['/', '%']))
 }

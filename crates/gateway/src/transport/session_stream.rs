@@ -125,7 +125,7 @@ async fn take_events(polls: &Polls, s: &Arc<PollSession>, live: &mut Live, out: 
 /// in the offer for `transport::http1` to run and the answer is only the head.
 pub async fn attach(polls: Arc<Polls>, req: Request, id: String) -> Response {
     let (parts, _) = req.into_parts();
-    let s = match polls.find(&id, None, &parts.headers, parts.extensions.get::<Peer>()).await {
+    let s = match polls.find(&id, None, &parts.headers, parts.extensions.get::<Peer>(), None).await {
         Ok(Found::Session(s)) => s,
         Ok(Found::Lost(_)) => return error(code::NOT_FOUND, "unknown or expired session"),
         Err(r) => return r,
