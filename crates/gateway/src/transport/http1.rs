@@ -405,7 +405,7 @@ fn repeat_of<'a>(buf: &'a [u8], same: &[u8]) -> Option<(&'a str, usize)> {
     }
     let line = buf.iter().position(|&b| b == b'\n')? + 1;
     let target = buf[..line].strip_prefix(GET)?.strip_suffix(VERSION)?;
-    let fits = |b: &u8| b.is_ascii_alphanumeric() || b"!$%&'()*+,-./:;=?@_~".contains(b);
+    let fits = |b: &u8| matches!(b, b'!' | b'$'..=b';' | b'=' | b'?'..=b'Z' | b'_' | b'a'..=b'z' | b'~');
     if !target.starts_with(b"/") || !target.iter().all(fits) || !buf[line..].starts_with(same) {
         return None;
     }

@@ -16,6 +16,7 @@
 //! the record is written before a batch goes out, so that a node taking the session over
 //! continues from what the client has.
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +26,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use crate::node::Node;
 use crate::outbox::{Framer, Kind, Message, Outbox, Wire};
@@ -87,10 +88,14 @@ impl Drop for Attached<'_> {
     }
 }
 
-/// A held poll's connection: its socket, and what was read of it and not yet parsed.
+/// A held poll's connection: its socket, what was read of it and not yet parsed, and its
+/// timer. One timer serves every poll of the connection: moved on to a later deadline, it
+/// stays in the runtime's timer wheel, where a timer made for each poll would be put in and
+/// taken out again.
 pub(crate) struct Conn<'a> {
     pub(crate) tcp: &'a Arc<TcpStream>,
     pub(crate) pending: &'a mut Vec<u8>,
+    pub(crate) timer: Pin<&'a mut Sleep>,
 }
 
 /// Holds `poll` of `s` until `deadline`, to be answered by the fan-out; `head` is its
@@ -105,7 +110,7 @@ pub(crate) async fn wait(
     head: Bytes,
     write_timeout: Duration,
 ) -> Held {
-    let Conn { tcp, pending } = conn;
+    let Conn { tcp, pending, mut timer } = conn;
     let me = poll.me;
     if polls.store.shared() || !s.serves(me) || s.outbox.has_pending() || s.outbox.closed().is_some() {
         return Held::Unanswered;
@@ -122,8 +127,7 @@ pub(crate) async fn wait(
     // Whatever came since the check is the answer, at once.
     s.outbox.flush_blocked();
     // One timer for the whole wait, moved on when the answer is late.
-    let timer = tokio::time::sleep_until(deadline);
-    tokio::pin!(timer);
+    timer.as_mut().reset(deadline);
     let mut late = false;
     let mut next_request = false;
     let held = loop {
@@ -205,15 +209,19 @@ impl Framer for PollBatch {
     }
 
     fn seal(&mut self, _: Vec<u8>) -> Bytes {
-        let seq = if self.messages.is_empty() { self.base } else { self.base + 1 };
+        let answered = !self.messages.is_empty();
+        let seq = if answered { self.base + 1 } else { self.base };
         let len = batch_len(seq, &self.messages);
         let mut out = Vec::with_capacity(self.head.len() + 96 + len);
         out.extend_from_slice(&self.head);
         http1::end_head(&mut out, Ending::KeepAlive, Some(len));
         let start = out.len();
         write_batch(&mut out, seq, &self.messages);
+        // Let go of the messages here, on the thread that framed them: they are publications
+        // every subscriber shares, and their counts are in this core's cache now.
+        self.messages.clear();
         let out = Bytes::from(out);
-        if !self.messages.is_empty() {
+        if answered {
             // Kept to send again: the answer's own bytes, without its head.
             self.streamed.lock().batch = Some((seq, out.slice(start..)));
         }

@@ -316,8 +316,8 @@ impl Polls {
 
     /// Takes in what a stream or a held poll wrote since the last call: positions advance (of
     /// channels still subscribed), the replies written leave `queued`, the batch answered is
-    /// the last one. Whatever reads those starts here (a command, a save, a poll's start,
-    /// taking messages).
+    /// the last one. Whatever reads those starts here (a command, a save, a poll's ack check
+    /// unless it acks the batch answered, a poll's answer, taking messages).
     pub(crate) fn take_streamed(s: &PollSession, live: &mut Live) {
         let mut st = s.streamed.lock();
         for (ch, off) in st.offsets.drain() {
@@ -613,6 +613,14 @@ impl Polls {
     /// error; `Ok`: go on, with the session's batch number. Acks of lost batches close the
     /// session (4008).
     async fn check_ack(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Result<u64, Response> {
+        // The usual poll acks the batch the fan-out answered the last one with: that is the
+        // session's batch and there is nothing to check; the live copy takes the answer in at
+        // its next use.
+        if let Some(a) = ack {
+            if s.streamed.lock().batch.as_ref().is_some_and(|(seq, _)| *seq == a) {
+                return Ok(a);
+            }
+        }
         let mut live = s.live.lock().await;
         Polls::take_streamed(s, &mut live);
         match ack {
@@ -642,7 +650,11 @@ impl Polls {
     ) -> Response {
         loop {
             match s.state.load(Relaxed) {
-                MOVED => return json_response(StatusCode::OK, batch_body(s.live.lock().await.seq, &[])),
+                MOVED => {
+                    let mut live = s.live.lock().await;
+                    Polls::take_streamed(s, &mut live);
+                    return json_response(StatusCode::OK, batch_body(live.seq, &[]));
+                }
                 ENDED => return error(code::NOT_FOUND, "unknown or expired session"),
                 _ => {}
             }
@@ -658,6 +670,7 @@ impl Polls {
             }
         }
         let mut live = s.live.lock().await;
+        Polls::take_streamed(s, &mut live);
         if s.state.load(Relaxed) != LIVE {
             return json_response(StatusCode::OK, batch_body(live.seq, &[]));
         }

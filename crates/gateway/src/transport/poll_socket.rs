@@ -105,6 +105,8 @@ pub(crate) async fn keep_alive(polls: Arc<Polls>, tcp: Arc<TcpStream>, app: Rout
     let mut known: Option<Known> = None;
     let mut session: Option<Arc<PollSession>> = None;
     let from = Peer(peer);
+    let timer = tokio::time::sleep(idle);
+    tokio::pin!(timer);
     loop {
         let same = known.as_ref().map_or(&[][..], |k| &k.lines[..]);
         let poll = match http1::next_request(&tcp, &mut pending, idle, head_timeout, same, poll_of).await {
@@ -130,7 +132,7 @@ pub(crate) async fn keep_alive(polls: Arc<Polls>, tcp: Arc<TcpStream>, app: Rout
             PollHead::Same(target) => target,
         };
         let Some(k) = known.as_ref() else { return };
-        let conn = Conn { tcp: &tcp, pending: &mut pending };
+        let conn = Conn { tcp: &tcp, pending: &mut pending, timer: timer.as_mut() };
         let r = match serve_one(&polls, &target, k, &mut session, &from, conn, head_timeout).await {
             Served::Response(r) => r,
             Served::Answered => continue,
