@@ -18,6 +18,7 @@ export const OUT = join(REPO, 'tests/browser/out');
 export class Server {
   url = '';
   proc = null;
+  tmpDir = null;
 
   constructor({ command = 'serve', args = [], dataDir = null, env = {} } = {}) {
     this.command = command;
@@ -36,6 +37,10 @@ export class Server {
     if (!this.args.includes('--web-dir')) args.push('--web-dir', WEB_DIR);
     // Its own process group: a kill reaches what the server started too (the demo's mosquitto),
     // which would otherwise outlive a SIGKILLed server.
+    // The server's own temporary files (the demo's mosquitto configuration) go into a
+    // directory `stop` removes: a server killed with SIGKILL cannot remove them itself.
+    this.tmpDir ??= mkdtempSync(join(tmpdir(), 'sb-browser-tmp-'));
+    env.TMPDIR = this.tmpDir;
     const proc = spawn(BIN, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...env, ...this.env }, detached: true });
     this.proc = proc;
     let stderr = '';
@@ -74,6 +79,8 @@ export class Server {
   async stop() {
     await this.kill('SIGTERM');
     if (this.ownsData) rmSync(this.dataDir, { recursive: true, force: true });
+    if (this.tmpDir) rmSync(this.tmpDir, { recursive: true, force: true });
+    this.tmpDir = null;
   }
 
   async publish(channel, data) {

@@ -149,6 +149,9 @@ def start_server(binary: str, args: list, stderr_path: str, startup_timeout: flo
     cmd = [binary, "serve", "--listen", "127.0.0.1:0", *[str(a) for a in args]]
     errf = open(stderr_path, "wb")
     full_env = server_env()
+    # The server's own temporary files (an OPC UA source's certificate store) go beside its log,
+    # in the test's directory: a server killed with SIGKILL cannot remove them itself.
+    full_env["TMPDIR"] = os.path.dirname(os.path.abspath(stderr_path))
     full_env.update(env or {})
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, stdin=subprocess.DEVNULL,
                             env=full_env, preexec_fn=_die_with_parent)
@@ -197,6 +200,7 @@ def start_on_port(binary: str, port: int, args: list, log: str) -> Server:
     """A node on a fixed port (the `start_server` fixture always picks a new one), so that a
     restarted node is found at the URL its clients know."""
     env = server_env()
+    env["TMPDIR"] = os.path.dirname(os.path.abspath(log))  # as in `start_server`
     with open(log, "ab") as errf, open(log + ".out", "wb") as outf:  # files: no pipe to drain
         proc = subprocess.Popen([binary, "serve", "--listen", f"127.0.0.1:{port}", *args], stdout=outf,
                                 stderr=errf, stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent)
