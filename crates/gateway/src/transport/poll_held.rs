@@ -172,6 +172,9 @@ pub(crate) async fn wait(
             }
         }
     };
+    // The receiver goes first: detaching drops the sender, which would otherwise wake this
+    // task (the receiver's last poll registered it) and have it polled once more for nothing.
+    drop(detached);
     drop(attached);
     if matches!(held, Held::Answered) {
         match answer.closed.load(Relaxed) {
