@@ -198,7 +198,7 @@ async fn serve_one(
         transport_http::cors(headers, &polls.node, &mut r);
         Served::Response(r)
     };
-    let (path, query) = target.split_once('?').map_or((target, None), |(p, q)| (p, Some(q)));
+    let (path, query) = split_target(target);
     let id = session_id(path).unwrap_or_default();
     let (s, ack, timeout) = match session_of(polls, id, query, headers, Some(peer), session.as_ref()).await {
         Err(r) => return cors(r),
@@ -230,7 +230,7 @@ async fn serve_one(
 fn poll_of(seen: Seen<'_>) -> Option<PollHead> {
     match seen {
         Seen::Same(target) => {
-            session_id(target.split_once('?').map_or(target, |(p, _)| p))?;
+            session_id(split_target(target).0)?;
             Some(PollHead::Same(target.to_string()))
         }
         Seen::Parsed(parts, lines) => {
@@ -251,6 +251,11 @@ fn poll_of(seen: Seen<'_>) -> Option<PollHead> {
             Some(PollHead::Parsed { parts, lines: lines.to_vec(), target })
         }
     }
+}
+
+/// A request target's path and query.
+fn split_target(target: &str) -> (&str, Option<&str>) {
+    target.split_once('?').map_or((target, None), |(p, q)| (p, Some(q)))
 }
 
 /// The session id of a poll's path: not empty, no `/` or `%`.
