@@ -88,9 +88,10 @@ failpoints-build:
 	$(CARGO) build --locked -p switchboard --features failpoints
 	cp target/debug/switchboard $(FAILPOINTS_BIN)
 
+# The fifteen slowest tests are listed at the end: where the suite's time goes.
 python-test: py-deps client-deps mqtt-deps redis-deps failpoints-build
 	SWITCHBOARD_BIN=$(CURDIR)/$(BIN) SWITCHBOARD_FAILPOINTS_BIN=$(CURDIR)/$(FAILPOINTS_BIN) \
-		$(PY) -m pytest -q tests/python
+		$(PY) -m pytest -q --durations=15 tests/python
 
 node-test: node-deps mqtt-deps
 	cd tests/node && SWITCHBOARD_BIN=$(CURDIR)/$(BIN) node --test
