@@ -19,7 +19,7 @@ import pytest
 import sb
 from mqtt_kit import mosquitto  # noqa: F401 (the fixture)
 from sb import uniq
-from test_fault_mqtt import metric_value, mqtt_source, wait_until, write_config
+from test_fault_mqtt import mqtt_source, wait_connected, write_config
 
 SECRET = "cli-client-test-secret-of-32-bytes-or-more"
 PASSWORD = "cli-basic-pw-4f7a2b"
@@ -72,8 +72,7 @@ def test_cli_publish_to_a_device_exits_0_and_prints_its_answer(start_server, swi
     cfg = write_config(tmp_path, '[namespaces.pt]\nclient_publish = true\nwrite_source = "plant"\n',
                        mqtt_source(mosquitto, "plant", ["plant/#"], uniq("sb-"), 'write_topics = ["plant/+/sp"]'))
     srv = start_server("--config", cfg)
-    # A write to a source not yet connected is a 503 by design; the tool is tested on a live one.
-    wait_until("the source connected", lambda: metric_value(srv, "source_connected") == 1)
+    wait_connected(srv)
     u = uniq("u")
     for url in (srv.http_url, srv.ws_url):
         r = run(switchboard_bin, "publish", f"pt:plant.{u}.sp", '{"v": 5}', "--url", url)

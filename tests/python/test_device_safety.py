@@ -23,7 +23,7 @@ import paho.mqtt.client as paho
 
 import sb
 from mqtt_kit import INT32, UINT64, Mosquitto, metric, mosquitto, sparkplug_payload  # noqa: F401 (fixture)
-from test_fault_mqtt import Device, last_data, metric_value, mqtt_source, refused, wait_until, write_config
+from test_fault_mqtt import Device, last_data, mqtt_source, refused, wait_connected, wait_until, write_config
 from sb import WS, http, uniq
 
 
@@ -138,8 +138,7 @@ def test_device_a_sparkplug_metric_and_a_plain_topic_never_share_a_channel(start
 
 def test_device_writes_only_where_the_source_reads(start_server, switchboard_bin, tmp_path, mosquitto):
     srv = start(start_server, tmp_path, mosquitto, ["plant/#"], source_extra='write_topics = ["plant/+/sp"]')
-    # A write to a source not yet connected is a 503 by design; the permitted write needs a live one.
-    wait_until("the source connected", lambda: metric_value(srv, "source_connected") == 1)
+    wait_connected(srv)
     u = uniq("u")
     witness = Witness(mosquitto.port)
     try:

@@ -92,6 +92,12 @@ def refused(srv: sb.Server, reason: str, source: str = "plant") -> float:
 wait_until = functools.partial(sb.wait_until, limit=20.0)
 
 
+def wait_connected(srv: sb.Server, source: str = "plant") -> None:
+    """Waits until `source` is connected to its MQTT broker: a write to it before then is a 503
+    by design (`source unavailable`)."""
+    wait_until(f"{source} connected", lambda: metric_value(srv, "source_connected", source) == 1)
+
+
 def last_data(srv: sb.Server, ch: str):
     """The data of the channel's last publication, or None for a channel never published."""
     r = api_get(srv, "/api/channels/" + ch_path(ch))
