@@ -7,7 +7,7 @@ BIN := target/release/switchboard
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo build test fmt-check lint rust-test black-box py-deps client-deps node-deps python-test node-test bench clean redis-deps fuzz-build web-deps web-build web-test browser-deps browser-test bench-dashboard mqtt-deps failpoints-build
+.PHONY: demo build test fmt-check lint rust-test black-box py-deps client-deps node-deps python-test node-test bench clean redis-deps fuzz-build web-deps web-build web-test browser-deps browser-test bench-dashboard mqtt-deps failpoints-build suite-deps rust-build rust-run python-run node-run web-run browser-run
 
 build: web-build
 	$(CARGO) build --release --locked -p switchboard
@@ -16,8 +16,16 @@ build: web-build
 demo: build mqtt-deps
 	$(BIN) demo
 
-test: fmt-check lint rust-test black-box web-test browser-test fuzz-build
+# The checks and the builds the suites start go first, one after the other (each keeps both
+# cores busy); then the suites run in two lanes side by side (scripts/test-lanes.sh), since
+# they mostly wait on sockets and child processes.
+test: fmt-check lint build failpoints-build suite-deps
+	MAKE="$(MAKE)" scripts/test-lanes.sh
 	@echo "make test: all suites passed"
+
+# What the suites need besides the binaries: test servers, clients, browsers, packages.
+suite-deps: redis-deps py-deps client-deps node-deps mqtt-deps browser-deps web-build \
+	tests/browser/node_modules/.package-lock.json
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
@@ -35,7 +43,14 @@ redis-deps:
 
 # The OPC UA source's tests run a real OPC UA server from the test virtualenv (asyncua).
 rust-test: build redis-deps py-deps
-	$(CARGO) test --workspace --locked
+	@$(MAKE) --no-print-directory rust-build rust-run
+
+rust-build:
+	$(CARGO) test --workspace --locked --no-run
+
+# The tests of one binary mostly wait on the servers they start: four at a time on two cores.
+rust-run:
+	$(CARGO) test --workspace --locked -- --test-threads=4
 
 black-box: build python-test node-test
 
@@ -90,10 +105,16 @@ failpoints-build:
 
 # The fifteen slowest tests are listed at the end: where the suite's time goes.
 python-test: py-deps client-deps mqtt-deps redis-deps failpoints-build
+	@$(MAKE) --no-print-directory python-run
+
+python-run:
 	SWITCHBOARD_BIN=$(CURDIR)/$(BIN) SWITCHBOARD_FAILPOINTS_BIN=$(CURDIR)/$(FAILPOINTS_BIN) \
 		$(PY) -m pytest -q --durations=15 tests/python
 
 node-test: node-deps mqtt-deps
+	@$(MAKE) --no-print-directory node-run
+
+node-run:
 	cd tests/node && SWITCHBOARD_BIN=$(CURDIR)/$(BIN) node --test
 
 # The TypeScript SDK and the dashboard app (web/, served by the gateway from
@@ -108,6 +129,9 @@ web-build: web-deps
 
 # SDK tests (vitest) against the real server; one file runs it on two real Redis shards.
 web-test: web-build build redis-deps
+	@$(MAKE) --no-print-directory web-run
+
+web-run:
 	cd web && SWITCHBOARD_BIN=$(CURDIR)/$(BIN) npm test --silent
 
 # Browser tests drive Debian's Chromium through playwright-core; never a downloaded browser.
@@ -118,6 +142,9 @@ tests/browser/node_modules/.package-lock.json: tests/browser/package-lock.json
 	cd tests/browser && npm ci --no-audit --no-fund --loglevel=error
 
 browser-test: browser-deps web-build build tests/browser/node_modules/.package-lock.json
+	@$(MAKE) --no-print-directory browser-run
+
+browser-run:
 	cd tests/browser && SWITCHBOARD_BIN=$(CURDIR)/$(BIN) node --test --test-concurrency=1
 
 # Headless-Chromium dashboard benchmark (docs/dashboard.md); WIDGETS=1000 DURATION=30 to narrow.
