@@ -91,6 +91,14 @@ impl Frame {
     pub fn payload_bytes(&self) -> Bytes {
         self.bytes.slice(usize::from(self.header_len)..)
     }
+
+    /// The message without its header, the frame's own handle on the shared bytes moved past
+    /// the header: the count every subscriber of a publication shares is not touched.
+    pub fn into_payload(self) -> Bytes {
+        let mut b = self.bytes;
+        bytes::Buf::advance(&mut b, usize::from(self.header_len));
+        b
+    }
 }
 
 /// A publication on its way to one connection.

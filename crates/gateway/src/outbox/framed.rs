@@ -144,7 +144,7 @@ impl Outbox {
                     if let Some(b) = born {
                         self.metrics.observe_lag(now.saturating_duration_since(b));
                     }
-                    let text = frame.payload_bytes();
+                    let text = frame.into_payload();
                     Taken::Message(match channel {
                         Some(ch) => {
                             delivered += 1;
@@ -157,7 +157,7 @@ impl Outbox {
                     let Some(d) = st.latest.remove(&ch) else { continue };
                     self.metrics.observe_lag(now.saturating_duration_since(d.born));
                     delivered += 1;
-                    Taken::Message(Message { text: d.frame.payload_bytes(), kind: Kind::Pub { ch, off: d.offset } })
+                    Taken::Message(Message { text: d.frame.into_payload(), kind: Kind::Pub { ch, off: d.offset } })
                 }
                 Item::Control(b) => {
                     st.pending = st.pending.saturating_sub(b.len());

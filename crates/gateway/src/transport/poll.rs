@@ -321,16 +321,21 @@ async fn sweep_task(polls: std::sync::Weak<Polls>) {
         }
         let Some(polls) = polls.upgrade() else { return };
         let list: Vec<Arc<PollSession>> = polls.sessions.lock().values().cloned().collect();
+        // One reading of the clocks serves the whole sweep: it touches every session once a
+        // second, so what it does per session is kept to what it must.
         let now = crate::unix_s();
+        let wall = SystemTime::now();
+        let shared = polls.store.shared();
         for s in list {
-            if !polls.store.shared() && s.state.load(Relaxed) == LIVE && s.outbox.closed().is_none() {
-                polls.renew(&s).await;
+            let mut closed = s.outbox.closed();
+            if !shared && closed.is_none() && s.state.load(Relaxed) == LIVE {
+                polls.renew(&s, now).await;
             }
             if let Ok(mut live) = s.live.try_lock() {
-                let due = live.session.deadline().is_some_and(|d| d <= SystemTime::now());
-                if due {
+                if live.session.deadline().is_some_and(|d| d <= wall) {
                     if let Some(reason) = live.session.check_deadline() {
                         s.outbox.close(reason.code, &reason.reason, true);
+                        closed = s.outbox.closed();
                     }
                 }
             }
@@ -339,7 +344,7 @@ async fn sweep_task(polls: std::sync::Weak<Polls>) {
                 continue;
             }
             let idle = now.saturating_sub(s.active.load(Relaxed));
-            if let Some(code) = s.outbox.closed() {
+            if let Some(code) = closed {
                 // Nobody is polling: release what the session holds now; the disconnect waits
                 // for the client's next poll (a shutdown's record stays for another node).
                 if code == close::SHUTDOWN && polls.store.shared() {

@@ -16,6 +16,7 @@
 //! the record is written before a batch goes out, so that a node taking the session over
 //! continues from what the client has.
 
+use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering::Relaxed};
 use std::sync::Arc;
@@ -180,7 +181,7 @@ pub(crate) async fn wait(
         match answer.closed.load(Relaxed) {
             // No other node reads the store: the record needs no positions, only its lease.
             // The live copy takes in what was written at its next use.
-            0 => polls.renew(s).await,
+            0 => polls.renew(s, crate::unix_s()).await,
             code => polls.finish(s, &mut *s.live.lock().await, code).await,
         }
     }
@@ -204,7 +205,7 @@ impl Framer for PollBatch {
         if let Kind::Disconnect { code } = m.kind {
             self.answer.closed.store(code, Relaxed);
         }
-        self.messages.extend(Streamed::note(&self.streamed, m));
+        self.messages.extend(Streamed::note(&self.streamed, m).map(Cow::into_owned));
     }
 
     fn once(&self) -> bool {

@@ -11,6 +11,7 @@
 // Refusals are the response itself (status, body, headers), returned on the cold path of a
 // request that answers with it anyway; boxing them would buy nothing.
 #![allow(clippy::result_large_err)]
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -77,34 +78,57 @@ pub struct PollSession {
 /// batch a poll was answered with (its number and body, kept to send again).
 #[derive(Default)]
 pub(crate) struct Streamed {
-    pub(crate) offsets: HashMap<Arc<str>, u64>,
+    /// The channel noted last and its offset, apart from `offsets`: a session of one channel
+    /// (a dashboard's value) notes each publication without a hash or a look into the map.
+    last: Option<(Arc<str>, u64)>,
+    offsets: HashMap<Arc<str>, u64>,
     pub(crate) replies: usize,
     pub(crate) batch: Option<(u64, Bytes)>,
 }
 
 impl Streamed {
+    fn note_offset(&mut self, ch: &Arc<str>, off: u64) {
+        if let Some((last, at)) = &mut self.last {
+            if Arc::ptr_eq(last, ch) || **last == **ch {
+                *at = (*at).max(off);
+                return;
+            }
+        }
+        if let Some((ch, at)) = self.last.replace((ch.clone(), off)) {
+            let kept = self.offsets.entry(ch).or_insert(at);
+            *kept = (*kept).max(at);
+        }
+    }
+
+    /// Whether any offset was noted since the last [`Streamed::take_offsets`].
+    pub(crate) fn has_offsets(&self) -> bool {
+        self.last.is_some() || !self.offsets.is_empty()
+    }
+
+    /// The offsets noted, per channel; a channel may come twice, the highest is its offset.
+    fn take_offsets(&mut self) -> impl Iterator<Item = (Arc<str>, u64)> + '_ {
+        self.last.take().into_iter().chain(self.offsets.drain())
+    }
+
     /// Notes `m`, which the fan-out is writing into a session's socket, and gives what the
-    /// client sees of it: the message, or for a subscribe sent without `id` only its error
-    /// (`None`: nothing).
-    pub(crate) fn note(streamed: &Mutex<Streamed>, m: &Message) -> Option<Bytes> {
+    /// client sees of it: the message (lent: a stream copies it into its event, and the
+    /// publication's count, which every subscriber shares, is not touched), or for a
+    /// subscribe sent without `id` only its error (`None`: nothing).
+    pub(crate) fn note<'m>(streamed: &Mutex<Streamed>, m: &'m Message) -> Option<Cow<'m, Bytes>> {
         match &m.kind {
             Kind::Pub { ch, off } => {
-                let mut st = streamed.lock();
-                match st.offsets.get_mut(&**ch) {
-                    Some(at) => *at = (*at).max(*off),
-                    None => drop(st.offsets.insert(ch.clone(), *off)),
-                }
+                streamed.lock().note_offset(ch, *off);
             }
             Kind::Reply { id: SILENT_ID } => {
                 streamed.lock().replies += 1;
-                return silent_reply(&m.text);
+                return silent_reply(&m.text).map(Cow::Owned);
             }
             // A takeover's resubscribe replies are all queued before its copy is found, so
             // whoever took the session over took them; they never enter `queued`.
             Kind::Reply { id } if *id != RESUBSCRIBE_ID => streamed.lock().replies += 1,
             _ => {}
         }
-        Some(m.text.clone())
+        Some(Cow::Borrowed(&m.text))
     }
 }
 
@@ -301,9 +325,9 @@ impl Polls {
     /// Renews the session's lease in a store no other node reads, once a quarter of it is
     /// spent: a held poll's answer writes nothing else there (`transport::poll_held`), and the
     /// sweep renews the lease of every session live here, so the record lasts as long as the
-    /// live copy (which removes it when it ends).
-    pub(crate) async fn renew(&self, s: &PollSession) {
-        if crate::unix_s().saturating_sub(s.leased.load(Relaxed)) >= self.ttl.as_secs() / 4 {
+    /// live copy (which removes it when it ends). `now`: unix seconds.
+    pub(crate) async fn renew(&self, s: &PollSession, now: u64) {
+        if now.saturating_sub(s.leased.load(Relaxed)) >= self.ttl.as_secs() / 4 {
             self.lease(s).await;
         }
     }
@@ -320,7 +344,7 @@ impl Polls {
     /// unless it acks the batch answered, a poll's answer, taking messages).
     pub(crate) fn take_streamed(s: &PollSession, live: &mut Live) {
         let mut st = s.streamed.lock();
-        for (ch, off) in st.offsets.drain() {
+        for (ch, off) in st.take_offsets() {
             if let Some(p) = live.head.get_mut(&*ch) {
                 p.offset = p.offset.max(off);
             }
@@ -720,5 +744,24 @@ mod tests {
         assert!(!back.channels.as_ref().unwrap().matches("other"));
         assert!(back.publish.is_none());
         assert!(poll_store::random_id().len() == 32 && poll_store::random_id() != poll_store::random_id());
+    }
+
+    #[test]
+    fn streamed_offsets_keep_the_highest_per_channel_however_channels_alternate() {
+        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
+        let mut st = Streamed::default();
+        assert!(!st.has_offsets());
+        // Another handle on the same name is the same channel.
+        for (ch, off) in [(&a, 3), (&a, 5), (&b, 1), (&a, 4), (&Arc::from("b"), 7), (&a, 6)] {
+            st.note_offset(ch, off);
+        }
+        assert!(st.has_offsets());
+        let mut highest = HashMap::<Arc<str>, u64>::new();
+        for (ch, off) in st.take_offsets() {
+            let at = highest.entry(ch).or_default();
+            *at = (*at).max(off);
+        }
+        assert_eq!(highest, HashMap::from([(a, 6), (b, 7)]));
+        assert!(!st.has_offsets(), "taken");
     }
 }

@@ -258,7 +258,7 @@ async fn run(
                 }
             }
             _ = save.tick(), if shared => {
-                let written = { let st = s.streamed.lock(); !st.offsets.is_empty() || st.replies > 0 };
+                let written = { let st = s.streamed.lock(); st.has_offsets() || st.replies > 0 };
                 if written {
                     // A save that finds the session taken over drops this copy (and detaches).
                     polls.save(s, &mut *s.live.lock().await).await;

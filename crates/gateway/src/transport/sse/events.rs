@@ -19,6 +19,11 @@ use crate::outbox::{Framer, Kind, Message};
 /// Appends one event. `data` is one JSON message; the server's JSON has no raw line breaks,
 /// but a text with some is still split into `data:` lines (readers join them with `\n`).
 pub fn write_event(out: &mut Vec<u8>, event: Option<&str>, id: Option<&[u8]>, data: &[u8]) {
+    // Room for the whole event at once (one line of data, as the server's is): an event
+    // written alone fills its buffer exactly, which then becomes shared bytes as it is.
+    let event_len = event.map_or(0, |e| e.len() + 8);
+    let id_len = id.map_or(0, |i| i.len() + 5);
+    out.reserve(event_len + id_len + data.len() + 8);
     if let Some(e) = event {
         out.extend_from_slice(b"event: ");
         out.extend_from_slice(e.as_bytes());
