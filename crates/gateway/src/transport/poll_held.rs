@@ -16,7 +16,6 @@
 //! the record is written before a batch goes out, so that a node taking the session over
 //! continues from what the client has.
 
-use std::borrow::Cow;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering::Relaxed};
 use std::sync::Arc;
@@ -34,7 +33,7 @@ use crate::outbox::{Framer, Kind, Message, Outbox, Wire};
 use crate::transport::http as transport_http;
 use crate::transport::http1::{self, Ending};
 use crate::transport::poll_session::{json_response, PollSession, Polls, Started, Streamed};
-use crate::transport::poll_wire::{batch_len, write_batch};
+use crate::transport::poll_wire::{joined_batch_len, write_batch_start, BATCH_END};
 
 /// How a held poll ended.
 pub(crate) enum Held {
@@ -118,7 +117,7 @@ pub(crate) async fn wait(
     }
     let answer = Arc::new(Answer::default());
     let framer =
-        PollBatch { head, base: poll.seq, messages: Vec::new(), streamed: s.streamed.clone(), answer: answer.clone() };
+        PollBatch { head, base: poll.seq, joined: Vec::new(), streamed: s.streamed.clone(), answer: answer.clone() };
     let attached = Attached { outbox: &s.outbox, wire: tcp.clone() };
     let mut detached = s.outbox.attach(attached.wire.clone(), Box::new(framer));
     // A poll or stream that came between the check and the attach found nothing to detach.
@@ -190,12 +189,15 @@ pub(crate) async fn wait(
 
 /// Frames a held poll's answer — its HTTP head and the batch `poll_wire::batch_body`
 /// makes — under the outbox's lock, and notes what it wrote for the session's live copy. The
-/// messages are kept until [`Framer::seal`], which needs the batch whole for its length.
+/// messages are joined as they come, copied (a publication's count, which every subscriber
+/// shares, is not touched); [`Framer::seal`] puts the head and the batch around them once
+/// their length is known.
 struct PollBatch {
     head: Bytes,
     /// The session's batch number when the poll began.
     base: u64,
-    messages: Vec<Bytes>,
+    /// The messages, joined by commas.
+    joined: Vec<u8>,
     streamed: Arc<Mutex<Streamed>>,
     answer: Arc<Answer>,
 }
@@ -205,7 +207,12 @@ impl Framer for PollBatch {
         if let Kind::Disconnect { code } = m.kind {
             self.answer.closed.store(code, Relaxed);
         }
-        self.messages.extend(Streamed::note(&self.streamed, m).map(Cow::into_owned));
+        if let Some(text) = Streamed::note(&self.streamed, m) {
+            if !self.joined.is_empty() {
+                self.joined.push(b',');
+            }
+            self.joined.extend_from_slice(&text);
+        }
     }
 
     fn once(&self) -> bool {
@@ -213,17 +220,16 @@ impl Framer for PollBatch {
     }
 
     fn seal(&mut self, _: Vec<u8>) -> Bytes {
-        let answered = !self.messages.is_empty();
+        let answered = !self.joined.is_empty();
         let seq = if answered { self.base + 1 } else { self.base };
-        let len = batch_len(seq, &self.messages);
+        let len = joined_batch_len(seq, self.joined.len());
         let mut out = Vec::with_capacity(self.head.len() + 96 + len);
         out.extend_from_slice(&self.head);
         http1::end_head(&mut out, Ending::KeepAlive, Some(len));
         let start = out.len();
-        write_batch(&mut out, seq, &self.messages);
-        // Let go of the messages here, on the thread that framed them: they are publications
-        // every subscriber shares, and their counts are in this core's cache now.
-        self.messages.clear();
+        write_batch_start(&mut out, seq);
+        out.extend_from_slice(&std::mem::take(&mut self.joined));
+        out.extend_from_slice(BATCH_END);
         let out = Bytes::from(out);
         if answered {
             // Kept to send again: the answer's own bytes, without its head.

@@ -27,23 +27,37 @@ pub(crate) fn batch_body(seq: u64, messages: &[Bytes]) -> Bytes {
 
 /// The length of [`batch_body`]`(seq, messages)`.
 pub(crate) fn batch_len(seq: u64, messages: &[Bytes]) -> usize {
-    let digits = seq.checked_ilog10().map_or(1, |d| d as usize + 1);
     let commas = messages.len().saturating_sub(1);
-    r#"{"seq":,"messages":[]}"#.len() + digits + commas + messages.iter().map(|m| m.len()).sum::<usize>()
+    joined_batch_len(seq, commas + messages.iter().map(|m| m.len()).sum::<usize>())
+}
+
+/// The length of a batch whose messages, joined by commas, take `joined` bytes.
+pub(crate) fn joined_batch_len(seq: u64, joined: usize) -> usize {
+    let digits = seq.checked_ilog10().map_or(1, |d| d as usize + 1);
+    r#"{"seq":,"messages":[]}"#.len() + digits + joined
 }
 
 /// Appends [`batch_body`]`(seq, messages)` to `out`.
 pub(crate) fn write_batch(out: &mut Vec<u8>, seq: u64, messages: &[Bytes]) {
-    use std::io::Write;
-    let _ = write!(out, r#"{{"seq":{seq},"messages":["#);
+    write_batch_start(out, seq);
     for (i, m) in messages.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
         out.extend_from_slice(m);
     }
-    out.extend_from_slice(b"]}");
+    out.extend_from_slice(BATCH_END);
 }
+
+/// Appends a batch's opening, up to its first message: `{"seq":N,"messages":[`. The
+/// messages follow, joined by commas, then [`BATCH_END`].
+pub(crate) fn write_batch_start(out: &mut Vec<u8>, seq: u64) {
+    use std::io::Write;
+    let _ = write!(out, r#"{{"seq":{seq},"messages":["#);
+}
+
+/// What closes a batch after its messages.
+pub(crate) const BATCH_END: &[u8] = b"]}";
 
 /// What the client sees of the reply to a subscribe it sent without `id`: nothing, or one
 /// error (`id` 0, as on a WebSocket) when a channel was refused.
