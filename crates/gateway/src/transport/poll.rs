@@ -322,20 +322,19 @@ async fn sweep_task(polls: std::sync::Weak<Polls>) {
         let Some(polls) = polls.upgrade() else { return };
         let list: Vec<Arc<PollSession>> = polls.sessions.lock().values().cloned().collect();
         // One reading of the clocks serves the whole sweep: it touches every session once a
-        // second, so what it does per session is kept to what it must.
+        // second, so what it does per session is kept to what it must (a session in use is
+        // only renewed and checked for its deadline).
         let now = crate::unix_s();
         let wall = SystemTime::now();
         let shared = polls.store.shared();
         for s in list {
-            let mut closed = s.outbox.closed();
-            if !shared && closed.is_none() && s.state.load(Relaxed) == LIVE {
+            if !shared && s.state.load(Relaxed) == LIVE && s.outbox.closed().is_none() {
                 polls.renew(&s, now).await;
             }
             if let Ok(mut live) = s.live.try_lock() {
                 if live.session.deadline().is_some_and(|d| d <= wall) {
                     if let Some(reason) = live.session.check_deadline() {
                         s.outbox.close(reason.code, &reason.reason, true);
-                        closed = s.outbox.closed();
                     }
                 }
             }
@@ -344,7 +343,7 @@ async fn sweep_task(polls: std::sync::Weak<Polls>) {
                 continue;
             }
             let idle = now.saturating_sub(s.active.load(Relaxed));
-            if let Some(code) = closed {
+            if let Some(code) = s.outbox.closed() {
                 // Nobody is polling: release what the session holds now; the disconnect waits
                 // for the client's next poll (a shutdown's record stays for another node).
                 if code == close::SHUTDOWN && polls.store.shared() {

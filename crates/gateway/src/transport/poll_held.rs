@@ -228,7 +228,7 @@ impl Framer for PollBatch {
         http1::end_head(&mut out, Ending::KeepAlive, Some(len));
         let start = out.len();
         write_batch_start(&mut out, seq);
-        out.extend_from_slice(&std::mem::take(&mut self.joined));
+        out.extend_from_slice(&self.joined);
         out.extend_from_slice(BATCH_END);
         let out = Bytes::from(out);
         if answered {
