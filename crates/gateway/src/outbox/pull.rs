@@ -13,7 +13,8 @@
 //! it idle; detached, what is queued waits for the taker again. A held poll on a connection
 //! the node reads itself attaches its socket the same way, with a framer that writes one
 //! answer ([`Framer::once`](super::Framer::once)): the first deliveries become the poll's
-//! whole answer, and what comes after it waits for the next poll.
+//! whole answer, and what comes after it waits for the next poll — or for the same framer,
+//! [`Outbox::rearm`]ed by a next poll that continues the last.
 //!
 //! The transport gets structured messages: a publication comes with the channel and offset
 //! the hub delivered it with, and its text is a slice of the frame every subscriber shares
@@ -144,6 +145,21 @@ impl Outbox {
         st.sealed = false;
         st.current = Bytes::new();
         rx
+    }
+
+    /// Lets the one-answer framer attached with `wire` answer again (its client asked for the
+    /// next answer), once its answer is written whole; writes what is queued meanwhile. False
+    /// when `wire` is not attached, or its answer is not yet written whole.
+    pub fn rearm(&self, wire: &Arc<dyn Wire>) -> bool {
+        let mut st = self.state.lock();
+        if !st.holds(wire) || !st.sealed || !st.current.is_empty() || st.blocked || st.dead {
+            return false;
+        }
+        st.sealed = false;
+        if st.hold == 0 {
+            self.write_locked(&mut st);
+        }
+        true
     }
 
     /// Detaches `wire`, attached with a one-answer framer, if that framer has not answered
@@ -453,6 +469,47 @@ mod tests {
         assert!(!ob.detach_unanswered(&f), "a half-written answer is the wire's");
         assert!(ob.detach());
         assert_eq!(rx.try_recv(), Ok(()), "cut short");
+    }
+
+    #[test]
+    fn pull_a_rearmed_one_answer_framer_answers_again_with_what_waited_and_what_comes() {
+        use crate::outbox::tests::TestWire;
+        let ob = taking(1 << 20, PullOptions::default());
+        let wire = TestWire::open(usize::MAX);
+        let w: Arc<dyn Wire> = wire.clone();
+        let _rx = ob.attach(w.clone(), Box::new(OneAnswer));
+        ob.flush_blocked();
+        assert!(!ob.rearm(&w), "nothing answered yet");
+        let deliver = |off| {
+            if ob.push(delivery("a", off, &off.to_string()), false) == Pushed::Schedule {
+                ob.flush();
+            }
+        };
+        deliver(1);
+        deliver(2);
+        let written = || String::from_utf8(wire.written.lock().clone()).unwrap();
+        let one = r#"<{"pub":{"ch":"a","off":1,"data":1}}>"#;
+        assert_eq!(written(), one, "the second waits for the next answer");
+        let other: Arc<dyn Wire> = TestWire::open(usize::MAX);
+        assert!(!ob.rearm(&other), "only the attached wire's framer answers again");
+        assert!(ob.rearm(&w));
+        let two = r#"<{"pub":{"ch":"a","off":2,"data":2}}>"#;
+        assert_eq!(written(), format!("{one}{two}"), "what waited is the next answer, at once");
+        deliver(3);
+        assert_eq!(written(), format!("{one}{two}"), "answered again: the next delivery waits for a rearm");
+        // An answer the socket took only part of is not rearmed until it is written whole.
+        let full = TestWire::open(4);
+        let f: Arc<dyn Wire> = full.clone();
+        let _rx = ob.attach(f.clone(), Box::new(OneAnswer));
+        ob.flush_blocked();
+        assert!(ob.is_blocked(), "the waiting delivery is half written");
+        assert!(!ob.rearm(&f));
+        *full.room.lock() = usize::MAX;
+        ob.flush_blocked();
+        assert!(ob.rearm(&f));
+        deliver(4);
+        let got = String::from_utf8(full.written.lock().clone()).unwrap();
+        assert_eq!(got, r#"<{"pub":{"ch":"a","off":3,"data":3}}><{"pub":{"ch":"a","off":4,"data":4}}>"#);
     }
 
     #[test]

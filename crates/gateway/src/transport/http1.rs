@@ -276,7 +276,7 @@ pub(crate) fn head_lines(parts: &axum::http::response::Parts) -> Vec<u8> {
 /// Ends a head: its `date`, `connection: close` unless the connection stays open, and the
 /// length of a whole answer's body (`None`: a stream's head).
 pub(crate) fn end_head(out: &mut Vec<u8>, ending: Ending, body_len: Option<usize>) {
-    let _ = write!(out, "date: {}\r\n", httpdate::HttpDate::from(std::time::SystemTime::now()));
+    write_date(out);
     if ending != Ending::KeepAlive {
         out.extend_from_slice(b"connection: close\r\n");
     }
@@ -284,6 +284,23 @@ pub(crate) fn end_head(out: &mut Vec<u8>, ending: Ending, body_len: Option<usize
         let _ = write!(out, "content-length: {n}\r\n");
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the `date` line for now. Its text changes once a second, so each thread formats
+/// it once a second and copies it otherwise (a held poll's answer carries one).
+fn write_date(out: &mut Vec<u8>) {
+    thread_local! {
+        static DATE: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((u64::MAX, String::new())) };
+    }
+    let now = std::time::SystemTime::now();
+    let second = now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    DATE.with_borrow_mut(|(at, line)| {
+        if *at != second {
+            *line = format!("date: {}\r\n", httpdate::HttpDate::from(now));
+            *at = second;
+        }
+        out.extend_from_slice(line.as_bytes());
+    });
 }
 
 /// Writes all of `buf`, waiting for the socket to take it.
@@ -384,7 +401,7 @@ pub(crate) async fn next_request<T>(
 }
 
 /// Removes a request head of `len` bytes from the start of `pending`.
-fn take_head(pending: &mut Vec<u8>, len: usize) {
+pub(crate) fn take_head(pending: &mut Vec<u8>, len: usize) {
     pending.drain(..len);
     if pending.is_empty() {
         // An idle connection keeps no buffer.
@@ -397,7 +414,7 @@ fn take_head(pending: &mut Vec<u8>, len: usize) {
 /// grammar that the full parse (`parse_head`, then the URI's) accepts, so that such a head reads
 /// as the full parse would read it: it starts with `/`, and has only letters, digits and
 /// ``!$%&'()*+,-./:;=?@_~``.
-fn repeat_of<'a>(buf: &'a [u8], same: &[u8]) -> Option<(&'a str, usize)> {
+pub(crate) fn repeat_of<'a>(buf: &'a [u8], same: &[u8]) -> Option<(&'a str, usize)> {
     const GET: &[u8] = b"GET ";
     const VERSION: &[u8] = b" HTTP/1.1\r\n";
     if same.is_empty() || !buf.starts_with(GET) {

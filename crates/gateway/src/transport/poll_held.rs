@@ -8,16 +8,20 @@
 //! frames them as the poll's batch, HTTP head and all, and writes it with one `try_write` —
 //! no task wake-up, as for a WebSocket delivery. The framer notes what it wrote
 //! (`poll_session::Streamed`: positions, replies, the batch kept to send again), which the
-//! live copy takes in before its next use. The poll's task wakes when the next request comes,
-//! and then renews the session's lease if it is due (`Polls::renew`; no other node reads the
-//! record).
+//! live copy takes in before its next use. The poll's task wakes when the next request comes.
+//! When that request is the session's next poll, acking the batch just answered, with the
+//! headers of the last (the poll a poller sends again at once), the framer stays attached and
+//! answers it too ([`Outbox::rearm`]): the poll goes on without the session's look-up, its turn
+//! and ack checks, and a new attach. Any other request ends the wait, and the poll's task renews
+//! the session's lease if it is due (`Polls::renew`; no other node reads the record; the sweep
+//! renews it too).
 //!
 //! A session whose record other nodes read (a shared store) is not answered this way: there
 //! the record is written before a batch goes out, so that a node taking the session over
 //! continues from what the client has.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,11 +72,12 @@ impl AnswerHead {
     }
 }
 
-/// What the framer tells the poll's task: that it answered, and the close code when the
-/// answer carried the session's `disconnect`.
-#[derive(Default)]
+/// What the framer tells the poll's task: how many answers it wrote, the session's batch
+/// number after the last, and the close code when an answer carried the session's
+/// `disconnect`.
 struct Answer {
-    sealed: AtomicBool,
+    sealed: AtomicU64,
+    batch: AtomicU64,
     closed: AtomicU16,
 }
 
@@ -98,16 +103,24 @@ pub(crate) struct Conn<'a> {
     pub(crate) timer: Pin<&'a mut Sleep>,
 }
 
+/// Whether the request at the start of a connection's unparsed input is the session's next
+/// poll acking batch `seq`, its header lines those of the last poll: its length and how long
+/// it may wait (`poll_socket`, which reads polls, decides).
+pub(crate) type NextPoll<'a> = &'a (dyn Fn(&[u8], u64) -> Option<(usize, Duration)> + Sync);
+
 /// Holds `poll` of `s` until `deadline`, to be answered by the fan-out; `head` is its
-/// answer's head ([`AnswerHead`]). `write_timeout`: how long an answer the client does not
-/// take may wait.
+/// answer's head ([`AnswerHead`]). The polls that continue it ([`NextPoll`]) are held the
+/// same way, and `deadline` is then the last one's. `write_timeout`: how long an answer the
+/// client does not take may wait.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn wait(
     polls: &Polls,
     s: &Arc<PollSession>,
     poll: &Started,
-    deadline: Instant,
+    deadline: &mut Instant,
     conn: Conn<'_>,
     head: Bytes,
+    next_poll: NextPoll<'_>,
     write_timeout: Duration,
 ) -> Held {
     let Conn { tcp, pending, mut timer } = conn;
@@ -115,7 +128,8 @@ pub(crate) async fn wait(
     if polls.store.shared() || !s.serves(me) || s.outbox.has_pending() || s.outbox.closed().is_some() {
         return Held::Unanswered;
     }
-    let answer = Arc::new(Answer::default());
+    let answer =
+        Arc::new(Answer { sealed: AtomicU64::new(0), batch: AtomicU64::new(poll.seq), closed: AtomicU16::new(0) });
     let framer =
         PollBatch { head, base: poll.seq, joined: Vec::new(), streamed: s.streamed.clone(), answer: answer.clone() };
     let attached = Attached { outbox: &s.outbox, wire: tcp.clone() };
@@ -127,19 +141,34 @@ pub(crate) async fn wait(
     // Whatever came since the check is the answer, at once.
     s.outbox.flush_blocked();
     // One timer for the whole wait, moved on when the answer is late.
-    timer.as_mut().reset(deadline);
+    timer.as_mut().reset(*deadline);
     let mut late = false;
     let mut next_request = false;
+    // Answers written for the polls before the current one.
+    let mut taken = 0;
     let held = loop {
-        let sealed = answer.sealed.load(Relaxed);
+        let answered = answer.sealed.load(Acquire) > taken;
         let blocked = s.outbox.is_blocked();
-        if sealed && !blocked && (late || next_request || answer.closed.load(Relaxed) != 0) {
+        if answered && !blocked && (late || next_request || answer.closed.load(Relaxed) != 0) {
+            if next_request && !late && answer.closed.load(Relaxed) == 0 {
+                // The client's next poll, if it continues this one, is held the same way.
+                if let Some((len, timeout)) = next_poll(pending, answer.batch.load(Relaxed)) {
+                    if s.outbox.rearm(&attached.wire) {
+                        http1::take_head(pending, len);
+                        taken += 1;
+                        *deadline = Instant::now() + timeout;
+                        timer.as_mut().reset(*deadline);
+                        next_request = !pending.is_empty();
+                        continue;
+                    }
+                }
+            }
             break Held::Answered;
         }
         tokio::select! {
             // A later poll or stream took the session, it left this node, or the socket failed:
             // an answer written whole lets the connection go on; one cut short ends it.
-            r = &mut detached => break match (r.is_ok(), answer.sealed.load(Relaxed)) {
+            r = &mut detached => break match (r.is_ok(), answer.sealed.load(Acquire) > taken) {
                 (true, _) => Held::Gone,
                 (false, true) => Held::Answered,
                 (false, false) => Held::Unanswered,
@@ -158,7 +187,7 @@ pub(crate) async fn wait(
                 Ok(_) => next_request = true,
             },
             () = &mut timer => {
-                if !answer.sealed.load(Relaxed) {
+                if answer.sealed.load(Acquire) == taken {
                     if s.outbox.detach_unanswered(&attached.wire) {
                         break Held::Unanswered;
                     }
@@ -167,7 +196,7 @@ pub(crate) async fn wait(
                     break Held::Gone;
                 } else {
                     late = true;
-                    timer.as_mut().reset(deadline + write_timeout);
+                    timer.as_mut().reset(*deadline + write_timeout);
                 }
             }
         }
@@ -194,7 +223,7 @@ pub(crate) async fn wait(
 /// their length is known.
 struct PollBatch {
     head: Bytes,
-    /// The session's batch number when the poll began.
+    /// The session's batch number before this answer.
     base: u64,
     /// The messages, joined by commas.
     joined: Vec<u8>,
@@ -220,22 +249,26 @@ impl Framer for PollBatch {
     }
 
     fn seal(&mut self, _: Vec<u8>) -> Bytes {
-        let answered = !self.joined.is_empty();
+        let joined = std::mem::take(&mut self.joined);
+        let answered = !joined.is_empty();
         let seq = if answered { self.base + 1 } else { self.base };
-        let len = joined_batch_len(seq, self.joined.len());
+        let len = joined_batch_len(seq, joined.len());
         let mut out = Vec::with_capacity(self.head.len() + 96 + len);
         out.extend_from_slice(&self.head);
         http1::end_head(&mut out, Ending::KeepAlive, Some(len));
         let start = out.len();
         write_batch_start(&mut out, seq);
-        out.extend_from_slice(&self.joined);
+        out.extend_from_slice(&joined);
         out.extend_from_slice(BATCH_END);
         let out = Bytes::from(out);
         if answered {
             // Kept to send again: the answer's own bytes, without its head.
             self.streamed.lock().batch = Some((seq, out.slice(start..)));
         }
-        self.answer.sealed.store(true, Relaxed);
+        // A poll that continues this one acks `seq` and is answered from it.
+        self.base = seq;
+        self.answer.batch.store(seq, Relaxed);
+        self.answer.sealed.fetch_add(1, Release);
         out
     }
 }

@@ -13,7 +13,9 @@
 //! A poller sends the same headers poll after poll: a head that repeats the last poll's header
 //! lines byte for byte is read by its request line alone (`http1::next_request`) and answered
 //! by what those headers gave the last time ([`Known`]: not refused, its answer's head), and
-//! the session the connection polled last is found without a look-up (`Polls::find`).
+//! the session the connection polled last is found without a look-up (`Polls::find`). Such a
+//! head that continues a held poll answered by the fan-out is held at once on the same
+//! attachment (`poll_held::wait`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -211,9 +213,23 @@ async fn serve_one(
         Err(r) => return cors(r),
         Ok(started) => started,
     };
-    let deadline = tokio::time::Instant::now() + timeout;
+    let mut deadline = tokio::time::Instant::now() + timeout;
     let tcp = conn.tcp;
-    match poll_held::wait(polls, &s, &poll, deadline, conn, known.head.clone(), write_timeout).await {
+    let max = Duration::from_secs(polls.node.config.transports.poll_timeout_s);
+    // The poll a poller sends again at once: the same headers, this session, the answered
+    // batch acked. Anything else is read and served as any request is.
+    let next_poll = |input: &[u8], seq: u64| {
+        let (target, len) = http1::repeat_of(input, &known.lines)?;
+        let (path, query) = split_target(target);
+        if session_id(path) != Some(s.id.as_str()) {
+            return None;
+        }
+        match ack_and_timeout(query, max) {
+            Ok((Some(ack), timeout)) if ack == seq => Some((len, timeout)),
+            _ => None,
+        }
+    };
+    match poll_held::wait(polls, &s, &poll, &mut deadline, conn, known.head.clone(), &next_poll, write_timeout).await {
         Held::Answered => Served::Answered,
         Held::Gone => Served::Gone,
         Held::Unanswered => tokio::select! {
