@@ -146,23 +146,28 @@ pub(crate) async fn wait(
     let mut next_request = false;
     // Answers written for the polls before the current one.
     let mut taken = 0;
+    // One registration with the outbox's wake-up for the whole wait, renewed when it fires.
+    let notified = s.outbox.notified();
+    tokio::pin!(notified);
     let held = loop {
         let answered = answer.sealed.load(Acquire) > taken;
-        let blocked = s.outbox.is_blocked();
-        if answered && !blocked && (late || next_request || answer.closed.load(Relaxed) != 0) {
-            if next_request && !late && answer.closed.load(Relaxed) == 0 {
-                // The client's next poll, if it continues this one, is held the same way.
-                if let Some((len, timeout)) = next_poll(pending, answer.batch.load(Relaxed)) {
-                    if s.outbox.rearm(&attached.wire) {
-                        http1::take_head(pending, len);
-                        taken += 1;
-                        *deadline = Instant::now() + timeout;
-                        timer.as_mut().reset(*deadline);
-                        next_request = !pending.is_empty();
-                        continue;
-                    }
+        if answered && next_request && !late && answer.closed.load(Relaxed) == 0 {
+            // The client's next poll, if it continues this one, is held the same way once the
+            // answer is written whole.
+            if let Some((len, timeout)) = next_poll(pending, answer.batch.load(Relaxed)) {
+                if s.outbox.rearm(&attached.wire) {
+                    http1::take_head(pending, len);
+                    taken += 1;
+                    *deadline = Instant::now() + timeout;
+                    timer.as_mut().reset(*deadline);
+                    next_request = !pending.is_empty();
+                    continue;
                 }
             }
+        }
+        // Only an answer is written by the framer, so only an answer can be half written.
+        let blocked = answered && s.outbox.is_blocked();
+        if answered && !blocked && (late || next_request || answer.closed.load(Relaxed) != 0) {
             break Held::Answered;
         }
         tokio::select! {
@@ -173,7 +178,7 @@ pub(crate) async fn wait(
                 (false, true) => Held::Answered,
                 (false, false) => Held::Unanswered,
             },
-            _ = s.outbox.notified() => {}
+            () = &mut notified => notified.set(s.outbox.notified()),
             r = tcp.writable(), if blocked => match r {
                 Ok(()) => s.outbox.flush_blocked(),
                 Err(_) => break Held::Gone,
