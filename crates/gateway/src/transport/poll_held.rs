@@ -11,10 +11,10 @@
 //! live copy takes in before its next use. The poll's task wakes when the next request comes.
 //! When that request is the session's next poll, acking the batch just answered, with the
 //! headers of the last (the poll a poller sends again at once), the framer stays attached and
-//! answers it too ([`Outbox::rearm`]): the poll goes on without the session's look-up, its turn
-//! and ack checks, and a new attach. Any other request ends the wait, and the poll's task renews
-//! the session's lease if it is due (`Polls::renew`; no other node reads the record; the sweep
-//! renews it too).
+//! answers it too ([`Outbox::rearm`]): the poll goes on without the session's look-up, a new
+//! turn, the ack's check against the live copy and a new attach. Any other request ends the
+//! wait, and the poll's task renews the session's lease if it is due (`Polls::renew`; no other
+//! node reads the record; the sweep renews it too).
 //!
 //! A session whose record other nodes read (a shared store) is not answered this way: there
 //! the record is written before a batch goes out, so that a node taking the session over
