@@ -73,12 +73,19 @@ impl AnswerHead {
 }
 
 /// What the framer tells the poll's task: how many answers it wrote, the session's batch
-/// number after the last, and the close code when an answer carried the session's
-/// `disconnect`.
+/// number after the last (the one a poll that continues it acks, and the framer answers
+/// from), and the close code when an answer carried the session's `disconnect`.
 struct Answer {
-    sealed: AtomicU64,
+    answers: AtomicU64,
     batch: AtomicU64,
     closed: AtomicU16,
+}
+
+impl Answer {
+    /// Whether the framer wrote more than `taken` answers: the current poll's is written.
+    fn answered(&self, taken: u64) -> bool {
+        self.answers.load(Acquire) > taken
+    }
 }
 
 /// Keeps the socket attached while the poll waits; detaches it however the wait ends.
@@ -129,9 +136,8 @@ pub(crate) async fn wait(
         return Held::Unanswered;
     }
     let answer =
-        Arc::new(Answer { sealed: AtomicU64::new(0), batch: AtomicU64::new(poll.seq), closed: AtomicU16::new(0) });
-    let framer =
-        PollBatch { head, base: poll.seq, joined: Vec::new(), streamed: s.streamed.clone(), answer: answer.clone() };
+        Arc::new(Answer { answers: AtomicU64::new(0), batch: AtomicU64::new(poll.seq), closed: AtomicU16::new(0) });
+    let framer = PollBatch { head, joined: Vec::new(), streamed: s.streamed.clone(), answer: answer.clone() };
     let attached = Attached { outbox: &s.outbox, wire: tcp.clone() };
     let mut detached = s.outbox.attach(attached.wire.clone(), Box::new(framer));
     // A poll or stream that came between the check and the attach found nothing to detach.
@@ -150,7 +156,7 @@ pub(crate) async fn wait(
     let notified = s.outbox.notified();
     tokio::pin!(notified);
     let held = loop {
-        let answered = answer.sealed.load(Acquire) > taken;
+        let answered = answer.answered(taken);
         if answered && next_request && !late && answer.closed.load(Relaxed) == 0 {
             // The client's next poll, if it continues this one, is held the same way once the
             // answer is written whole.
@@ -173,7 +179,7 @@ pub(crate) async fn wait(
         tokio::select! {
             // A later poll or stream took the session, it left this node, or the socket failed:
             // an answer written whole lets the connection go on; one cut short ends it.
-            r = &mut detached => break match (r.is_ok(), answer.sealed.load(Acquire) > taken) {
+            r = &mut detached => break match (r.is_ok(), answer.answered(taken)) {
                 (true, _) => Held::Gone,
                 (false, true) => Held::Answered,
                 (false, false) => Held::Unanswered,
@@ -192,7 +198,7 @@ pub(crate) async fn wait(
                 Ok(_) => next_request = true,
             },
             () = &mut timer => {
-                if answer.sealed.load(Acquire) == taken {
+                if !answer.answered(taken) {
                     if s.outbox.detach_unanswered(&attached.wire) {
                         break Held::Unanswered;
                     }
@@ -228,8 +234,6 @@ pub(crate) async fn wait(
 /// their length is known.
 struct PollBatch {
     head: Bytes,
-    /// The session's batch number before this answer.
-    base: u64,
     /// The messages, joined by commas.
     joined: Vec<u8>,
     streamed: Arc<Mutex<Streamed>>,
@@ -256,7 +260,8 @@ impl Framer for PollBatch {
     fn seal(&mut self, _: Vec<u8>) -> Bytes {
         let joined = std::mem::take(&mut self.joined);
         let answered = !joined.is_empty();
-        let seq = if answered { self.base + 1 } else { self.base };
+        let base = self.answer.batch.load(Relaxed);
+        let seq = if answered { base + 1 } else { base };
         let len = joined_batch_len(seq, joined.len());
         let mut out = Vec::with_capacity(self.head.len() + 96 + len);
         out.extend_from_slice(&self.head);
@@ -271,9 +276,8 @@ impl Framer for PollBatch {
             self.streamed.lock().batch = Some((seq, out.slice(start..)));
         }
         // A poll that continues this one acks `seq` and is answered from it.
-        self.base = seq;
         self.answer.batch.store(seq, Relaxed);
-        self.answer.sealed.fetch_add(1, Release);
+        self.answer.answers.fetch_add(1, Release);
         out
     }
 }

@@ -65,12 +65,16 @@ async fn session_of(
     peer: Option<&Peer>,
     known: Option<&Arc<PollSession>>,
 ) -> Result<(Arc<PollSession>, Option<u64>, Duration), Response> {
-    let max = Duration::from_secs(polls.node.config.transports.poll_timeout_s);
-    let (ack, timeout) = ack_and_timeout(query, max)?;
+    let (ack, timeout) = ack_and_timeout(query, longest_wait(polls))?;
     match polls.find(id, ack, headers, peer, known).await? {
         Found::Lost(body) => Err(json_response(StatusCode::OK, body)),
         Found::Session(s) => Ok((s, ack, timeout)),
     }
+}
+
+/// How long a poll may be held at most (`transports.poll_timeout_s`).
+fn longest_wait(polls: &Polls) -> Duration {
+    Duration::from_secs(polls.node.config.transports.poll_timeout_s)
 }
 
 // A refusal is the response itself, returned on the cold path of a request that answers with
@@ -215,7 +219,7 @@ async fn serve_one(
     };
     let mut deadline = tokio::time::Instant::now() + timeout;
     let tcp = conn.tcp;
-    let max = Duration::from_secs(polls.node.config.transports.poll_timeout_s);
+    let max = longest_wait(polls);
     // The poll a poller sends again at once: the same headers, this session, the answered
     // batch acked. Anything else is read and served as any request is.
     let next_poll = |input: &[u8], seq: u64| {
