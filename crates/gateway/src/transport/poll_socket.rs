@@ -219,20 +219,10 @@ async fn serve_one(
     };
     let mut deadline = tokio::time::Instant::now() + timeout;
     let tcp = conn.tcp;
-    let max = longest_wait(polls);
-    // The poll a poller sends again at once: the same headers, this session, the answered
-    // batch acked. Anything else is read and served as any request is.
-    let next_poll = |input: &[u8], seq: u64| {
-        let (target, len) = http1::repeat_of(input, &known.lines)?;
-        let (path, query) = split_target(target);
-        if session_id(path) != Some(s.id.as_str()) {
-            return None;
-        }
-        match ack_and_timeout(query, max) {
-            Ok((Some(ack), timeout)) if ack == seq => Some((len, timeout)),
-            _ => None,
-        }
-    };
+    // The poll a poller sends again at once: this one again, acking the batch just answered.
+    // Anything else is read and served as any request is.
+    let again = Again::of(target, &known.lines);
+    let next_poll = |input: &[u8], seq: u64| Some((again.as_ref()?.len_in(input, seq)?, timeout));
     match poll_held::wait(polls, &s, &poll, &mut deadline, conn, known.head.clone(), &next_poll, write_timeout).await {
         Held::Answered => Served::Answered,
         Held::Gone => Served::Gone,
@@ -241,6 +231,53 @@ async fn serve_one(
             // A client that leaves while its poll is held ends the poll.
             () = http1::client_gone(tcp) => Served::Gone,
         },
+    }
+}
+
+/// A poll sent again as it was, its `ack` the batch its answer carried: the head of the
+/// poll that continues a held one. Its bytes are the held poll's but for the `ack` value, so it
+/// reads as the held poll read — this session, the same headers and `timeout` — and comparing
+/// it with them is all the reading it needs.
+struct Again {
+    /// `GET {target up to the first ack's value}`, then `{the rest of the target} HTTP/1.1\r\n`
+    /// and the header lines; `at`: where the value goes.
+    head: Vec<u8>,
+    at: usize,
+}
+
+impl Again {
+    /// `target`'s poll sent again; `None` when its first `ack` (the one `ack_and_timeout`
+    /// reads) is not a plain number.
+    fn of(target: &str, lines: &[u8]) -> Option<Again> {
+        let query = target.find('?')? + 1;
+        let mut start = query;
+        for kv in target[query..].split('&') {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            if k == "ack" {
+                if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                let (at, end) = (start + 4, start + kv.len());
+                let mut head = Vec::with_capacity(4 + target.len() + 11 + lines.len());
+                head.extend_from_slice(b"GET ");
+                head.extend_from_slice(&target.as_bytes()[..at]);
+                head.extend_from_slice(&target.as_bytes()[end..]);
+                head.extend_from_slice(b" HTTP/1.1\r\n");
+                head.extend_from_slice(lines);
+                return Some(Again { head, at: 4 + at });
+            }
+            start += kv.len() + 1;
+        }
+        None
+    }
+
+    /// The length of the head at the start of `input` if it is this poll acking `seq`.
+    fn len_in(&self, input: &[u8], seq: u64) -> Option<usize> {
+        let (before, after) = self.head.split_at(self.at);
+        let rest = input.strip_prefix(before)?;
+        let digits = rest.iter().take(20).take_while(|b| b.is_ascii_digit()).count();
+        let ack: u64 = std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()?;
+        (ack == seq && rest[digits..].starts_with(after)).then_some(self.head.len() + digits)
     }
 }
 
@@ -281,4 +318,71 @@ fn split_target(target: &str) -> (&str, Option<&str>) {
 /// The session id of a poll's path: not empty, no `/` or `%`.
 fn session_id(path: &str) -> Option<&str> {
     path.strip_prefix("/poll/").filter(|id| !id.is_empty() && !id.contains(['/', '%']))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LINES: &[u8] = b"Host: 127.0.0.1\r\nOrigin: http://a.example\r\n\r\n";
+    const MAX: Duration = Duration::from_secs(30);
+
+    fn head(target: &str, lines: &[u8]) -> Vec<u8> {
+        [format!("GET {target} HTTP/1.1\r\n").as_bytes(), lines].concat()
+    }
+
+    /// How the full reading of a poll reads the head at the start of `input`: its session id,
+    /// `ack` and `timeout`.
+    fn read(input: &[u8]) -> (String, Option<u64>, Duration) {
+        let (target, _) = http1::repeat_of(input, LINES).expect("a poll head");
+        let (path, query) = split_target(target);
+        let (ack, timeout) = ack_and_timeout(query, MAX).expect("a valid poll");
+        (session_id(path).expect("a session").to_string(), ack, timeout)
+    }
+
+    #[test]
+    fn a_poll_sent_again_acking_the_answered_batch_continues_it_and_reads_as_it_did() {
+        let held = "/poll/abc?timeout=2.5&ack=7&x=1";
+        let again = Again::of(held, LINES).expect("a poll with an ack");
+        for next in ["/poll/abc?timeout=2.5&ack=8&x=1", "/poll/abc?timeout=2.5&ack=08&x=1"] {
+            let mut input = head(next, LINES);
+            let len = input.len();
+            input.extend_from_slice(b"GET /poll/abc?ack=9 HTTP/1.1\r\n");
+            assert_eq!(again.len_in(&input, 8), Some(len), "{next}");
+            // The full reading agrees: the same session and timeout, the batch acked.
+            let (id, _, timeout) = read(&head(held, LINES));
+            assert_eq!(read(&input), (id, Some(8), timeout), "{next}");
+        }
+        // The largest batch number is read whole.
+        let last = head(&format!("/poll/abc?ack={}", u64::MAX), LINES);
+        assert_eq!(Again::of("/poll/abc?ack=0", LINES).unwrap().len_in(&last, u64::MAX), Some(last.len()));
+    }
+
+    #[test]
+    fn anything_else_does_not_continue_it() {
+        let again = Again::of("/poll/abc?ack=7&timeout=2.5", LINES).unwrap();
+        let other_lines = b"Host: 127.0.0.1\r\nOrigin: http://b.example\r\n\r\n";
+        let cases = [
+            (head("/poll/abc?ack=8&timeout=2.5", LINES), 9, "another batch acked"),
+            (head("/poll/abc?ack=7&timeout=2.5", LINES), 8, "the answered batch's predecessor"),
+            (head("/poll/abd?ack=8&timeout=2.5", LINES), 8, "another session"),
+            (head("/poll/abc?ack=8&timeout=3", LINES), 8, "another timeout"),
+            (head("/poll/abc?ack=8", LINES), 8, "no timeout"),
+            (head("/poll/abc?ack=8&timeout=2.5", other_lines), 8, "other headers"),
+            (head("/poll/abc?ack=+8&timeout=2.5", LINES), 8, "a signed ack"),
+            (head("/poll/abc?ack=100000000000000000008&timeout=2.5", LINES), 8, "an ack past u64"),
+            (head("/poll/abc?ack=8&timeout=2.5", LINES)[..40].to_vec(), 8, "half a head"),
+            ([&b"PUT"[..], &head("/poll/abc?ack=8&timeout=2.5", LINES)[3..]].concat(), 8, "another method"),
+        ];
+        for (input, seq, why) in cases {
+            assert_eq!(again.len_in(&input, seq), None, "{why}");
+        }
+    }
+
+    #[test]
+    fn a_poll_whose_first_ack_is_not_a_plain_number_has_no_continuation_here() {
+        for target in ["/poll/abc", "/poll/abc?timeout=1", "/poll/abc?ack", "/poll/abc?ack=", "/poll/abc?ack=x&ack=7"] {
+            assert!(Again::of(target, LINES).is_none(), "{target}");
+        }
+    }
 }
