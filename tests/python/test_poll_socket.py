@@ -329,3 +329,30 @@ def test_a_session_answered_only_by_held_polls_outlives_its_ttl_and_takes_comman
             break
     assert got == ["cmd"] and replies == [9]
     s.close()
+
+
+def test_a_poll_that_continues_a_held_one_waits_its_own_time(server):
+    # A poller's next poll, sent as soon as an answer came, is held on where the last one was:
+    # its time runs from when it came, not from when the poll it continues came.
+    ch = uniq("again.")
+    sid, s, buf, seq = own_poller(server, ch)
+    s.sendall(get(f"/poll/{sid}?ack={seq}&timeout=1.5", server.port))
+    time.sleep(1.0)
+    api_publish(server, ch, "first")
+    b = json.loads(read_response(s, buf)[2])
+    assert b["seq"] == seq + 1 and [m["pub"]["data"] for m in b["messages"]] == ["first"]
+    seq = b["seq"]
+    s.sendall(get(f"/poll/{sid}?ack={seq}&timeout=1.5", server.port))
+    # Past the first poll's time, within this one's: the publication is this poll's answer.
+    time.sleep(1.0)
+    api_publish(server, ch, "second")
+    b = json.loads(read_response(s, buf)[2])
+    assert b["seq"] == seq + 1 and [m["pub"]["data"] for m in b["messages"]] == ["second"], b
+    seq = b["seq"]
+    # Nothing comes: the poll's time runs out and it gets an empty batch of the same number.
+    s.sendall(get(f"/poll/{sid}?ack={seq}&timeout=1.5", server.port))
+    assert json.loads(read_response(s, buf)[2]) == {"seq": seq, "messages": []}
+    # The connection goes on.
+    s.sendall(get(f"/poll/{sid}?ack={seq}&timeout=0", server.port))
+    assert json.loads(read_response(s, buf)[2]) == {"seq": seq, "messages": []}
+    s.close()

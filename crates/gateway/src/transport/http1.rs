@@ -19,7 +19,7 @@
 //!
 //! TLS connections, and every other request, are hyper's.
 
-use std::io::{self, Write};
+use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -281,7 +281,9 @@ pub(crate) fn end_head(out: &mut Vec<u8>, ending: Ending, body_len: Option<usize
         out.extend_from_slice(b"connection: close\r\n");
     }
     if let Some(n) = body_len {
-        let _ = write!(out, "content-length: {n}\r\n");
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+        out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
 }

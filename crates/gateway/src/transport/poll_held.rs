@@ -164,8 +164,8 @@ pub(crate) async fn wait(
                 if s.outbox.rearm(&attached.wire) {
                     http1::take_head(pending, len);
                     taken += 1;
+                    // The timer stays where it is, earlier: when it fires, it moves on to this.
                     *deadline = Instant::now() + timeout;
-                    timer.as_mut().reset(*deadline);
                     next_request = !pending.is_empty();
                     continue;
                 }
@@ -176,7 +176,20 @@ pub(crate) async fn wait(
         if answered && !blocked && (late || next_request || answer.closed.load(Relaxed) != 0) {
             break Held::Answered;
         }
+        // In this order: a request, the one wake-up each poll brings, is taken without
+        // looking at the rest (the loop looks again).
         tokio::select! {
+            biased;
+            // Read into the connection's buffer, where the next request is parsed from. The
+            // socket's own reader slot holds the wake-up (this task is its only reader), which
+            // costs no entry in its list of waiters each time round.
+            r = std::future::poll_fn(|cx| tcp.poll_read_ready(cx)), if !next_request => match r.and_then(|()| http1::read_some(tcp, pending)) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                // The client left while its poll was held: the poll ends.
+                Ok(0) | Err(_) => break Held::Gone,
+                // The next request (or input sent before the answer, kept for it).
+                Ok(_) => next_request = true,
+            },
             // A later poll or stream took the session, it left this node, or the socket failed:
             // an answer written whole lets the connection go on; one cut short ends it.
             r = &mut detached => break match (r.is_ok(), answer.answered(taken)) {
@@ -189,16 +202,11 @@ pub(crate) async fn wait(
                 Ok(()) => s.outbox.flush_blocked(),
                 Err(_) => break Held::Gone,
             },
-            // Read into the connection's buffer, where the next request is parsed from.
-            r = tcp.readable(), if !next_request => match r.and_then(|()| http1::read_some(tcp, pending)) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                // The client left while its poll was held: the poll ends.
-                Ok(0) | Err(_) => break Held::Gone,
-                // The next request (or input sent before the answer, kept for it).
-                Ok(_) => next_request = true,
-            },
             () = &mut timer => {
-                if !answer.answered(taken) {
+                if !late && timer.deadline() < *deadline {
+                    // A poll that continued this one moved the deadline on.
+                    timer.as_mut().reset(*deadline);
+                } else if !answer.answered(taken) {
                     if s.outbox.detach_unanswered(&attached.wire) {
                         break Held::Unanswered;
                     }

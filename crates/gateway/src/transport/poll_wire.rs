@@ -52,8 +52,9 @@ pub(crate) fn write_batch(out: &mut Vec<u8>, seq: u64, messages: &[Bytes]) {
 /// Appends a batch's opening, up to its first message: `{"seq":N,"messages":[`. The
 /// messages follow, joined by commas, then [`BATCH_END`].
 pub(crate) fn write_batch_start(out: &mut Vec<u8>, seq: u64) {
-    use std::io::Write;
-    let _ = write!(out, r#"{{"seq":{seq},"messages":["#);
+    out.extend_from_slice(br#"{"seq":"#);
+    out.extend_from_slice(itoa::Buffer::new().format(seq).as_bytes());
+    out.extend_from_slice(br#","messages":["#);
 }
 
 /// What closes a batch after its messages.
