@@ -22,7 +22,8 @@
 //!   `transport::http1`), the WebSocket handshake and connection task (`transport::ws`),
 //!   Server-Sent Events (`transport::sse`: events in `sse/events.rs`, a stream that owns its
 //!   socket in `sse/socket.rs`) and long-poll sessions (`transport::poll`,
-//!   `transport::poll_session`, their batches and command bodies in `transport::poll_wire`,
+//!   `transport::poll_session`, what a socket they own was written in
+//!   `transport::poll_streamed`, their batches and command bodies in `transport::poll_wire`,
 //!   held polls and their kept-alive connections in `transport::poll_socket`, a held poll
 //!   there answered by the fan-out in `transport::poll_held`, their state in
 //!   `transport::poll_store`, taken over from it in `transport::poll_takeover`, streamed as

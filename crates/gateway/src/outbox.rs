@@ -211,6 +211,10 @@ pub struct Outbox {
     metrics: Arc<Metrics>,
     /// Unix seconds of the last frame received from the client (heartbeats).
     pub last_seen: AtomicU64,
+    /// The unix second from which the connection's session may be past its deadline
+    /// (`Session::deadline`; `u64::MAX`: none). The session writes it; a sweep over many
+    /// sessions reads it without taking any session's lock.
+    pub deadline_s: AtomicU64,
     /// The client can subscribe a channel again on this connection (WebSocket): a channel the
     /// broker lost publications of ends with an `unsubscribed` push instead of a 4008 close.
     resubscribes: AtomicBool,
@@ -240,6 +244,7 @@ impl Outbox {
             max_pending,
             metrics,
             last_seen: AtomicU64::new(crate::unix_s()),
+            deadline_s: AtomicU64::new(u64::MAX),
             resubscribes: AtomicBool::new(false),
         }
     }

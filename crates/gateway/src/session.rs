@@ -144,6 +144,15 @@ impl Session {
                     .then(|| SystemTime::now() + Duration::from_secs(self.node.config.limits.first_message_timeout_s));
             }
         }
+        self.show_deadline();
+    }
+
+    /// Writes the deadline, in whole seconds, where a sweep reads it without this session's
+    /// lock (`Outbox::deadline_s`). A first message clears the first-message deadline
+    /// without it: a deadline shown early costs the sweep only a look at the session.
+    fn show_deadline(&self) {
+        let at = self.deadline().map_or(u64::MAX, |d| d.duration_since(UNIX_EPOCH).map_or(0, |s| s.as_secs()));
+        self.outbox.deadline_s.store(at, Relaxed);
     }
 
     /// Lifts the per-connection publish and presence rates (clients on exempt addresses, see
@@ -180,7 +189,8 @@ impl Session {
     }
 
     /// The close reason once a deadline has passed: no first message in time, or an expired
-    /// token that was not refreshed (4001, no reconnect without a new token).
+    /// token that was not refreshed (4001, no reconnect without a new token). Otherwise the
+    /// deadline is shown again as it now stands.
     pub fn check_deadline(&mut self) -> Option<CloseReason> {
         let now = SystemTime::now();
         if self.first_message_by.is_some_and(|t| t <= now) {
@@ -196,6 +206,7 @@ impl Session {
             let why = if self.identity.method == Method::Hook { "connection expired" } else { "token expired" };
             return Some(CloseReason::new(close::INVALID_TOKEN, why));
         }
+        self.show_deadline();
         None
     }
 

@@ -9,7 +9,8 @@
 //! is written by the fan-out like a WebSocket; otherwise hyper's body takes the framed events),
 //! `poll` serves long-poll sessions over HTTP, `poll_socket` answers a held poll (and serves
 //! the polls that follow on a connection a poll opened, where `poll_held` has the fan-out
-//! answer a held one), `poll_session` holds their live copies, `poll_wire` what their requests
+//! answer a held one), `poll_session` holds their live copies (`poll_streamed`: what a socket
+//! they own was written), `poll_wire` what their requests
 //! and answers carry (batches, command bodies), `poll_store` keeps their state where any node
 //! can continue them, `poll_takeover` continues one there, and `session_stream` streams a
 //! session's messages as events (on a socket of its own when the stream opened the
@@ -24,6 +25,7 @@ pub mod poll_held;
 pub mod poll_session;
 pub mod poll_socket;
 pub mod poll_store;
+pub mod poll_streamed;
 pub mod poll_takeover;
 pub mod poll_wire;
 pub mod session_stream;

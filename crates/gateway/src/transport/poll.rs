@@ -45,7 +45,7 @@
 #![allow(clippy::result_large_err)]
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -321,18 +321,18 @@ async fn sweep_task(polls: std::sync::Weak<Polls>) {
         }
         let Some(polls) = polls.upgrade() else { return };
         let list: Vec<Arc<PollSession>> = polls.sessions.lock().values().cloned().collect();
-        // One reading of the clocks serves the whole sweep: it touches every session once a
-        // second, so what it does per session is kept to what it must (a session in use is
-        // only renewed and checked for its deadline).
+        // One reading of the clock serves the whole sweep: it visits every session once a
+        // second, so what it does per session is kept to what it must. A session in use is
+        // only renewed once a quarter of its lease is spent, and looked at (its lock taken)
+        // only once the deadline it shows may have passed.
         let now = crate::unix_s();
-        let wall = SystemTime::now();
         let shared = polls.store.shared();
         for s in list {
-            if !shared && s.state.load(Relaxed) == LIVE && s.outbox.closed().is_none() {
-                polls.renew(&s, now).await;
+            if !shared && polls.lease_spent(&s, now) && s.state.load(Relaxed) == LIVE && s.outbox.closed().is_none() {
+                polls.lease(&s).await;
             }
-            if let Ok(mut live) = s.live.try_lock() {
-                if live.session.deadline().is_some_and(|d| d <= wall) {
+            if s.outbox.deadline_s.load(Relaxed) <= now {
+                if let Ok(mut live) = s.live.try_lock() {
                     if let Some(reason) = live.session.check_deadline() {
                         s.outbox.close(reason.code, &reason.reason, true);
                     }

@@ -28,7 +28,6 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use bytes::Bytes;
-use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
@@ -36,7 +35,8 @@ use crate::node::Node;
 use crate::outbox::{Framer, Kind, Message, Outbox, Wire};
 use crate::transport::http as transport_http;
 use crate::transport::http1::{self, Ending};
-use crate::transport::poll_session::{json_response, PollSession, Polls, Started, Streamed};
+use crate::transport::poll_session::{json_response, PollSession, Polls, Started};
+use crate::transport::poll_streamed::Noting;
 use crate::transport::poll_wire::{joined_batch_len, write_batch_start, BATCH_END};
 
 /// How a held poll ended.
@@ -137,7 +137,8 @@ pub(crate) async fn wait(
     }
     let answer =
         Arc::new(Answer { answers: AtomicU64::new(0), batch: AtomicU64::new(poll.seq), closed: AtomicU16::new(0) });
-    let framer = PollBatch { head, joined: Vec::new(), streamed: s.streamed.clone(), answer: answer.clone() };
+    let framer =
+        PollBatch { head, joined: Vec::new(), noting: Noting::new(s.streamed.clone()), answer: answer.clone() };
     let attached = Attached { outbox: &s.outbox, wire: tcp.clone() };
     let mut detached = s.outbox.attach(attached.wire.clone(), Box::new(framer));
     // A poll or stream that came between the check and the attach found nothing to detach.
@@ -244,7 +245,7 @@ struct PollBatch {
     head: Bytes,
     /// The messages, joined by commas.
     joined: Vec<u8>,
-    streamed: Arc<Mutex<Streamed>>,
+    noting: Noting,
     answer: Arc<Answer>,
 }
 
@@ -253,7 +254,7 @@ impl Framer for PollBatch {
         if let Kind::Disconnect { code } = m.kind {
             self.answer.closed.store(code, Relaxed);
         }
-        if let Some(text) = Streamed::note(&self.streamed, m) {
+        if let Some(text) = self.noting.note(m) {
             if !self.joined.is_empty() {
                 self.joined.push(b',');
             }
@@ -265,7 +266,7 @@ impl Framer for PollBatch {
         true
     }
 
-    fn seal(&mut self, _: Vec<u8>) -> Bytes {
+    fn seal(&mut self, _: Bytes) -> Bytes {
         let joined = std::mem::take(&mut self.joined);
         let answered = !joined.is_empty();
         let base = self.answer.batch.load(Relaxed);
@@ -279,10 +280,13 @@ impl Framer for PollBatch {
         out.extend_from_slice(&joined);
         out.extend_from_slice(BATCH_END);
         let out = Bytes::from(out);
-        if answered {
-            // Kept to send again: the answer's own bytes, without its head.
-            self.streamed.lock().batch = Some((seq, out.slice(start..)));
-        }
+        // The answer's positions, and the batch kept to send again: its own bytes, without
+        // its head.
+        self.noting.settle_with(|st| {
+            if answered {
+                st.batch = Some((seq, out.slice(start..)));
+            }
+        });
         // A poll that continues this one acks `seq` and is answered from it.
         self.answer.batch.store(seq, Relaxed);
         self.answer.answers.fetch_add(1, Release);

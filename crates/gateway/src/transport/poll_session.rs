@@ -11,7 +11,6 @@
 // Refusals are the response itself (status, body, headers), returned on the cold path of a
 // request that answers with it anyway; boxing them would buy nothing.
 #![allow(clippy::result_large_err)]
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -35,6 +34,7 @@ use crate::session::Session;
 use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error};
 use crate::transport::poll_store::{self, PollStore, Record, StoredIdentity, StoredSub};
+use crate::transport::poll_streamed::Streamed;
 use crate::transport::poll_wire::{batch_body, rewrite_commands, silent_reply, RESUBSCRIBE_ID, SILENT_ID};
 use crate::transport::sse::{ChannelPos, ReplyIn};
 
@@ -70,66 +70,6 @@ pub struct PollSession {
     /// What a stream that owns its socket wrote since `live` last heard
     /// (`transport::session_stream`).
     pub(crate) streamed: Arc<Mutex<Streamed>>,
-}
-
-/// What the fan-out wrote of a session's messages into a stream's or a held poll's socket, for
-/// the live copy to take in ([`Polls::take_streamed`]): the highest offset per channel, how
-/// many replies (the oldest of `Live::queued`, which were written in their order), and the
-/// batch a poll was answered with (its number and body, kept to send again).
-#[derive(Default)]
-pub(crate) struct Streamed {
-    /// The channel noted last and its offset, apart from `offsets`: a session of one channel
-    /// (a dashboard's value) notes each publication without a hash or a look into the map.
-    last: Option<(Arc<str>, u64)>,
-    offsets: HashMap<Arc<str>, u64>,
-    pub(crate) replies: usize,
-    pub(crate) batch: Option<(u64, Bytes)>,
-}
-
-impl Streamed {
-    fn note_offset(&mut self, ch: &Arc<str>, off: u64) {
-        if let Some((last, at)) = &mut self.last {
-            if Arc::ptr_eq(last, ch) || **last == **ch {
-                *at = (*at).max(off);
-                return;
-            }
-        }
-        if let Some((ch, at)) = self.last.replace((ch.clone(), off)) {
-            let kept = self.offsets.entry(ch).or_insert(at);
-            *kept = (*kept).max(at);
-        }
-    }
-
-    /// Whether any offset was noted since the last [`Streamed::take_offsets`].
-    pub(crate) fn has_offsets(&self) -> bool {
-        self.last.is_some() || !self.offsets.is_empty()
-    }
-
-    /// The offsets noted, per channel; a channel may come twice, the highest is its offset.
-    fn take_offsets(&mut self) -> impl Iterator<Item = (Arc<str>, u64)> + '_ {
-        self.last.take().into_iter().chain(self.offsets.drain())
-    }
-
-    /// Notes `m`, which the fan-out is writing into a session's socket, and gives what the
-    /// client sees of it: the message (lent: a stream copies it into its event, and the
-    /// publication's count, which every subscriber shares, is not touched), or for a
-    /// subscribe sent without `id` only its error (`None`: nothing).
-    pub(crate) fn note<'m>(streamed: &Mutex<Streamed>, m: &'m Message) -> Option<Cow<'m, Bytes>> {
-        match &m.kind {
-            Kind::Pub { ch, off } => {
-                streamed.lock().note_offset(ch, *off);
-            }
-            Kind::Reply { id: SILENT_ID } => {
-                streamed.lock().replies += 1;
-                return silent_reply(&m.text).map(Cow::Owned);
-            }
-            // A takeover's resubscribe replies are all queued before its copy is found, so
-            // whoever took the session over took them; they never enter `queued`.
-            Kind::Reply { id } if *id != RESUBSCRIBE_ID => streamed.lock().replies += 1,
-            _ => {}
-        }
-        Some(Cow::Borrowed(&m.text))
-    }
 }
 
 impl PollSession {
@@ -327,13 +267,18 @@ impl Polls {
     /// sweep renews the lease of every session live here, so the record lasts as long as the
     /// live copy (which removes it when it ends). `now`: unix seconds.
     pub(crate) async fn renew(&self, s: &PollSession, now: u64) {
-        if now.saturating_sub(s.leased.load(Relaxed)) >= self.ttl.as_secs() / 4 {
+        if self.lease_spent(s, now) {
             self.lease(s).await;
         }
     }
 
+    /// Whether a quarter of the session's lease is spent at `now` (unix seconds).
+    pub(crate) fn lease_spent(&self, s: &PollSession, now: u64) -> bool {
+        now.saturating_sub(s.leased.load(Relaxed)) >= self.ttl.as_secs() / 4
+    }
+
     /// Sets the record's lease to a full `ttl` from now, and notes when.
-    async fn lease(&self, s: &PollSession) {
+    pub(crate) async fn lease(&self, s: &PollSession) {
         s.leased.store(crate::unix_s(), Relaxed);
         let _ = self.store.touch(&s.id, self.ttl).await;
     }
@@ -343,6 +288,7 @@ impl Polls {
     /// the last one. Whatever reads those starts here (a command, a save, a poll's ack check
     /// unless it acks the batch answered, a poll's answer, taking messages).
     pub(crate) fn take_streamed(s: &PollSession, live: &mut Live) {
+        s.outbox.settle_framer();
         let mut st = s.streamed.lock();
         for (ch, off) in st.take_offsets() {
             if let Some(p) = live.head.get_mut(&*ch) {
@@ -744,24 +690,5 @@ mod tests {
         assert!(!back.channels.as_ref().unwrap().matches("other"));
         assert!(back.publish.is_none());
         assert!(poll_store::random_id().len() == 32 && poll_store::random_id() != poll_store::random_id());
-    }
-
-    #[test]
-    fn streamed_offsets_keep_the_highest_per_channel_however_channels_alternate() {
-        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
-        let mut st = Streamed::default();
-        assert!(!st.has_offsets());
-        // Another handle on the same name is the same channel.
-        for (ch, off) in [(&a, 3), (&a, 5), (&b, 1), (&a, 4), (&Arc::from("b"), 7), (&a, 6)] {
-            st.note_offset(ch, off);
-        }
-        assert!(st.has_offsets());
-        let mut highest = HashMap::<Arc<str>, u64>::new();
-        for (ch, off) in st.take_offsets() {
-            let at = highest.entry(ch).or_default();
-            *at = (*at).max(off);
-        }
-        assert_eq!(highest, HashMap::from([(a, 6), (b, 7)]));
-        assert!(!st.has_offsets(), "taken");
     }
 }

@@ -30,11 +30,12 @@ use bytes::Bytes;
 use switchboard_protocol::code;
 use tokio::net::TcpStream;
 
-use crate::outbox::{Framer, Message, Pushed, Wire};
+use crate::outbox::{Framer, Kind, Message, Pushed, Wire};
 use crate::transport::http::{self as transport_http, error, Peer};
 use crate::transport::http1;
 use crate::transport::owned::{discard_input, linger, CLOSE_GRACE};
-use crate::transport::poll_session::{Busy, Found, Live, PollSession, Polls, Streamed, STREAM_SAVE_EVERY};
+use crate::transport::poll_session::{Busy, Found, Live, PollSession, Polls, STREAM_SAVE_EVERY};
+use crate::transport::poll_streamed::Noting;
 use crate::transport::sse;
 
 /// One attached stream: which session, and where its framing stands.
@@ -196,7 +197,7 @@ async fn on_socket(stream: SessionStream, tcp: Arc<TcpStream>) {
     if closed {
         return linger(&tcp, tokio::time::Instant::now() + CLOSE_GRACE).await;
     }
-    let framer = SessionEvents { streamed: s.streamed.clone() };
+    let framer = SessionEvents { noting: Noting::new(s.streamed.clone()) };
     let wire: Arc<dyn Wire> = tcp.clone();
     let mut detached = s.outbox.attach(wire.clone(), Box::new(framer));
     // A poll or stream that came between the take and the attach found nothing to detach.
@@ -258,6 +259,7 @@ async fn run(
                 }
             }
             _ = save.tick(), if shared => {
+                outbox.settle_framer();
                 let written = { let st = s.streamed.lock(); st.has_offsets() || st.replies > 0 };
                 if written {
                     // A save that finds the session taken over drops this copy (and detaches).
@@ -271,15 +273,28 @@ async fn run(
 
 /// Frames a session's messages for a stream that owns its socket — the same events
 /// [`SessionStream::next`] writes — under the outbox's lock, and notes what it wrote for the
-/// session's live copy ([`Streamed`]).
+/// session's live copy ([`Noting`]).
 struct SessionEvents {
-    streamed: Arc<parking_lot::Mutex<Streamed>>,
+    noting: Noting,
 }
 
 impl Framer for SessionEvents {
     fn frame(&mut self, out: &mut Vec<u8>, m: &Message) {
-        if let Some(text) = Streamed::note(&self.streamed, m) {
+        if let Some(text) = self.noting.note(m) {
             sse::write_event(out, None, None, &text);
         }
+    }
+
+    /// A publication is the event every session stream writes for it ([`sse::data_event`]).
+    fn share(&mut self, m: &Message) -> Option<Bytes> {
+        if !matches!(m.kind, Kind::Pub { .. }) {
+            return None;
+        }
+        self.noting.note(m);
+        Some(sse::data_event(&m.text))
+    }
+
+    fn settle(&mut self) {
+        self.noting.settle();
     }
 }
