@@ -29,15 +29,6 @@ pub trait Framer: Send + 'static {
     /// Appends `m`, framed, to `out`.
     fn frame(&mut self, out: &mut Vec<u8>, m: &Message);
 
-    /// `m` framed as bytes shared with other outboxes (an event that is the same for every
-    /// subscriber of a publication), or `None`: `m` is framed by [`Framer::frame`]. When it
-    /// answers, it does for `m` all that [`Framer::frame`] would have done, and the outbox
-    /// writes those bytes as they are when `m` is all it has to write, as a WebSocket's
-    /// outbox writes a shared frame.
-    fn share(&mut self, _m: &Message) -> Option<Bytes> {
-        None
-    }
-
     /// Hands over what the framer keeps of its own for its transport to read (a session's
     /// stream: the position it wrote last); [`Outbox::settle_framer`] calls it under the
     /// outbox's lock.
@@ -51,8 +42,8 @@ pub trait Framer: Send + 'static {
     }
 
     /// Wraps the one answer's framed messages (its HTTP head, the batch around them).
-    fn seal(&mut self, framed: Bytes) -> Bytes {
-        framed
+    fn seal(&mut self, framed: Vec<u8>) -> Bytes {
+        Bytes::from(framed)
     }
 }
 
@@ -97,7 +88,7 @@ impl Outbox {
             return (Bytes::new(), None);
         }
         let out = self.frame_queue(&mut st, usize::MAX);
-        (out, st.close_code)
+        (Bytes::from(out), st.close_code)
     }
 
     /// Lets the attached framer hand over what it keeps of its own ([`Framer::settle`]).
@@ -107,33 +98,20 @@ impl Outbox {
         }
     }
 
-    /// Frames queued items with the outbox's framer, up to about `limit` bytes. A lone message
-    /// the framer shares is its shared bytes; anything more is copied into one buffer.
-    pub(super) fn frame_queue(&self, st: &mut OutState, limit: usize) -> Bytes {
+    /// Frames queued items with the outbox's framer, up to about `limit` bytes.
+    pub(super) fn frame_queue(&self, st: &mut OutState, limit: usize) -> Vec<u8> {
         let mut out = Vec::new();
-        let mut lone: Option<Bytes> = None;
-        let Some(mut framer) = st.framer.take() else { return Bytes::new() };
+        let Some(mut framer) = st.framer.take() else { return out };
         self.take_each(st, limit, |t| {
-            if let Some(b) = lone.take() {
-                out.extend_from_slice(&b);
-            }
             let before = out.len();
             match t {
-                Taken::Message(m) => match framer.share(&m) {
-                    Some(b) if out.is_empty() => {
-                        let n = b.len();
-                        lone = Some(b);
-                        return n;
-                    }
-                    Some(b) => out.extend_from_slice(&b),
-                    None => framer.frame(&mut out, &m),
-                },
+                Taken::Message(m) => framer.frame(&mut out, &m),
                 Taken::Raw(b) => out.extend_from_slice(&b),
             }
             out.len() - before
         });
         st.framer = Some(framer);
-        lone.unwrap_or_else(|| Bytes::from(out))
+        out
     }
 
     /// Moves queued items into `current` framed, up to MAX_CHUNK (a socket-writing framed
@@ -146,7 +124,7 @@ impl Outbox {
         if out.is_empty() {
             return false;
         }
-        st.current = out;
+        st.current = Bytes::from(out);
         true
     }
 
@@ -291,34 +269,5 @@ mod tests {
         assert_eq!(ob.take_framed(), (Bytes::from_static(b"a/1;a/2;a/3;: ping;"), None));
         ob.close(4000, "server shutting down", false);
         assert_eq!(ob.take_framed(), (Bytes::from_static(b"bye 4000;"), Some(4000)));
-    }
-    /// Shares one event for every publication; frames anything else as `?;`.
-    struct Shares(Bytes);
-
-    impl Framer for Shares {
-        fn frame(&mut self, out: &mut Vec<u8>, _: &Message) {
-            out.extend_from_slice(b"?;");
-        }
-
-        fn share(&mut self, m: &Message) -> Option<Bytes> {
-            matches!(m.kind, Kind::Pub { .. }).then(|| self.0.clone())
-        }
-    }
-
-    #[test]
-    fn framed_a_lone_shared_event_is_written_as_it_is_and_more_are_joined() {
-        let event = Bytes::from(b"P;".to_vec());
-        let ob = Outbox::new_framed(1, None, Box::new(Shares(event.clone())), 1 << 20, Arc::new(Metrics::default()));
-        let _ = ob.push(delivery("a", 1, "1"), false);
-        let (lone, _) = ob.take_framed();
-        assert_eq!(lone.as_ptr(), event.as_ptr(), "the shared bytes, not a copy");
-        let _ = ob.push(delivery("a", 2, "1"), false);
-        ob.push_message(br#"{"id":1,"ok":{}}"#);
-        let _ = ob.push(delivery("a", 3, "1"), false);
-        let _ = ob.push_control(Bytes::from_static(b": ping;"));
-        assert_eq!(ob.take_framed().0, Bytes::from_static(b"P;?;P;: ping;"));
-        ob.push_message(br#"{"id":2,"ok":{}}"#);
-        let _ = ob.push(delivery("a", 4, "1"), false);
-        assert_eq!(ob.take_framed().0, Bytes::from_static(b"?;P;"));
     }
 }

@@ -423,7 +423,7 @@ mod tests {
             true
         }
 
-        fn seal(&mut self, framed: Bytes) -> Bytes {
+        fn seal(&mut self, framed: Vec<u8>) -> Bytes {
             Bytes::from([b"<".as_slice(), &framed, b">"].concat())
         }
     }

@@ -266,7 +266,7 @@ impl Framer for PollBatch {
         true
     }
 
-    fn seal(&mut self, _: Bytes) -> Bytes {
+    fn seal(&mut self, _: Vec<u8>) -> Bytes {
         let joined = std::mem::take(&mut self.joined);
         let answered = !joined.is_empty();
         let base = self.answer.batch.load(Relaxed);

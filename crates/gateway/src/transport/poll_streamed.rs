@@ -13,7 +13,7 @@ use crate::outbox::{Kind, Message};
 use crate::transport::poll_wire::{silent_reply, RESUBSCRIBE_ID, SILENT_ID};
 
 /// What the fan-out wrote of a session's messages into a stream's or a held poll's socket, for
-/// the live copy to take in ([`Polls::take_streamed`]): the highest offset per channel, how
+/// the live copy to take in (`Polls::take_streamed`): the highest offset per channel, how
 /// many replies (the oldest of `Live::queued`, which were written in their order), and the
 /// batch a poll was answered with (its number and body, kept to send again).
 #[derive(Default)]

@@ -30,7 +30,7 @@ use bytes::Bytes;
 use switchboard_protocol::code;
 use tokio::net::TcpStream;
 
-use crate::outbox::{Framer, Kind, Message, Pushed, Wire};
+use crate::outbox::{Framer, Message, Pushed, Wire};
 use crate::transport::http::{self as transport_http, error, Peer};
 use crate::transport::http1;
 use crate::transport::owned::{discard_input, linger, CLOSE_GRACE};
@@ -283,15 +283,6 @@ impl Framer for SessionEvents {
         if let Some(text) = self.noting.note(m) {
             sse::write_event(out, None, None, &text);
         }
-    }
-
-    /// A publication is the event every session stream writes for it ([`sse::data_event`]).
-    fn share(&mut self, m: &Message) -> Option<Bytes> {
-        if !matches!(m.kind, Kind::Pub { .. }) {
-            return None;
-        }
-        self.noting.note(m);
-        Some(sse::data_event(&m.text))
     }
 
     fn settle(&mut self) {

@@ -57,7 +57,7 @@ use crate::transport::http::{self as transport_http, error, query_flag, query_pa
 use crate::transport::http1;
 
 use events::StreamEvents;
-pub use events::{data_event, event_name, write_event};
+pub use events::{event_name, write_event};
 
 /// Streams with at most this many channels carry every channel's position in each event id.
 pub const FULL_ID_CHANNELS: usize = 32;
@@ -442,20 +442,5 @@ mod tests {
         let mut out = Vec::new();
         write_event(&mut out, Some("x"), Some(b"a@e:1"), b"{\"a\":\n1}");
         assert_eq!(out, b"event: x\nid: a@e:1\ndata: {\"a\":\ndata: 1}\n\n");
-    }
-    #[test]
-    fn sse_a_shared_event_is_made_once_per_text_and_never_given_for_another() {
-        let publication = bytes::Bytes::from_static(b"{\"pub\":{\"ch\":\"a\",\"off\":1}}");
-        let first = data_event(&publication);
-        assert_eq!(&first[..], b"data: {\"pub\":{\"ch\":\"a\",\"off\":1}}\n\n");
-        // Another subscriber's handle on the same text gets the same bytes, not a copy.
-        let again = data_event(&publication.clone());
-        assert_eq!(again.as_ptr(), first.as_ptr());
-        // The same characters at another address, and a text that starts where the first
-        // did, are framed for themselves.
-        let copy = bytes::Bytes::copy_from_slice(&publication);
-        assert_ne!(data_event(&copy).as_ptr(), first.as_ptr());
-        assert_eq!(&data_event(&publication.slice(..8))[..], b"data: {\"pub\":{\n\n");
-        assert_eq!(&data_event(&copy)[..], &first[..]);
     }
 }

@@ -6,11 +6,9 @@
 //! to the stream's subscribe becomes `subscribed`, followed by the recovered and initial
 //! publications; other messages are named events (`join`, `leave`, `disconnect`, `reply`).
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::Write;
 
-use bytes::Bytes;
 use indexmap::IndexMap;
 use switchboard_protocol::message::encode_publication;
 use switchboard_protocol::Format;
@@ -42,30 +40,6 @@ pub fn write_event(out: &mut Vec<u8>, event: Option<&str>, id: Option<&[u8]>, da
         out.push(b'\n');
     }
     out.push(b'\n');
-}
-
-/// The default event whose data is `text`, shared: every session stream writes a publication
-/// as this same event (its positions are the session's, not in an `id:`), and the fan-out
-/// frames one publication for outbox after outbox, so each worker thread keeps the event of
-/// the last text it framed and hands it out again for the same text. The text is kept with
-/// it: while kept, no other text can have its address.
-pub fn data_event(text: &Bytes) -> Bytes {
-    thread_local! {
-        static LAST: RefCell<Option<(Bytes, Bytes)>> = const { RefCell::new(None) };
-    }
-    LAST.with(|last| {
-        let mut last = last.borrow_mut();
-        if let Some((kept, event)) = &*last {
-            if kept.as_ptr() == text.as_ptr() && kept.len() == text.len() {
-                return event.clone();
-            }
-        }
-        let mut out = Vec::new();
-        write_event(&mut out, None, None, text);
-        let event = Bytes::from(out);
-        *last = Some((text.clone(), event.clone()));
-        event
-    })
 }
 
 /// The SSE event name of a non-publication message (`None`: the default `message`).
