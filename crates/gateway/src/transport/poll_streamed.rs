@@ -18,36 +18,26 @@ use crate::transport::poll_wire::{silent_reply, RESUBSCRIBE_ID, SILENT_ID};
 /// batch a poll was answered with (its number and body, kept to send again).
 #[derive(Default)]
 pub(crate) struct Streamed {
-    /// The channel noted last and its offset, apart from `offsets`: the same channel handed
-    /// over again is noted without a hash or a look into the map.
-    last: Option<(Arc<str>, u64)>,
     offsets: HashMap<Arc<str>, u64>,
     pub(crate) replies: usize,
     pub(crate) batch: Option<(u64, Bytes)>,
 }
 
 impl Streamed {
-    fn note_offset(&mut self, ch: &Arc<str>, off: u64) {
-        if let Some((last, at)) = &mut self.last {
-            if Arc::ptr_eq(last, ch) || **last == **ch {
-                *at = (*at).max(off);
-                return;
-            }
-        }
-        if let Some((ch, at)) = self.last.replace((ch.clone(), off)) {
-            let kept = self.offsets.entry(ch).or_insert(at);
-            *kept = (*kept).max(at);
-        }
+    /// Keeps the highest offset noted for `ch`.
+    fn note_offset(&mut self, ch: Arc<str>, off: u64) {
+        let kept = self.offsets.entry(ch).or_insert(off);
+        *kept = (*kept).max(off);
     }
 
     /// Whether any offset was noted since the last [`Streamed::take_offsets`].
     pub(crate) fn has_offsets(&self) -> bool {
-        self.last.is_some() || !self.offsets.is_empty()
+        !self.offsets.is_empty()
     }
 
-    /// The offsets noted, per channel; a channel may come twice, the highest is its offset.
+    /// The highest offset noted per channel.
     pub(crate) fn take_offsets(&mut self) -> impl Iterator<Item = (Arc<str>, u64)> + '_ {
-        self.last.take().into_iter().chain(self.offsets.drain())
+        self.offsets.drain()
     }
 }
 
@@ -57,7 +47,7 @@ impl Streamed {
 /// and when it is dropped (detached). A session of one channel (a dashboard's value) notes
 /// each publication with a comparison.
 pub(crate) struct Noting {
-    pub(crate) streamed: Arc<Mutex<Streamed>>,
+    streamed: Arc<Mutex<Streamed>>,
     last: Option<(Arc<str>, u64)>,
 }
 
@@ -93,7 +83,7 @@ impl Noting {
             }
         }
         if let Some((ch, at)) = self.last.replace((ch.clone(), off)) {
-            self.streamed.lock().note_offset(&ch, at);
+            self.streamed.lock().note_offset(ch, at);
         }
     }
 
@@ -107,7 +97,7 @@ impl Noting {
     pub(crate) fn settle_with(&mut self, also: impl FnOnce(&mut Streamed)) {
         let mut st = self.streamed.lock();
         if let Some((ch, at)) = self.last.take() {
-            st.note_offset(&ch, at);
+            st.note_offset(ch, at);
         }
         also(&mut st);
     }
@@ -123,24 +113,27 @@ impl Drop for Noting {
 mod tests {
     use super::*;
 
+    fn publication(ch: &str, off: u64) -> Message {
+        Message { text: Bytes::new(), kind: Kind::Pub { ch: Arc::from(ch), off } }
+    }
+
     #[test]
-    fn streamed_offsets_keep_the_highest_per_channel_however_channels_alternate() {
-        let (a, b): (Arc<str>, Arc<str>) = (Arc::from("a"), Arc::from("b"));
-        let mut st = Streamed::default();
-        assert!(!st.has_offsets());
+    fn noting_keeps_the_highest_offset_per_channel_however_channels_alternate() {
+        let streamed = Arc::new(Mutex::new(Streamed::default()));
+        let mut noting = Noting::new(streamed.clone());
+        assert!(!streamed.lock().has_offsets());
         // Another handle on the same name is the same channel.
-        for (ch, off) in [(&a, 3), (&a, 5), (&b, 1), (&a, 4), (&Arc::from("b"), 7), (&a, 6)] {
-            st.note_offset(ch, off);
+        for (ch, off) in [("a", 3), ("a", 5), ("b", 1), ("a", 4), ("b", 7), ("a", 6)] {
+            noting.note(&publication(ch, off));
         }
+        noting.settle();
+        let mut st = streamed.lock();
         assert!(st.has_offsets());
-        let mut highest = HashMap::<Arc<str>, u64>::new();
-        for (ch, off) in st.take_offsets() {
-            let at = highest.entry(ch).or_default();
-            *at = (*at).max(off);
-        }
-        assert_eq!(highest, HashMap::from([(a, 6), (b, 7)]));
+        let highest: HashMap<Arc<str>, u64> = st.take_offsets().collect();
+        assert_eq!(highest, HashMap::from([(Arc::from("a"), 6), (Arc::from("b"), 7)]));
         assert!(!st.has_offsets(), "taken");
     }
+
     #[test]
     fn noting_hands_a_position_over_on_another_channel_on_settling_and_when_dropped() {
         let streamed = Arc::new(Mutex::new(Streamed::default()));
@@ -150,7 +143,6 @@ mod tests {
             v.sort();
             v
         };
-        let publication = |ch: &str, off| Message { text: Bytes::new(), kind: Kind::Pub { ch: Arc::from(ch), off } };
         let mut noting = Noting::new(streamed.clone());
         noting.note(&publication("a", 1));
         noting.note(&publication("a", 2));
