@@ -356,3 +356,23 @@ def test_a_poll_that_continues_a_held_one_waits_its_own_time(server):
     s.sendall(get(f"/poll/{sid}?ack={seq}&timeout=0", server.port))
     assert json.loads(read_response(s, buf)[2]) == {"seq": seq, "messages": []}
     s.close()
+
+
+def test_a_poll_from_elsewhere_acking_the_batch_before_a_held_answer_gets_that_answer_again(server):
+    # The answer the fan-out wrote into a held poll's connection got lost: a poll on another
+    # connection that acks the batch before it is sent that answer again, whatever the
+    # session's earlier polls on the first connection were.
+    ch = uniq("resend.")
+    sid, s, buf, seq = own_poller(server, ch)
+    held(s, sid, server.port, seq, timeout=20)
+    api_publish(server, ch, "a")
+    seq = json.loads(read_response(s, buf)[2])["seq"]
+    # Another timeout: not the poll sent again, so it is read and held anew.
+    held(s, sid, server.port, seq, timeout=25)
+    api_publish(server, ch, "b")
+    last = json.loads(read_response(s, buf)[2])
+    assert last["seq"] == seq + 1 and [m["pub"]["data"] for m in last["messages"]] == ["b"], last
+    with httpx.Client(trust_env=False) as h:
+        again = h.get(f"{server.http_url}/poll/{sid}", params={"ack": seq, "timeout": 0})
+    assert again.status_code == 200 and again.json() == last, again.text
+    s.close()

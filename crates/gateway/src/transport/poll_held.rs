@@ -262,6 +262,10 @@ impl Framer for PollBatch {
         }
     }
 
+    fn settle(&mut self) {
+        self.noting.settle();
+    }
+
     fn once(&self) -> bool {
         true
     }
@@ -280,13 +284,10 @@ impl Framer for PollBatch {
         out.extend_from_slice(&joined);
         out.extend_from_slice(BATCH_END);
         let out = Bytes::from(out);
-        // The answer's positions, and the batch kept to send again: its own bytes, without
-        // its head.
-        self.noting.settle_with(|st| {
-            if answered {
-                st.batch = Some((seq, out.slice(start..)));
-            }
-        });
+        // The batch kept to send again: its own bytes, without its head.
+        if answered {
+            self.noting.keep_batch(seq, out.slice(start..));
+        }
         // A poll that continues this one acks `seq` and is answered from it.
         self.answer.batch.store(seq, Relaxed);
         self.answer.answers.fetch_add(1, Release);

@@ -585,7 +585,8 @@ impl Polls {
     async fn check_ack(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Result<u64, Response> {
         // The usual poll acks the batch the fan-out answered the last one with: that is the
         // session's batch and there is nothing to check; the live copy takes the answer in at
-        // its next use.
+        // its next use. (This poll's turn detached a held poll's framer, which handed its
+        // answer over.)
         if let Some(a) = ack {
             if s.streamed.lock().batch.as_ref().is_some_and(|(seq, _)| *seq == a) {
                 return Ok(a);

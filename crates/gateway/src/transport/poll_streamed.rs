@@ -41,19 +41,21 @@ impl Streamed {
     }
 }
 
-/// A framer's side of a session's [`Streamed`]: the channel it wrote last and that offset
-/// are kept here, without a lock, and handed over when another channel comes, when the framer
-/// settles ([`crate::outbox::Framer::settle`], before the live copy reads what was written)
-/// and when it is dropped (detached). A session of one channel (a dashboard's value) notes
-/// each publication with a comparison.
+/// A framer's side of a session's [`Streamed`]: the channel it wrote last and that offset,
+/// and the batch a held poll was answered with last, are kept here, without a lock, and
+/// handed over when another channel comes (the position), when the framer settles
+/// ([`crate::outbox::Framer::settle`], before the live copy reads what was written) and when
+/// it is dropped (detached). A session of one channel (a dashboard's value) notes each
+/// publication with a comparison, and a poller's answers take no lock.
 pub(crate) struct Noting {
     streamed: Arc<Mutex<Streamed>>,
     last: Option<(Arc<str>, u64)>,
+    batch: Option<(u64, Bytes)>,
 }
 
 impl Noting {
     pub(crate) fn new(streamed: Arc<Mutex<Streamed>>) -> Noting {
-        Noting { streamed, last: None }
+        Noting { streamed, last: None, batch: None }
     }
 
     /// Notes `m`, which the fan-out is writing into a session's socket, and gives what the
@@ -87,19 +89,24 @@ impl Noting {
         }
     }
 
-    /// Hands the position kept here to the session's [`Streamed`].
-    pub(crate) fn settle(&mut self) {
-        self.settle_with(|_| {});
+    /// Keeps `body`, the batch numbered `seq` a held poll was answered with, until it is handed
+    /// over in place of any kept before.
+    pub(crate) fn keep_batch(&mut self, seq: u64, body: Bytes) {
+        self.batch = Some((seq, body));
     }
 
-    /// Hands the position kept here to the session's [`Streamed`], and does `also` with it
-    /// under the same lock.
-    pub(crate) fn settle_with(&mut self, also: impl FnOnce(&mut Streamed)) {
+    /// Hands what is kept here to the session's [`Streamed`].
+    pub(crate) fn settle(&mut self) {
+        if self.last.is_none() && self.batch.is_none() {
+            return;
+        }
         let mut st = self.streamed.lock();
         if let Some((ch, at)) = self.last.take() {
             st.note_offset(ch, at);
         }
-        also(&mut st);
+        if let Some(batch) = self.batch.take() {
+            st.batch = Some(batch);
+        }
     }
 }
 
@@ -154,5 +161,22 @@ mod tests {
         noting.note(&publication("b", 6));
         drop(noting);
         assert_eq!(taken(&streamed), [("b".to_string(), 6)]);
+    }
+
+    #[test]
+    fn noting_hands_the_last_answered_batch_over_on_settling_and_when_dropped() {
+        let streamed = Arc::new(Mutex::new(Streamed::default()));
+        let batch = |streamed: &Mutex<Streamed>| streamed.lock().batch.take().map(|(seq, b)| (seq, b.to_vec()));
+        let mut noting = Noting::new(streamed.clone());
+        noting.keep_batch(3, Bytes::from_static(b"three"));
+        noting.keep_batch(4, Bytes::from_static(b"four"));
+        assert_eq!(batch(&streamed), None, "kept by the framer");
+        noting.settle();
+        assert_eq!(batch(&streamed), Some((4, b"four".to_vec())), "the last one only");
+        noting.settle();
+        assert_eq!(batch(&streamed), None, "handed over once");
+        noting.keep_batch(5, Bytes::from_static(b"five"));
+        drop(noting);
+        assert_eq!(batch(&streamed), Some((5, b"five".to_vec())));
     }
 }
