@@ -115,22 +115,27 @@ pub(crate) struct Conn<'a> {
 /// it may wait (`poll_socket`, which reads polls, decides).
 pub(crate) type NextPoll<'a> = &'a (dyn Fn(&[u8], u64) -> Option<(usize, Duration)> + Sync);
 
-/// Holds `poll` of `s` until `deadline`, to be answered by the fan-out; `head` is its
-/// answer's head ([`AnswerHead`]). The polls that continue it ([`NextPoll`]) are held the
-/// same way, and `deadline` is then the last one's. `write_timeout`: how long an answer the
-/// client does not take may wait.
-#[allow(clippy::too_many_arguments)]
+/// How a connection's held polls are answered: the head of each answer ([`AnswerHead`]),
+/// which request continues a held poll ([`NextPoll`]), and how long an answer the client
+/// does not take may wait.
+pub(crate) struct Answering<'a> {
+    pub(crate) head: Bytes,
+    pub(crate) next_poll: NextPoll<'a>,
+    pub(crate) write_timeout: Duration,
+}
+
+/// Holds `poll` of `s` until `deadline`, to be answered by the fan-out. The polls that
+/// continue it are held the same way, and `deadline` is then the last one's.
 pub(crate) async fn wait(
     polls: &Polls,
     s: &Arc<PollSession>,
     poll: &Started,
     deadline: &mut Instant,
     conn: Conn<'_>,
-    head: Bytes,
-    next_poll: NextPoll<'_>,
-    write_timeout: Duration,
+    answering: Answering<'_>,
 ) -> Held {
     let Conn { tcp, pending, mut timer } = conn;
+    let Answering { head, next_poll, write_timeout } = answering;
     let me = poll.me;
     if polls.store.shared() || !s.serves(me) || s.outbox.has_pending() || s.outbox.closed().is_some() {
         return Held::Unanswered;

@@ -31,7 +31,7 @@ use tokio::net::TcpStream;
 
 use crate::transport::http::{self as transport_http, error, query_param, Peer};
 use crate::transport::http1::{self, Ending, Next, Seen};
-use crate::transport::poll_held::{self, AnswerHead, Conn, Held};
+use crate::transport::poll_held::{self, AnswerHead, Answering, Conn, Held};
 use crate::transport::poll_session::{json_response, Found, PollSession, Polls};
 
 /// Answers `GET /poll/{id}` (`query`: the request's query).
@@ -223,7 +223,8 @@ async fn serve_one(
     // Anything else is read and served as any request is.
     let again = Again::of(target, &known.lines);
     let next_poll = |input: &[u8], seq: u64| Some((again.as_ref()?.len_in(input, seq)?, timeout));
-    match poll_held::wait(polls, &s, &poll, &mut deadline, conn, known.head.clone(), &next_poll, write_timeout).await {
+    let answering = Answering { head: known.head.clone(), next_poll: &next_poll, write_timeout };
+    match poll_held::wait(polls, &s, &poll, &mut deadline, conn, answering).await {
         Held::Answered => Served::Answered,
         Held::Gone => Served::Gone,
         Held::Unanswered => tokio::select! {
