@@ -7,7 +7,7 @@
 //! with [`PollBatch`], a framer that writes one answer: whoever delivers the next messages
 //! frames them as the poll's batch, HTTP head and all, and writes it with one `try_write` —
 //! no task wake-up, as for a WebSocket delivery. The framer notes what it wrote
-//! (`poll_session::Streamed`: positions, replies, the batch kept to send again), which the
+//! (`poll_streamed::Noting`: positions, replies, the batch kept to send again), which the
 //! live copy takes in before its next use. The poll's task wakes when the next request comes.
 //! When that request is the session's next poll, acking the batch just answered, with the
 //! headers of the last (the poll a poller sends again at once), the framer stays attached and

@@ -9,9 +9,9 @@
 //!   framed the session's way (a takeover's recovered publications among it); then the
 //!   session's outbox is attached to the socket (`Outbox::attach`) and the fan-out writes
 //!   each delivery into it, framed by [`SessionEvents`], as it writes a WebSocket's: one
-//!   write, no task wake-up. The framer notes what it wrote ([`Streamed`]: positions, replies)
-//!   for the session's record. A later poll or stream detaches the socket, and the session's
-//!   messages wait to be taken again.
+//!   write, no task wake-up. The framer notes what it wrote (`poll_streamed::Noting`:
+//!   positions, replies) for the session's record. A later poll or stream detaches the
+//!   socket, and the session's messages wait to be taken again.
 //! - Any other (a kept-alive connection, TLS) is hyper's response body: [`SessionStream::next`]
 //!   takes what the session has pending and frames it, chunk by chunk ([`attach`]).
 //!
