@@ -416,6 +416,35 @@ async fn broker_redis_idle_channels_expire_but_subscribed_and_kept_ones_stay() {
 
 /// The pub/sub link measures its keepalive PING's round trip; a server that stops answering
 /// shows as the age of the PING in flight, and the round trip is short again once it runs.
+/// Subscribers told while Redis is down are told once: the resubscription after it is back
+/// does not report the channel again, so whoever subscribed after the notice (a recovering
+/// client, before its old subscription was released) keeps streaming.
+#[tokio::test]
+async fn broker_redis_channels_reported_lost_while_down_are_not_reported_again_once_back() {
+    let mut r = Redis::start();
+    let port = r.port();
+    let a = broker(&r, "told");
+    let h = Arc::new(RecordingHandler::default());
+    a.set_handler(h.clone());
+    ready(&a).await;
+    a.subscribe("news").await.unwrap();
+    a.publish("news", data("1"), KEEP).await.unwrap();
+    h.wait_for("offset 1", |h| h.offsets("news") == vec![1]).await;
+    let reports = |h: &RecordingHandler| h.missed.lock().iter().filter(|ch| *ch == "news").count();
+
+    r.kill();
+    // Down for long enough that the node tells the channel's subscribers without waiting.
+    h.wait_for("the report while Redis is down", |h| reports(h) == 1).await;
+    let _r = Redis::start_on(port);
+    ready(&a).await;
+    // The recovering subscriber; the old subscription is still counted.
+    a.subscribe("news").await.unwrap();
+    let after = a.publish("news", data("2"), KEEP).await.unwrap();
+    assert_eq!(after.offset, 1, "a new epoch after the restart");
+    h.wait_for("delivery after the restart", |h| h.offsets("news") == vec![1, 1]).await;
+    assert_eq!(reports(&h), 1, "reported once: {:?}", h.missed.lock());
+}
+
 #[tokio::test]
 async fn broker_redis_round_trip_grows_while_the_server_is_stopped() {
     let r = Redis::start();

@@ -39,6 +39,9 @@ async fn next_pub(c: &mut Client) -> switchboard_client::Publication {
     loop {
         match tokio::time::timeout(Duration::from_secs(10), c.next_event()).await.expect("event within 10 s") {
             Some(Event::Publication(p)) => return p,
+            Some(Event::Unsubscribed { ch, code, .. }) => {
+                panic!("{ch} ended by the node ({code}) instead of a publication")
+            }
             Some(_) => continue,
             None => panic!("connection ended"),
         }

@@ -271,12 +271,27 @@ impl Link {
     }
 
     /// Tells the handler that every channel that was delivering when the connection dropped
-    /// may miss publications (its subscribers recover).
+    /// may miss publications (its subscribers recover). Told once: those channels start over
+    /// as new subscriptions, so that whoever subscribes after the notice (the recovering
+    /// subscribers among them) is not told again when the link resubscribes.
     fn tell_lost(&self, handler: Option<&Arc<dyn crate::BrokerHandler>>) {
         let Some(h) = handler else { return };
         let lost: Vec<Arc<str>> = {
             let entries = self.entries.lock();
-            entries.iter().filter(|(_, e)| e.track.lock().resync).map(|(ch, _)| ch.clone()).collect()
+            entries
+                .iter()
+                .filter(|(_, e)| {
+                    let mut t = e.track.lock();
+                    let told = std::mem::take(&mut t.resync);
+                    if told {
+                        t.epoch = None;
+                        t.delivered = 0;
+                        t.seen = 0;
+                    }
+                    told
+                })
+                .map(|(ch, _)| ch.clone())
+                .collect()
         };
         if lost.is_empty() {
             return;
