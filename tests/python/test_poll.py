@@ -244,6 +244,30 @@ def test_poll_sessions_expire_after_inactivity(start_server):
         p.close()
 
 
+@pytest.mark.timeout(40)
+def test_poll_sessions_are_not_closed_by_the_heartbeat_of_silent_connections(start_server):
+    # The node closes a connection silent for three ping intervals; a session's liveness is
+    # its own expiry instead: a poll held, a stream with nothing to send, or no request at all
+    # for longer than that leave it open.
+    srv = start_server("--ping-s", "1", env={"SWITCHBOARD_POLL_TIMEOUT_S": "5"})
+    ch = uniq("beat.")
+    held, streamed, quiet = (Poller(srv, [{"id": 1, "subscribe": {"channels": [ch]}}]) for _ in range(3))
+    try:
+        for p in (held, streamed, quiet):
+            assert p.poll()["messages"][0]["id"] == 1
+        with SSE(f"{srv.http_url}/sse?session={streamed.id}") as s:
+            assert s.status == 200
+            assert held.poll()["messages"] == [], "held for the whole 5 s timeout"
+            time.sleep(0.5)  # the quiet session: 5.5 s without a request
+            api_publish(srv, ch, {"x": 1})
+            assert s.next(timeout=10).json() == {"pub": {"ch": ch, "off": 1, "data": {"x": 1}}}
+        for p in (held, quiet):
+            assert [m["pub"] for m in p.poll()["messages"]] == [{"ch": ch, "off": 1, "data": {"x": 1}}]
+    finally:
+        for p in (held, streamed, quiet):
+            p.close()
+
+
 def test_poll_delete_ends_the_session(server, poller):
     p = poller([{"id": 1, "subscribe": {"channels": [uniq("del.")]}}])
     p.poll()

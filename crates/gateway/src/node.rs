@@ -347,8 +347,9 @@ impl Node {
         });
     }
 
-    /// Pings every connection each `ping_s` and closes those silent for three intervals.
-    /// Supervised (task `heartbeats`).
+    /// Pings every connection each `ping_s` and closes those silent for three intervals; a
+    /// poll session's outbox is left to the session's own expiry. Supervised (task
+    /// `heartbeats`).
     pub fn spawn_heartbeats(self: &Arc<Self>) {
         let node = Arc::downgrade(self);
         let period = Duration::from_secs(self.config.limits.ping_s);
@@ -365,6 +366,9 @@ impl Node {
                     let limit = 3 * node.config.limits.ping_s;
                     let conns: Vec<Arc<Outbox>> = node.conns.lock().values().cloned().collect();
                     for ob in conns {
+                        if ob.expires_with_session() {
+                            continue;
+                        }
                         if now.saturating_sub(ob.last_seen.load(Relaxed)) >= limit {
                             ob.close(close::STALE, "no pong for three ping intervals", true);
                         } else if ob.websocket() && ob.push_control(ping.clone()) == crate::outbox::Pushed::Schedule {

@@ -64,9 +64,18 @@ pub struct PullOptions {
     /// Drop the `disconnect` 4000 of a node shutdown: the session lives on in a shared store
     /// and another node continues it. The outbox still closes.
     pub survive_shutdown: bool,
+    /// The poll session it serves is what expires it (no poll or stream for the session's
+    /// ttl): the node's heartbeat, which closes connections silent for three ping intervals,
+    /// leaves it alone.
+    pub expires_with_session: bool,
 }
 
 impl Outbox {
+    /// Whether the outbox's poll session decides when it is gone ([`PullOptions`]).
+    pub fn expires_with_session(&self) -> bool {
+        self.pull_options().expires_with_session
+    }
+
     pub(super) fn pull_options(&self) -> PullOptions {
         match &self.sink {
             Sink::Pull(o) => *o,

@@ -299,8 +299,7 @@ async fn notice_task(polls: std::sync::Weak<Polls>, rx: &mut tokio::sync::mpsc::
 }
 
 /// Every second (and often while the node stops): expires idle sessions, closes those whose
-/// token expired, releases closed ones, and keeps the node's heartbeat from closing the
-/// sessions that are alive.
+/// token expired, releases closed ones and renews the leases that are due.
 async fn sweep_task(polls: std::sync::Weak<Polls>) {
     let mut stop = match polls.upgrade() {
         Some(p) => p.node.stopping(),
@@ -320,18 +319,29 @@ async fn sweep_task(polls: std::sync::Weak<Polls>) {
             }
         }
         let Some(polls) = polls.upgrade() else { return };
-        let list: Vec<Arc<PollSession>> = polls.sessions.lock().values().cloned().collect();
-        // One reading of the clock serves the whole sweep: it visits every session once a
-        // second, so what it does per session is kept to what it must. A session in use is
-        // only renewed once a quarter of its lease is spent, and looked at (its lock taken)
-        // only once the deadline it shows may have passed.
+        // One reading of the clock serves the whole sweep. It looks at every session once a
+        // second, so that look is a few counters read under the map's lock, nothing written:
+        // only a session with something due is taken out (a lease a quarter spent, a deadline
+        // that may have passed, nobody polling) and dealt with after the lock is released.
         let now = crate::unix_s();
         let shared = polls.store.shared();
-        for s in list {
+        let due: Vec<Arc<PollSession>> = polls
+            .sessions
+            .lock()
+            .values()
+            .filter(|s| {
+                s.busy.load(Relaxed) == 0
+                    || s.outbox.deadline_s.load(Relaxed) <= now
+                    || (!shared && polls.lease_spent(s, now))
+            })
+            .cloned()
+            .collect();
+        for s in due {
             if !shared && polls.lease_spent(&s, now) && s.state.load(Relaxed) == LIVE && s.outbox.closed().is_none() {
                 polls.lease(&s).await;
             }
             if s.outbox.deadline_s.load(Relaxed) <= now {
+                // Its lock taken only now that the deadline it shows may have passed.
                 if let Ok(mut live) = s.live.try_lock() {
                     if let Some(reason) = live.session.check_deadline() {
                         s.outbox.close(reason.code, &reason.reason, true);
@@ -339,7 +349,6 @@ async fn sweep_task(polls: std::sync::Weak<Polls>) {
                 }
             }
             if s.busy.load(Relaxed) > 0 {
-                s.outbox.last_seen.store(now, Relaxed);
                 continue;
             }
             let idle = now.saturating_sub(s.active.load(Relaxed));
@@ -368,9 +377,7 @@ async fn sweep_task(polls: std::sync::Weak<Polls>) {
                     tracing::debug!(session = %s.id, idle, "poll session expired");
                     polls.finish(&s, &mut live, close::NORMAL).await;
                 }
-                continue;
             }
-            s.outbox.last_seen.store(now, Relaxed);
         }
     }
 }

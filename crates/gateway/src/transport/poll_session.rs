@@ -186,7 +186,8 @@ impl Polls {
         slot: Option<IpGuard>,
     ) -> Result<Arc<PollSession>, Response> {
         let node = &self.node;
-        let options = PullOptions { record_replies: true, survive_shutdown: self.store.shared() };
+        let options =
+            PullOptions { record_replies: true, survive_shutdown: self.store.shared(), expires_with_session: true };
         let outbox = match node.register_pull(options) {
             Ok(ob) => ob,
             Err(ob) => {

@@ -19,7 +19,6 @@
 //! within a second of the last message, so a node that takes the session over continues from
 //! what the stream delivered.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,7 +98,6 @@ impl SessionStream {
                 }
             }
         }
-        s.outbox.last_seen.store(crate::unix_s(), Relaxed);
         Some((Bytes::from(out), self))
     }
 }
@@ -253,7 +251,6 @@ async fn run(
                 }
             }
             _ = tick.tick() => {
-                outbox.last_seen.store(crate::unix_s(), Relaxed);
                 if !outbox.wrote_since() && outbox.push_control(Bytes::from_static(sse::PING)) == Pushed::Schedule {
                     outbox.flush();
                 }
