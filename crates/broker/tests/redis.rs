@@ -414,8 +414,6 @@ async fn broker_redis_idle_channels_expire_but_subscribed_and_kept_ones_stay() {
     .await;
 }
 
-/// The pub/sub link measures its keepalive PING's round trip; a server that stops answering
-/// shows as the age of the PING in flight, and the round trip is short again once it runs.
 /// Subscribers told while Redis is down are told once: the resubscription after it is back
 /// does not report the channel again, so whoever subscribed after the notice (a recovering
 /// client, before its old subscription was released) keeps streaming.
@@ -445,6 +443,8 @@ async fn broker_redis_channels_reported_lost_while_down_are_not_reported_again_o
     assert_eq!(reports(&h), 1, "reported once: {:?}", h.missed.lock());
 }
 
+/// The pub/sub link measures its keepalive PING's round trip; a server that stops answering
+/// shows as the age of the PING in flight, and the round trip is short again once it runs.
 #[tokio::test]
 async fn broker_redis_round_trip_grows_while_the_server_is_stopped() {
     let r = Redis::start();

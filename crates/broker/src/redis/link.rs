@@ -92,6 +92,17 @@ struct Track {
     seen: u64,
 }
 
+impl Track {
+    /// Forgets what was delivered: a later subscription starts from the position it reads,
+    /// with nothing to compare it with.
+    fn start_over(&mut self) {
+        self.resync = false;
+        self.epoch = None;
+        self.delivered = 0;
+        self.seen = 0;
+    }
+}
+
 /// Why a subscribe failed at once: the pub/sub connection is down (Redis unreachable).
 const LINK_DOWN: &str = "redis pub/sub connection is down";
 
@@ -282,11 +293,9 @@ impl Link {
                 .iter()
                 .filter(|(_, e)| {
                     let mut t = e.track.lock();
-                    let told = std::mem::take(&mut t.resync);
+                    let told = t.resync;
                     if told {
-                        t.epoch = None;
-                        t.delivered = 0;
-                        t.seen = 0;
+                        t.start_over();
                     }
                     told
                 })
@@ -463,10 +472,7 @@ async fn manage(inner: &Inner, sink: &mut Sink) -> Result<(), redis::RedisError>
                 // restarts from scratch if it is subscribed again.
                 t.redis_subscribed = false;
                 t.active = false;
-                t.resync = false;
-                t.epoch = None;
-                t.delivered = 0;
-                t.seen = 0;
+                t.start_over();
                 if t.count == 0 {
                     drop(t);
                     entries.remove(ch);
