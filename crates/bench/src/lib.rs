@@ -13,7 +13,8 @@
 //! # Layout
 //! Scenarios sit on top; the shared machinery below them never imports a scenario
 //! (`scripts/check-cycles.py --crate bench` shows the module graph has no cycle).
-//! - [`scenario`]: one file per scenario ([`scenario::limit`], [`scenario::broadcast`],
+//! - [`scenario`]: one file per scenario ([`scenario::limit`], [`scenario::broadcast`] (with
+//!   `broadcast::reference`, two transports' cost per delivery compared in one run),
 //!   [`scenario::echo`], [`scenario::rooms`], [`scenario::streams`] (with
 //!   `streams::feed`, the subscriber, its frame reader and the batched publisher it shares with
 //!   [`scenario::dashboard`], [`scenario::rooms`] and [`scenario::soak`]),

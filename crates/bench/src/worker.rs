@@ -207,8 +207,14 @@ impl WorkerCtx {
     pub fn check_complete(&self) {
         let e = self.expected.get();
         if e > 0 && self.tally.borrow().received == e {
-            self.emit(&WorkerMsg::Progress(self.snapshot()));
+            self.report_now();
         }
+    }
+
+    /// Sends this worker's progress at once rather than with the next second's line (a
+    /// coordinator timing a step by when it is complete).
+    pub fn report_now(&self) {
+        self.emit(&WorkerMsg::Progress(self.snapshot()));
     }
 
     pub fn stopping(&self) -> bool {
@@ -395,8 +401,13 @@ impl Pool {
 
     /// Sum of the latest progress of every worker.
     pub fn totals(&self) -> Snapshot {
+        self.totals_of(0..self.workers.len())
+    }
+
+    /// Sum of the latest progress of the workers numbered `workers` (one role of several).
+    pub fn totals_of(&self, workers: std::ops::Range<usize>) -> Snapshot {
         let mut s = Snapshot::default();
-        for w in &self.workers {
+        for w in self.workers.get(workers).unwrap_or_default() {
             s.add(&w.snapshot);
         }
         s

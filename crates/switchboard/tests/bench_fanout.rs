@@ -1,6 +1,7 @@
-//! End-to-end runs of the fan-out scenarios of `switchboard bench` — `rooms`, `streams` and
-//! `dashboard` — with the real binary as the server and as the load generator (coordinator
-//! and worker processes), at small sizes; the verdicts are read back from `result.json`.
+//! End-to-end runs of the fan-out scenarios of `switchboard bench` — `rooms`, `streams`,
+//! `dashboard` and `broadcast --reference` — with the real binary as the server and as the
+//! load generator (coordinator and worker processes), at small sizes; the verdicts are read
+//! back from `result.json`.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
 use std::process::ExitStatus;
@@ -218,4 +219,38 @@ fn bench_dashboard_fills_every_widget_and_keeps_the_final_values() {
     assert_eq!((u(&m["lost"]), u(&m["duplicated"])), (0, 0));
     assert!((200..=published).contains(&received), "{m}");
     assert_eq!(received + u(&x["conflated"]), published);
+}
+
+#[test]
+fn bench_broadcast_reference_compares_two_transports_in_one_run_and_fails_over_its_ratio() {
+    let server = Server::start(&[]);
+    let run =
+        ["broadcast", "--subs", "20", "--bursts", "3", "--period", "2", "--transport", "sse", "--reference", "ws"];
+    let (status, r) = bench(&server, &run);
+    assert_passed(status, &r);
+    // The run's own figures are the SSE subscribers'; the WebSocket ones are the reference's.
+    assert_complete(&r, 20, 3 * 20);
+    assert_eq!((r["params"]["transport"].as_str(), r["params"]["reference"].as_str()), (Some("sse"), Some("ws")));
+    let x = &r["extra"]["reference"];
+    assert_eq!((x["transport"].as_str(), u(&x["subs"]), u(&x["received"])), (Some("ws"), 20, 3 * 20), "{x}");
+    assert_eq!(x["windows_cut"], serde_json::json!([0, 0]), "{x}");
+    let main = r["extra"]["server_cpu_us_per_delivery"].as_f64().unwrap();
+    let reference = x["server_cpu_us_per_delivery"].as_f64().unwrap();
+    assert!(main > 0.0 && reference > 0.0, "{x}");
+    assert!((x["cost_ratio"].as_f64().unwrap() - main / reference).abs() < 1e-9, "{x}");
+    assert!(r["server"]["rss_per_connection_bytes"].is_null(), "two transports share the server's memory");
+
+    // A bound no transport meets fails the run, and the failed check names it.
+    let bounded =
+        [&run[..], &["--max-ratio", "0.001", "--max-p99-ms", "60000", "--max-publish-late-ms", "60000"]].concat();
+    let (status, r) = bench(&server, &bounded);
+    assert_eq!((status.code(), &r["pass"]), (Some(1), &Value::Bool(false)), "{:#}", r["criteria"]);
+    let failed: Vec<&str> = r["criteria"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["ok"] == false)
+        .filter_map(|c| c["check"].as_str())
+        .collect();
+    assert_eq!(failed, ["a delivery costs at most 0.001× a ws one (median of the periods)"], "{:#}", r["criteria"]);
 }

@@ -9,6 +9,10 @@
 //! Every attempted publication is expected at every subscriber, so a publish that fails (a
 //! dead server) shows as lost deliveries as well as a failed criterion.
 //! `--search` doubles M until a burst misses its period (or `--search-max`).
+//! `--reference TRANSPORT` adds M subscribers over a second transport on a second channel and
+//! compares the two transports' server CPU per delivery within the run ([`reference`]).
+
+mod reference;
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -78,6 +82,17 @@ pub struct BroadcastArgs {
     /// i-th of --target and these, round robin; publications still go to --api.
     #[arg(long = "also-target", value_name = "URL")]
     pub also_targets: Vec<String>,
+    /// Also subscribe as many clients over this transport to a second channel and publish to
+    /// both each period, half a period apart: the server's CPU time from each publish to its
+    /// last delivery gives both transports' cost per delivery in the same run (`reference`
+    /// module). `server_cpu_us_per_delivery` is then --transport's from those windows, and
+    /// `extra.reference` holds the reference's and the ratio. Needs --server-pid.
+    #[arg(long, value_enum, value_name = "TRANSPORT")]
+    pub reference: Option<Transport>,
+    /// With --reference: the run fails when a delivery costs more than this many times a
+    /// reference delivery (the median over the periods of the two windows' ratio).
+    #[arg(long, requires = "reference")]
+    pub max_ratio: Option<f64>,
     #[command(flatten)]
     pub pace: PaceArgs,
     #[command(flatten)]
@@ -201,9 +216,13 @@ async fn subscriber(
         };
         let now = unix_micros();
         let mut got = false;
+        // A publication every subscriber of this worker now has: reported at once, for a
+        // coordinator that times each publication's cost (`--reference`).
+        let mut burst_done = false;
         {
             let mut tally = ctx.tally.borrow_mut();
             let mut lat = ctx.latency.borrow_mut();
+            let established = tally.established;
             for_each_message::<Push, _>(fmt, payload, |m| {
                 let Ok(m) = m else {
                     tally.unexpected += 1;
@@ -221,6 +240,7 @@ async fn subscriber(
                     if let Some(b) = tally.bursts.get_mut(p.data.seq as usize) {
                         b.count += 1;
                         b.last_us = b.last_us.max(now);
+                        burst_done |= b.count == established;
                     }
                 }
             });
@@ -230,6 +250,9 @@ async fn subscriber(
         }
         if got {
             ctx.check_complete();
+        }
+        if burst_done {
+            ctx.report_now();
         }
     }
     ctx.dropped("connection ended");
@@ -273,6 +296,14 @@ where
 // ---------------------------------------------------------------------------------------------
 // Coordinator.
 
+/// The progress line of the publishing phase.
+fn publishing(rate: &mut Rate, sent: usize, bursts: u64) -> impl FnMut(&Pool) -> String + '_ {
+    move |p| {
+        let t = p.totals();
+        format!("publishing {sent}/{bursts}: {} deliveries ({:.0}/s)", t.received, rate.per_s(t.received))
+    }
+}
+
 /// One publication as the coordinator saw it.
 #[derive(Debug, Clone, Serialize)]
 struct Burst {
@@ -298,6 +329,12 @@ pub fn run(args: BroadcastArgs) -> anyhow::Result<i32> {
         bail!("--subs, --period and --bursts must be positive");
     }
     args.transport.check_format(args.format.format())?;
+    if let Some(r) = args.reference {
+        r.check_format(args.format.format())?;
+        if args.common.server_pid.is_none() || !args.also_targets.is_empty() {
+            bail!("--reference measures one server: it needs --server-pid and no --also-target");
+        }
+    }
     coordinator_runtime()?.block_on(coordinate(args))
 }
 
@@ -391,97 +428,129 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
 
     let targets: Vec<&String> = std::iter::once(&args.common.target).chain(&args.also_targets).collect();
     let procs = args.common.procs_for(subs).max(targets.len().min(subs));
-    let spread = args.common.spread_sources(subs);
-    let configs: Vec<WorkerConfig> = split(subs, procs)
-        .into_iter()
-        .enumerate()
-        .map(|(i, (first, n))| {
-            WorkerConfig::Broadcast(BroadcastWorker {
+    // The run's channel and transport, then the reference's (`--reference`), whose subscribers
+    // take the next source addresses and the next worker processes.
+    let lanes: Vec<(String, Transport)> = std::iter::once((args.channel.clone(), args.transport))
+        .chain(args.reference.map(|r| (reference::channel(&args.channel), r)))
+        .collect();
+    let compared = lanes.len() > 1;
+    let spread = args.common.spread_sources(subs * lanes.len());
+    let shares = split(subs, procs);
+    let per_lane = shares.len().max(1);
+    let mut configs: Vec<WorkerConfig> = Vec::with_capacity(per_lane * lanes.len());
+    for (lane, (channel, transport)) in lanes.iter().enumerate() {
+        for (i, &(first, n)) in shares.iter().enumerate() {
+            configs.push(WorkerConfig::Broadcast(BroadcastWorker {
                 target: targets[i % targets.len()].clone(),
-                channel: args.channel.clone(),
+                channel: channel.clone(),
                 conns: n,
-                first_index: first,
+                first_index: lane * subs + first,
                 spread,
                 bursts,
                 format: args.format,
                 concurrency: args.concurrency,
-                transport: args.transport,
-            })
-        })
-        .collect();
+                transport: *transport,
+            }));
+        }
+    }
+    let lane_workers = |lane: usize| lane * per_lane..(lane + 1) * per_lane;
     progress.note(&format!(
-        "broadcast: {subs} subscribers on {} over {} worker processes, {bursts} publications every {} s",
+        "broadcast: {subs} subscribers on {} over {} worker processes{}, {bursts} publications every {} s",
         args.channel,
         configs.len(),
+        match args.reference {
+            Some(r) => format!(" and as many over {} on {}", r.name(), lanes[1].0),
+            None => String::new(),
+        },
         args.period
     ));
     let pool = Pool::spawn(&configs, args.token.as_deref())?;
-    let connect_deadline = Instant::now() + Duration::from_secs(30) + Duration::from_millis(subs as u64 * 5);
+    let all = subs * lanes.len();
+    let connect_deadline = Instant::now() + Duration::from_secs(30) + Duration::from_millis(all as u64 * 5);
     let mut pool = pool
-        .establish(connect_deadline, progress, "subscribing", subs, "no subscriber could connect and subscribe")
+        .establish(connect_deadline, progress, "subscribing", all, "no subscriber could connect and subscribe")
         .await?;
     let ready = pool.totals();
+    let lane_established: Vec<u64> = (0..lanes.len()).map(|l| pool.totals_of(lane_workers(l)).established).collect();
     let mem_connected = probe.and_then(|p| p.memory().ok());
     let cpu0 = probe.and_then(|p| p.cpu_sample().ok());
 
-    // Publishing phase.
+    // Publishing phase: each period one publication per lane, a slot of the period apart.
     let mut plan = Vec::with_capacity(bursts as usize);
+    let mut reference_plan = Vec::new();
+    let mut windows = reference::Windows::default();
     let phase_start = Instant::now();
     let first_publish_us = unix_micros();
     let period = Duration::from_secs_f64(args.period);
+    let slot_len = period.div_f64(lanes.len() as f64);
     let mut rate = Rate::default();
     // Largest delay between a burst's scheduled time and its publish.
     let mut late_max_us = 0;
     for k in 0..bursts {
-        let at = phase_start + period * k as u32;
-        let sent = plan.len();
-        pool.run_until(
-            at,
-            progress,
-            |p| {
-                let t = p.totals();
-                format!("publishing {sent}/{bursts}: {} deliveries ({:.0}/s)", t.received, rate.per_s(t.received))
-            },
-            |_| false,
-        )
-        .await;
-        let t = unix_micros();
-        let due = first_publish_us + (period * k as u32).as_micros() as u64;
-        late_max_us = late_max_us.max(t.saturating_sub(due));
-        let (offset, error) = match api.publish(&args.channel, &json!({"t": t, "seq": k})).await {
-            Ok(r) => (Some(r.offset), None),
-            Err(e) => (None, Some(e.to_string())),
-        };
-        plan.push(Burst {
-            seq: k,
-            published_us: t,
-            offset,
-            error,
-            delivered: 0,
-            completion_ms: None,
-            within_period: false,
-        });
+        for slot in 0..lanes.len() {
+            let lane = if compared { reference::lane(k, slot) } else { 0 };
+            let from_start = period * k as u32 + slot_len * slot as u32;
+            let at = phase_start + from_start;
+            let sent = plan.len();
+            pool.run_until(at, progress, publishing(&mut rate, sent, bursts), |_| false).await;
+            let t = unix_micros();
+            late_max_us = late_max_us.max(t.saturating_sub(first_publish_us + from_start.as_micros() as u64));
+            let before = probe.filter(|_| compared).and_then(|p| p.cpu_sample().ok());
+            let (offset, error) = match api.publish(&lanes[lane].0, &json!({"t": t, "seq": k})).await {
+                Ok(r) => (Some(r.offset), None),
+                Err(e) => (None, Some(e.to_string())),
+            };
+            if compared {
+                // The window closes once every subscriber of the lane has this publication.
+                let want = (k + 1) * lane_established[lane];
+                let workers = lane_workers(lane);
+                let whole = pool
+                    .run_until(at + slot_len, progress, publishing(&mut rate, sent, bursts), |p| {
+                        p.totals_of(workers.clone()).received >= want
+                    })
+                    .await;
+                let after = probe.and_then(|p| p.cpu_sample().ok());
+                windows.add(lane, &before, &after, lane_established[lane], whole);
+            }
+            let burst = Burst {
+                seq: k,
+                published_us: t,
+                offset,
+                error,
+                delivered: 0,
+                completion_ms: None,
+                within_period: false,
+            };
+            if lane == 0 {
+                plan.push(burst);
+            } else {
+                reference_plan.push(burst);
+            }
+        }
     }
-    let published = plan.iter().filter(|b| b.offset.is_some()).count() as u64;
+    let published = plan.iter().chain(&reference_plan).filter(|b| b.offset.is_some()).count() as u64;
     // Every attempted publication is expected at every subscriber: one that failed (say the
     // server died) is a loss to them, and one whose reply was lost may still have been
     // delivered, which must not make up for deliveries missing elsewhere.
-    let expected = plan.len() as u64 * ready.established;
+    let expected = plan.len() as u64 * lane_established[0];
+    let expected_all = bursts * lane_established.iter().sum::<u64>();
     let grace = period.max(Duration::from_secs(5)) * 2;
     pool.run_until(
         Instant::now() + grace,
         progress,
         |p| {
             let t = p.totals();
-            format!("draining: {}/{expected} deliveries", t.received)
+            format!("draining: {}/{expected_all} deliveries", t.received)
         },
         // Done when everything arrived, or when no subscriber is left to receive more.
-        |p| p.totals().received >= expected || p.totals().dropped >= ready.established,
+        |p| p.totals().received >= expected_all || p.totals().dropped >= ready.established,
     )
     .await;
     let cpu1 = probe.and_then(|p| p.cpu_sample().ok());
     let mem_end = probe.and_then(|p| p.memory().ok());
-    let merged = pool.finish(Duration::from_secs(30), progress).await?;
+    let mut groups = pool.finish_groups(Duration::from_secs(30), progress, |i| i / per_lane).await?;
+    let reference_group = if compared { groups.pop() } else { None };
+    let merged = groups.swap_remove(0);
     let t = &merged.tally;
 
     // Per-burst completion.
@@ -507,15 +576,15 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
     let mut criteria = standard_criteria(&connections, t.dropped, &messages);
     criteria.push(Criterion::new(
         "every publish accepted",
-        published == bursts,
-        format!("{published}/{bursts} accepted"),
+        published == bursts * lanes.len() as u64,
+        format!("{published}/{} accepted", bursts * lanes.len() as u64),
     ));
     criteria.push(Criterion::new(
         "every burst reached every subscriber within the period",
         late == 0,
         format!("{late} of {bursts} bursts late or incomplete"),
     ));
-    criteria.push(Criterion::workers_reported(merged.missing));
+    criteria.push(Criterion::workers_reported(merged.missing + reference_group.as_ref().map_or(0, |g| g.missing)));
     let (max_late_ms, max_p99_ms) = args.pace.bounds(args.period * 1000.0);
     let latency = merged.latency.summary();
     criteria.extend(pace_criteria(late_max_us as f64 / 1000.0, max_late_ms, latency.p99, max_p99_ms));
@@ -524,7 +593,7 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
     let mut extra = Map::new();
     extra.insert("dropped".into(), json!(t.dropped));
     let mut publish_errors: Vec<&str> = Vec::new();
-    for e in plan.iter().filter_map(|b| b.error.as_deref()) {
+    for e in plan.iter().chain(&reference_plan).filter_map(|b| b.error.as_deref()) {
         if publish_errors.len() < 3 && !publish_errors.contains(&e) {
             publish_errors.push(e);
         }
@@ -545,27 +614,39 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
             Some(completions.iter().sum::<f64>() / completions.len() as f64)
         }),
     );
-    extra.insert(
-        "server_cpu_us_per_delivery".into(),
-        json!(cpu_s.filter(|_| t.received > 0 && args.also_targets.is_empty()).map(|c| c * 1e6 / t.received as f64)),
-    );
+    let cpu_us_per_delivery = match &reference_group {
+        Some(_) => windows.per_delivery_us(0, t.received),
+        None => cpu_s.filter(|_| t.received > 0 && args.also_targets.is_empty()).map(|c| c * 1e6 / t.received as f64),
+    };
+    extra.insert("server_cpu_us_per_delivery".into(), json!(cpu_us_per_delivery));
+    if let (Some(r), Some(g)) = (args.reference, &reference_group) {
+        let c = reference::compare(r, &windows, cpu_us_per_delivery, &g.tally, subs as u64, bursts, args.max_ratio);
+        criteria.extend(c.criteria);
+        extra.insert("reference".into(), c.extra);
+    }
     let cs = merged.connect.summary();
     extra.insert("subscribe_ms_p50".into(), json!(cs.p50));
     extra.insert("subscribe_ms_p99".into(), json!(cs.p99));
     extra.insert("subscribe_ms_max".into(), json!(cs.max));
     extra.insert("bursts".into(), serde_json::to_value(&plan).unwrap_or(Value::Null));
     let (before, connected) = (mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss));
-    let rss_per_conn = if args.also_targets.is_empty() {
+    let rss_per_conn = if compared {
+        (None, Some("--reference: two transports' connections share the server; no per-connection figure".to_string()))
+    } else if args.also_targets.is_empty() {
         rss_per_connection(before, connected, established)
     } else {
         (None, Some("--server-pid samples one node of several: no per-delivery or per-connection figure".to_string()))
     };
-    let params = json!({
+    let mut params = json!({
         "subs": subs, "period_s": args.period, "bursts": bursts, "channel": args.channel,
         "format": args.format, "procs": configs.len(), "target": args.common.target,
         "also_targets": args.also_targets,
         "transport": args.transport, "max_p99_ms": max_p99_ms, "max_publish_late_ms": max_late_ms,
     });
+    if let Some(r) = args.reference {
+        params["reference"] = json!(r);
+        params["max_ratio"] = json!(args.max_ratio);
+    }
     let result = BenchResult::builder("broadcast", params, started)
         .measured(span_us as f64 / 1e6, connections, messages, t.received as f64 * 1e6 / span_us as f64)
         .latency(latency)
