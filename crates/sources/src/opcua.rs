@@ -529,8 +529,10 @@ impl Live {
         self.send(ctx, items).await;
     }
 
-    /// Marks every point bad (connection lost), each with its last value.
+    /// Marks every point bad (connection lost), each with its last value. The source reads as
+    /// disconnected before the marks go out, so whoever sees a bad mark sees the state behind it.
     async fn mark_bad(&mut self, ctx: &SourceCtx) {
+        ctx.stats.connected.store(false, Ordering::Relaxed);
         let now = now_ms();
         let items = self.points.iter_mut().filter_map(|p| p.mark(now, "bad")).collect();
         self.send(ctx, items).await;
