@@ -8,13 +8,14 @@
 //! frames them as the poll's batch, HTTP head and all, and writes it with one `try_write` —
 //! no task wake-up, as for a WebSocket delivery. The framer notes what it wrote
 //! (`poll_streamed::Noting`: positions, replies, the batch kept to send again), which the
-//! live copy takes in before its next use. The poll's task wakes when the next request comes.
-//! When that request is the session's next poll, acking the batch just answered, with the
-//! headers of the last (the poll a poller sends again at once), the framer stays attached and
-//! answers it too ([`Outbox::rearm`]): the poll goes on without the session's look-up, a new
-//! turn, the ack's check against the live copy and a new attach. Any other request ends the
-//! wait, and the poll's task renews the session's lease if it is due (`Polls::renew`; no other
-//! node reads the record; the sweep renews it too).
+//! live copy takes in before its next use. When the next request is the session's next poll,
+//! acking the batch just answered, with the headers of the last (the poll a poller sends
+//! again at once), the framer stays attached and answers it too ([`Outbox::rearm`]): the poll
+//! goes on without the session's look-up, a new turn, the ack's check against the live copy
+//! and a new attach. That request is read by [`Reader`], the socket's own waker, on the thread
+//! that sees the socket ready: no task wake-up either. Anything else it reads wakes the poll's
+//! task: another request ends the wait, and the task renews the session's lease if it is due
+//! (`Polls::renew`; no other node reads the record; the sweep renews it too).
 //!
 //! A session whose record other nodes read (a shared store) is not answered this way: there
 //! the record is written before a batch goes out, so that a node taking the session over
@@ -22,12 +23,14 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use bytes::Bytes;
+use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
@@ -113,14 +116,14 @@ pub(crate) struct Conn<'a> {
 /// Whether the request at the start of a connection's unparsed input is the session's next
 /// poll acking batch `seq`, its header lines those of the last poll: its length and how long
 /// it may wait (`poll_socket`, which reads polls, decides).
-pub(crate) type NextPoll<'a> = &'a (dyn Fn(&[u8], u64) -> Option<(usize, Duration)> + Sync);
+pub(crate) type NextPoll = Box<dyn Fn(&[u8], u64) -> Option<(usize, Duration)> + Send + Sync>;
 
 /// How a connection's held polls are answered: the head of each answer ([`AnswerHead`]),
 /// which request continues a held poll ([`NextPoll`]), and how long an answer the client
 /// does not take may wait.
-pub(crate) struct Answering<'a> {
+pub(crate) struct Answering {
     pub(crate) head: Bytes,
-    pub(crate) next_poll: NextPoll<'a>,
+    pub(crate) next_poll: NextPoll,
     pub(crate) write_timeout: Duration,
 }
 
@@ -132,7 +135,7 @@ pub(crate) async fn wait(
     poll: &Started,
     deadline: &mut Instant,
     conn: Conn<'_>,
-    answering: Answering<'_>,
+    answering: Answering,
 ) -> Held {
     let Conn { tcp, pending, mut timer } = conn;
     let Answering { head, next_poll, write_timeout } = answering;
@@ -154,51 +157,50 @@ pub(crate) async fn wait(
     s.outbox.flush_blocked();
     // One timer for the whole wait, moved on when the answer is late.
     timer.as_mut().reset(*deadline);
-    let mut late = false;
     let mut next_request = false;
-    // Answers written for the polls before the current one.
-    let mut taken = 0;
+    let wire: Arc<dyn Wire> = tcp.clone();
+    let reader = Reader::new(tcp, &s.outbox, answer.clone(), next_poll, std::mem::take(pending), *deadline);
+    reader.read();
     // One registration with the outbox's wake-up for the whole wait, renewed when it fires.
     let notified = s.outbox.notified();
     tokio::pin!(notified);
     let held = loop {
-        let answered = answer.answered(taken);
-        if answered && next_request && !late && answer.closed.load(Relaxed) == 0 {
+        let now = {
+            let mut st = reader.state.lock();
+            let answered = answer.answered(st.taken);
             // The client's next poll, if it continues this one, is held the same way once the
-            // answer is written whole.
-            if let Some((len, timeout)) = next_poll(pending, answer.batch.load(Relaxed)) {
-                if s.outbox.rearm(&attached.wire) {
-                    http1::take_head(pending, len);
-                    taken += 1;
-                    // The timer stays where it is, earlier: when it fires, it moves on to this.
-                    *deadline = Instant::now() + timeout;
-                    next_request = !pending.is_empty();
-                    continue;
-                }
+            // answer is written whole; the reader takes the polls after it.
+            if answered && next_request && st.take_next(&reader, &s.outbox, &wire) {
+                next_request = !st.pending.is_empty();
+                st.reading = !next_request;
+                None
+            } else {
+                Some((answered, st.late))
             }
-        }
+        };
+        let Some((answered, late)) = now else {
+            if !next_request {
+                reader.read();
+            }
+            continue;
+        };
         // Only an answer is written by the framer, so only an answer can be half written.
         let blocked = answered && s.outbox.is_blocked();
         if answered && !blocked && (late || next_request || answer.closed.load(Relaxed) != 0) {
             break Held::Answered;
         }
-        // In this order: a request, the one wake-up each poll brings, is taken without
-        // looking at the rest (the loop looks again).
         tokio::select! {
             biased;
-            // Read into the connection's buffer, where the next request is parsed from. The
-            // socket's own reader slot holds the wake-up (this task is its only reader), which
-            // costs no entry in its list of waiters each time round.
-            r = std::future::poll_fn(|cx| tcp.poll_read_ready(cx)), if !next_request => match r.and_then(|()| http1::read_some(tcp, pending)) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            // What the reader did not take: a request, or the end of the connection.
+            handed = reader.handed(), if !next_request => match handed {
                 // The client left while its poll was held: the poll ends.
-                Ok(0) | Err(_) => break Held::Gone,
+                Handed::Gone => break Held::Gone,
                 // The next request (or input sent before the answer, kept for it).
-                Ok(_) => next_request = true,
+                Handed::Request => next_request = true,
             },
             // A later poll or stream took the session, it left this node, or the socket failed:
             // an answer written whole lets the connection go on; one cut short ends it.
-            r = &mut detached => break match (r.is_ok(), answer.answered(taken)) {
+            r = &mut detached => break match (r.is_ok(), answer.answered(reader.state.lock().taken)) {
                 (true, _) => Held::Gone,
                 (false, true) => Held::Answered,
                 (false, false) => Held::Unanswered,
@@ -209,23 +211,31 @@ pub(crate) async fn wait(
                 Err(_) => break Held::Gone,
             },
             () = &mut timer => {
-                if !late && timer.deadline() < *deadline {
+                let mut st = reader.state.lock();
+                if !st.late && timer.deadline() < st.deadline {
                     // A poll that continued this one moved the deadline on.
-                    timer.as_mut().reset(*deadline);
-                } else if !answer.answered(taken) {
+                    timer.as_mut().reset(st.deadline);
+                } else if !answer.answered(st.taken) {
                     if s.outbox.detach_unanswered(&attached.wire) {
                         break Held::Unanswered;
                     }
-                } else if late {
+                } else if st.late {
                     // An answer the client does not take.
                     break Held::Gone;
                 } else {
-                    late = true;
-                    timer.as_mut().reset(*deadline + write_timeout);
+                    st.late = true;
+                    timer.as_mut().reset(st.deadline + write_timeout);
                 }
             }
         }
     };
+    // The connection's input and the last poll's deadline go back to the connection's task.
+    {
+        let mut st = reader.state.lock();
+        st.reading = false;
+        *pending = std::mem::take(&mut st.pending);
+        *deadline = st.deadline;
+    }
     // The receiver goes first: detaching drops the sender, which would otherwise wake this
     // task (the receiver's last poll registered it) and have it polled once more for nothing.
     drop(detached);
@@ -239,6 +249,148 @@ pub(crate) async fn wait(
         }
     }
     held
+}
+
+/// Reads a held poll's connection when the socket wakes it, on whichever thread runs the
+/// I/O driver, so that a poller's steady rhythm — an answer, its next poll, the next answer —
+/// wakes no task: the poll that continues the held one is taken there and the framer
+/// rearmed, as the fan-out writes the answer. What it cannot take (another request, a poll
+/// whose answer is not written whole yet, the end of the connection) it hands to the
+/// poll's task, which then reads the connection until it arms the reader again.
+///
+/// It is the socket's waker for reading (the task does not wait on the socket meanwhile). It
+/// holds the socket and the outbox weakly: the socket's registration holds the waker.
+struct Reader {
+    tcp: Weak<TcpStream>,
+    outbox: Weak<Outbox>,
+    answer: Arc<Answer>,
+    next_poll: NextPoll,
+    state: Mutex<Reading>,
+}
+
+/// What the reader and the poll's task share.
+struct Reading {
+    /// Read and not yet taken: the connection's unparsed input.
+    pending: Vec<u8>,
+    /// Answers written for the polls before the current one.
+    taken: u64,
+    /// When the current poll's time is up.
+    deadline: Instant,
+    /// The current answer is written, and the client did not take it in time.
+    late: bool,
+    /// The reader reads the socket; otherwise the task does, or the wait is over.
+    reading: bool,
+    /// What the reader handed to the task, and the task's waker.
+    handed: Option<Handed>,
+    task: Option<Waker>,
+}
+
+/// What the reader hands to the poll's task.
+enum Handed {
+    /// Input it did not take, in `Reading::pending`.
+    Request,
+    /// The client closed the connection, or it failed.
+    Gone,
+}
+
+impl Reader {
+    fn new(
+        tcp: &Arc<TcpStream>,
+        outbox: &Arc<Outbox>,
+        answer: Arc<Answer>,
+        next_poll: NextPoll,
+        pending: Vec<u8>,
+        deadline: Instant,
+    ) -> Arc<Reader> {
+        let state = Reading { pending, taken: 0, deadline, late: false, reading: true, handed: None, task: None };
+        Arc::new(Reader {
+            tcp: Arc::downgrade(tcp),
+            outbox: Arc::downgrade(outbox),
+            answer,
+            next_poll,
+            state: Mutex::new(state),
+        })
+    }
+
+    /// Reads what the socket has, takes the polls that continue the held one, and waits for
+    /// more; hands anything else to the task.
+    fn read(self: &Arc<Self>) {
+        let (Some(tcp), Some(outbox)) = (self.tcp.upgrade(), self.outbox.upgrade()) else { return };
+        let wire: Arc<dyn Wire> = tcp.clone();
+        let waker = Waker::from(self.clone());
+        let mut st = self.state.lock();
+        while st.reading {
+            let handed = match http1::read_some(&tcp, &mut st.pending) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+                Ok(0) | Err(_) => Some(Handed::Gone),
+                Ok(_) => {
+                    while !st.pending.is_empty() && st.take_next(self, &outbox, &wire) {}
+                    (!st.pending.is_empty()).then_some(Handed::Request)
+                }
+            };
+            let handed = match handed {
+                Some(handed) => handed,
+                // Nothing more to read: wait for the socket (or read what came meanwhile).
+                None => match tcp.poll_read_ready(&mut Context::from_waker(&waker)) {
+                    Poll::Pending => return,
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(_)) => Handed::Gone,
+                },
+            };
+            st.reading = false;
+            st.handed = Some(handed);
+            let task = st.task.take();
+            drop(st);
+            if let Some(task) = task {
+                task.wake();
+            }
+            return;
+        }
+    }
+
+    /// What the reader hands over, once it does.
+    async fn handed(&self) -> Handed {
+        std::future::poll_fn(|cx| {
+            let mut st = self.state.lock();
+            if let Some(handed) = st.handed.take() {
+                return Poll::Ready(handed);
+            }
+            if !st.task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+                st.task = Some(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+impl Wake for Reader {
+    fn wake(self: Arc<Self>) {
+        self.read();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.read();
+    }
+}
+
+impl Reading {
+    /// Takes the poll at the start of the input if it continues the held one, whose answer is
+    /// written whole: the framer answers it too.
+    fn take_next(&mut self, r: &Reader, outbox: &Outbox, wire: &Arc<dyn Wire>) -> bool {
+        if !r.answer.answered(self.taken) || self.late || r.answer.closed.load(Relaxed) != 0 {
+            return false;
+        }
+        let Some((len, timeout)) = (r.next_poll)(&self.pending, r.answer.batch.load(Relaxed)) else { return false };
+        if !outbox.rearm(wire) {
+            return false;
+        }
+        http1::take_head(&mut self.pending, len);
+        self.taken += 1;
+        // The task's timer stays where it is, earlier: when it fires, it moves on to this.
+        self.deadline = Instant::now() + timeout;
+        true
+    }
 }
 
 /// Frames a held poll's answer — its HTTP head and the batch `poll_wire::batch_body`

@@ -222,8 +222,8 @@ async fn serve_one(
     // The poll a poller sends again at once: this one again, acking the batch just answered.
     // Anything else is read and served as any request is.
     let again = Again::of(target, &known.lines);
-    let next_poll = |input: &[u8], seq: u64| Some((again.as_ref()?.len_in(input, seq)?, timeout));
-    let answering = Answering { head: known.head.clone(), next_poll: &next_poll, write_timeout };
+    let next_poll = Box::new(move |input: &[u8], seq: u64| Some((again.as_ref()?.len_in(input, seq)?, timeout)));
+    let answering = Answering { head: known.head.clone(), next_poll, write_timeout };
     match poll_held::wait(polls, &s, &poll, &mut deadline, conn, answering).await {
         Held::Answered => Served::Answered,
         Held::Gone => Served::Gone,
