@@ -158,7 +158,6 @@ pub(crate) async fn wait(
     // One timer for the whole wait, moved on when the answer is late.
     timer.as_mut().reset(*deadline);
     let mut next_request = false;
-    let wire: Arc<dyn Wire> = tcp.clone();
     let reader = Reader::new(tcp, &s.outbox, answer.clone(), next_poll, std::mem::take(pending), *deadline);
     reader.read();
     // One registration with the outbox's wake-up for the whole wait, renewed when it fires.
@@ -170,7 +169,7 @@ pub(crate) async fn wait(
             let answered = answer.answered(st.taken);
             // The client's next poll, if it continues this one, is held the same way once the
             // answer is written whole; the reader takes the polls after it.
-            if answered && next_request && st.take_next(&reader, &s.outbox, &wire) {
+            if answered && next_request && st.take_next(&reader, &s.outbox, &attached.wire) {
                 next_request = !st.pending.is_empty();
                 st.reading = !next_request;
                 None
