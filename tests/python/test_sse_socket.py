@@ -1,10 +1,9 @@
-"""Event streams on their own connection and after other requests on a kept-alive one.
+"""Event streams on a fresh connection and after other requests on a kept-alive one.
 
-A `GET /sse?channels=` that opens a plain connection is served by the stream itself, which owns
-the socket (the response ends with the connection); one that comes after another request on a
-kept-alive connection is served through the HTTP stack (chunked). Both must say the same
-thing, pass the same checks, and leave nothing behind when their clients vanish. Driven with
-`httpx` (a client nobody here wrote) and raw sockets; what the node holds is read from
+Every request is parsed by the HTTP stack and every stream is its chunked response body,
+whether the stream opened its connection or came after another request on it. Both must say the
+same thing, pass the same checks, and leave nothing behind when their clients vanish. Driven
+with `httpx` (a client nobody here wrote) and raw sockets; what the node holds is read from
 `/metrics` and /proc."""
 
 from __future__ import annotations
@@ -74,13 +73,12 @@ def head_of(raw: RawSSE) -> bytes:
 
 
 def assert_framing(own: RawSSE, kept: RawSSE) -> None:
-    """A stream on its own connection ends with it (no chunks); one after another request on a
-    kept-alive connection is chunked. Both are event streams."""
+    """A stream on a fresh connection and one after another request on a kept-alive connection
+    are both chunked event streams with the same head."""
     own_head, kept_head = head_of(own), head_of(kept)
     assert own_head.startswith(b"http/1.1 200") and kept_head.startswith(b"http/1.1 200")
-    assert b"connection: close" in own_head and b"transfer-encoding" not in own_head, own_head
-    assert b"transfer-encoding: chunked" in kept_head, kept_head
     for h in (own_head, kept_head):
+        assert b"transfer-encoding: chunked" in h and b"connection: close" not in h, h
         assert b"content-type: text/event-stream" in h and b"cache-control: no-cache" in h
 
 
@@ -117,8 +115,8 @@ def test_sse_socket_refusals_are_complete_http_responses(start_server):
              ("/sse?channels=bad%20name&token=" + token, 400), ("/sse?nothing=1&token=" + token, 400))
     for path, status in cases:
         with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
-            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\nOrigin: http://127.0.0.1:{srv.port}\r\n\r\n"
-                      .encode())
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\nOrigin: http://127.0.0.1:{srv.port}\r\n"
+                      "Connection: close\r\n\r\n".encode())
             got = b""
             while True:
                 data = s.recv(65536)
@@ -171,10 +169,10 @@ def test_sse_socket_clients_that_vanish_leave_nothing_behind(server):
 
 
 def test_sse_socket_session_streams_own_their_connection_and_say_what_a_kept_alive_one_says(server):
-    """`GET /sse?session=` as the first request of a plain connection owns it (no chunks; the
-    connection ends with the stream); after another request on a kept-alive connection it is
-    chunked. Both carry the same messages. A later stream supersedes one, a client that
-    vanishes leaves its session to be polled, and the node's descriptors come back."""
+    """`GET /sse?session=` on a fresh connection and after another request on a kept-alive
+    connection: both chunked, both carry the same messages. A later stream supersedes one (its
+    body ends), a client that vanishes leaves its session to be polled, and the node's
+    descriptors come back."""
     ch = uniq("sess.")
     base_fds = fds(server)
     http = httpx.Client(base_url=server.http_url, timeout=10, trust_env=False)
@@ -197,11 +195,11 @@ def test_sse_socket_session_streams_own_their_connection_and_say_what_a_kept_ali
         seen.append([(e.event, e.id, json.loads(e.data)) for e in evs])
     assert seen[0] == seen[1], "both ways of serving a session's stream give the same events"
     assert [m["pub"]["off"] for _, _, m in seen[0][1:]] == [1, 2, 3], seen[0]
-    # A second stream of the session supersedes the first: it ends, and its connection with it.
+    # A second stream of the session supersedes the first: its body ends.
     again = RawSSE("127.0.0.1", server.port, f"/sse?session={ids[0]}")
     assert head_of(again).startswith(b"http/1.1 200")
     own.events(timeout=10, until=lambda evs: False)
-    assert own.ended, "the superseded stream's connection ends"
+    assert own.ended, "the superseded stream ends"
     api_publish(server, ch, {"n": 3})
     assert json.loads(again.events(until=lambda evs: len(evs) >= 1)[-1].data)["pub"]["off"] == 4
     # Its client vanishes (reset): the session is still there to be polled, nothing skipped.

@@ -17,17 +17,13 @@
 //! - [`trend`]: trend reads (`/api/channels/{ch}/trend`, the `trend` option of subscribe).
 //! - [`session`]: one client's commands and subscriptions, transport-free (`session/subscribe.rs`:
 //!   subscribe and unsubscribe; `session/reply.rs`: replies within the connection's budget).
-//! - [`transport`]: the accepted connection (`transport::conn`, TLS in `transport::tls`; the
-//!   node's own HTTP/1.1 for the event streams and polls that open a plain connection in
-//!   `transport::http1`), the WebSocket handshake and connection task (`transport::ws`),
-//!   Server-Sent Events (`transport::sse`: events in `sse/events.rs`, a stream that owns its
-//!   socket in `sse/socket.rs`) and long-poll sessions (`transport::poll`,
-//!   `transport::poll_session`, what a socket they own was written in
-//!   `transport::poll_streamed`, their batches and command bodies in `transport::poll_wire`,
-//!   held polls and their kept-alive connections in `transport::poll_socket`, a held poll
-//!   there answered by the fan-out in `transport::poll_held`, their state in
-//!   `transport::poll_store`, taken over from it in `transport::poll_takeover`, streamed as
-//!   events by `transport::session_stream`), which take their messages from the outbox.
+//! - [`transport`]: the accepted connection (`transport::conn`: every request parsed by hyper,
+//!   the `Host` rules; TLS in `transport::tls`), the WebSocket handshake and connection task
+//!   (`transport::ws`), Server-Sent Events (`transport::sse`: events in `sse/events.rs`) and
+//!   long-poll sessions (`transport::poll`, `transport::poll_session`, their batches and
+//!   command bodies in `transport::poll_wire`, their state in `transport::poll_store`, taken
+//!   over from it in `transport::poll_takeover`, streamed as events by
+//!   `transport::session_stream`), which take their messages from the outbox.
 //! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`).
 //! - [`auth`]: authentication (JWT from files and a JWKS URL, Basic, API keys), revoked
 //!   tokens, namespace permissions, `Origin` checks and per-address / per-key abuse limits.

@@ -114,17 +114,12 @@ impl Node {
         self.admit(Arc::new(Outbox::new_pull(id, self.config.limits.max_pending_bytes, self.metrics.clone(), options)))
     }
 
-    /// Registers an SSE stream, whose outbox frames its messages with `framer` and writes them
-    /// into `wire` (the stream owns its socket) or keeps them for the response body
-    /// (`outbox::framed`). As [`Node::register`] otherwise.
-    pub fn register_framed(
-        &self,
-        wire: Option<Arc<dyn Wire>>,
-        framer: Box<dyn crate::outbox::Framer>,
-    ) -> Result<Arc<Outbox>, Arc<Outbox>> {
+    /// Registers an SSE stream, whose outbox frames its messages with `framer` and keeps them
+    /// for the response body (`outbox::framed`). As [`Node::register`] otherwise.
+    pub fn register_framed(&self, framer: Box<dyn crate::outbox::Framer>) -> Result<Arc<Outbox>, Arc<Outbox>> {
         let id = self.next_conn.fetch_add(1, Relaxed);
         let max = self.config.limits.max_pending_bytes;
-        self.admit(Arc::new(Outbox::new_framed(id, wire, framer, max, self.metrics.clone())))
+        self.admit(Arc::new(Outbox::new_framed(id, framer, max, self.metrics.clone())))
     }
 
     fn admit(&self, ob: Arc<Outbox>) -> Result<Arc<Outbox>, Arc<Outbox>> {

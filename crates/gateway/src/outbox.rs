@@ -17,12 +17,10 @@
 //! replaced in place). [`Outbox::is_full`] tells the connection task to stop reading from a
 //! client whose queue is full (back-pressure on its commands).
 //!
-//! An SSE stream's outbox frames messages as events with the stream's [`Framer`] and writes
-//! them the same way when the stream owns its socket ([`framed`]). A transport whose socket
-//! hyper holds (long-polling, SSE over a reused or TLS connection) has no socket the fan-out
-//! could write to: its outbox keeps what is queued, under the same rules, until the transport
-//! takes it ([`pull`]). A session's stream that owns its socket attaches it to the session's
-//! taking outbox for as long as it runs, and is written the framed way meanwhile.
+//! The HTTP transports (SSE, long-polling) write through hyper, which holds their socket, so
+//! the fan-out has no socket to write to: their outbox keeps what is queued, under the same
+//! rules, until the transport takes it ([`pull`]); an SSE stream's outbox frames what it takes
+//! as events with the stream's [`Framer`] ([`framed`]).
 //!
 //! Concurrency: all state is behind one `parking_lot::Mutex`, held for the duration of a
 //! non-blocking write call. It is per connection, so contention is limited to a fan-out and
@@ -149,22 +147,9 @@ struct OutState {
     dead: bool,
     /// Turns messages into the transport's bytes (framed outboxes).
     framer: Option<Box<dyn Framer>>,
-    /// A socket a taking outbox writes into for now, framed by `framer` ([`pull`]:
-    /// `Outbox::attach`), and what tells its transport when it is taken away.
-    attached: Option<(Arc<dyn Wire>, tokio::sync::oneshot::Sender<()>)>,
-    /// Something was written since [`Outbox::wrote_since`] last asked.
-    wrote: bool,
-    /// The attached one-answer framer made its answer ([`Framer::once`]).
-    sealed: bool,
 }
 
 impl OutState {
-    /// Whether `wire` is the one attached ([`Outbox::attach`]); a later one may have taken
-    /// its place.
-    fn holds(&self, wire: &Arc<dyn Wire>) -> bool {
-        self.attached.as_ref().is_some_and(|(w, _)| std::ptr::addr_eq(Arc::as_ptr(w), Arc::as_ptr(wire)))
-    }
-
     /// Everything is written: frees what an idle connection would otherwise keep, the queue's
     /// and the conflation map's capacity and the last frame (a shared frame stays alive as
     /// long as any outbox points into it).
@@ -194,8 +179,6 @@ pub enum Pushed {
 enum Sink {
     /// WebSocket frames written into a socket by whoever finds it idle.
     Socket(Arc<dyn Wire>),
-    /// Messages framed by the outbox's [`Framer`], written the same way ([`framed`]).
-    Framed(Arc<dyn Wire>),
     /// Kept until the transport takes them ([`pull`]), framed when the outbox has a framer.
     Pull(PullOptions),
 }
@@ -401,22 +384,15 @@ impl Outbox {
     }
 
     fn write_locked(&self, st: &mut OutState) {
-        let attached;
         let wire = match &self.sink {
-            Sink::Socket(w) | Sink::Framed(w) => w,
-            Sink::Pull(_) => match &st.attached {
-                Some((w, _)) => {
-                    attached = w.clone();
-                    &attached
+            Sink::Socket(w) => w,
+            Sink::Pull(_) => {
+                // The transport takes what is queued when woken.
+                if !st.queue.is_empty() || st.close_code.is_some() {
+                    self.wake.notify_one();
                 }
-                None => {
-                    // The transport takes what is queued when woken.
-                    if !st.queue.is_empty() || st.close_code.is_some() {
-                        self.wake.notify_one();
-                    }
-                    return;
-                }
-            },
+                return;
+            }
         };
         loop {
             if st.current.is_empty() && !self.next_chunk(st) {
@@ -433,7 +409,6 @@ impl Outbox {
                     return;
                 }
                 Ok(n) => {
-                    st.wrote = true;
                     self.metrics.bytes_out.fetch_add(n as u64, Relaxed);
                     let _ = st.current.split_to(n);
                 }
@@ -452,12 +427,6 @@ impl Outbox {
     }
 
     fn fail(&self, st: &mut OutState) {
-        if st.attached.is_some() {
-            // An attached wire failed: it is detached, and the session it served keeps what
-            // is queued for its next taker.
-            self.detach_locked(st);
-            return;
-        }
         st.dead = true;
         st.queue.clear();
         st.latest.clear();
@@ -469,9 +438,6 @@ impl Outbox {
     /// Moves queued items into `current`: one shared frame as is when it is alone, otherwise
     /// a run of messages merged into one frame, followed by control frames, up to MAX_CHUNK.
     fn next_chunk(&self, st: &mut OutState) -> bool {
-        if st.framer.is_some() {
-            return self.next_framed_chunk(st);
-        }
         let Some(first) = st.queue.pop_front() else { return false };
         let now = Instant::now();
         let mut delivered = 0u64;
@@ -683,15 +649,26 @@ impl Outbox {
 
     /// Answers a client's close frame with `payload` (its code) and closes; no `disconnect`.
     pub fn close_echo(&self, payload: &[u8]) {
+        let code =
+            payload.get(..2).map_or(switchboard_protocol::code::close::NORMAL, |c| u16::from_be_bytes([c[0], c[1]]));
+        self.close_frame_only(Bytes::from(websocket::encode_frame(Opcode::Close, payload)), code);
+    }
+
+    /// Fails a WebSocket connection whose client broke RFC 6455 (close 1002, 1007 or 1009):
+    /// a close frame with `code` and `reason` after what was already queued, and no
+    /// `disconnect` message, which the standard does not allow after a violation.
+    pub fn fail_connection(&self, code: u16, reason: &str) {
+        self.close_frame_only(Bytes::from(websocket::encode_close(code, reason)), code);
+    }
+
+    fn close_frame_only(&self, frame: Bytes, code: u16) {
         let mut st = self.state.lock();
         if st.close_code.is_some() || st.dead {
             return;
         }
         self.drop_held(&mut st);
-        st.queue.push_back(Item::Control(Bytes::from(websocket::encode_frame(Opcode::Close, payload))));
-        st.close_code = Some(
-            payload.get(..2).map_or(switchboard_protocol::code::close::NORMAL, |c| u16::from_be_bytes([c[0], c[1]])),
-        );
+        st.queue.push_back(Item::Control(frame));
+        st.close_code = Some(code);
         st.hold = 0;
         st.hold_marks.clear();
         if !st.blocked {

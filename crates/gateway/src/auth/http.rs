@@ -95,9 +95,8 @@ pub async fn guard(State(node): State<Arc<Node>>, mut req: Request, next: Next) 
 }
 
 /// The refusals every request gets before its route, whoever it is: a foreign `Host`, and a
-/// state-changing request from another origin (see the module docs). Requests the node reads
-/// off a kept-alive connection itself (`transport::poll_socket`) are checked here too.
-pub(crate) fn refusal(node: &Node, method: &Method, path: &str, headers: &axum::http::HeaderMap) -> Option<Response> {
+/// state-changing request from another origin (see the module docs).
+fn refusal(node: &Node, method: &Method, path: &str, headers: &axum::http::HeaderMap) -> Option<Response> {
     let auth = &node.config.security.auth;
     let open = matches!(path, "/healthz" | "/readyz" | "/metrics");
     let host = headers.get(header::HOST).map(|v| v.to_str().unwrap_or("\u{fffd}"));

@@ -4,12 +4,7 @@
 //! messages as events (`id:` and `data:` lines, positions that are the stream's own), so its
 //! outbox carries a [`Framer`] that turns each taken message into event bytes — under the
 //! outbox's lock, in the order the queue holds them, with the one conflation and memory bound
-//! of the queue.
-//!
-//! Such an outbox either writes into a socket the stream owns, exactly like a WebSocket
-//! outbox — whoever finds it idle frames what is queued and calls `try_write`, so a delivery
-//! costs one write call and no task wake-up ([`Outbox::new_framed`] with a wire) — or, when
-//! hyper owns the connection, keeps what is queued until the response body takes it framed
+//! of the queue — and keeps what is queued until the response body takes it framed
 //! ([`Outbox::take_framed`]).
 
 use std::sync::atomic::Ordering::Relaxed;
@@ -20,7 +15,7 @@ use bytes::Bytes;
 use switchboard_protocol::code::close;
 use switchboard_protocol::Format;
 
-use super::{Item, OutState, Outbox, PullOptions, Sink, Wire, MAX_CHUNK};
+use super::{Item, OutState, Outbox, PullOptions, Sink};
 use crate::metrics::Metrics;
 use crate::outbox::{Kind, Message};
 
@@ -28,23 +23,6 @@ use crate::outbox::{Kind, Message};
 pub trait Framer: Send + 'static {
     /// Appends `m`, framed, to `out`.
     fn frame(&mut self, out: &mut Vec<u8>, m: &Message);
-
-    /// Hands over what the framer keeps of its own for its transport to read (a session's
-    /// stream: the position it wrote last); [`Outbox::settle_framer`] calls it under the
-    /// outbox's lock.
-    fn settle(&mut self) {}
-
-    /// Whether the framer writes one whole answer (a held poll's) rather than a stream: then
-    /// everything queued is framed into one chunk, wrapped by [`Framer::seal`], and nothing is
-    /// framed after it (what comes next waits in the queue for the next taker).
-    fn once(&self) -> bool {
-        false
-    }
-
-    /// Wraps the one answer's framed messages (its HTTP head, the batch around them).
-    fn seal(&mut self, framed: Vec<u8>) -> Bytes {
-        Bytes::from(framed)
-    }
 }
 
 /// One item taken off the queue.
@@ -55,28 +33,11 @@ pub(super) enum Taken {
 }
 
 impl Outbox {
-    /// An outbox (JSON) whose messages `framer` turns into bytes. With `wire`, they are written
-    /// into it; nothing is written until the transport's first [`Outbox::flush_blocked`], so
-    /// the transport writes its response head first. Without, the transport takes them
-    /// ([`Outbox::take_framed`]).
-    pub fn new_framed(
-        id: u64,
-        wire: Option<Arc<dyn Wire>>,
-        framer: Box<dyn Framer>,
-        max_pending: usize,
-        metrics: Arc<Metrics>,
-    ) -> Outbox {
-        let starts_blocked = wire.is_some();
-        let sink = match wire {
-            Some(w) => Sink::Framed(w),
-            None => Sink::Pull(PullOptions::default()),
-        };
-        let ob = Outbox::with_sink(id, Format::Json, sink, max_pending, metrics);
-        {
-            let mut st = ob.state.lock();
-            st.framer = Some(framer);
-            st.blocked = starts_blocked;
-        }
+    /// An outbox (JSON) whose messages `framer` turns into bytes, kept until the transport
+    /// takes them ([`Outbox::take_framed`]).
+    pub fn new_framed(id: u64, framer: Box<dyn Framer>, max_pending: usize, metrics: Arc<Metrics>) -> Outbox {
+        let ob = Outbox::with_sink(id, Format::Json, Sink::Pull(PullOptions::default()), max_pending, metrics);
+        ob.state.lock().framer = Some(framer);
         ob
     }
 
@@ -89,13 +50,6 @@ impl Outbox {
         }
         let out = self.frame_queue(&mut st, usize::MAX);
         (Bytes::from(out), st.close_code)
-    }
-
-    /// Lets the attached framer hand over what it keeps of its own ([`Framer::settle`]).
-    pub fn settle_framer(&self) {
-        if let Some(f) = self.state.lock().framer.as_mut() {
-            f.settle();
-        }
     }
 
     /// Frames queued items with the outbox's framer, up to about `limit` bytes.
@@ -112,32 +66,6 @@ impl Outbox {
         });
         st.framer = Some(framer);
         out
-    }
-
-    /// Moves queued items into `current` framed, up to MAX_CHUNK (a socket-writing framed
-    /// outbox's `next_chunk`).
-    pub(super) fn next_framed_chunk(&self, st: &mut OutState) -> bool {
-        if st.framer.as_ref().is_some_and(|f| f.once()) {
-            return self.next_answer(st);
-        }
-        let out = self.frame_queue(st, MAX_CHUNK);
-        if out.is_empty() {
-            return false;
-        }
-        st.current = Bytes::from(out);
-        true
-    }
-
-    /// A one-answer framer's chunk: everything queued, sealed, once.
-    fn next_answer(&self, st: &mut OutState) -> bool {
-        if st.sealed || st.queue.is_empty() {
-            return false;
-        }
-        let out = self.frame_queue(st, usize::MAX);
-        let Some(framer) = st.framer.as_mut() else { return false };
-        st.current = framer.seal(out);
-        st.sealed = true;
-        true
     }
 
     /// Takes queued items, oldest first, handing each to `f` (which returns the bytes it
@@ -185,11 +113,6 @@ impl Outbox {
         }
         self.metrics.deliveries.fetch_add(delivered, Relaxed);
     }
-
-    /// Whether anything was written since the last call (a stream's heartbeat is for silence).
-    pub fn wrote_since(&self) -> bool {
-        std::mem::take(&mut self.state.lock().wrote)
-    }
 }
 
 #[cfg(test)]
@@ -197,7 +120,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::outbox::tests::{delivery, TestWire};
+    use crate::outbox::tests::delivery;
     use crate::outbox::Pushed;
 
     /// Frames a publication as `<ch>/<off>;` and anything else as `?;`.
@@ -213,53 +136,27 @@ mod tests {
         }
     }
 
-    fn written(w: &TestWire) -> String {
-        String::from_utf8(w.written.lock().clone()).unwrap()
-    }
-
-    #[test]
-    fn framed_socket_writes_nothing_before_the_transport_opens_it_then_each_delivery_in_one_write() {
-        let wire = TestWire::open(usize::MAX);
-        let ob = Outbox::new_framed(1, Some(wire.clone()), Box::new(Tags), 1 << 20, Arc::new(Metrics::default()));
-        assert_eq!(ob.push(delivery("a", 1, "1"), false), Pushed::Queued, "blocked until opened");
-        ob.push_message(br#"{"id":1,"ok":{}}"#);
-        assert_eq!(written(&wire), "");
-        ob.flush_blocked();
-        assert_eq!(written(&wire), "a/1;?;");
-        let writes = wire.writes.load(Relaxed);
-        assert_eq!(ob.push(delivery("a", 2, "1"), false), Pushed::Schedule);
-        ob.flush();
-        assert_eq!(written(&wire), "a/1;?;a/2;");
-        assert_eq!(wire.writes.load(Relaxed), writes + 1);
-        assert!(ob.wrote_since());
-        assert!(!ob.wrote_since());
-    }
-
     #[test]
     fn framed_conflation_bound_and_close_are_the_queues() {
-        let wire = TestWire::open(0);
-        let ob = Outbox::new_framed(1, Some(wire.clone()), Box::new(Tags), 4000, Arc::new(Metrics::default()));
-        ob.flush_blocked();
+        let ob = Outbox::new_framed(1, Box::new(Tags), 4000, Arc::new(Metrics::default()));
         for i in 1..=50 {
             let _ = ob.push(delivery("pt:x", i, "1"), true);
         }
-        *wire.room.lock() = usize::MAX;
-        ob.flush_blocked();
-        assert_eq!(written(&wire), "pt:x/50;", "one pending value per conflated channel");
-        *wire.room.lock() = 0;
+        assert_eq!(
+            ob.take_framed(),
+            (Bytes::from_static(b"pt:x/50;"), None),
+            "one pending value per conflated channel"
+        );
         for i in 1..=200 {
             let _ = ob.push(delivery("ev", i, "\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\""), false);
         }
         assert!(ob.is_closing(), "past the bound: 4008");
-        *wire.room.lock() = usize::MAX;
-        ob.flush_blocked();
-        assert_eq!(written(&wire), "pt:x/50;bye 4008;", "the backlog is dropped, no WebSocket close frame");
-        assert!(ob.finished());
+        assert_eq!(ob.take_framed(), (Bytes::from_static(b"bye 4008;"), Some(4008)), "the backlog is dropped");
     }
 
     #[test]
     fn framed_take_gives_the_framed_backlog_and_the_close_code() {
-        let ob = Outbox::new_framed(1, None, Box::new(Tags), 1 << 20, Arc::new(Metrics::default()));
+        let ob = Outbox::new_framed(1, Box::new(Tags), 1 << 20, Arc::new(Metrics::default()));
         for i in 1..=3 {
             if ob.push(delivery("a", i, "1"), false) == Pushed::Schedule {
                 ob.flush();

@@ -1,5 +1,5 @@
-//! The taking side of an outbox, for the HTTP transports whose socket hyper holds (long-poll
-//! sessions, their SSE streams, and plain SSE streams that do not own their connection).
+//! The taking side of an outbox, for the HTTP transports, whose socket hyper holds (long-poll
+//! sessions, their SSE streams, plain SSE streams).
 //!
 //! A WebSocket outbox writes into its socket; such a transport has no socket the fan-out could
 //! write to — hyper writes its response body — so its outbox keeps what is queued until the
@@ -7,14 +7,6 @@
 //! [`Outbox::notified`]. What waits there is under the same rules as a WebSocket connection's
 //! queue, applied in one place: a conflated channel keeps only its latest value, and the
 //! `max_pending_bytes` bound closes a client that does not take its messages with 4008.
-//!
-//! A session's event stream that owns its socket attaches it for as long as it runs
-//! ([`Outbox::attach`]): meanwhile the outbox is written like a framed one, by whoever finds
-//! it idle; detached, what is queued waits for the taker again. A held poll on a connection
-//! the node reads itself attaches its socket the same way, with a framer that writes one
-//! answer ([`Framer::once`](super::Framer::once)): the first deliveries become the poll's
-//! whole answer, and what comes after it waits for the next poll — or for the same framer,
-//! [`Outbox::rearm`]ed by a next poll that continues the last.
 //!
 //! The transport gets structured messages: a publication comes with the channel and offset
 //! the hub delivered it with, and its text is a slice of the frame every subscriber shares
@@ -27,7 +19,7 @@ use bytes::Bytes;
 use switchboard_protocol::code::close;
 
 use super::framed::Taken;
-use super::{Frame, Framer, OutState, Outbox, Sink, Wire};
+use super::{Frame, OutState, Outbox, Sink};
 
 /// What a taken message is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +71,7 @@ impl Outbox {
     pub(super) fn pull_options(&self) -> PullOptions {
         match &self.sink {
             Sink::Pull(o) => *o,
-            Sink::Socket(_) | Sink::Framed(_) => PullOptions::default(),
+            Sink::Socket(_) => PullOptions::default(),
         }
     }
 
@@ -138,75 +130,6 @@ impl Outbox {
     pub fn wake(&self) {
         self.wake.notify_one();
     }
-
-    /// Has the fan-out write into `wire` from now on, each message framed by `framer`, as a
-    /// framed outbox does, until [`Outbox::detach`]; what is queued stays and is written
-    /// first. Nothing is written before the transport's first [`Outbox::flush_blocked`] (its
-    /// own bytes go first). The receiver completes when the wire is detached (by whoever
-    /// takes the outbox over): with `Ok` when a chunk was left half written in it, else with
-    /// `Err`. Replaces a wire attached before, which is detached.
-    pub fn attach(&self, wire: Arc<dyn Wire>, framer: Box<dyn Framer>) -> tokio::sync::oneshot::Receiver<()> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let mut st = self.state.lock();
-        st.attached = Some((wire, tx));
-        st.framer = Some(framer);
-        st.blocked = true;
-        st.sealed = false;
-        st.current = Bytes::new();
-        rx
-    }
-
-    /// Lets the one-answer framer attached with `wire` answer again (its client asked for the
-    /// next answer), once its answer is written whole; writes what is queued meanwhile. False
-    /// when `wire` is not attached, or its answer is not yet written whole.
-    pub fn rearm(&self, wire: &Arc<dyn Wire>) -> bool {
-        let mut st = self.state.lock();
-        if !st.holds(wire) || !st.sealed || !st.current.is_empty() || st.blocked || st.dead {
-            return false;
-        }
-        st.sealed = false;
-        if st.hold == 0 {
-            self.write_locked(&mut st);
-        }
-        true
-    }
-
-    /// Detaches `wire`, attached with a one-answer framer, if that framer has not answered
-    /// yet (a held poll's time is up): true when it was detached, and the taker answers.
-    pub fn detach_unanswered(&self, wire: &Arc<dyn Wire>) -> bool {
-        let mut st = self.state.lock();
-        st.holds(wire) && !st.sealed && self.detach_locked(&mut st)
-    }
-
-    /// Back to being taken: the attached wire (if any) gets nothing more, and what is queued
-    /// waits for the taker again. A chunk half written into the wire is that wire's, cut. A wire
-    /// that fails is detached the same way. True when a wire was attached.
-    pub fn detach(&self) -> bool {
-        self.detach_locked(&mut self.state.lock())
-    }
-
-    /// Detaches `wire` if it is still the one attached (its transport ends; a later one may
-    /// have taken its place already).
-    pub fn detach_if(&self, wire: &Arc<dyn Wire>) -> bool {
-        let mut st = self.state.lock();
-        st.holds(wire) && self.detach_locked(&mut st)
-    }
-
-    pub(super) fn detach_locked(&self, st: &mut OutState) -> bool {
-        let Some((_, tx)) = st.attached.take() else { return false };
-        if !st.current.is_empty() {
-            // The wire's transport learns that its last chunk was cut short.
-            let _ = tx.send(());
-        }
-        st.framer = None;
-        st.sealed = false;
-        st.current = Bytes::new();
-        st.blocked = false;
-        if !st.queue.is_empty() || st.close_code.is_some() {
-            self.wake.notify_one();
-        }
-        true
-    }
 }
 
 /// Finds what a message is from its first bytes. The server's own encoders write these
@@ -230,7 +153,7 @@ pub fn classify(text: &[u8]) -> Kind {
     }
     if let Some(rest) = text.strip_prefix(b"{\"disconnect\":{\"code\":") {
         if let Some(code) = leading_number(rest) {
-            return Kind::Disconnect { code: u16::try_from(code).unwrap_or(close::PROTOCOL_ERROR) };
+            return Kind::Disconnect { code: u16::try_from(code).unwrap_or(close::BAD_COMMAND) };
         }
     }
     Kind::Other
@@ -357,169 +280,6 @@ mod tests {
 
     /// Frames a taken message as its text and `;`.
     struct Texts;
-
-    impl crate::outbox::Framer for Texts {
-        fn frame(&mut self, out: &mut Vec<u8>, m: &Message) {
-            out.extend_from_slice(&m.text);
-            out.push(b';');
-        }
-    }
-
-    /// A socket whose client is gone.
-    struct Broken;
-
-    impl Wire for Broken {
-        fn try_write(&self, _: &[u8]) -> std::io::Result<usize> {
-            Err(std::io::ErrorKind::BrokenPipe.into())
-        }
-    }
-
-    #[test]
-    fn pull_attached_wire_is_written_by_the_pusher_until_detached_then_messages_wait_again() {
-        use crate::outbox::tests::TestWire;
-        use tokio::sync::oneshot::error::TryRecvError;
-        let ob = taking(1 << 20, PullOptions::default());
-        let _ = ob.push(delivery("a", 1, "1"), false);
-        ob.flush();
-        let wire = TestWire::open(usize::MAX);
-        let w: Arc<dyn Wire> = wire.clone();
-        let mut rx = ob.attach(w.clone(), Box::new(Texts));
-        let written = || String::from_utf8(wire.written.lock().clone()).unwrap();
-        assert_eq!(written(), "", "nothing before the transport's own bytes");
-        ob.flush_blocked();
-        assert_eq!(written(), r#"{"pub":{"ch":"a","off":1,"data":1}};"#, "what waited goes first");
-        let writes = wire.writes.load(std::sync::atomic::Ordering::Relaxed);
-        assert_eq!(ob.push(delivery("a", 2, "2"), false), Pushed::Schedule);
-        ob.flush();
-        assert!(written().ends_with(r#"{"pub":{"ch":"a","off":2,"data":2}};"#), "{}", written());
-        assert_eq!(wire.writes.load(std::sync::atomic::Ordering::Relaxed), writes + 1, "one write per delivery");
-        assert!(ob.take_messages().0.is_empty());
-        // Only the attached wire detaches itself; a successor is not detached by its predecessor.
-        let other: Arc<dyn Wire> = TestWire::open(usize::MAX);
-        assert!(!ob.detach_if(&other));
-        assert_eq!(rx.try_recv(), Err(TryRecvError::Empty));
-        assert!(ob.detach_if(&w));
-        assert_eq!(rx.try_recv(), Err(TryRecvError::Closed), "the transport learns it was detached");
-        let before = written();
-        if ob.push(delivery("a", 3, "3"), false) == Pushed::Schedule {
-            ob.flush();
-        }
-        assert_eq!(written(), before, "a detached wire gets nothing more");
-        assert_eq!(offs(&ob.take_messages().0), vec![("a".to_string(), 3)]);
-        // A wire that fails is detached; the outbox stays open and keeps what comes next.
-        let mut rx = ob.attach(Arc::new(Broken), Box::new(Texts));
-        ob.flush_blocked();
-        if ob.push(delivery("a", 4, "4"), false) == Pushed::Schedule {
-            ob.flush();
-        }
-        assert_eq!(rx.try_recv(), Ok(()), "the chunk the wire failed on is cut");
-        assert!(!ob.is_closing());
-        if ob.push(delivery("a", 5, "5"), false) == Pushed::Schedule {
-            ob.flush();
-        }
-        assert_eq!(offs(&ob.take_messages().0), vec![("a".to_string(), 5)]);
-    }
-
-    /// Frames one answer: the texts between `<` and `>`.
-    struct OneAnswer;
-
-    impl crate::outbox::Framer for OneAnswer {
-        fn frame(&mut self, out: &mut Vec<u8>, m: &Message) {
-            out.extend_from_slice(&m.text);
-        }
-
-        fn once(&self) -> bool {
-            true
-        }
-
-        fn seal(&mut self, framed: Vec<u8>) -> Bytes {
-            Bytes::from([b"<".as_slice(), &framed, b">"].concat())
-        }
-    }
-
-    #[test]
-    fn pull_a_one_answer_framer_writes_what_is_queued_once_then_messages_wait_again() {
-        use crate::outbox::tests::TestWire;
-        let ob = taking(1 << 20, PullOptions::default());
-        let wire = TestWire::open(usize::MAX);
-        let w: Arc<dyn Wire> = wire.clone();
-        let mut rx = ob.attach(w.clone(), Box::new(OneAnswer));
-        ob.flush_blocked();
-        assert!(wire.written.lock().is_empty(), "nothing queued, nothing written");
-        // Two deliveries queued before the writer comes make one answer.
-        let _ = ob.push(delivery("a", 1, "1"), false);
-        let _ = ob.push(delivery("a", 2, "2"), false);
-        ob.flush();
-        let written = || String::from_utf8(wire.written.lock().clone()).unwrap();
-        assert_eq!(written(), r#"<{"pub":{"ch":"a","off":1,"data":1}}{"pub":{"ch":"a","off":2,"data":2}}>"#);
-        assert!(!ob.is_blocked(), "written whole");
-        // What comes after the answer waits for the next taker; the wire gets nothing more.
-        if ob.push(delivery("a", 3, "3"), false) == Pushed::Schedule {
-            ob.flush();
-        }
-        assert!(written().ends_with("}>"));
-        assert!(!ob.detach_unanswered(&w), "an answered poll is not taken back");
-        assert!(ob.detach_if(&w));
-        assert!(rx.try_recv().is_err(), "written whole: nothing was cut");
-        assert_eq!(offs(&ob.take_messages().0), vec![("a".to_string(), 3)]);
-        // Unanswered, it is detached when its time is up.
-        let _rx = ob.attach(w.clone(), Box::new(OneAnswer));
-        ob.flush_blocked();
-        assert!(ob.detach_unanswered(&w));
-        // An answer the socket took only part of is cut when detached, and its wire learns it.
-        let full = TestWire::open(4);
-        let f: Arc<dyn Wire> = full.clone();
-        let mut rx = ob.attach(f.clone(), Box::new(OneAnswer));
-        ob.flush_blocked();
-        if ob.push(delivery("a", 4, "4"), false) == Pushed::Schedule {
-            ob.flush();
-        }
-        assert!(ob.is_blocked(), "the answer is half written");
-        assert!(!ob.detach_unanswered(&f), "a half-written answer is the wire's");
-        assert!(ob.detach());
-        assert_eq!(rx.try_recv(), Ok(()), "cut short");
-    }
-
-    #[test]
-    fn pull_a_rearmed_one_answer_framer_answers_again_with_what_waited_and_what_comes() {
-        use crate::outbox::tests::TestWire;
-        let ob = taking(1 << 20, PullOptions::default());
-        let wire = TestWire::open(usize::MAX);
-        let w: Arc<dyn Wire> = wire.clone();
-        let _rx = ob.attach(w.clone(), Box::new(OneAnswer));
-        ob.flush_blocked();
-        assert!(!ob.rearm(&w), "nothing answered yet");
-        let deliver = |off| {
-            if ob.push(delivery("a", off, &off.to_string()), false) == Pushed::Schedule {
-                ob.flush();
-            }
-        };
-        deliver(1);
-        deliver(2);
-        let written = || String::from_utf8(wire.written.lock().clone()).unwrap();
-        let one = r#"<{"pub":{"ch":"a","off":1,"data":1}}>"#;
-        assert_eq!(written(), one, "the second waits for the next answer");
-        let other: Arc<dyn Wire> = TestWire::open(usize::MAX);
-        assert!(!ob.rearm(&other), "only the attached wire's framer answers again");
-        assert!(ob.rearm(&w));
-        let two = r#"<{"pub":{"ch":"a","off":2,"data":2}}>"#;
-        assert_eq!(written(), format!("{one}{two}"), "what waited is the next answer, at once");
-        deliver(3);
-        assert_eq!(written(), format!("{one}{two}"), "answered again: the next delivery waits for a rearm");
-        // An answer the socket took only part of is not rearmed until it is written whole.
-        let full = TestWire::open(4);
-        let f: Arc<dyn Wire> = full.clone();
-        let _rx = ob.attach(f.clone(), Box::new(OneAnswer));
-        ob.flush_blocked();
-        assert!(ob.is_blocked(), "the waiting delivery is half written");
-        assert!(!ob.rearm(&f));
-        *full.room.lock() = usize::MAX;
-        ob.flush_blocked();
-        assert!(ob.rearm(&f));
-        deliver(4);
-        let got = String::from_utf8(full.written.lock().clone()).unwrap();
-        assert_eq!(got, r#"<{"pub":{"ch":"a","off":3,"data":3}}><{"pub":{"ch":"a","off":4,"data":4}}>"#);
-    }
 
     #[test]
     fn pull_recorded_replies_are_copies_and_held_messages_wait_for_the_reply() {

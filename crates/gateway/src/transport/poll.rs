@@ -35,10 +35,9 @@
 //! replies still travel in order with the publications. No sticky sessions are needed; a load
 //! balancer that hashes on the session id merely saves the moves.
 //!
-//! The live sessions and everything that changes them are in `transport::poll_session`; a
-//! held poll is answered by `transport::poll_socket`, which also serves the polls that follow
-//! on a connection a poll opened (without hyper); this file is the HTTP side: routes,
-//! requests, and the tasks that expire sessions and act on what other nodes say.
+//! The live sessions and everything that changes them are in `transport::poll_session`; this
+//! file is the HTTP side: routes, requests (each parsed by hyper, answered whole through its
+//! body), and the tasks that expire sessions and act on what other nodes say.
 
 // Refusals are the response itself (status, body, headers), returned on the cold path of a
 // request that answers with it anyway; boxing them would buy nothing.
@@ -60,7 +59,7 @@ use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error, query_param};
 use crate::transport::poll_session::*;
 use crate::transport::poll_store::{self, Notice};
-use crate::transport::{http1, poll_socket, session_stream, sse};
+use crate::transport::{session_stream, sse};
 
 /// The routes of the HTTP transports: `/sse`, `/poll`, `/poll/{session}`.
 pub fn router<S: Clone + Send + Sync + 'static>(node: Arc<Node>) -> Router<S> {
@@ -178,16 +177,57 @@ fn no_commands(body: &[u8]) -> bool {
         || matches!(serde_json::from_slice::<serde_json::Value>(body), Ok(serde_json::Value::Object(m)) if m.is_empty())
 }
 
-/// `GET /poll/{session}`. A poll that opened its connection leaves the connection to
-/// `poll_socket`, which serves the polls that follow on it.
+/// `GET /poll/{session}?ack=&timeout=`: held until the session has messages, the poll's time
+/// is up, or a later poll or stream of the session takes its turn.
 async fn poll(State(polls): State<Arc<Polls>>, Path(id): Path<String>, req: Request) -> Response {
-    if let Some(offer) = req.extensions().get::<http1::SocketOffer>() {
-        let p = polls.clone();
-        let run: http1::KeepAliveRun =
-            Box::new(move |tcp, app, peer| Box::pin(poll_socket::keep_alive(p, tcp, app, peer)));
-        *offer.taken.lock() = Some(http1::OnSocket::KeepAlive(run));
+    let (query, headers) = (req.uri().query(), req.headers());
+    let mut r = match session_of(&polls, &id, query, headers, req.extensions().get::<Peer>()).await {
+        Err(r) => r,
+        Ok((s, ack, timeout)) => match polls.start_poll(&s, ack).await {
+            Err(r) => r,
+            Ok(poll) => polls.wait_and_answer(&s, poll.me, tokio::time::Instant::now() + timeout).await,
+        },
+    };
+    transport_http::cors(headers, &polls.node, &mut r);
+    r
+}
+
+/// The session a poll is for, with its `ack` and how long it may wait; `Err`: the answer,
+/// given at once (a refusal, or the final batch of a client behind what the store keeps).
+async fn session_of(
+    polls: &Arc<Polls>,
+    id: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    peer: Option<&Peer>,
+) -> Result<(Arc<PollSession>, Option<u64>, Duration), Response> {
+    let longest = Duration::from_secs(polls.node.config.transports.poll_timeout_s);
+    let (ack, timeout) = ack_and_timeout(query, longest)?;
+    match polls.find(id, ack, headers, peer).await? {
+        Found::Lost(body) => Err(json_response(StatusCode::OK, body)),
+        Found::Session(s) => Ok((s, ack, timeout)),
     }
-    poll_socket::answer(&polls, &id, req.uri().query(), req.headers(), req.extensions().get::<Peer>()).await
+}
+
+/// A poll's `ack` (the batch it received last) and how long it may be held: `timeout`
+/// seconds, at most `max` (`transports.poll_timeout_s`).
+fn ack_and_timeout(q: Option<&str>, max: Duration) -> Result<(Option<u64>, Duration), Response> {
+    let ack = match query_param(q, "ack") {
+        None => None,
+        Some(a) => Some(a.parse::<u64>().map_err(|_| error(code::BAD_REQUEST, "ack: expected a batch number"))?),
+    };
+    let timeout = match query_param(q, "timeout") {
+        None => max,
+        Some(t) => {
+            let s: f64 = t.parse().map_err(|_| error(code::BAD_REQUEST, "timeout: expected seconds"))?;
+            if s.is_nan() || s < 0.0 {
+                return Err(error(code::BAD_REQUEST, "timeout: expected seconds"));
+            }
+            // Any number of seconds, however large (`inf`, `1e20`), is at most the maximum.
+            Duration::try_from_secs_f64(s).map_or(max, |d| d.min(max))
+        }
+    };
+    Ok((ack, timeout))
 }
 
 /// `POST /poll/{session}`: commands.
@@ -230,7 +270,7 @@ async fn command_inner(
         };
         if rec.owner.is_empty() || rec.owner == node.id {
             // Nobody holds it (or this node lost its copy): take it over and run here.
-            if let Err(r) = polls.find(id, None, headers, peer.as_ref(), None).await {
+            if let Err(r) = polls.find(id, None, headers, peer.as_ref()).await {
                 return r;
             }
             continue;

@@ -34,7 +34,6 @@ use crate::session::Session;
 use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error};
 use crate::transport::poll_store::{self, PollStore, Record, StoredIdentity, StoredSub};
-use crate::transport::poll_streamed::Streamed;
 use crate::transport::poll_wire::{batch_body, rewrite_commands, silent_reply, RESUBSCRIBE_ID, SILENT_ID};
 use crate::transport::sse::{ChannelPos, ReplyIn};
 
@@ -57,7 +56,7 @@ pub struct PollSession {
     pub(crate) live: tokio::sync::Mutex<Live>,
     /// Unix seconds of the last request.
     pub(crate) active: AtomicU64,
-    /// Unix seconds when this copy last set its record's lease ([`Polls::renew`]).
+    /// Unix seconds when this copy last set its record's lease ([`Polls::lease`]).
     pub(crate) leased: AtomicU64,
     /// Requests in progress (a held poll or a stream counts until it returns).
     pub(crate) busy: AtomicUsize,
@@ -67,18 +66,13 @@ pub struct PollSession {
     pub(crate) state: AtomicU8,
     /// Subscriptions and the outbox were released.
     pub(crate) cleaned: AtomicBool,
-    /// What a stream that owns its socket wrote since `live` last heard
-    /// (`transport::session_stream`).
-    pub(crate) streamed: Arc<Mutex<Streamed>>,
 }
 
 impl PollSession {
     /// Makes the caller (a poll or a stream starting, counted in `busy`) the session's current
-    /// waiter: an older poll or stream gives way, and a stream's socket is detached at once.
-    /// Its number, for [`PollSession::serves`].
+    /// waiter: an older poll or stream gives way. Its number, for [`PollSession::serves`].
     pub(crate) fn take_turn(&self) -> u64 {
         let me = self.waiter.fetch_add(1, Relaxed) + 1;
-        self.outbox.detach();
         // Only another request in progress can be waiting; a wake-up nobody waits for would
         // be kept, and end the caller's own first wait at once.
         if self.busy.load(Relaxed) > 1 {
@@ -154,8 +148,6 @@ pub(crate) struct Started {
     _busy: Busy,
     /// The poll's turn as the session's waiter, for [`PollSession::serves`].
     pub(crate) me: u64,
-    /// The session's batch number when the poll began.
-    pub(crate) seq: u64,
 }
 
 /// What a takeover found.
@@ -219,7 +211,6 @@ impl Polls {
             waiter: AtomicU64::new(0),
             state: AtomicU8::new(LIVE),
             cleaned: AtomicBool::new(false),
-            streamed: Arc::default(),
         }))
     }
 
@@ -241,7 +232,6 @@ impl Polls {
     /// Writes the live copy's record. `false`: another node took the session; this copy is
     /// dropped.
     pub(crate) async fn save(&self, s: &Arc<PollSession>, live: &mut Live) -> bool {
-        Polls::take_streamed(s, live);
         let rec = self.record_of(live);
         match self.store.save(&s.id, live.version, &rec, self.ttl).await {
             Ok(true) => {
@@ -263,16 +253,6 @@ impl Polls {
         }
     }
 
-    /// Renews the session's lease in a store no other node reads, once a quarter of it is
-    /// spent: a held poll's answer writes nothing else there (`transport::poll_held`), and the
-    /// sweep renews the lease of every session live here, so the record lasts as long as the
-    /// live copy (which removes it when it ends). `now`: unix seconds.
-    pub(crate) async fn renew(&self, s: &PollSession, now: u64) {
-        if self.lease_spent(s, now) {
-            self.lease(s).await;
-        }
-    }
-
     /// Whether a quarter of the session's lease is spent at `now` (unix seconds).
     pub(crate) fn lease_spent(&self, s: &PollSession, now: u64) -> bool {
         now.saturating_sub(s.leased.load(Relaxed)) >= self.ttl.as_secs() / 4
@@ -284,31 +264,9 @@ impl Polls {
         let _ = self.store.touch(&s.id, self.ttl).await;
     }
 
-    /// Takes in what a stream or a held poll wrote since the last call: positions advance (of
-    /// channels still subscribed), the replies written leave `queued`, the batch answered is
-    /// the last one. Whatever reads those starts here (a command, a save, a poll's ack check
-    /// unless it acks the batch answered, a poll's answer, taking messages).
-    pub(crate) fn take_streamed(s: &PollSession, live: &mut Live) {
-        s.outbox.settle_framer();
-        let mut st = s.streamed.lock();
-        for (ch, off) in st.take_offsets() {
-            if let Some(p) = live.head.get_mut(&*ch) {
-                p.offset = p.offset.max(off);
-            }
-        }
-        let n = st.replies.min(live.queued.len());
-        live.queued.drain(..n);
-        st.replies -= n;
-        if let Some((seq, body)) = st.batch.take() {
-            live.seq = seq;
-            live.last_batch = Some((seq, body));
-        }
-    }
-
     /// Drops the live copy: leaves the hub and the broker, frees the connection.
     pub(crate) async fn drop_local(&self, s: &Arc<PollSession>, why: u8, live: &mut Live) {
         s.state.store(why, Relaxed);
-        s.outbox.detach();
         {
             let mut map = self.sessions.lock();
             if map.get(&s.id).is_some_and(|x| Arc::ptr_eq(x, s)) {
@@ -331,21 +289,15 @@ impl Polls {
         self.node.unregister(s.outbox.id);
     }
 
-    /// The session's live copy, here or taken over from the store. `known`: the session the
-    /// caller served last. Where no other node reads the store, nothing takes a session over,
-    /// and a copy that is still live is the node's copy of its id: it is used without a
-    /// look-up.
+    /// The session's live copy, here or taken over from the store.
     pub(crate) async fn find(
         &self,
         id: &str,
         ack: Option<u64>,
         headers: &HeaderMap,
         peer: Option<&Peer>,
-        known: Option<&Arc<PollSession>>,
     ) -> Result<Found, Response> {
-        let known = known.filter(|s| !self.store.shared() && s.id == id && s.state.load(Relaxed) == LIVE);
-        let known = known.cloned();
-        if let Some(s) = known.or_else(|| self.local(id)) {
+        if let Some(s) = self.local(id) {
             // A client ahead of this copy was served by another node since: the copy is stale
             // (its notice may still be on the way). Only a shared store has other nodes.
             if !self.store.shared() || ack.is_none() {
@@ -380,7 +332,6 @@ impl Polls {
             s.outbox.close(reason.code, &reason.reason, true);
             return Err(crate::node::ApiError::new(code::UNAUTHORIZED, reason.reason));
         }
-        Polls::take_streamed(s, live);
         // All or nothing, as a WebSocket frame: nothing runs if any part is not a command.
         switchboard_protocol::decode_json_frame(body)
             .map_err(|e| crate::node::ApiError::new(code::BAD_REQUEST, e.to_string()))?;
@@ -470,7 +421,6 @@ impl Polls {
     /// they are, the takeover's resubscribe reply into recovered publications, silent
     /// subscribe replies into nothing (or their error). Advances the positions.
     pub(crate) fn take_messages(&self, s: &Arc<PollSession>, live: &mut Live) -> (Vec<Bytes>, Option<u16>) {
-        Polls::take_streamed(s, live);
         let (msgs, mut closed) = s.outbox.take_messages();
         let mut out = Vec::with_capacity(msgs.len());
         let mut lost = false;
@@ -558,7 +508,6 @@ impl Polls {
     /// store — stays for another node to continue.
     pub(crate) async fn finish(&self, s: &Arc<PollSession>, live: &mut Live, code: u16) {
         if code == close::SHUTDOWN && self.store.shared() {
-            Polls::take_streamed(s, live);
             let mut rec = self.record_of(live);
             rec.owner = String::new();
             let _ = self.store.save(&s.id, live.version, &rec, self.ttl).await;
@@ -571,30 +520,19 @@ impl Polls {
     /// Starts a poll of `s`: it becomes the session's waiter (kept from expiring while
     /// [`Started`] lives) and its `ack` is checked. `Err`: the answer, at once — the last
     /// batch again, or an error. The poll then waits for its answer
-    /// ([`Polls::wait_and_answer`], or held on its socket).
+    /// ([`Polls::wait_and_answer`]).
     #[allow(clippy::result_large_err)]
     pub(crate) async fn start_poll(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Result<Started, Response> {
         let busy = Busy::new(s);
         let me = s.take_turn();
-        let seq = self.check_ack(s, ack).await?;
-        Ok(Started { _busy: busy, me, seq })
+        self.check_ack(s, ack).await?;
+        Ok(Started { _busy: busy, me })
     }
 
     /// What a poll's `ack` asks before it waits: the last batch again (it got lost), or an
-    /// error; `Ok`: go on, with the session's batch number. Acks of lost batches close the
-    /// session (4008).
-    async fn check_ack(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Result<u64, Response> {
-        // The usual poll acks the batch the fan-out answered the last one with: that is the
-        // session's batch and there is nothing to check; the live copy takes the answer in at
-        // its next use. (This poll's turn detached a held poll's framer, which handed its
-        // answer over.)
-        if let Some(a) = ack {
-            if s.streamed.lock().batch.as_ref().is_some_and(|(seq, _)| *seq == a) {
-                return Ok(a);
-            }
-        }
-        let mut live = s.live.lock().await;
-        Polls::take_streamed(s, &mut live);
+    /// error; `Ok`: go on. Acks of lost batches close the session (4008).
+    async fn check_ack(&self, s: &Arc<PollSession>, ack: Option<u64>) -> Result<(), Response> {
+        let live = s.live.lock().await;
         match ack {
             Some(a) if a > live.seq => {
                 return Err(error(code::BAD_REQUEST, format!("ack {a} is ahead of the session's batch {}", live.seq)))
@@ -610,7 +548,7 @@ impl Polls {
             }
             _ => {}
         }
-        Ok(live.seq)
+        Ok(())
     }
 
     /// Waits (until `deadline`) for what poll `me` answers with, and answers it.
@@ -623,8 +561,7 @@ impl Polls {
         loop {
             match s.state.load(Relaxed) {
                 MOVED => {
-                    let mut live = s.live.lock().await;
-                    Polls::take_streamed(s, &mut live);
+                    let live = s.live.lock().await;
                     return json_response(StatusCode::OK, batch_body(live.seq, &[]));
                 }
                 ENDED => return error(code::NOT_FOUND, "unknown or expired session"),
@@ -642,7 +579,6 @@ impl Polls {
             }
         }
         let mut live = s.live.lock().await;
-        Polls::take_streamed(s, &mut live);
         if s.state.load(Relaxed) != LIVE {
             return json_response(StatusCode::OK, batch_body(live.seq, &[]));
         }

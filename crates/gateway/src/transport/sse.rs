@@ -24,12 +24,10 @@
 //! attached to one: `GET /sse?session=<id>`, see `transport::session_stream`).
 //!
 //! **Layout.** [`open`] admits, checks and subscribes a stream; its outbox frames the events
-//! (`events`: the ids, `subscribed`, the recovered and initial publications). A stream that is
-//! the first request of a plain connection owns the socket and is written by the fan-out
-//! (`socket`); any other is written by hyper from [`handle`]'s response body.
+//! (`events`: the ids, `subscribed`, the recovered and initial publications), which hyper
+//! writes from [`handle`]'s response body.
 
 mod events;
-pub mod socket;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -50,11 +48,10 @@ use switchboard_protocol::{namespace_of, validate_channel};
 use crate::auth::limits::IpGuard;
 use crate::auth::Action;
 use crate::node::Node;
-use crate::outbox::{Outbox, Wire};
+use crate::outbox::Outbox;
 use crate::session::Session;
 use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error, query_flag, query_param};
-use crate::transport::http1;
 
 use events::StreamEvents;
 pub use events::{event_name, write_event};
@@ -230,32 +227,14 @@ impl Stream {
 /// The comment a stream sends after `transports.sse_heartbeat_s` of silence.
 pub(crate) const PING: &[u8] = b": ping\n\n";
 
-/// `GET /sse`: a stream for the `channels` of the query, served through hyper (a connection
-/// that asked for a stream first is served by `socket` instead). `session=<id>` streams a
-/// poll session; `transport::poll` routes that.
+/// `GET /sse`: a stream for the `channels` of the query. `session=<id>` streams a poll
+/// session; `transport::poll` routes that.
 pub async fn handle(State(node): State<Arc<Node>>, req: Request) -> Response {
     let query = req.uri().query().map(str::to_string);
     let (parts, _) = req.into_parts();
-    let offer = parts.extensions.get::<http1::SocketOffer>().cloned();
-    let wire = offer.as_ref().map(|o| o.wire.clone() as Arc<dyn Wire>);
-    let mut r = match (open(&node, &parts, query.as_deref(), wire).await, offer) {
-        (Err(r), _) => r,
-        (Ok(opened), Some(offer)) => {
-            // The stream owns its socket: `http1` writes this head and `socket` runs it.
-            let node = node.clone();
-            let run: http1::StreamRun = Box::new(move |tcp| match tcp {
-                Some(tcp) => Box::pin(socket::run_opened(node, tcp, Box::new(opened))),
-                // The head could not be written: the stream only ends.
-                None => Box::pin(async move {
-                    let Opened { session, outbox, slot } = opened;
-                    end(node, session, outbox).await;
-                    drop(slot);
-                }),
-            });
-            *offer.taken.lock() = Some(http1::OnSocket::Stream(run));
-            stream_response(Body::empty())
-        }
-        (Ok(Opened { session, outbox, slot }), None) => {
+    let mut r = match open(&node, &parts, query.as_deref()).await {
+        Err(r) => r,
+        Ok(Opened { session, outbox, slot }) => {
             let stream = Stream {
                 node: node.clone(),
                 deadline: session.deadline(),
@@ -275,13 +254,11 @@ pub async fn handle(State(node): State<Arc<Node>>, req: Request) -> Response {
     r
 }
 
-/// Admits, checks and subscribes a stream (`wire`: the socket it owns, if it does); `Err` is
-/// the response that refuses it.
+/// Admits, checks and subscribes a stream; `Err` is the response that refuses it.
 pub(crate) async fn open(
     node: &Arc<Node>,
     req: &axum::http::request::Parts,
     q: Option<&str>,
-    wire: Option<Arc<dyn Wire>>,
 ) -> Result<Opened, Response> {
     let admitted = transport_http::admit(node, &req.headers, req.extensions.get::<Peer>(), q, true).await?;
     let auth = &node.config.security.auth;
@@ -353,7 +330,7 @@ pub(crate) async fn open(
     }
     let cmd = serde_json::json!({ "id": SUBSCRIBE_ID, "subscribe": body }).to_string();
     let events = StreamEvents::new(channels.clone(), initial, recover, SUBSCRIBE_ID);
-    let outbox = match node.register_framed(wire, Box::new(events)) {
+    let outbox = match node.register_framed(Box::new(events)) {
         Ok(ob) => ob,
         Err(ob) => {
             return Err(match ob.closed() {
