@@ -1,12 +1,11 @@
-"""Long polls on a connection they opened, which the node keeps alive itself.
+"""Long polls on a kept-alive connection, a poll after the other.
 
-A `GET /poll/{session}` that is the first request of a plain connection is answered by the
-node's own HTTP/1.1, and so is every poll that follows on that connection; the first request of
-another kind hands the connection to the HTTP stack. Such polls must say exactly what polls
-through the HTTP stack say, keep the connection open, answer pipelined requests in order, apply
-the same refusals, and leave nothing behind when their clients vanish mid-poll. Driven with the
-standard library's `http.client` and raw sockets (clients nobody here wrote); what the node
-holds is read from /proc."""
+A `GET /poll/{session}` is parsed and answered by the HTTP stack, whether it opened its
+connection or came after other requests on it. Polls on a connection they opened must say
+exactly what polls after other requests say, keep the connection open, answer pipelined
+requests in order, apply the same refusals, and leave nothing behind when their clients vanish
+mid-poll. Driven with the standard library's `http.client` and raw sockets (clients nobody here
+wrote); what the node holds is read from /proc."""
 
 from __future__ import annotations
 
