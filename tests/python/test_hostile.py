@@ -38,6 +38,14 @@ def closes_with(raw: RawWS, code: int) -> list:
     return seen
 
 
+def fails_with(raw: RawWS, code: int) -> None:
+    """RFC 6455 fails the connection on a bad frame: the close frame alone, no `disconnect`."""
+    seen: list = []
+    got, why = raw.read_until_close(seen.extend)
+    assert got == code, (got, why)
+    assert not [m for m in seen if isinstance(m, dict) and "disconnect" in m], seen
+
+
 class BoundWS(WS):
     """`sb.WS` over a socket bound to a chosen 127.0.0.x source address."""
 
@@ -87,11 +95,11 @@ def test_hostile_truncated_msgpack_map_is_closed_4010(server, bystander):
     bystander.check()
 
 
-def test_hostile_absurd_length_header_is_closed_1009_without_waiting_for_the_body(server, bystander):
+def test_hostile_absurd_length_header_is_failed_1009_without_waiting_for_the_body(server, bystander):
     with RawWS("127.0.0.1", server.port) as raw:
         # 2^62 bytes announced, a few sent: refused from the header alone.
         raw.sock.sendall(struct.pack("!BBQ", 0x81, 0x80 | 127, 1 << 62) + b"\x00\x00\x00\x00" + b"x" * 10)
-        closes_with(raw, 1009)
+        fails_with(raw, 1009)
     bystander.check()
 
 
@@ -101,10 +109,10 @@ def test_hostile_absurd_length_header_is_closed_1009_without_waiting_for_the_bod
     ("truncated-sequence", b'{"id":1,"ping":{"data":"\xe2\x82"}}'),
     ("above-unicode", b'{"id":1,"ping":{"data":"\xf4\x90\x80\x80"}}'),
 ])
-def test_hostile_invalid_utf8_variants_are_closed_4010(server, bystander, name, payload):
+def test_hostile_invalid_utf8_variants_are_failed_1007(server, bystander, name, payload):
     with RawWS("127.0.0.1", server.port) as raw:
         raw.send_frame(OP_TEXT, payload)
-        closes_with(raw, 4010)
+        fails_with(raw, 1007)
     bystander.check()
 
 
@@ -119,23 +127,33 @@ def test_hostile_utf8_split_across_fragments_is_fine_and_broken_is_not(server, b
     with RawWS("127.0.0.1", server.port) as raw:
         raw.send_frame(OP_TEXT, text[:cut], fin=False)
         raw.send_frame(OP_CONT, b"\xff" + text[cut + 1:], fin=True)
-        closes_with(raw, 4010)
+        fails_with(raw, 1007)
+    with RawWS("127.0.0.1", server.port) as raw:
+        # Failed at the bad fragment, without waiting for the end of the message.
+        raw.send_frame(OP_TEXT, text[:cut], fin=False)
+        raw.send_frame(OP_CONT, b"\xff", fin=False)
+        fails_with(raw, 1007)
     bystander.check()
 
 
-@pytest.mark.parametrize("kind", ["continuation-first", "text-inside-fragments", "long-ping", "text-on-msgpack"])
-def test_hostile_frame_sequence_abuse_is_closed_4010(server, bystander, kind):
-    proto = sb.MSGPACK_PROTOCOL if kind == "text-on-msgpack" else None
-    with RawWS("127.0.0.1", server.port, subprotocol=proto) as raw:
+@pytest.mark.parametrize("kind", ["continuation-first", "text-inside-fragments", "long-ping"])
+def test_hostile_frame_sequence_abuse_is_failed_1002(server, bystander, kind):
+    with RawWS("127.0.0.1", server.port) as raw:
         if kind == "continuation-first":
             raw.send_frame(OP_CONT, b'{"id":1,"ping":{}}')
         elif kind == "text-inside-fragments":
             raw.send_frame(OP_TEXT, b'{"id":1,', fin=False)
             raw.send_frame(OP_TEXT, b'"ping":{}}')
-        elif kind == "long-ping":
-            raw.send_frame(OP_PING, b"x" * 126)
         else:
-            raw.send_frame(OP_TEXT, b'{"id":1,"ping":{}}')
+            raw.send_frame(OP_PING, b"x" * 126)
+        fails_with(raw, 1002)
+    bystander.check()
+
+
+def test_hostile_text_frame_on_msgpack_is_closed_4010(server, bystander):
+    # A valid frame of the wrong type for the subprotocol: the application's refusal.
+    with RawWS("127.0.0.1", server.port, subprotocol=sb.MSGPACK_PROTOCOL) as raw:
+        raw.send_frame(OP_TEXT, b'{"id":1,"ping":{}}')
         closes_with(raw, 4010)
     bystander.check()
 

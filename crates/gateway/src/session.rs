@@ -227,15 +227,13 @@ impl Session {
         self.first_message_by = None;
         self.node.metrics.messages_in.fetch_add(1, Relaxed);
         self.node.metrics.bytes_in.fetch_add(payload.len() as u64, Relaxed);
+        // A WebSocket text message arrives as valid UTF-8 (its frame reader fails others with
+        // 1007); JSON from the HTTP transports that is not UTF-8 is no command.
         let commands = match self.outbox.format {
-            Format::Json => {
-                std::str::from_utf8(payload)
-                    .map_err(|_| CloseReason::new(close::PROTOCOL_ERROR, "text frame is not valid UTF-8"))?;
-                decode_json_frame(payload)
-            }
+            Format::Json => decode_json_frame(payload),
             Format::Msgpack => decode_msgpack_frame(payload),
         }
-        .map_err(|e| CloseReason::new(close::PROTOCOL_ERROR, e.to_string()))?;
+        .map_err(|e| CloseReason::new(close::BAD_COMMAND, e.to_string()))?;
         self.connect_hook_first(&commands).await?;
         for cmd in commands {
             self.dispatch(cmd).await?;

@@ -1,10 +1,16 @@
-//! RFC 6455 framing, the parts a server needs: parsing (masked) client frames and encoding
-//! (unmasked) server frames.
+//! RFC 6455 framing, the parts a server needs: reading client frames ([`MessageReader`]:
+//! headers, masks, fragments, control frames, close payloads and the UTF-8 of text messages,
+//! each judged by the standard) and encoding (unmasked) server frames.
 //!
 //! Server frames carry no mask, so one encoded frame — header and payload — is byte-identical
 //! for every recipient. The gateway builds it once per publication and hands the same bytes to
 //! every connection; that is why framing lives here rather than behind a per-connection
 //! WebSocket object.
+//!
+//! A client that breaks the standard gets a [`FrameError`]; its
+//! [`close_code`](FrameError::close_code) (1002, 1007 or 1009) fails the connection.
+
+use crate::code::close;
 
 /// Frame opcodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +77,33 @@ pub enum FrameError {
     /// The payload exceeds the configured maximum (close 1009).
     #[error("frame of {0} bytes exceeds the limit")]
     TooLarge(u64),
+    #[error("continuation frame without a message to continue")]
+    UnexpectedContinuation,
+    #[error("new message before the fragmented one ended")]
+    UnfinishedMessage,
+    #[error("close frame with a 1-byte payload")]
+    BadClosePayload,
+    #[error("close code {0} is not one a peer may send")]
+    BadCloseCode(u16),
+    /// A text message that is not UTF-8, found as soon as its bytes cannot start valid UTF-8
+    /// (close 1007).
+    #[error("text message is not valid UTF-8")]
+    InvalidText,
+    /// A close reason that is not UTF-8 (close 1007).
+    #[error("close reason is not valid UTF-8")]
+    InvalidCloseReason,
+}
+
+impl FrameError {
+    /// The code that fails the connection (RFC 6455 §7.4.1): 1009 for a message past the
+    /// limit, 1007 for invalid UTF-8, 1002 for anything else.
+    pub fn close_code(&self) -> u16 {
+        match self {
+            FrameError::TooLarge(_) => close::MESSAGE_TOO_BIG,
+            FrameError::InvalidText | FrameError::InvalidCloseReason => close::INVALID_PAYLOAD,
+            _ => close::RFC_PROTOCOL_ERROR,
+        }
+    }
 }
 
 /// Parses the header at the start of `buf`. `Ok(None)` means more bytes are needed (the cheap
@@ -204,6 +237,238 @@ pub fn encode_client_frame(opcode: Opcode, payload: &[u8], mask: [u8; 4]) -> Vec
     out
 }
 
+/// Reads a close frame's payload (RFC 6455 §5.5.1, §7.4): none, or a code a peer may send
+/// ([`close::sendable`]) and a UTF-8 reason.
+pub fn parse_close(payload: &[u8]) -> Result<Option<(u16, &str)>, FrameError> {
+    match payload {
+        [] => Ok(None),
+        [_] => Err(FrameError::BadClosePayload),
+        [a, b, reason @ ..] => {
+            let code = u16::from_be_bytes([*a, *b]);
+            if !close::sendable(code) {
+                return Err(FrameError::BadCloseCode(code));
+            }
+            let reason = std::str::from_utf8(reason).map_err(|_| FrameError::InvalidCloseReason)?;
+            Ok(Some((code, reason)))
+        }
+    }
+}
+
+/// What a client's frames amount to ([`MessageReader::feed`]). Pongs need no answer and make
+/// no event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A whole text or binary message, its fragments joined; a text message is valid UTF-8.
+    Message(Opcode, Vec<u8>),
+    /// A ping, answered with a pong that carries the same payload.
+    Ping(Vec<u8>),
+    /// The client's close frame, its payload checked: the code it gave, if any. Nothing the
+    /// client sends after it is read.
+    Close(Option<u16>),
+}
+
+/// The longest client frame header: 2 bytes, 8 of extended length, 4 of mask.
+const MAX_CLIENT_HEADER: usize = 14;
+
+/// Capacity reserved for a data frame when its header arrives: its whole payload when it is
+/// small, otherwise the buffer grows as bytes come (a header alone does not hold megabytes).
+const RESERVE: usize = 64 * 1024;
+
+/// A frame whose payload is arriving.
+#[derive(Debug, Clone, Copy)]
+struct Arriving {
+    header: FrameHeader,
+    received: usize,
+}
+
+/// Reads the frames of a client (masked, as a server receives them) from bytes in pieces of
+/// any size, as reads return them, and judges them by RFC 6455: headers and their bounds,
+/// masks, fragments in order, control frames between fragments, close payloads, and the UTF-8
+/// of text messages. UTF-8 fails fast: as soon as the bytes received cannot begin valid UTF-8,
+/// not at the end of the message. Between calls it keeps only the frame in progress: at most
+/// a partial header, and the message being assembled (bounded by `max`).
+#[derive(Debug)]
+pub struct MessageReader {
+    /// Largest message, fragments joined (close 1009 past it).
+    max: usize,
+    /// A header not complete yet.
+    head: [u8; MAX_CLIENT_HEADER],
+    head_len: u8,
+    frame: Option<Arriving>,
+    /// The opcode of the data message in progress (none between messages) and its bytes.
+    message: Option<Opcode>,
+    bytes: Vec<u8>,
+    /// How many of `bytes` are known to begin valid UTF-8 (text messages).
+    valid: usize,
+    /// The payload of the control frame in progress (at most 125 bytes).
+    control: Vec<u8>,
+    /// A close frame or a violation was read: nothing more is.
+    done: bool,
+}
+
+impl MessageReader {
+    pub fn new(max_message: usize) -> MessageReader {
+        MessageReader {
+            max: max_message,
+            head: [0; MAX_CLIENT_HEADER],
+            head_len: 0,
+            frame: None,
+            message: None,
+            bytes: Vec::new(),
+            valid: 0,
+            control: Vec::new(),
+            done: false,
+        }
+    }
+
+    /// Whether a frame or a fragmented message is partly received.
+    pub fn in_progress(&self) -> bool {
+        self.head_len > 0 || self.frame.is_some() || self.message.is_some()
+    }
+
+    /// Reads `data`, the next bytes from the client, and pushes the events it completes onto
+    /// `out`, in order. An error fails the connection (close with
+    /// [`FrameError::close_code`]); the events pushed before it came before the violation and
+    /// are still answered. After an error or a close frame, nothing more is read.
+    pub fn feed(&mut self, data: &[u8], out: &mut Vec<Event>) -> Result<(), FrameError> {
+        let read = self.read(data, out);
+        if read.is_err() {
+            self.done = true;
+        }
+        read
+    }
+
+    fn read(&mut self, mut data: &[u8], out: &mut Vec<Event>) -> Result<(), FrameError> {
+        while !self.done {
+            let mut frame = match self.frame.take() {
+                Some(f) => f,
+                None => {
+                    let Some(header) = self.header(&mut data)? else { return Ok(()) };
+                    self.begin(&header)?;
+                    Arriving { header, received: 0 }
+                }
+            };
+            let take = (frame.header.payload_len - frame.received).min(data.len());
+            let (chunk, rest) = data.split_at(take);
+            data = rest;
+            self.receive(&frame.header, frame.received, chunk)?;
+            frame.received += take;
+            if frame.received < frame.header.payload_len {
+                // Every byte of `data` went into this frame.
+                self.frame = Some(frame);
+                return Ok(());
+            }
+            self.end(&frame.header, out)?;
+        }
+        Ok(())
+    }
+
+    /// The next frame header, from the bytes kept and `data` (advanced past it); `None` when
+    /// it is not complete yet (its bytes are kept).
+    fn header(&mut self, data: &mut &[u8]) -> Result<Option<FrameHeader>, FrameError> {
+        if self.head_len == 0 {
+            // Usually the whole header is in the read.
+            if let Some(h) = parse_header(data, self.max, true)? {
+                *data = &data[h.header_len..];
+                return Ok(Some(h));
+            }
+        }
+        let have = usize::from(self.head_len);
+        let add = (MAX_CLIENT_HEADER - have).min(data.len());
+        self.head[have..have + add].copy_from_slice(&data[..add]);
+        match parse_header(&self.head[..have + add], self.max, true)? {
+            // The kept bytes were not a whole header, so it takes some of `data`.
+            Some(h) => {
+                *data = &data[h.header_len - have..];
+                self.head_len = 0;
+                Ok(Some(h))
+            }
+            // Fewer bytes than the longest header: all of `data` was kept.
+            None => {
+                *data = &data[add..];
+                self.head_len = (have + add) as u8;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Checks where a frame stands in the message sequence, before its payload is read.
+    fn begin(&mut self, h: &FrameHeader) -> Result<(), FrameError> {
+        match h.opcode {
+            Opcode::Text | Opcode::Binary => {
+                if self.message.is_some() {
+                    return Err(FrameError::UnfinishedMessage);
+                }
+                self.message = Some(h.opcode);
+                self.bytes = Vec::with_capacity(h.payload_len.min(RESERVE));
+            }
+            Opcode::Continuation => {
+                if self.message.is_none() {
+                    return Err(FrameError::UnexpectedContinuation);
+                }
+                let total = self.bytes.len() as u64 + h.payload_len as u64;
+                if total > self.max as u64 {
+                    return Err(FrameError::TooLarge(total));
+                }
+            }
+            Opcode::Close | Opcode::Ping | Opcode::Pong => self.control = Vec::with_capacity(h.payload_len),
+        }
+        Ok(())
+    }
+
+    /// Takes the payload bytes `chunk`, which start at `offset` in the frame's payload.
+    fn receive(&mut self, h: &FrameHeader, offset: usize, chunk: &[u8]) -> Result<(), FrameError> {
+        let into = if h.opcode.is_control() { &mut self.control } else { &mut self.bytes };
+        let start = into.len();
+        into.extend_from_slice(chunk);
+        if let Some(mask) = h.mask {
+            unmask(&mut into[start..], mask, offset);
+        }
+        if !h.opcode.is_control() && self.message == Some(Opcode::Text) {
+            self.check_text()?;
+        }
+        Ok(())
+    }
+
+    /// Fails as soon as the text received cannot begin valid UTF-8; a character cut at the
+    /// end (by a frame or a read) waits for its next bytes.
+    fn check_text(&mut self) -> Result<(), FrameError> {
+        match std::str::from_utf8(&self.bytes[self.valid..]) {
+            Ok(_) => self.valid = self.bytes.len(),
+            // `error_len` is `None` only when the bytes left are a valid beginning of a character.
+            Err(e) if e.error_len().is_none() => self.valid += e.valid_up_to(),
+            Err(_) => return Err(FrameError::InvalidText),
+        }
+        Ok(())
+    }
+
+    /// A frame's payload is complete.
+    fn end(&mut self, h: &FrameHeader, out: &mut Vec<Event>) -> Result<(), FrameError> {
+        match h.opcode {
+            Opcode::Ping => out.push(Event::Ping(std::mem::take(&mut self.control))),
+            Opcode::Pong => self.control = Vec::new(),
+            Opcode::Close => {
+                let code = parse_close(&self.control)?.map(|(code, _)| code);
+                self.control = Vec::new();
+                self.done = true;
+                out.push(Event::Close(code));
+            }
+            Opcode::Text | Opcode::Binary | Opcode::Continuation if h.fin => {
+                // `begin` opened the message this frame ends.
+                if let Some(opcode) = self.message.take() {
+                    if opcode == Opcode::Text && self.valid != self.bytes.len() {
+                        return Err(FrameError::InvalidText);
+                    }
+                    self.valid = 0;
+                    out.push(Event::Message(opcode, std::mem::take(&mut self.bytes)));
+                }
+            }
+            Opcode::Text | Opcode::Binary | Opcode::Continuation => {}
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +508,163 @@ mod tests {
         assert_eq!(parse_header(&[0x09, 0x80, 0, 0, 0, 0], 100, true), Err(FrameError::BadControl));
         let big = encode_client_frame(Opcode::Text, &[0; 200], [0; 4]);
         assert_eq!(parse_header(&big, 100, true), Err(FrameError::TooLarge(200)));
+    }
+
+    /// A masked client frame; `fin: false` for a fragment that more frames follow.
+    fn frame(opcode: Opcode, payload: &[u8], fin: bool) -> Vec<u8> {
+        let mut f = encode_client_frame(opcode, payload, [0x37, 0xfa, 0x21, 0x3d]);
+        if !fin {
+            f[0] &= 0x7f;
+        }
+        f
+    }
+
+    fn feed_all(bytes: &[u8], max: usize) -> (Vec<Event>, Result<(), FrameError>) {
+        let mut r = MessageReader::new(max);
+        let mut out = Vec::new();
+        let res = r.feed(bytes, &mut out);
+        (out, res)
+    }
+
+    #[test]
+    fn websocket_reader_gives_the_same_events_whatever_the_reads() {
+        let text = "héllo wörld €😀".as_bytes();
+        let cut = 8; // inside "ö"
+        let stream = [
+            frame(Opcode::Text, b"one", true),
+            frame(Opcode::Binary, &[0, 255, 7], true),
+            frame(Opcode::Text, &text[..cut], false),
+            frame(Opcode::Ping, b"p", true),
+            frame(Opcode::Continuation, &text[cut..], true),
+            frame(Opcode::Pong, b"unsolicited", true),
+            frame(Opcode::Text, b"", true),
+            frame(Opcode::Binary, &vec![9u8; 70_000], true),
+            frame(Opcode::Close, &[0x03, 0xe8, b'b', b'y', b'e'], true),
+            frame(Opcode::Text, b"after the close", true),
+        ]
+        .concat();
+        let expected = vec![
+            Event::Message(Opcode::Text, b"one".to_vec()),
+            Event::Message(Opcode::Binary, vec![0, 255, 7]),
+            Event::Ping(b"p".to_vec()),
+            Event::Message(Opcode::Text, text.to_vec()),
+            Event::Message(Opcode::Text, Vec::new()),
+            Event::Message(Opcode::Binary, vec![9u8; 70_000]),
+            Event::Close(Some(1000)),
+        ];
+        assert_eq!(feed_all(&stream, 1 << 20), (expected.clone(), Ok(())));
+        for step in [1, 2, 3, 7, 13, 1000] {
+            let mut r = MessageReader::new(1 << 20);
+            let mut out = Vec::new();
+            for piece in stream.chunks(step) {
+                r.feed(piece, &mut out).unwrap();
+            }
+            assert_eq!(out, expected, "reads of {step} bytes");
+        }
+    }
+
+    #[test]
+    fn websocket_reader_fails_invalid_utf8_at_the_first_bad_fragment() {
+        let mut r = MessageReader::new(1 << 20);
+        let mut out = Vec::new();
+        r.feed(&frame(Opcode::Text, "κόσμε".as_bytes(), false), &mut out).unwrap();
+        // 0xF4 0x90 can never begin a character (above U+10FFFF): the message is not finished,
+        // and the fragment fails at once.
+        let bad = frame(Opcode::Continuation, &[b'a', 0xf4, 0x90, 0x80, 0x80], false);
+        assert_eq!(r.feed(&bad, &mut out), Err(FrameError::InvalidText));
+        assert_eq!(FrameError::InvalidText.close_code(), 1007);
+        assert!(out.is_empty());
+        // Nothing more is read.
+        assert_eq!(r.feed(&frame(Opcode::Ping, b"", true), &mut out), Ok(()));
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn websocket_reader_fails_invalid_utf8_within_a_frame_before_its_end() {
+        let payload = [b"valid text ".as_slice(), &[0xed, 0xa0, 0x80], &[b'x'; 200]].concat(); // a surrogate
+        let f = frame(Opcode::Text, &payload, true);
+        let mut r = MessageReader::new(1 << 20);
+        let mut out = Vec::new();
+        let head = 4; // 126-byte payload: 2 + 2 length bytes, then the mask
+        r.feed(&f[..head + 4 + 11], &mut out).unwrap();
+        assert_eq!(r.feed(&f[head + 4 + 11..head + 4 + 13], &mut out), Err(FrameError::InvalidText));
+    }
+
+    #[test]
+    fn websocket_reader_checks_utf8_at_the_end_of_a_message() {
+        // A character cut by the end of the message, and one cut between fragments that stays
+        // cut at the end.
+        let (_, r) = feed_all(&frame(Opcode::Text, &[b'a', 0xe2, 0x82], true), 100);
+        assert_eq!(r, Err(FrameError::InvalidText));
+        let s = [frame(Opcode::Text, &[0xe2], false), frame(Opcode::Continuation, &[0x82], true)].concat();
+        assert_eq!(feed_all(&s, 100).1, Err(FrameError::InvalidText));
+        // Binary messages are not text.
+        let (out, r) = feed_all(&frame(Opcode::Binary, &[0xff, 0xfe], true), 100);
+        assert_eq!((out, r), (vec![Event::Message(Opcode::Binary, vec![0xff, 0xfe])], Ok(())));
+    }
+
+    #[test]
+    fn websocket_reader_keeps_the_events_before_a_violation() {
+        let s = [frame(Opcode::Text, b"first", true), frame(Opcode::Ping, b"p", true), vec![0xa1, 0x80, 0, 0, 0, 0]]
+            .concat();
+        let (out, r) = feed_all(&s, 100);
+        assert_eq!(out, vec![Event::Message(Opcode::Text, b"first".to_vec()), Event::Ping(b"p".to_vec())]);
+        assert_eq!(r, Err(FrameError::ReservedBits));
+        assert_eq!(FrameError::ReservedBits.close_code(), 1002);
+    }
+
+    #[test]
+    fn websocket_reader_refuses_fragments_out_of_order() {
+        assert_eq!(feed_all(&frame(Opcode::Continuation, b"x", true), 100).1, Err(FrameError::UnexpectedContinuation));
+        let s = [frame(Opcode::Text, b"a", false), frame(Opcode::Text, b"b", true)].concat();
+        assert_eq!(feed_all(&s, 100).1, Err(FrameError::UnfinishedMessage));
+        let s = [frame(Opcode::Binary, b"a", false), frame(Opcode::Binary, b"b", true)].concat();
+        assert_eq!(feed_all(&s, 100).1, Err(FrameError::UnfinishedMessage));
+        // A fragmented ping (FIN clear) and a long one.
+        assert_eq!(feed_all(&frame(Opcode::Ping, b"x", false), 100).1, Err(FrameError::BadControl));
+        assert_eq!(feed_all(&frame(Opcode::Ping, &[0; 126], true), 1000).1, Err(FrameError::BadControl));
+    }
+
+    #[test]
+    fn websocket_reader_bounds_the_message_not_only_the_frame() {
+        let s = [frame(Opcode::Text, &[b'a'; 60], false), frame(Opcode::Continuation, &[b'a'; 60], true)].concat();
+        let (out, r) = feed_all(&s, 100);
+        assert_eq!((out, r), (vec![], Err(FrameError::TooLarge(120))));
+        assert_eq!(FrameError::TooLarge(120).close_code(), 1009);
+        let (out, r) = feed_all(&s, 120);
+        assert_eq!((out.len(), r), (1, Ok(())));
+    }
+
+    #[test]
+    fn websocket_close_payloads_are_judged_by_the_rfc() {
+        assert_eq!(parse_close(&[]), Ok(None));
+        assert_eq!(parse_close(&[0x03]), Err(FrameError::BadClosePayload));
+        for code in [1000u16, 1001, 1002, 1003, 1007, 1008, 1009, 1010, 1011, 1012, 1013, 1014, 3000, 3999, 4000, 4999]
+        {
+            assert_eq!(parse_close(&code.to_be_bytes()), Ok(Some((code, ""))), "{code}");
+        }
+        for code in [0u16, 999, 1004, 1005, 1006, 1015, 1016, 1100, 2000, 2999, 5000, 65535] {
+            assert_eq!(parse_close(&code.to_be_bytes()), Err(FrameError::BadCloseCode(code)), "{code}");
+        }
+        assert_eq!(parse_close(&[0x03, 0xe8, b'o', b'k']), Ok(Some((1000, "ok"))));
+        assert_eq!(parse_close(&[0x03, 0xe8, 0xce, 0xba, 0xe1]), Err(FrameError::InvalidCloseReason));
+        assert_eq!(FrameError::InvalidCloseReason.close_code(), 1007);
+        assert_eq!(FrameError::BadCloseCode(1005).close_code(), 1002);
+        let (out, r) = feed_all(&frame(Opcode::Close, &[0x03], true), 100);
+        assert_eq!((out, r), (vec![], Err(FrameError::BadClosePayload)));
+        assert_eq!(feed_all(&frame(Opcode::Close, &[], true), 100), (vec![Event::Close(None)], Ok(())));
+    }
+
+    #[test]
+    fn websocket_reader_holds_nothing_between_messages() {
+        let mut r = MessageReader::new(1 << 20);
+        let mut out = Vec::new();
+        let f = frame(Opcode::Text, &[b'z'; 1000], true);
+        r.feed(&f[..3], &mut out).unwrap();
+        assert!(r.in_progress());
+        r.feed(&f[3..], &mut out).unwrap();
+        assert!(!r.in_progress());
+        assert_eq!((r.bytes.capacity(), r.control.capacity()), (0, 0));
     }
 
     #[test]

@@ -17,6 +17,11 @@
 //! its queue once written out. What stays is the connection's task (the read loop's state,
 //! under 2 KiB; command handling and teardown are boxed while they run), its session and its
 //! outbox: under 4 KiB of server memory per idle subscribed connection (docs/benchmarks.md).
+//!
+//! Frames are judged by RFC 6455 (`socket`: the reader, the socket taken from hyper, the
+//! closing; shared with the echo server, `transport::echo`): a violation fails the connection
+//! with close 1002, 1007 or 1009 and no `disconnect` message. A valid frame that carries no
+//! valid command is the application's concern: `disconnect` and close 4010.
 
 use std::io;
 use std::net::IpAddr;
@@ -29,21 +34,21 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 use bytes::Bytes;
-use hyper_util::rt::TokioIo;
 use switchboard_protocol::code::close;
-use switchboard_protocol::websocket::{self, FrameError, Opcode};
+use switchboard_protocol::websocket::{self, Event, Opcode};
 use switchboard_protocol::Format;
-use tokio::net::TcpStream;
 
 use crate::auth::credentials::{parse_authorization, split_subprotocols, token_from_query};
 use crate::auth::limits::{Admission, IpGuard};
 use crate::auth::{AuthFailure, Identity};
 use crate::node::Node;
-use crate::outbox::Wire;
 use crate::session::{CloseReason, Session};
 use crate::transport::http::Peer;
-use crate::transport::owned::{linger, timer_at, CLOSE_GRACE};
-use crate::transport::tls::TlsWire;
+use crate::transport::owned::timer_at;
+
+pub mod socket;
+
+use socket::{finish, FrameReader, ReadError, Socket};
 
 /// What the handshake decided about a connection, carried into its task.
 struct Admitted {
@@ -68,15 +73,10 @@ fn header_str<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// Handles `GET /ws`: admission, the upgrade, the subprotocol, and spawns the connection.
 pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Response<Body> {
     let auth = node.config.security.auth.clone();
-    let h = req.headers();
-    let has = |name: header::HeaderName, token: &str| {
-        h.get_all(name)
-            .iter()
-            .any(|v| v.to_str().is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token))))
-    };
-    if req.method() != Method::GET || !has(header::UPGRADE, "websocket") || !has(header::CONNECTION, "upgrade") {
+    if !is_upgrade(req.method(), req.headers()) {
         return plain(StatusCode::BAD_REQUEST, "expected a WebSocket upgrade (GET with Upgrade: websocket)");
     }
+    let h = req.headers();
     let ip: Option<IpAddr> = req
         .extensions()
         .get::<Peer>()
@@ -94,15 +94,10 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
         node.metrics.rejected_connections.fetch_add(1, Relaxed);
         return plain(StatusCode::FORBIDDEN, "origin not allowed");
     }
-    if h.get(header::SEC_WEBSOCKET_VERSION).and_then(|v| v.to_str().ok()) != Some("13") {
-        let mut r = plain(StatusCode::UPGRADE_REQUIRED, "unsupported WebSocket version; use 13");
-        r.headers_mut().insert(header::SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
-        return r;
-    }
-    let Some(key) = h.get(header::SEC_WEBSOCKET_KEY) else {
-        return plain(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key");
+    let accept = match accept_key(h) {
+        Ok(accept) => accept,
+        Err(refused) => return *refused,
     };
-    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
     // A `switchboard.token.<jwt>` entry carries credentials; it is never chosen (echoed).
     let (offered, protocol_token) =
         split_subprotocols(h.get_all(header::SEC_WEBSOCKET_PROTOCOL).iter().filter_map(|v| v.to_str().ok()));
@@ -154,23 +149,11 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
                 return;
             }
         };
-        // The socket is taken out of hyper, and the bytes that came after the handshake are
-        // copied out of hyper's read buffer (usually none), so the buffer is freed here.
-        let taken = match upgraded.downcast::<TokioIo<TcpStream>>() {
-            Ok(parts) => Some((Socket::Plain(Arc::new(parts.io.into_inner())), parts.read_buf.to_vec())),
-            Err(u) => match u.downcast::<TokioIo<tokio_rustls::server::TlsStream<TcpStream>>>() {
-                Ok(parts) => {
-                    let (tcp, session) = parts.io.into_inner().into_inner();
-                    Some((Socket::Tls(Arc::new(TlsWire::new(tcp, session))), parts.read_buf.to_vec()))
-                }
-                Err(_) => None,
-            },
-        };
         // The connection gets a task of its own, holding only the connection's state: not the
         // upgrade's, nor a slot for the TLS stream type it was not (rustls state is kilobytes).
         // A panic outside command handling (which the session catches itself) ends this
         // connection only; its session's teardown runs in `Drop` as the task unwinds.
-        match taken {
+        match socket::take(upgraded) {
             Some((socket, leftover)) => {
                 admitted.leftover = leftover;
                 tokio::spawn(switchboard_supervisor::catch("connection", run(node, socket, Box::new(admitted))));
@@ -178,199 +161,54 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
             None => tracing::error!("upgraded connection is neither TCP nor TLS over TCP"),
         }
     });
+    switching_protocols(&accept, echo)
+}
+
+/// Whether a request asks for a WebSocket upgrade (RFC 6455 §4.2.1): a GET with `Upgrade:
+/// websocket` and `Connection: upgrade`.
+pub(crate) fn is_upgrade(method: &Method, h: &HeaderMap) -> bool {
+    let has = |name: header::HeaderName, token: &str| {
+        h.get_all(name)
+            .iter()
+            .any(|v| v.to_str().is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token))))
+    };
+    method == Method::GET && has(header::UPGRADE, "websocket") && has(header::CONNECTION, "upgrade")
+}
+
+/// The `Sec-WebSocket-Accept` of an upgrade request (RFC 6455 §4.2.2), or the answer that
+/// refuses it: 426 for a version other than 13, 400 without a key.
+pub(crate) fn accept_key(h: &HeaderMap) -> Result<String, Box<Response<Body>>> {
+    if h.get(header::SEC_WEBSOCKET_VERSION).and_then(|v| v.to_str().ok()) != Some("13") {
+        let mut r = plain(StatusCode::UPGRADE_REQUIRED, "unsupported WebSocket version; use 13");
+        r.headers_mut().insert(header::SEC_WEBSOCKET_VERSION, HeaderValue::from_static("13"));
+        return Err(Box::new(r));
+    }
+    let Some(key) = h.get(header::SEC_WEBSOCKET_KEY) else {
+        return Err(Box::new(plain(StatusCode::BAD_REQUEST, "missing Sec-WebSocket-Key")));
+    };
+    Ok(tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes()))
+}
+
+/// The 101 answer that completes an upgrade, naming the chosen subprotocol if any.
+pub(crate) fn switching_protocols(accept: &str, protocol: Option<&'static str>) -> Response<Body> {
     let mut r = Response::new(Body::empty());
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let hd = r.headers_mut();
     hd.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
     hd.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    if let Ok(v) = HeaderValue::from_str(&accept) {
+    if let Ok(v) = HeaderValue::from_str(accept) {
         hd.insert(header::SEC_WEBSOCKET_ACCEPT, v);
     }
-    if let Some(p) = echo {
+    if let Some(p) = protocol {
         hd.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(p));
     }
     r
-}
-
-/// A connection's socket: plain TCP, or TCP under a TLS session.
-#[derive(Clone)]
-enum Socket {
-    Plain(Arc<TcpStream>),
-    Tls(Arc<TlsWire>),
-}
-
-impl Socket {
-    fn tcp(&self) -> &TcpStream {
-        match self {
-            Socket::Plain(s) => s,
-            Socket::Tls(t) => t.tcp(),
-        }
-    }
-
-    fn wire(&self) -> Arc<dyn Wire> {
-        match self {
-            Socket::Plain(s) => s.clone(),
-            Socket::Tls(t) => t.clone(),
-        }
-    }
-
-    fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Socket::Plain(s) => s.try_read(buf),
-            Socket::Tls(t) => t.read_plain(buf),
-        }
-    }
-
-    /// Decrypted bytes are waiting: read without waiting for the socket.
-    fn buffered(&self) -> bool {
-        matches!(self, Socket::Tls(t) if t.has_buffered())
-    }
-
-    /// Encrypted records wait for the socket.
-    fn tls_pending(&self) -> bool {
-        matches!(self, Socket::Tls(t) if t.wants_write())
-    }
-
-    fn flush_tls(&self) -> io::Result<()> {
-        match self {
-            Socket::Plain(_) => Ok(()),
-            Socket::Tls(t) => t.flush(),
-        }
-    }
-
-    async fn tls_notified(&self) {
-        match self {
-            Socket::Plain(_) => std::future::pending().await,
-            Socket::Tls(t) => t.notified().await,
-        }
-    }
 }
 
 fn plain(status: StatusCode, msg: &'static str) -> Response<Body> {
     let mut r = Response::new(Body::from(msg));
     *r.status_mut() = status;
     r
-}
-
-/// What one read produced.
-enum Event {
-    Message(Opcode, Vec<u8>),
-    Ping(Vec<u8>),
-    Close(Vec<u8>),
-}
-
-/// Reassembles client frames across reads.
-struct FrameReader {
-    max: usize,
-    /// A partial frame carried over to the next read; empty (unallocated) when idle.
-    partial: Vec<u8>,
-    /// A fragmented message being reassembled.
-    fragments: Option<(Opcode, Vec<u8>)>,
-    /// When the message now in progress (partial frame or fragments) started. A client that
-    /// trickles a message byte by byte is closed once it has taken `limits.handshake_timeout_s`
-    /// (slowloris on an open WebSocket).
-    started: Option<SystemTime>,
-}
-
-enum ReadError {
-    Eof,
-    Io,
-    Close(CloseReason),
-}
-
-impl FrameReader {
-    /// Reads what the socket has without blocking and returns the complete events.
-    fn read(&mut self, socket: &Socket, out: &mut Vec<Event>) -> Result<usize, ReadError> {
-        let mut buf = [0u8; 8192];
-        let n = match socket.try_read(&mut buf) {
-            Ok(0) => return Err(ReadError::Eof),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
-            Err(_) => return Err(ReadError::Io),
-        };
-        self.feed(&mut buf[..n], out)?;
-        Ok(n)
-    }
-
-    fn feed(&mut self, data: &mut [u8], out: &mut Vec<Event>) -> Result<(), ReadError> {
-        if self.partial.is_empty() {
-            let used = self.parse(data, out)?;
-            self.partial.extend_from_slice(&data[used..]);
-        } else {
-            let mut buf = std::mem::take(&mut self.partial);
-            buf.extend_from_slice(data);
-            let used = self.parse(&mut buf, out)?;
-            buf.drain(..used);
-            if buf.is_empty() {
-                buf = Vec::new();
-            }
-            self.partial = buf;
-        }
-        let in_progress = !self.partial.is_empty() || self.fragments.is_some();
-        match (in_progress, self.started) {
-            (true, None) => self.started = Some(SystemTime::now()),
-            (false, Some(_)) => self.started = None,
-            _ => {}
-        }
-        Ok(())
-    }
-
-    fn parse(&mut self, data: &mut [u8], out: &mut Vec<Event>) -> Result<usize, ReadError> {
-        let too_big = |n: u64| {
-            ReadError::Close(CloseReason::new(close::MESSAGE_TOO_BIG, format!("message of {n} bytes is too big")))
-        };
-        let bad = |why: String| ReadError::Close(CloseReason::new(close::PROTOCOL_ERROR, why));
-        let mut pos = 0;
-        loop {
-            let h = match websocket::parse_header(&data[pos..], self.max, true) {
-                Ok(Some(h)) => h,
-                Ok(None) => return Ok(pos),
-                Err(FrameError::TooLarge(n)) => return Err(too_big(n)),
-                Err(e) => return Err(bad(e.to_string())),
-            };
-            let end = pos + h.header_len + h.payload_len;
-            if end > data.len() {
-                return Ok(pos);
-            }
-            let payload = &mut data[pos + h.header_len..end];
-            if let Some(mask) = h.mask {
-                websocket::unmask(payload, mask, 0);
-            }
-            pos = end;
-            match h.opcode {
-                Opcode::Text | Opcode::Binary => {
-                    if self.fragments.is_some() {
-                        return Err(bad("new message before the fragmented one ended".into()));
-                    }
-                    if h.fin {
-                        out.push(Event::Message(h.opcode, payload.to_vec()));
-                    } else {
-                        self.fragments = Some((h.opcode, payload.to_vec()));
-                    }
-                }
-                Opcode::Continuation => {
-                    let Some((op, mut buf)) = self.fragments.take() else {
-                        return Err(bad("continuation frame without a message".into()));
-                    };
-                    if buf.len() + payload.len() > self.max {
-                        return Err(too_big((buf.len() + payload.len()) as u64));
-                    }
-                    buf.extend_from_slice(payload);
-                    if h.fin {
-                        out.push(Event::Message(op, buf));
-                    } else {
-                        self.fragments = Some((op, buf));
-                    }
-                }
-                Opcode::Ping => out.push(Event::Ping(payload.to_vec())),
-                Opcode::Pong => {}
-                Opcode::Close => {
-                    out.push(Event::Close(payload.to_vec()));
-                    return Ok(pos);
-                }
-            }
-        }
-    }
 }
 
 /// What woke the connection task.
@@ -426,19 +264,17 @@ async fn run(node: Arc<Node>, socket: Socket, admitted: Box<Admitted>) {
     session.set_identity(identity);
     session.set_rate_exempt(exempt);
     session.set_limited_ip(_slot.as_ref().and_then(|g| g.as_ref().map(|g| g.ip())));
-    let mut reader = FrameReader { max: max_frame, partial: Vec::new(), fragments: None, started: None };
+    let mut reader = FrameReader::new(max_frame);
     let message_timeout = Duration::from_secs(node.config.limits.handshake_timeout_s);
     let mut stop = node.stopping();
     if !leftover.is_empty() {
-        let mut data = leftover;
         let mut events = Vec::new();
-        match reader.feed(&mut data, &mut events) {
-            Ok(()) => {
-                if let Err(reason) = Box::pin(handle_events(&mut session, &mut events)).await {
-                    close_with(&node, &session, reason);
-                }
-            }
-            Err(e) => read_failed(&node, &session, e),
+        let read = reader.feed(&leftover, &mut events);
+        if let Err(reason) = Box::pin(handle_events(&mut session, &mut events)).await {
+            close_with(&node, &session, reason);
+        }
+        if let Err(e) = read {
+            read_failed(&node, &session, e);
         }
     }
     // The next deadline — the session's (first message, token expiry) or the message in
@@ -493,7 +329,7 @@ async fn run(node: Arc<Node>, socket: Socket, admitted: Box<Admitted>) {
                 deadline = None;
                 if reader.started.is_some_and(|t| t + message_timeout <= SystemTime::now()) {
                     let why = format!("message not completed within {} s", message_timeout.as_secs());
-                    close_with(&node, &session, CloseReason::new(close::PROTOCOL_ERROR, why));
+                    close_with(&node, &session, CloseReason::new(close::BAD_COMMAND, why));
                 } else if let Some(reason) = session.check_deadline() {
                     tracing::debug!(code = reason.code, reason = %reason.reason, "closing connection at its deadline");
                     session.outbox().close(reason.code, &reason.reason, true);
@@ -502,20 +338,23 @@ async fn run(node: Arc<Node>, socket: Socket, admitted: Box<Admitted>) {
             Wake::Read => {
                 // The events of one read: allocated only while a read has some.
                 let mut events = Vec::new();
-                match reader.read(&socket, &mut events) {
-                    Ok(0) => {}
-                    Ok(_) => {
-                        outbox.last_seen.store(crate::unix_s(), Relaxed);
-                        // Boxed: command handling needs a large future, but only while a
-                        // command runs; an idle connection keeps just this loop's small state.
-                        let (handled, done) =
-                            Box::pin(handle_until_closed(&mut session, &mut events, &socket, &outbox)).await;
-                        finished |= done;
-                        if let Err(reason) = handled {
-                            close_with(&node, &session, reason);
-                        }
+                let read = reader.read(&socket, &mut events);
+                if !matches!(read, Ok(0)) {
+                    outbox.last_seen.store(crate::unix_s(), Relaxed);
+                }
+                // What came before a violation is answered before the connection fails.
+                if !events.is_empty() {
+                    // Boxed: command handling needs a large future, but only while a command
+                    // runs; an idle connection keeps just this loop's small state.
+                    let (handled, done) =
+                        Box::pin(handle_until_closed(&mut session, &mut events, &socket, &outbox)).await;
+                    finished |= done;
+                    if let Err(reason) = handled {
+                        close_with(&node, &session, reason);
                     }
-                    Err(e) => read_failed(&node, &session, e),
+                }
+                if let Err(e) = read {
+                    read_failed(&node, &session, e);
                 }
             }
         }
@@ -530,13 +369,21 @@ async fn run(node: Arc<Node>, socket: Socket, admitted: Box<Admitted>) {
     node.unregister(outbox.id);
 }
 
+/// Ends a connection whose reading stopped: a client that broke RFC 6455 gets the close code
+/// of its violation and no `disconnect` message; a gone client, nothing it could read.
 fn read_failed(node: &Node, session: &Session, e: ReadError) {
     match e {
-        ReadError::Close(reason) => close_with(node, session, reason),
+        ReadError::Frame(e) => {
+            node.metrics.protocol_errors.fetch_add(1, Relaxed);
+            tracing::debug!(code = e.close_code(), reason = %e, "failing connection");
+            session.outbox().fail_connection(e.close_code(), &e.to_string());
+        }
         ReadError::Eof | ReadError::Io => session.outbox().close_echo(&[]),
     }
 }
 
+/// Closes a connection whose frames were valid but not what the application takes: a
+/// `disconnect` message, then the close frame.
 fn close_with(node: &Node, session: &Session, reason: CloseReason) {
     node.metrics.protocol_errors.fetch_add(1, Relaxed);
     tracing::debug!(code = reason.code, reason = %reason.reason, "closing connection");
@@ -556,7 +403,7 @@ async fn handle_events(session: &mut Session, events: &mut Vec<Event>) -> Result
                     Format::Msgpack => Opcode::Binary,
                 };
                 if op != expected {
-                    return Err(CloseReason::new(close::PROTOCOL_ERROR, "frame type does not match the subprotocol"));
+                    return Err(CloseReason::new(close::BAD_COMMAND, "frame type does not match the subprotocol"));
                 }
                 session.handle_payload(&payload).await?;
             }
@@ -564,10 +411,11 @@ async fn handle_events(session: &mut Session, events: &mut Vec<Event>) -> Result
                 let _ = session.outbox().push_control(Bytes::from(websocket::encode_frame(Opcode::Pong, &p)));
                 session.outbox().flush();
             }
-            Event::Close(p) => {
-                let echo = if p.len() >= 2 { p[..2].to_vec() } else { Vec::new() };
+            Event::Close(code) => {
+                // The close is answered with the client's code (RFC 6455 §5.5.1).
                 session.flush();
-                session.outbox().close_echo(&echo);
+                let echo = code.map(u16::to_be_bytes);
+                session.outbox().close_echo(echo.as_ref().map_or(&[][..], |c| &c[..]));
                 return Ok(());
             }
         }
@@ -600,35 +448,4 @@ async fn handle_until_closed(
     }
     let (r, ()) = tokio::join!(handled, finish(socket, outbox));
     (r, true)
-}
-
-/// Writes out the closing frames (waiting for writability), half-closes, and waits briefly
-/// for the peer to close so the last frames are not lost to a reset.
-async fn finish(socket: &Socket, outbox: &crate::outbox::Outbox) {
-    let stream = socket.tcp();
-    let deadline = tokio::time::Instant::now() + CLOSE_GRACE;
-    while !outbox.finished() || socket.tls_pending() {
-        tokio::select! {
-            r = stream.writable() => {
-                if r.is_err() {
-                    return;
-                }
-                match socket.flush_tls() {
-                    Ok(()) => outbox.flush_blocked(),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    // The peer is gone: the socket stays writable and nothing more goes out, so
-                    // waiting would spin this task (and stall its worker) until the grace ends.
-                    Err(_) => return,
-                }
-            }
-            _ = outbox.notified() => {}
-            _ = socket.tls_notified() => {}
-            _ = tokio::time::sleep_until(deadline) => return,
-        }
-    }
-    if let Socket::Tls(t) = socket {
-        t.close_notify();
-        let _ = t.flush();
-    }
-    linger(stream, deadline).await;
 }
