@@ -133,14 +133,14 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
 /// retransmits of a second or more.
 const LISTEN_BACKLOG: u32 = 8192;
 
-fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(LISTEN_BACKLOG)
 }
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
         (Ok(mut term), Ok(mut int)) => {

@@ -37,6 +37,10 @@ environment, which wins over the --config file. docs/operations.md lists every k
     Sub(switchboard_client::cli::SubArgs),
     /// Run a benchmark scenario against a Switchboard node or any WebSocket echo server.
     Bench(switchboard_bench::BenchCommand),
+    /// Run a WebSocket echo server on the node's own WebSocket code: every text and binary
+    /// message back as one frame of its type, pongs for pings, RFC 6455 closes. For the
+    /// Autobahn TestSuite and `bench echo --protocol json-echo`.
+    Echo(EchoArgs),
     /// Manage the users file of Basic authentication.
     #[command(subcommand)]
     User(UserCommand),
@@ -207,6 +211,30 @@ struct DemoArgs {
     web_dir: Option<PathBuf>,
 }
 
+#[derive(Args)]
+struct EchoArgs {
+    /// Address to listen on; any path upgrades (ws://ADDR/).
+    #[arg(long, default_value = "127.0.0.1:9001")]
+    listen: String,
+    /// Largest message echoed, fragments joined (larger fails the connection with 1009).
+    #[arg(long, default_value_t = 16 * 1024 * 1024)]
+    max_message_bytes: usize,
+    /// Worker threads [default: one per core].
+    #[arg(long)]
+    workers: Option<usize>,
+}
+
+/// `switchboard echo`.
+fn echo(args: &EchoArgs) -> anyhow::Result<()> {
+    let listen = args.listen.parse().map_err(|e| ConfigError(format!("--listen {}: {e}", args.listen)))?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    switchboard_gateway::transport::echo::run(switchboard_gateway::transport::echo::EchoOptions {
+        listen,
+        max_message_bytes: args.max_message_bytes,
+        workers: args.workers.unwrap_or(cores).min(cores),
+    })
+}
+
 /// A path as a configuration value.
 fn path_value(p: &std::path::Path) -> toml::Value {
     toml::Value::String(p.to_string_lossy().into_owned())
@@ -365,6 +393,7 @@ fn main() -> ExitCode {
         Command::User(UserCommand::Add { name, users }) => user_add(&name, &users),
         Command::ApiKey(args) => api_key(&args),
         Command::Token(args) => token::run(&args),
+        Command::Echo(args) => echo(&args),
         Command::Bench(cmd) => match switchboard_bench::run(cmd) {
             // 0: the run passed its criteria; 1: it ran but failed them.
             Ok(code) => return ExitCode::from(u8::try_from(code).unwrap_or(1)),

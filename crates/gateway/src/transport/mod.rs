@@ -1,7 +1,9 @@
 //! Transports: how clients reach a [`Session`](crate::session::Session). `conn` serves an
 //! accepted TCP connection (TLS, then HTTP/1.1 parsed by hyper, the `Host` rules, the peer
 //! address); `tls` holds the TLS configuration and the TLS wire a WebSocket connection writes
-//! through; `ws` is the WebSocket transport; `owned` holds what a transport that owns its socket (a WebSocket after the upgrade) needs
+//! through; `ws` is the WebSocket transport (`ws::socket`: its frame reader and closing,
+//! shared with `echo`, the `switchboard echo` server for the Autobahn TestSuite); `owned`
+//! holds what a transport that owns its socket (a WebSocket after the upgrade) needs
 //! (deadlines, closing).
 //! The HTTP transports write through hyper's response bodies and share the session and outbox
 //! machinery and `http` (admission, CORS): `sse` streams Server-Sent Events, `poll` serves
@@ -11,6 +13,7 @@
 //! streams a session's messages as events.
 
 pub mod conn;
+pub mod echo;
 pub mod http;
 pub mod owned;
 pub mod poll;

@@ -1,0 +1,190 @@
+//! `switchboard echo`: a WebSocket echo server made of the node's own WebSocket code — the
+//! handshake checks of `/ws` (`transport::ws`), its frame reader and closing
+//! (`transport::ws::socket`), and the outbox that writes a node's frames — so that the
+//! Autobahn TestSuite cases that need an echo, and `switchboard bench echo --protocol
+//! json-echo`, run against the code that serves clients.
+//!
+//! Any path upgrades (`ws://ADDR/`), without subprotocols or extensions. Every text and binary
+//! message (fragments joined, up to `max_message_bytes`) comes back as one frame of the same
+//! type; pings get pongs with their payload; a close frame is answered with its code; a
+//! violation of RFC 6455 fails the connection with 1002, 1007 or 1009 as on `/ws`. The server
+//! sends no pings of its own (an Autobahn case would count them as unexpected events), and
+//! serves plain TCP only.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode};
+use bytes::Bytes;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use switchboard_protocol::websocket::{self, Event};
+use switchboard_protocol::Format;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::metrics::Metrics;
+use crate::outbox::{Outbox, Pushed};
+use crate::transport::ws::socket::{self, finish, FrameReader, ReadError, Socket};
+use crate::transport::ws::{accept_key, is_upgrade, switching_protocols};
+
+/// How long a client may take to send its upgrade request.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Room in the outbox beyond two of the largest messages (one being written, one queued) for
+/// the small answers of one read.
+const OUTBOX_SLACK: usize = 64 * 1024;
+
+/// What `switchboard echo` was asked for.
+#[derive(Debug, Clone)]
+pub struct EchoOptions {
+    pub listen: SocketAddr,
+    /// Largest message echoed, fragments joined; larger fails the connection with 1009.
+    pub max_message_bytes: usize,
+    /// Worker threads (at most the cores).
+    pub workers: usize,
+}
+
+/// Runs the echo server to its end: builds the runtime, binds, prints `switchboard echo
+/// listening on ws://ADDR/` on stdout, and serves until SIGINT or SIGTERM.
+pub fn run(options: EchoOptions) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(options.workers.max(1))
+        .thread_name("switchboard-echo")
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = crate::server::bind(options.listen)
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", options.listen))?;
+        let local = listener.local_addr()?;
+        {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "switchboard echo listening on ws://{local}/");
+            let _ = out.flush();
+        }
+        tracing::info!(%local, max_message_bytes = options.max_message_bytes, "echo server listening");
+        let accept = tokio::spawn(accept_loop(listener, options.max_message_bytes));
+        crate::server::wait_for_signal().await;
+        accept.abort();
+        Ok::<(), anyhow::Error>(())
+    })?;
+    rt.shutdown_timeout(Duration::from_millis(200));
+    Ok(())
+}
+
+async fn accept_loop(listener: TcpListener, max_message: usize) {
+    // Counted like a node's connections, though nothing reads them: the outbox needs some.
+    let metrics = Arc::new(Metrics::default());
+    loop {
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                // Out of file descriptors, most likely: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        tokio::spawn(serve(tcp, max_message, metrics.clone()));
+    }
+}
+
+/// Serves one TCP connection with hyper until its upgrade (or its end).
+async fn serve(tcp: TcpStream, max_message: usize, metrics: Arc<Metrics>) {
+    let svc = hyper::service::service_fn(move |req| {
+        let metrics = metrics.clone();
+        async move { Ok::<_, Infallible>(handshake(req, max_message, metrics)) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HANDSHAKE_TIMEOUT)
+        .serve_connection(TokioIo::new(tcp), svc)
+        .with_upgrades();
+    let _ = conn.await;
+}
+
+/// Answers an upgrade request on any path, and spawns the connection once upgraded.
+fn handshake(mut req: Request<Incoming>, max_message: usize, metrics: Arc<Metrics>) -> Response<Body> {
+    if !is_upgrade(req.method(), req.headers()) {
+        let mut r = Response::new(Body::from("a WebSocket echo server: connect with ws://"));
+        *r.status_mut() = StatusCode::BAD_REQUEST;
+        return r;
+    }
+    let accept = match accept_key(req.headers()) {
+        Ok(accept) => accept,
+        Err(refused) => return *refused,
+    };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        match on_upgrade.await.ok().and_then(socket::take) {
+            Some((socket, leftover)) => connection(socket, leftover, max_message, metrics).await,
+            None => tracing::debug!("upgrade failed"),
+        }
+    });
+    switching_protocols(&accept, None)
+}
+
+/// Echoes one connection's messages until it closes or fails.
+async fn connection(socket: Socket, leftover: Vec<u8>, max_message: usize, metrics: Arc<Metrics>) {
+    let _ = socket.tcp().set_nodelay(true);
+    let bound = max_message.saturating_mul(2).saturating_add(OUTBOX_SLACK);
+    let outbox = Outbox::new(0, Format::Json, socket.wire(), bound, metrics);
+    let mut reader = FrameReader::new(max_message);
+    let mut events = Vec::new();
+    let mut read = reader.feed(&leftover, &mut events);
+    loop {
+        // What came before a violation is answered before the connection fails.
+        answer(&outbox, &mut events);
+        match read {
+            Ok(()) => {}
+            Err(ReadError::Frame(e)) => outbox.fail_connection(e.close_code(), &e.to_string()),
+            Err(ReadError::Eof | ReadError::Io) => outbox.close_echo(&[]),
+        }
+        read = Ok(());
+        if outbox.is_closing() {
+            break;
+        }
+        // Back-pressure: a client that does not read its echoes is not read either.
+        let full = outbox.is_full();
+        tokio::select! {
+            _ = outbox.notified() => {}
+            r = socket.tcp().writable(), if outbox.is_blocked() => match r {
+                Ok(()) => outbox.flush_blocked(),
+                Err(_) => break,
+            },
+            r = socket.tcp().readable(), if !full => match r {
+                Ok(()) => read = reader.read(&socket, &mut events).map(drop),
+                Err(_) => break,
+            },
+        }
+    }
+    finish(&socket, &outbox).await;
+}
+
+/// Queues the answers to `events` and writes them.
+fn answer(outbox: &Outbox, events: &mut Vec<Event>) {
+    let mut flush = false;
+    for ev in events.drain(..) {
+        let pushed = match ev {
+            Event::Message(opcode, payload) => {
+                outbox.push_control(Bytes::from(websocket::encode_frame(opcode, &payload)))
+            }
+            Event::Ping(payload) => {
+                outbox.push_control(Bytes::from(websocket::encode_frame(websocket::Opcode::Pong, &payload)))
+            }
+            Event::Close(code) => {
+                let echo = code.map(u16::to_be_bytes);
+                outbox.close_echo(echo.as_ref().map_or(&[][..], |c| &c[..]));
+                break;
+            }
+        };
+        flush |= pushed == Pushed::Schedule;
+    }
+    events.clear();
+    if flush {
+        outbox.flush();
+    }
+}
