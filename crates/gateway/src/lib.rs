@@ -19,7 +19,9 @@
 //!   subscribe and unsubscribe; `session/reply.rs`: replies within the connection's budget).
 //! - [`transport`]: the accepted connection (`transport::conn`: every request parsed by hyper,
 //!   the `Host` rules; TLS in `transport::tls`), the WebSocket handshake and connection task
-//!   (`transport::ws`), Server-Sent Events (`transport::sse`: events in `sse/events.rs`) and
+//!   (`transport::ws`; the socket, frame reader and closing it shares with `transport::echo`,
+//!   the `switchboard echo` server, in `transport::ws::socket`), Server-Sent Events
+//!   (`transport::sse`: events in `sse/events.rs`) and
 //!   long-poll sessions (`transport::poll`, `transport::poll_session`, their batches and
 //!   command bodies in `transport::poll_wire`, their state in `transport::poll_store`, taken
 //!   over from it in `transport::poll_takeover`, streamed as events by
