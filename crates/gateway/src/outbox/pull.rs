@@ -278,9 +278,6 @@ mod tests {
         assert!(msgs.is_empty(), "the shutdown disconnect is swallowed");
     }
 
-    /// Frames a taken message as its text and `;`.
-    struct Texts;
-
     #[test]
     fn pull_recorded_replies_are_copies_and_held_messages_wait_for_the_reply() {
         let ob = taking(1 << 20, PullOptions { record_replies: true, ..Default::default() });

@@ -582,9 +582,14 @@ impl Polls {
         if s.state.load(Relaxed) != LIVE {
             return json_response(StatusCode::OK, batch_body(live.seq, &[]));
         }
+        // The record is where another node continues the session from. A store no other node
+        // reads needs it only to last as long as the live copy, and the sweep renews its lease.
+        let shared = self.store.shared();
         let (messages, closed) = self.take_messages(s, &mut live);
         if messages.is_empty() && closed.is_none() {
-            self.lease(s).await;
+            if shared {
+                self.lease(s).await;
+            }
             return json_response(StatusCode::OK, batch_body(live.seq, &[]));
         }
         let seq = live.seq;
@@ -596,7 +601,7 @@ impl Polls {
         live.last_batch = Some((live.seq, body.clone()));
         if let Some(code) = closed {
             Box::pin(self.finish(s, &mut live, code)).await;
-        } else if !self.save(s, &mut live).await {
+        } else if shared && !self.save(s, &mut live).await {
             // Another node holds the session now and recovers these from history.
             return json_response(StatusCode::OK, batch_body(seq, &[]));
         }
