@@ -50,7 +50,9 @@ type Pending = {
   timer: ReturnType<typeof setTimeout> | null;
 };
 
-const NO_RECONNECT_CODES = new Set([4003, 4010]);
+// Refused (4003), or this client's frames broke RFC 6455 (1002, 1007) or carried no command
+// (4010): reconnecting would only repeat it.
+const NO_RECONNECT_CODES = new Set([1002, 1007, 4003, 4010]);
 const MAX_CHANNELS_PER_SUBSCRIBE = 5_000;
 /** Channels per subscribe that asks for trends (an hour of 1 s buckets is ~250 KB per channel;
  * the server refuses channels past its reply budget with 413, and they are asked again). */

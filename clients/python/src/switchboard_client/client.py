@@ -35,9 +35,10 @@ from .types import (ConnectInfo, History, Position, PresenceClient, Publication,
 
 log = logging.getLogger("switchboard_client")
 
-# Close codes after which reconnecting cannot help (docs/protocol.md, "Codes"). 4001 is
-# retried when a token provider can hand out a new token.
-NO_RECONNECT = frozenset({4001, 4003, 4010})
+# Close codes after which reconnecting cannot help (docs/protocol.md, "Codes"): frames that
+# broke RFC 6455 (1002, 1007), credentials, a refusal, no command. 4001 is retried when a token
+# provider can hand out a new token.
+NO_RECONNECT = frozenset({1002, 1007, 4001, 4003, 4010})
 # Refusals of a `connect` that no other node would answer differently.
 FATAL_CONNECT_REPLIES = frozenset({400, 401, 403})
 # A subscribe command stays well under the server's 64 KiB frame limit.

@@ -139,7 +139,7 @@ class AccessDeniedError(DisconnectError):
 
 
 class ProtocolError(DisconnectError):
-    """4010: the server could not read a frame of this client."""
+    """1002 / 1007: a frame of this client broke RFC 6455; 4010: a frame carried no command."""
 
 
 class TooManyConnectionsError(DisconnectError):
@@ -149,6 +149,8 @@ class TooManyConnectionsError(DisconnectError):
 _DISCONNECT_CLASSES: dict[int, type[DisconnectError]] = {
     4001: TokenError,
     4003: AccessDeniedError,
+    1002: ProtocolError,
+    1007: ProtocolError,
     4010: ProtocolError,
     4029: TooManyConnectionsError,
 }
