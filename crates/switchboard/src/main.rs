@@ -222,11 +222,22 @@ struct EchoArgs {
     /// Worker threads [default: one per core].
     #[arg(long)]
     workers: Option<usize>,
+    /// Listen beyond loopback: anyone who reaches the address may make the server hold
+    /// messages of up to --max-message-bytes.
+    #[arg(long)]
+    allow_anonymous: bool,
 }
 
 /// `switchboard echo`.
 fn echo(args: &EchoArgs) -> anyhow::Result<()> {
-    let listen = args.listen.parse().map_err(|e| ConfigError(format!("--listen {}: {e}", args.listen)))?;
+    let listen: std::net::SocketAddr =
+        args.listen.parse().map_err(|e| ConfigError(format!("--listen {}: {e}", args.listen)))?;
+    if !listen.ip().is_loopback() && !args.allow_anonymous {
+        return Err(ConfigError(format!(
+            "--listen {listen} is beyond loopback and the echo server has no authentication; pass --allow-anonymous to serve anyway"
+        ))
+        .into());
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     switchboard_gateway::transport::echo::run(switchboard_gateway::transport::echo::EchoOptions {
         listen,
