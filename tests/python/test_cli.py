@@ -84,8 +84,9 @@ def test_cli_config_file_defines_a_namespace(start_server, tmp_path):
         assert "channels" in r2
 
 
-def test_cli_listening_beyond_loopback_without_auth_is_refused(switchboard_bin):
-    r = _run(switchboard_bin, "serve", "--listen", "0.0.0.0:0", timeout=10)
+@pytest.mark.parametrize("command", ["serve", "echo"])
+def test_cli_listening_beyond_loopback_without_auth_is_refused(switchboard_bin, command):
+    r = _run(switchboard_bin, command, "--listen", "0.0.0.0:0", timeout=10)
     assert r.returncode == 2, (r.returncode, r.stdout[-300:], r.stderr[-500:])
     assert b"allow-anonymous" in r.stderr, r.stderr[-500:]
 
