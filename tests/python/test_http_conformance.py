@@ -793,15 +793,20 @@ def poll_connection(srv, how: str, sid: str) -> socket.socket:
     return s
 
 
+def subscribed_poll_connection(server, how: str, ch: str):
+    """A session subscribed to `ch` whose subscribe reply is taken (batch 1), so that its next
+    poll (`ack=1`) has nothing pending, and a connection of kind `how` to poll it on."""
+    sid = open_session(server, [{"id": 1, "subscribe": {"channels": [ch]}}])
+    if how != "kept-alive":
+        r = sb.http("GET", f"{server.http_url}/poll/{sid}?ack=0&timeout=0", timeout=10)
+        assert r.status == 200 and r.json()["seq"] == 1, r.body
+    return sid, poll_connection(server, how, sid)
+
+
 @pytest.mark.parametrize("how", POLL_CONNECTIONS)
 def test_http_a_request_behind_a_held_poll_is_answered_right_after_it(server, how):
     ch = uniq("held.")
-    sid = open_session(server, [{"id": 1, "subscribe": {"channels": [ch]}}])
-    if how != "kept-alive":
-        # The subscribe reply is taken here, so the poll below has nothing pending and is held.
-        r = sb.http("GET", f"{server.http_url}/poll/{sid}?ack=0&timeout=0", timeout=10)
-        assert r.status == 200 and r.json()["seq"] == 1, r.body
-    s = poll_connection(server, how, sid)
+    sid, s = subscribed_poll_connection(server, how, ch)
     poll_timeout = 5
     try:
         sent = time.monotonic()
@@ -843,11 +848,7 @@ BIG_SIZE = 60_000  # under the default limits.max_publication_bytes (65536)
 @pytest.mark.parametrize("how", POLL_CONNECTIONS)
 def test_http_a_2mb_poll_answer_comes_whole(server, how):
     ch = uniq("big.")
-    sid = open_session(server, [{"id": 1, "subscribe": {"channels": [ch]}}])
-    if how != "kept-alive":
-        r = sb.http("GET", f"{server.http_url}/poll/{sid}?ack=0&timeout=0", timeout=10)
-        assert r.status == 200 and r.json()["seq"] == 1, r.body
-    s = poll_connection(server, how, sid)
+    sid, s = subscribed_poll_connection(server, how, ch)
     try:
         for i in range(BIG_COUNT):
             api_publish(server, ch, f"{i:06d}" + "x" * (BIG_SIZE - 6))

@@ -14,6 +14,7 @@
 //! within `limits.handshake_timeout_s`.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,7 @@ use axum::extract::Request;
 use axum::http::{header, HeaderValue, Version};
 use axum::response::Response;
 use axum::Router;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -50,21 +52,42 @@ pub async fn serve(node: Arc<Node>, app: Router, tcp: TcpStream, peer: SocketAdd
     }
 }
 
-/// Serves a connection with hyper (HTTP/1.1 with upgrades), every request carrying `peer`
-/// and held to [`host_refusal`] first.
+/// Serves a connection with the node's routes, every request carrying `peer` ([`serve_with`]).
 pub async fn serve_http<I>(io: I, app: Router, peer: SocketAddr, timeout: Duration)
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+    serve_with(io, timeout, move |req| {
         let app = app.clone();
         async move {
-            if let Some(refused) = host_refusal(&req) {
-                return Ok::<Response, Infallible>(refused);
-            }
             let mut req = req.map(Body::new);
             req.extensions_mut().insert(Peer(peer));
-            app.oneshot(req).await
+            match app.oneshot(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            }
+        }
+    })
+    .await;
+}
+
+/// Serves a connection with hyper — HTTP/1.1 with upgrades, each request head within
+/// `timeout` — answering each request with `handle`, once it passed [`host_refusal`].
+pub async fn serve_with<I, F, Fut>(io: I, timeout: Duration, handle: F)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Request<Incoming>) -> Fut + Send + 'static,
+    Fut: Future<Output = Response> + Send + 'static,
+{
+    let handle = Arc::new(handle);
+    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let refused = host_refusal(&req);
+        let handle = handle.clone();
+        async move {
+            Ok::<Response, Infallible>(match refused {
+                Some(r) => r,
+                None => handle(req).await,
+            })
         }
     });
     let conn = hyper::server::conn::http1::Builder::new()

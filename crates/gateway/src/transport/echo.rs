@@ -9,9 +9,9 @@
 //! type; pings get pongs with their payload; a close frame is answered with its code; a
 //! violation of RFC 6455 fails the connection with 1002, 1007 or 1009 as on `/ws`. The server
 //! sends no pings of its own (an Autobahn case would count them as unexpected events), and
-//! serves plain TCP only.
+//! serves plain TCP only. Requests are read by the node's HTTP/1.1 (`transport::conn::serve_with`:
+//! hyper, the `Host` rules).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +20,6 @@ use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
 use bytes::Bytes;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use switchboard_protocol::websocket::{self, Event};
 use switchboard_protocol::Format;
 use tokio::net::{TcpListener, TcpStream};
@@ -94,16 +93,10 @@ async fn accept_loop(listener: TcpListener, max_message: usize) {
 
 /// Serves one TCP connection with hyper until its upgrade (or its end).
 async fn serve(tcp: TcpStream, max_message: usize, metrics: Arc<Metrics>) {
-    let svc = hyper::service::service_fn(move |req| {
-        let metrics = metrics.clone();
-        async move { Ok::<_, Infallible>(handshake(req, max_message, metrics)) }
-    });
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HANDSHAKE_TIMEOUT)
-        .serve_connection(TokioIo::new(tcp), svc)
-        .with_upgrades();
-    let _ = conn.await;
+    crate::transport::conn::serve_with(tcp, HANDSHAKE_TIMEOUT, move |req| {
+        std::future::ready(handshake(req, max_message, metrics.clone()))
+    })
+    .await;
 }
 
 /// Answers an upgrade request on any path, and spawns the connection once upgraded.
