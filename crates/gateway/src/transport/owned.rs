@@ -1,6 +1,6 @@
-//! What the transports that own their socket share (WebSocket connections, and SSE streams
-//! that opened their connection): deadlines as timers, discarding what a client sends, and
-//! letting a client go without losing the last bytes written to it.
+//! What a transport that owns its socket needs (a WebSocket connection after the upgrade, the
+//! node's and the echo server's): deadlines as timers, and letting a client go without losing
+//! the last bytes written to it (discarding what it still sends).
 
 use std::io;
 use std::pin::Pin;
@@ -21,7 +21,7 @@ pub fn timer_at(deadline: SystemTime) -> Pin<Box<Sleep>> {
 
 /// Reads what the client sent and discards it (a bounded amount per call); true when the
 /// client closed or reset the connection.
-pub fn discard_input(tcp: &TcpStream) -> bool {
+fn discard_input(tcp: &TcpStream) -> bool {
     let mut buf = [0u8; 512];
     for _ in 0..128 {
         match tcp.try_read(&mut buf) {
