@@ -528,7 +528,8 @@ def test_auth_tls_serves_wss_and_https(switchboard_bin, tmp_path):
     try:
         ctx = ssl.create_default_context(cafile=str(FIXTURES / "tls.cert.pem"))
         ch = uniq("tls.")
-        with AuthWS(f"wss://127.0.0.1:{port}/ws", headers=bearer(token()), ssl_context=ctx) as ws:
+        # A handshake's time is not what this checks: a loaded machine may take seconds.
+        with AuthWS(f"wss://127.0.0.1:{port}/ws", headers=bearer(token()), ssl_context=ctx, open_timeout=20) as ws:
             ws.subscribe([ch])
             # Larger than one TLS record (16 KiB), within the publication limit.
             data = {"n": list(range(6000))}
