@@ -203,5 +203,29 @@ def test_write_audit_checks_and_lists_every_attempt(start_server, tmp_path, mosq
     log = srv.stderr_tail(200_000)
     lines = [line for line in log.splitlines() if "switchboard::writes" in line]
     assert len(lines) == 5, lines
-    assert 'by=ana' in lines[0] and 'outcome="written"' in lines[0] and "INFO" in lines[0], lines[0]
+    assert 'by="ana"' in lines[0] and 'outcome="written"' in lines[0] and "INFO" in lines[0], lines[0]
     assert "xxxx" not in log
+
+
+def test_write_audit_lines_quote_the_names_clients_choose(start_server, tmp_path, mosquitto):
+    """A token's `sub` is the caller's text: one that spells other fields of the audit line, or a
+    line break of its own (U+2028), stays inside its quoted `by` value."""
+    srv = start_server("--config", config(tmp_path, mosquitto), "--jwt-secret", SECRET, "--api-key", API_KEY)
+    forged = 'api-key-0 auth="api_key" outcome="written" code=200 x=\u2028INFO switchboard::writes: by=ana'
+    u = uniq()
+    r = http("POST", srv.http_url + "/api/publish", {"channel": f"dead:dead.{u}.x", "data": 1},
+             headers={"Authorization": f"Bearer {token(forged, ['dead:**'])}"})
+    assert r.status == 503, r.body
+    writes = http("GET", srv.http_url + "/api/writes", headers={"Authorization": f"Bearer {API_KEY}"}).json()["writes"]
+    assert [(w["by"], w["auth"], w["outcome"]) for w in writes] == [(forged, "token", "unavailable")], writes
+    log = srv.stderr_tail(200_000)
+    assert "\u2028" not in log, "the caller's line separator reached the log"
+    [line] = [line for line in log.splitlines() if "switchboard::writes" in line]
+    # The line's fields, a quoted value read whole (escapes and all): each field once.
+    fields = re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)', line.split("switchboard::writes:", 1)[1])
+    keys = [k for k, _ in fields]
+    assert len(keys) == len(set(keys)), line
+    got = dict(fields)
+    assert (got["auth"], got["outcome"], got["code"]) == ('"token"', '"unavailable"', "503"), line
+    assert json.loads(got["by"].replace("\\u{2028}", "\\u2028")) == forged, line
+

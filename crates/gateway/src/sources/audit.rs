@@ -107,20 +107,23 @@ pub struct Audit {
 }
 
 impl Audit {
-    /// Records one attempt: logs it, counts it, and keeps it in the ring.
+    /// Records one attempt: logs it, counts it, and keeps it in the ring. Every text field of
+    /// the log line is quoted and escaped (`"`, `\\`, control characters, U+2028 / U+2029), so
+    /// a name a client chose (a token's `sub`) can neither pass for other fields nor start a
+    /// line of its own.
     pub fn record(&self, entry: Entry) {
         tracing::info!(
             target: LOG_TARGET,
-            by = %entry.author.by,
+            by = ?entry.author.by,
             auth = entry.author.auth,
-            channel = %entry.channel,
+            channel = ?entry.channel,
             bytes = entry.bytes,
-            source = %entry.source,
+            source = ?entry.source,
             forwarded = entry.forwarded,
             outcome = entry.outcome,
             code = entry.code,
             latency_ms = entry.latency_ms,
-            message = entry.message.as_deref().unwrap_or(""),
+            message = ?entry.message.as_deref().unwrap_or(""),
             "write"
         );
         *self.counts.lock().entry((entry.source.clone(), entry.outcome)).or_insert(0) += 1;
