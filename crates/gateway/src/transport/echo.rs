@@ -26,7 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::metrics::Metrics;
 use crate::outbox::{Outbox, Pushed};
-use crate::transport::ws::socket::{self, finish, FrameReader, ReadError, Socket};
+use crate::transport::ws::socket::{self, finish, FrameReader, Socket};
 use crate::transport::ws::{accept_key, is_upgrade, switching_protocols};
 
 /// How long a client may take to send its upgrade request.
@@ -131,12 +131,9 @@ async fn connection(socket: Socket, leftover: Vec<u8>, max_message: usize, metri
     loop {
         // What came before a violation is answered before the connection fails.
         answer(&outbox, &mut events);
-        match read {
-            Ok(()) => {}
-            Err(ReadError::Frame(e)) => outbox.fail_connection(e.close_code(), &e.to_string()),
-            Err(ReadError::Eof | ReadError::Io) => outbox.close_echo(&[]),
+        if let Err(e) = std::mem::replace(&mut read, Ok(())) {
+            e.close(&outbox);
         }
-        read = Ok(());
         if outbox.is_closing() {
             break;
         }
@@ -169,8 +166,7 @@ fn answer(outbox: &Outbox, events: &mut Vec<Event>) {
                 outbox.push_control(Bytes::from(websocket::encode_frame(websocket::Opcode::Pong, &payload)))
             }
             Event::Close(code) => {
-                let echo = code.map(u16::to_be_bytes);
-                outbox.close_echo(echo.as_ref().map_or(&[][..], |c| &c[..]));
+                socket::answer_close(outbox, code);
                 break;
             }
         };

@@ -372,14 +372,11 @@ async fn run(node: Arc<Node>, socket: Socket, admitted: Box<Admitted>) {
 /// Ends a connection whose reading stopped: a client that broke RFC 6455 gets the close code
 /// of its violation and no `disconnect` message; a gone client, nothing it could read.
 fn read_failed(node: &Node, session: &Session, e: ReadError) {
-    match e {
-        ReadError::Frame(e) => {
-            node.metrics.protocol_errors.fetch_add(1, Relaxed);
-            tracing::debug!(code = e.close_code(), reason = %e, "failing connection");
-            session.outbox().fail_connection(e.close_code(), &e.to_string());
-        }
-        ReadError::Eof | ReadError::Io => session.outbox().close_echo(&[]),
+    if let ReadError::Frame(e) = &e {
+        node.metrics.protocol_errors.fetch_add(1, Relaxed);
+        tracing::debug!(code = e.close_code(), reason = %e, "failing connection");
     }
+    e.close(session.outbox());
 }
 
 /// Closes a connection whose frames were valid but not what the application takes: a
@@ -412,10 +409,8 @@ async fn handle_events(session: &mut Session, events: &mut Vec<Event>) -> Result
                 session.outbox().flush();
             }
             Event::Close(code) => {
-                // The close is answered with the client's code (RFC 6455 §5.5.1).
                 session.flush();
-                let echo = code.map(u16::to_be_bytes);
-                session.outbox().close_echo(echo.as_ref().map_or(&[][..], |c| &c[..]));
+                socket::answer_close(session.outbox(), code);
                 return Ok(());
             }
         }

@@ -101,6 +101,24 @@ pub enum ReadError {
     Frame(FrameError),
 }
 
+impl ReadError {
+    /// Closes `outbox` as the end of reading asks: a violation fails the connection with its
+    /// close code and nothing else; a client gone gets the bare close frame, if it still reads.
+    pub fn close(self, outbox: &Outbox) {
+        match self {
+            ReadError::Frame(e) => outbox.fail_connection(e.close_code(), &e.to_string()),
+            ReadError::Eof | ReadError::Io => outbox.close_echo(&[]),
+        }
+    }
+}
+
+/// Answers the client's close frame with its own code (RFC 6455 §5.5.1; an empty close frame
+/// for an empty one).
+pub fn answer_close(outbox: &Outbox, code: Option<u16>) {
+    let echo = code.map(u16::to_be_bytes);
+    outbox.close_echo(echo.as_ref().map_or(&[][..], |c| &c[..]));
+}
+
 /// Reads a connection's frames as they arrive. Reads land in a stack buffer; between reads
 /// only the frame in progress is kept (an idle connection holds no buffer).
 pub struct FrameReader {
