@@ -36,7 +36,6 @@ use crate::transport::http::{error, Peer};
 /// Serves one connection to its end (or to its upgrade).
 pub async fn serve(node: Arc<Node>, app: Router, tcp: TcpStream, peer: SocketAddr) {
     let timeout = Duration::from_secs(node.config.limits.handshake_timeout_s);
-    let _ = tcp.set_nodelay(true);
     // hyper's connection and the TLS handshake are boxed: each is a large future, and a
     // connection needs only the ones it uses.
     match node.config.security.tls.clone() {
@@ -95,7 +94,9 @@ where
         .header_read_timeout(timeout)
         .serve_connection(TokioIo::new(io), svc)
         .with_upgrades();
-    let _ = conn.await;
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "HTTP connection ended with an error");
+    }
 }
 
 /// The `Host` rules of RFC 9112 §3.2 and §3.2.2 that hyper leaves to the server: an HTTP/1.1
