@@ -6,6 +6,7 @@ log, and /metrics, for every secret the module used: none may appear."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -21,6 +22,7 @@ import urllib.request
 
 import jwt
 import pytest
+from websockets.asyncio.client import connect as async_ws_connect
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
@@ -55,10 +57,10 @@ def b64url(data: bytes) -> str:
 
 
 class AuthWS(WS):
-    """`sb.WS` with handshake extras: headers, offered subprotocols, origin, TLS."""
+    """`sb.WS` with handshake extras: headers, offered subprotocols, origin, source address."""
 
     def __init__(self, url: str, *, headers: dict | None = None, offer: list | None = None,
-                 origin: str | None = None, ssl_context=None, open_timeout: float = 5.0,
+                 origin: str | None = None, open_timeout: float = 5.0,
                  source_ip: str | None = None):
         sock = None
         if source_ip is not None:  # connect from a chosen 127.0.0.x address
@@ -73,7 +75,6 @@ class AuthWS(WS):
             additional_headers=headers,
             subprotocols=offer,
             origin=origin,
-            ssl=ssl_context,
             compression=None,
             proxy=None,
             open_timeout=open_timeout,
@@ -524,32 +525,57 @@ def _start_tls(switchboard_bin, tmp_path, *args):
 
 
 def test_auth_tls_serves_wss_and_https(switchboard_bin, tmp_path):
+    # The WebSocket client here is websockets' asyncio one: its sync client reads and writes one
+    # `ssl.SSLSocket` from two threads, which CPython's ssl module does not make safe, and a
+    # TLS 1.3 session ticket arriving while it sends its upgrade request sometimes loses it.
     proc, port = _start_tls(switchboard_bin, tmp_path, "--jwt-secret", SECRET, "--api-key", API_KEY)
-    try:
-        ctx = ssl.create_default_context(cafile=str(FIXTURES / "tls.cert.pem"))
-        ch = uniq("tls.")
+    ctx = ssl.create_default_context(cafile=str(FIXTURES / "tls.cert.pem"))
+    ch = uniq("tls.")
+    # Larger than one TLS record (16 KiB), within the publication limit.
+    data = {"n": list(range(6000))}
+
+    def publish() -> int:
+        req = urllib.request.Request(f"https://127.0.0.1:{port}/api/publish", method="POST",
+                                     data=json.dumps({"channel": ch, "data": data}).encode(),
+                                     headers={"Authorization": f"Bearer {API_KEY}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+            return resp.status
+
+    async def session() -> None:
         # A handshake's time is not what this checks: a loaded machine may take seconds.
-        with AuthWS(f"wss://127.0.0.1:{port}/ws", headers=bearer(token()), ssl_context=ctx, open_timeout=20) as ws:
-            ws.subscribe([ch])
-            # Larger than one TLS record (16 KiB), within the publication limit.
-            data = {"n": list(range(6000))}
-            req = urllib.request.Request(f"https://127.0.0.1:{port}/api/publish", method="POST",
-                                         data=json.dumps({"channel": ch, "data": data}).encode(),
-                                         headers={"Authorization": f"Bearer {API_KEY}",
-                                                  "Content-Type": "application/json"})
-            with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
-                assert resp.status == 200
-            assert ws.pubs(ch, 1)[0]["data"] == data
-            # A request without the key is refused over TLS as over plain HTTP.
-            req = urllib.request.Request(f"https://127.0.0.1:{port}/api/info")
-            with pytest.raises(urllib.error.HTTPError) as e:
-                urllib.request.urlopen(req, context=ctx, timeout=10)
-            assert e.value.code == 401
-            e.value.close()
+        async with async_ws_connect(f"wss://127.0.0.1:{port}/ws", ssl=ctx, additional_headers=bearer(token()),
+                                    compression=None, max_size=None, ping_interval=None,
+                                    open_timeout=20) as ws:
+
+            pending: list = []
+
+            async def reply(pred):
+                # A text frame carries one or more messages, one per line.
+                while True:
+                    for i, msg in enumerate(pending):
+                        if pred(msg):
+                            return pending.pop(i)
+                    frame = await asyncio.wait_for(ws.recv(), 10)
+                    pending.extend(json.loads(line) for line in frame.split("\n") if line)
+
+            await ws.send(json.dumps({"id": 1, "subscribe": {"channels": [ch]}}))
+            assert "ok" in await reply(lambda m: m.get("id") == 1)
+            assert await asyncio.to_thread(publish) == 200
+            assert (await reply(lambda m: m.get("pub", {}).get("ch") == ch))["pub"]["data"] == data
             for i in range(200):
-                ws.send({"id": 1000 + i, "ping": {"data": i}})
-            got = [ws.recv_where(lambda m, i=i: m.get("id") == 1000 + i)["ok"]["data"] for i in range(200)]
+                await ws.send(json.dumps({"id": 1000 + i, "ping": {"data": i}}))
+            got = [(await reply(lambda m, i=i: m.get("id") == 1000 + i))["ok"]["data"] for i in range(200)]
             assert got == list(range(200))
+
+    try:
+        asyncio.run(session())
+        # A request without the key is refused over TLS as over plain HTTP.
+        req = urllib.request.Request(f"https://127.0.0.1:{port}/api/info")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, context=ctx, timeout=10)
+        assert e.value.code == 401
+        e.value.close()
         # Plain HTTP on the TLS port does not get through.
         with pytest.raises(Exception):
             AuthWS(f"ws://127.0.0.1:{port}/ws", open_timeout=3)
