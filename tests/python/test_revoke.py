@@ -4,6 +4,7 @@ bad input gets clear errors."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
@@ -104,3 +105,111 @@ def test_revoke_bad_input_is_refused_clearly(cluster):
     assert api(a, "/api/revoke", {"jti": "x", "expire_at": 1}).status == 200, "an expired entry is a no-op"
     r = api(a, "/api/revoke", {"user": "ghost-never-seen", "issued_before": int(time.time())})
     assert r.status == 200 and r.json() == {"closed_here": 0}, (r.status, r.body)
+
+
+def test_revoke_times_beyond_any_token_are_refused_naming_the_field(cluster):
+    a, _ = cluster
+    now = int(time.time())
+    keep = 86400  # auth.revocation_keep_s unset: one day, the longest token lifetime accepted
+    for body, field in [({"jti": "x", "expire_at": 2**64 - 1}, "expire_at"),
+                        ({"jti": "x", "expire_at": now + keep + 3600}, "expire_at"),
+                        ({"user": "u", "issued_before": now * 1000}, "issued_before"),
+                        ({"user": "u", "issued_before": 2**64 - 1}, "issued_before")]:
+        r = api(a, "/api/revoke", body)
+        assert r.status == 400, (body, r.status, r.body)
+        assert r.json()["error"]["message"].startswith(field), (body, r.body)
+    # Within the bounds (a caller's clock a little ahead included): taken.
+    assert api(a, "/api/revoke", {"jti": "x", "expire_at": now + keep}).status == 200
+    assert api(a, "/api/revoke", {"user": "u", "issued_before": now + 60}).status == 200
+    # A token living longer than any revocation is kept is refused, on every transport.
+    long_lived = token(sub="zoe", exp=now + keep + 3600)
+    ws = AuthWS(a.ws_url, headers=bearer(long_lived))
+    closed = ws.wait_closed(timeout=10)
+    assert closed.code == 4001 and "revocation_keep_s" in closed.reason, (closed.code, closed.reason)
+    r = http("GET", a.http_url + "/api/info", headers=bearer(long_lived))
+    assert r.status == 401 and "revocation_keep_s" in r.json()["error"]["message"], (r.status, r.body)
+
+
+def _revoke_all(node, bodies, workers: int = 8) -> list:
+    """POSTs each body to `/api/revoke` from `workers` kept-alive connections; the answers, in order."""
+    import concurrent.futures
+
+    import httpx
+
+    def run(part):
+        with httpx.Client(base_url=node.http_url, headers={"Authorization": f"Bearer {API_KEY}"},
+                          timeout=30) as c:
+            return [c.post("/api/revoke", json=b) for b in part]
+
+    parts = [bodies[i::workers] for i in range(workers)]
+    with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+        done = list(ex.map(run, parts))
+    out = [None] * len(bodies)
+    for w, answers in enumerate(done):
+        for j, r in enumerate(answers):
+            out[w + j * workers] = r
+    return out
+
+
+def _refused(node, **claims) -> bool:
+    ws = AuthWS(node.ws_url, headers=bearer(token(**claims)))
+    try:
+        ws.request("ping", {}, timeout=5)
+        return False
+    except Exception:
+        closed = ws.closed
+        return closed is not None and (closed.code, closed.reason) == (4001, "token revoked")
+    finally:
+        ws.close()
+
+
+def test_revoke_a_flood_holds_on_nodes_started_before_during_and_after_it(start_server, redis_url):
+    # The list fills with distinct entries while a second node starts; repeats then change
+    # nothing (the full list takes them), expired entries make room first, and a new entry past
+    # the bound is 429 with Retry-After. Every node, the one started after the flood included,
+    # refuses tokens revoked at its start, middle and end.
+    env = {"SWITCHBOARD_AUTH__REVOCATION_KEEP_S": "7200"}
+    start = lambda: start_server("--broker", redis_url, "--jwt-secret", SECRET, "--api-key", API_KEY, env=env)
+    a = start()
+    now = int(time.time())
+    first = [{"jti": "soon", "expire_at": now + 3}, {"jti": "early", "expire_at": now + 3600}]
+    rest = [{"jti": f"f-{i}", "expire_at": now + 3600} for i in range(9_996)]
+    rest.insert(5_000, {"jti": "mid", "expire_at": now + 3600})
+    rest.append({"jti": "late", "expire_at": now + 3600})
+    assert len(first) + len(rest) == 10_000
+    answers = _revoke_all(a, first, workers=1)
+    import threading
+    flooded: list = []
+    flood = threading.Thread(target=lambda: flooded.extend(_revoke_all(a, rest)))
+    flood.start()
+    # Node b starts while the flood goes on (from this thread: a node dies with the thread
+    # that started it).
+    wait_until("the flood to start", lambda: subprocess.run(
+        ["redis-cli", "-p", redis_url.rsplit(":", 1)[1], "ZCARD", "sb:rec:{$revoke}:x"], capture_output=True,
+        text=True, timeout=10).stdout.strip() not in ("", "0", "1", "2"), 30, every=0.05)
+    b = start()
+    flood.join()
+    answers += flooded
+    assert [r.status_code for r in answers] == [200] * 10_000
+    # Repeats of held entries: one entry each, so the full list takes them.
+    again = _revoke_all(a, [{"jti": "early", "expire_at": now + 3600}] * 300 + [{"jti": "mid", "expire_at": now + 60}] * 50)
+    assert {r.status_code for r in again} == {200}
+    # A new entry: room only once "soon" expired.
+    wait_until("the short entry to expire", lambda: time.time() > now + 4, 10, every=0.2)
+    assert api(a, "/api/revoke", {"jti": "in-the-room-soon-left", "expire_at": now + 3600}).status == 200
+    r = _revoke_all(a, [{"jti": "one-too-many", "expire_at": now + 3600}], workers=1)[0]
+    assert r.status_code == 429, (r.status_code, r.text)
+    assert "10000" in r.json()["error"]["message"], r.text
+    retry = int(r.headers["Retry-After"])
+    assert 3000 < retry <= 3600, retry  # when the soonest entry leaves, not 1 s
+    # The record in Redis lives as long as its last entry, whatever the channels' idle times.
+    port = redis_url.rsplit(":", 1)[1]
+    pttl = int(subprocess.run(["redis-cli", "-p", port, "PTTL", "sb:rec:{$revoke}"], capture_output=True,
+                              text=True, timeout=10).stdout.strip())
+    assert 3000_000 < pttl <= 3600_000, pttl
+    c = start()
+    for node in (a, b, c):
+        for jti in ("early", "mid", "late", "in-the-room-soon-left"):
+            assert wait_until(f"{jti} refused on {node.http_url}", lambda: _refused(node, sub="ivy", jti=jti), 10,
+                              every=0.2)
+        assert not _refused(node, sub="ivy", jti="one-too-many"), "the refused entry revokes nothing"

@@ -99,6 +99,39 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     a_zero_history_limit_reads_no_publications(make()).await;
     internal_channels_are_delivered_but_never_listed(make()).await;
     an_idempotency_key_publishes_once_per_channel(make()).await;
+    a_record_set_keeps_each_key_once_until_its_expiry(make()).await;
+}
+
+/// A record set keeps one entry per key with its latest expiry, reads only live entries, makes
+/// room from expired ones when full, and refuses a new key while every entry holds, saying
+/// when the soonest leaves.
+async fn a_record_set_keeps_each_key_once_until_its_expiry(b: Arc<dyn Broker>) {
+    use crate::RecordPut::{Full, Kept, Stored};
+    // The caller's clock judges expiry; Redis drops a set whole at its last expiry by its own
+    // clock, so the times are real ones, seconds apart.
+    let now = crate::now_ms();
+    let s = 1000;
+    let put = |key: &'static str, value: &'static str, exp: u64, now: u64| {
+        let b = b.clone();
+        async move { b.record_put("$set", key, value, exp, now, 3).await.unwrap() }
+    };
+    assert_eq!(put("a", "a1", now + 500 * s, now).await, Stored);
+    for _ in 0..20 {
+        assert_eq!(put("a", "a-again", now + 500 * s, now).await, Kept, "a repeat is one entry");
+    }
+    assert_eq!(put("a", "a-earlier", now + 100 * s, now).await, Kept, "an earlier expiry changes nothing");
+    assert_eq!(put("a", "a2", now + 900 * s, now).await, Stored, "a later expiry extends the entry");
+    assert_eq!(put("b", "b1", now + 50 * s, now).await, Stored);
+    assert_eq!(put("c", "c1", now + 700 * s, now).await, Stored);
+    assert_eq!(put("d", "d1", now + 800 * s, now).await, Full { frees_ms: now + 50 * s });
+    let mut live = b.records("$set", now).await.unwrap();
+    live.sort_by(|x, y| x.key.cmp(&y.key));
+    let got: Vec<(&str, &str, u64)> = live.iter().map(|r| (&*r.key, &*r.value, r.expires_ms)).collect();
+    assert_eq!(got, vec![("a", "a2", now + 900 * s), ("b", "b1", now + 50 * s), ("c", "c1", now + 700 * s)]);
+    // Past b's expiry: it is no longer read, and it makes room for a new key.
+    assert_eq!(b.records("$set", now + 60 * s).await.unwrap().len(), 2);
+    assert_eq!(put("d", "d1", now + 800 * s, now + 60 * s).await, Stored);
+    assert!(b.records("$other", now).await.unwrap().is_empty(), "sets are apart");
 }
 
 /// A publication with an idempotency key is published once per channel within the window: the

@@ -16,6 +16,8 @@
 //! - [`cluster`]: [`ClusterBroker`], the routed broker over the primaries of a Redis Cluster by
 //!   slot (sharded pub/sub), following slot moves and failovers (the slot map, its refresh).
 //! - [`trend`]: downsampled trends of point channels (buckets of min/max/last/count).
+//! - [`records`]: record sets, small shared sets of entries each kept until its own expiry
+//!   (the cluster's revocation list), and the memory broker's table of them.
 //! - [`conformance`]: the suite every broker must pass (run from each implementation's tests).
 //!
 //! # Delivery contract
@@ -39,6 +41,7 @@ use serde_json::value::RawValue;
 pub mod cluster;
 pub mod conformance;
 pub mod memory;
+pub mod records;
 pub mod redis;
 pub mod routed;
 pub mod sharded;
@@ -47,6 +50,7 @@ pub mod trend;
 pub use self::redis::RedisBroker;
 pub use cluster::ClusterBroker;
 pub use memory::MemoryBroker;
+pub use records::{Record, RecordPut};
 pub use routed::RoutedBroker;
 pub use sharded::ShardedRedisBroker;
 pub use trend::{TrendBucket, TrendPolicy, TrendTiers};
@@ -418,6 +422,22 @@ pub trait Broker: Send + Sync + 'static {
         let _ = (name, holder);
         Ok(())
     }
+
+    /// Keeps `value` under `key` in the record set `set` until `expires_ms` (unix ms), by the
+    /// rules of [`records`]: a key keeps its later expiry, and a set at `max` live entries
+    /// takes no new key. `now_ms` is the caller's clock, which judges what has expired.
+    async fn record_put(
+        &self,
+        set: &str,
+        key: &str,
+        value: &str,
+        expires_ms: u64,
+        now_ms: u64,
+        max: usize,
+    ) -> Result<RecordPut, BrokerError>;
+
+    /// The entries of the record set `set` that expire after `now_ms`, in no order.
+    async fn records(&self, set: &str, now_ms: u64) -> Result<Vec<Record>, BrokerError>;
 }
 
 /// Unix time in milliseconds.

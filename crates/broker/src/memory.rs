@@ -12,10 +12,12 @@ use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::records::RecordSets;
 use crate::trend::{sample, TrendRing};
 use crate::{
     now_ms, Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelSummary, ClientInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, TrendBucket, TrendPolicy, UNPUBLISHED_KEEP,
+    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
+    UNPUBLISHED_KEEP,
 };
 
 /// One channel's stream. Guarded by its own mutex so channels never wait on each other.
@@ -130,6 +132,7 @@ pub struct MemoryBroker {
     /// The most channels held at once; creating one more fails with [`BrokerError::Full`].
     max_channels: usize,
     presence: presence::PresenceTable,
+    records: RecordSets,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
 }
 
@@ -151,6 +154,7 @@ impl MemoryBroker {
             streams: RwLock::default(),
             max_channels: max,
             presence: presence::PresenceTable::default(),
+            records: RecordSets::default(),
             handler: OnceLock::new(),
         }
     }
@@ -370,6 +374,22 @@ impl Broker for MemoryBroker {
 
     async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError> {
         Ok(self.presence.members(channel))
+    }
+
+    async fn record_put(
+        &self,
+        set: &str,
+        key: &str,
+        value: &str,
+        expires_ms: u64,
+        now_ms: u64,
+        max: usize,
+    ) -> Result<RecordPut, BrokerError> {
+        Ok(self.records.put(set, key, value, expires_ms, now_ms, max))
+    }
+
+    async fn records(&self, set: &str, now_ms: u64) -> Result<Vec<Record>, BrokerError> {
+        Ok(self.records.live(set, now_ms))
     }
 
     /// In name order from the cursor (the last name of the previous page): a walk of the name

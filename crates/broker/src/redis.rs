@@ -22,6 +22,7 @@
 //! - Trends (`trend_store`): raw chunks of buckets the publish script updates in place, which
 //!   the nodes compress once closed (the `redis-trend-compactor` task).
 //! - Leases (`redis::lease`): which node runs each plant data source.
+//! - Record sets (`redis::records`): shared entries each kept until its own expiry.
 //! - A heartbeat registers the node (`/api/info` node count) and its subscription counts
 //!   (cluster-wide subscriber figures in `/api/channels`).
 //!
@@ -35,6 +36,7 @@ mod lease;
 mod link;
 mod listing;
 mod publishing;
+mod records;
 mod round_trip;
 mod scripts;
 mod subscriber;
@@ -52,7 +54,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
-    HistoryResult, Outgoing, Position, Publication, TrendBucket, TrendPolicy,
+    HistoryResult, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
 };
 pub use endpoint::{client_for, take_tls_ca};
 use endpoint::{Commands, Endpoint};
@@ -188,6 +190,7 @@ pub(crate) struct Inner {
     commands: Commands,
     scripts: Scripts,
     leases: lease::Leases,
+    records: records::RecordScripts,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
     /// The id this node is registered under; nothing is registered until it is set, so the
     /// cluster figures never list an id that is not a node's own.
@@ -284,6 +287,7 @@ impl RedisBroker {
             commands: Commands::new(),
             scripts: Scripts::new(cluster),
             leases: lease::Leases::new(),
+            records: records::RecordScripts::new(),
             handler: OnceLock::new(),
             node_id: OnceLock::new(),
             id_set: Notify::new(),
@@ -570,6 +574,22 @@ impl Broker for RedisBroker {
 
     async fn lease_release(&self, name: &str, holder: &str) -> Result<(), BrokerError> {
         self.inner.lease_release(name, holder).await
+    }
+
+    async fn record_put(
+        &self,
+        set: &str,
+        key: &str,
+        value: &str,
+        expires_ms: u64,
+        now_ms: u64,
+        max: usize,
+    ) -> Result<RecordPut, BrokerError> {
+        self.inner.record_put(set, key, value, expires_ms, now_ms, max).await
+    }
+
+    async fn records(&self, set: &str, now_ms: u64) -> Result<Vec<Record>, BrokerError> {
+        self.inner.records(set, now_ms).await
     }
 
     async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {

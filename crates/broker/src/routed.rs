@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use crate::redis::{link_down, may_retry, page_over, RedisBroker};
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, HistoryResult,
-    Outgoing, Position, Publication, TrendBucket, TrendPolicy,
+    Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
 };
 
 /// How long a call keeps retrying while a router's routes change (slots moving, a failover
@@ -382,6 +382,23 @@ impl<R: Router> Broker for RoutedBroker<R> {
 
     async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError> {
         self.on_owner(channel, |t| async move { t.presence(channel).await }).await
+    }
+
+    /// A record set lives whole on the target its name routes to, like a channel.
+    async fn record_put(
+        &self,
+        set: &str,
+        key: &str,
+        value: &str,
+        expires_ms: u64,
+        now_ms: u64,
+        max: usize,
+    ) -> Result<RecordPut, BrokerError> {
+        self.on_owner(set, |t| async move { t.record_put(set, key, value, expires_ms, now_ms, max).await }).await
+    }
+
+    async fn records(&self, set: &str, now_ms: u64) -> Result<Vec<Record>, BrokerError> {
+        self.on_owner(set, |t| async move { t.records(set, now_ms).await }).await
     }
 
     /// Target after target in the router's order, each in `SCAN` order (a `SCAN` on a Cluster

@@ -3,14 +3,14 @@
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use switchboard_broker::{ChannelQuery, Position, Publication};
-use switchboard_protocol::validate_channel;
+use switchboard_protocol::{code, validate_channel};
 
 use crate::auth::http::{allow, allow_publish, Caller};
 use crate::auth::{Action, Identity};
@@ -55,10 +55,16 @@ pub fn router(node: Arc<Node>) -> Router {
         .with_state(node)
 }
 
+/// The SPEC error body; a 429 carries `Retry-After` (1 s unless the error says).
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(serde_json::json!({"error": {"code": self.code, "message": self.message}}))).into_response()
+        let mut r =
+            (status, Json(serde_json::json!({"error": {"code": self.code, "message": self.message}}))).into_response();
+        if self.code == code::LIMIT {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(self.retry_after_s.unwrap_or(1)));
+        }
+        r
     }
 }
 

@@ -162,14 +162,15 @@ pub struct Namespace {
 /// How far back a point channel's trend reaches unless its namespace says otherwise.
 pub const DEFAULT_TREND_WINDOW_S: u64 = 3600;
 
+/// The numbers of `[auth]`: read from the environment as numbers, where every other `auth` and
+/// `tls` value (secrets, paths) stays text even when it looks like one.
+const AUTH_NUMBERS: &[&str] = &["auth.jwt_leeway_s", "auth.jwks_refresh_s", "auth.revocation_keep_s"];
+
 /// How long an idle channel is kept unless its namespace says otherwise.
 pub const DEFAULT_CHANNEL_TTL_S: u64 = 3600;
 /// How long an internal channel (`$…`, messages between nodes) is kept once idle, whatever
 /// the namespaces say: its last message goes soon, and a dead node's reply channel too.
 pub const INTERNAL_CHANNEL_TTL_S: u64 = 60;
-/// The internal channel of revocations (`crate::control`), kept `auth.revocation_keep_s`: its
-/// history is how a node starting later learns them.
-pub const REVOCATIONS: &str = "$revoke";
 
 impl Default for Config {
     fn default() -> Config {
@@ -379,7 +380,7 @@ impl Config {
             let value = if dotted == "auth.api_keys" {
                 // A plain key from the environment is hashed here and never kept.
                 api_keys_value(&value).map_err(|e| ConfigError(format!("environment {key} ({dotted}): {e}")))?
-            } else if (path[0] == "auth" || path[0] == "tls") && dotted != "auth.jwt_leeway_s" {
+            } else if (path[0] == "auth" || path[0] == "tls") && !AUTH_NUMBERS.contains(&dotted.as_str()) {
                 // Secrets and paths stay text, even when they look like numbers.
                 toml::Value::String(value)
             } else {
@@ -524,11 +525,6 @@ impl Config {
 
     /// How long `channel` is kept once idle (zero: forever); see [`Namespace::channel_ttl_s`].
     pub fn channel_ttl(&self, channel: &str) -> Duration {
-        if channel == REVOCATIONS {
-            // Its history is how a node starting later learns the revocations that hold.
-            let keep = self.auth.revocation_keep_s.unwrap_or(crate::auth::DEFAULT_REVOCATION_KEEP_S);
-            return Duration::from_secs(keep.max(INTERNAL_CHANNEL_TTL_S));
-        }
         if channel.starts_with('$') {
             return Duration::from_secs(INTERNAL_CHANNEL_TTL_S);
         }

@@ -4,10 +4,12 @@
 //!
 //! The node that takes the request acts on its own connections at once and passes the request
 //! on through the broker's pub/sub to every other node, on two internal channels
-//! ([`crate::hub::InternalHandler`]): [`DISCONNECTS`] (kept nowhere) and [`REVOCATIONS`], whose
-//! history (at most [`MAX_REVOCATIONS`] entries, kept `auth.revocation_keep_s`) is how a node
-//! that starts later learns the revocations that still hold: it reads that history once it is
-//! subscribed. Only nodes publish on `$` channels, so every message there is trusted.
+//! ([`crate::hub::InternalHandler`]): [`DISCONNECTS`] and [`REVOCATIONS`]. A revocation is
+//! also recorded first in the broker's record set of the same name (`switchboard_broker::
+//! records`): one entry per token or user, kept until the entry's own expiry, at most
+//! [`MAX_REVOCATIONS`] — which is how a node that starts at any later time learns exactly the
+//! revocations that still hold: it reads the set once it is subscribed. Only nodes publish on
+//! `$` channels or write record sets, so every message there is trusted.
 //!
 //! [`owners::Owners`] is the node's record of who each connection is (user, token `jti` and
 //! `iat`), set by the session whenever its identity changes.
@@ -20,7 +22,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use switchboard_broker::{BrokerError, Data, HistoryPolicy};
+use switchboard_broker::{BrokerError, Data, HistoryPolicy, RecordPut};
 use switchboard_protocol::code::{self, close};
 
 use crate::auth::revoke::{AddError, Revocation, MAX_REVOCATIONS};
@@ -29,9 +31,9 @@ use crate::node::{ApiError, Node};
 
 /// Disconnect requests between nodes: `{"node", "user"}`.
 pub const DISCONNECTS: &str = "$disconnect";
-/// Revocations between nodes, and their record: `{"node", "revocation"}` (its keep is
-/// `crate::config`'s, which names it).
-pub use crate::config::REVOCATIONS;
+/// Revocations between nodes, `{"node", "revocation"}`; also the name of their record set
+/// (values: the revocation).
+pub const REVOCATIONS: &str = "$revoke";
 /// Pause before subscribing again after the broker refused.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -64,8 +66,8 @@ fn disconnect_here(node: &Node, user: &str) -> usize {
 }
 
 /// Adds a revocation here and closes this node's connections whose tokens it matches (4001).
-fn revoke_here(node: &Node, r: &Revocation) -> Result<usize, AddError> {
-    node.config.security.auth.revoked.add(r, crate::unix_s())?;
+fn revoke_here(node: &Node, r: &Revocation, now: u64) -> Result<usize, AddError> {
+    node.config.security.auth.revoked.add(r, now)?;
     let ids = node.owners.matching(|o| o.token && r.matches(&o.user, o.jti.as_deref(), o.iat));
     for id in &ids {
         if let Some(ob) = node.outbox(*id) {
@@ -90,18 +92,50 @@ pub async fn disconnect(node: &Node, user: &str) -> Result<usize, ApiError> {
     Ok(here)
 }
 
-/// `POST /api/revoke`: records the revocation here and on every node (through the broker,
-/// kept in [`REVOCATIONS`]' history for nodes starting later); closes matching connections.
+/// `POST /api/revoke`: records the revocation in the broker's record set (in a cluster), here,
+/// and on every other node; closes matching connections. A jti entry without `expire_at` is
+/// given one (`revocation_keep_s` from now), so that every node keeps it equally long.
 pub async fn revoke(node: &Node, r: &Revocation) -> Result<usize, ApiError> {
     r.check().map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
-    let here = revoke_here(node, r).map_err(|_| {
-        ApiError::new(code::LIMIT, format!("the revocation list holds its maximum of {MAX_REVOCATIONS} entries"))
-    })?;
+    let now = crate::unix_s();
+    let keep = node.config.security.auth.revoked.keep_s();
+    r.check_bounds(now, keep).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
+    let mut r = r.clone();
+    if r.jti.is_some() {
+        r.expire_at = Some(r.expires(now, keep));
+    }
+    if r.expires(now, keep) <= now {
+        return Ok(0); // matches no token that could still be used
+    }
     if in_cluster(node) {
-        let msg = RevokeMsg { node: node.id.clone(), revocation: r.clone() };
-        publish(node, REVOCATIONS, &msg, revocation_history(node)).await.map_err(|e| not_passed_on(node, e))?;
+        // Recorded before anything is acted on: a node starting from now on reads it.
+        let value = serde_json::to_string(&r).map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
+        let expires_ms = r.expires(now, keep).saturating_mul(1000);
+        let key = r.record_key();
+        match node.broker.record_put(REVOCATIONS, &key, &value, expires_ms, now * 1000, MAX_REVOCATIONS).await {
+            Ok(RecordPut::Full { frees_ms }) => return Err(full((frees_ms / 1000).saturating_sub(now))),
+            Ok(RecordPut::Stored | RecordPut::Kept) => {}
+            Err(e) => {
+                let e = node.broker_error(e);
+                return Err(ApiError::new(e.code, format!("not recorded, nothing revoked: {}", e.message)));
+            }
+        }
+    }
+    let here = revoke_here(node, &r, now).map_err(|AddError::Full { frees_at }| full(frees_at.saturating_sub(now)))?;
+    if in_cluster(node) {
+        let msg = RevokeMsg { node: node.id.clone(), revocation: r };
+        publish(node, REVOCATIONS, &msg, no_history()).await.map_err(|e| not_passed_on(node, e))?;
     }
     Ok(here)
+}
+
+/// The 429 of a full revocation list; the soonest entry leaves in `wait_s`.
+fn full(wait_s: u64) -> ApiError {
+    let message = format!(
+        "the revocation list holds its maximum of {MAX_REVOCATIONS} entries that still hold; the soonest \
+         leaves in {wait_s} s"
+    );
+    ApiError::new(code::LIMIT, message).retry_after(wait_s)
 }
 
 fn not_passed_on(node: &Node, e: BrokerError) -> ApiError {
@@ -111,10 +145,6 @@ fn not_passed_on(node: &Node, e: BrokerError) -> ApiError {
 
 fn no_history() -> HistoryPolicy {
     HistoryPolicy { size: 0, ttl: Duration::ZERO, trend: None }
-}
-
-fn revocation_history(node: &Node) -> HistoryPolicy {
-    HistoryPolicy { size: MAX_REVOCATIONS, ttl: node.config.channel_ttl(REVOCATIONS), trend: None }
 }
 
 async fn publish(node: &Node, channel: &str, body: &impl Serialize, policy: HistoryPolicy) -> Result<(), BrokerError> {
@@ -157,13 +187,13 @@ async fn listen(node: Weak<Node>, done: Arc<std::sync::atomic::AtomicBool>) {
 async fn subscribe_and_load(node: &Node) -> Result<usize, BrokerError> {
     node.broker.subscribe(DISCONNECTS).await?;
     node.broker.subscribe(REVOCATIONS).await?;
-    let recorded = node.broker.history(REVOCATIONS, None, MAX_REVOCATIONS).await?;
+    let now = crate::unix_s();
+    let recorded = node.broker.records(REVOCATIONS, now * 1000).await?;
     let mut loaded = 0;
-    for p in recorded.publications {
-        if let Ok(m) = serde_json::from_str::<RevokeMsg>(p.data.get()) {
-            if m.revocation.check().is_ok() && revoke_here(node, &m.revocation).is_ok() {
-                loaded += 1;
-            }
+    for rec in recorded {
+        match serde_json::from_str::<Revocation>(&rec.value) {
+            Ok(r) if r.check().is_ok() && revoke_here(node, &r, now).is_ok() => loaded += 1,
+            _ => tracing::warn!(key = ?rec.key, "a recorded revocation was not taken (invalid, or the list is full)"),
         }
     }
     Ok(loaded)
@@ -185,7 +215,7 @@ impl InternalHandler for Internal {
         } else if channel == REVOCATIONS {
             match serde_json::from_str::<RevokeMsg>(data.get()) {
                 Ok(m) if m.node != node.id => {
-                    if m.revocation.check().is_err() || revoke_here(&node, &m.revocation).is_err() {
+                    if m.revocation.check().is_err() || revoke_here(&node, &m.revocation, crate::unix_s()).is_err() {
                         tracing::warn!(
                             "a revocation from node {} was not taken (invalid, or the list is full)",
                             m.node

@@ -9,11 +9,19 @@
 pub struct ApiError {
     pub code: u16,
     pub message: String,
+    /// A 429's `Retry-After` in seconds (1 when not set).
+    pub retry_after_s: Option<u64>,
 }
 
 impl ApiError {
     pub fn new(code: u16, message: impl Into<String>) -> ApiError {
-        ApiError { code, message: message.into() }
+        ApiError { code, message: message.into(), retry_after_s: None }
+    }
+
+    /// The same error, telling a 429's caller to try again after `s` seconds (at least 1).
+    pub fn retry_after(mut self, s: u64) -> ApiError {
+        self.retry_after_s = Some(s.max(1));
+        self
     }
 }
 

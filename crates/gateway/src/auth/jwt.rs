@@ -56,6 +56,9 @@ pub enum TokenError {
     UnknownKey,
     #[error("token revoked")]
     Revoked,
+    /// `exp` is further away than `auth.revocation_keep_s`, the longest lifetime accepted.
+    #[error("token expires later than this node accepts (auth.revocation_keep_s)")]
+    LivesTooLong,
     #[error("token signature does not verify")]
     Signature,
     #[error("token expired")]

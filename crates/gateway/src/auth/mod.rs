@@ -102,8 +102,9 @@ pub struct AuthConfig {
     pub jwks_url: Option<String>,
     /// Seconds between two fetches of `jwks_url`; 300 when unset.
     pub jwks_refresh_s: Option<u64>,
-    /// How long a revocation is kept when it does not say (a user's `issued_before` plus this;
-    /// set it to the longest token lifetime); 86400 when unset.
+    /// The longest token lifetime accepted (a token whose `exp` is further away is refused),
+    /// and so how long a revocation is kept when it does not say (a user's `issued_before`
+    /// plus this); 86400 when unset.
     pub revocation_keep_s: Option<u64>,
     /// Required `iss` claim, when set.
     pub jwt_issuer: Option<String>,
@@ -561,7 +562,12 @@ impl Auth {
             },
             other => other?,
         };
-        if self.revoked.is_revoked(&t.sub, t.jti.as_deref(), t.iat, crate::unix_s()) {
+        let now = crate::unix_s();
+        // A revocation is kept `revocation_keep_s`: a token living longer could outlive it.
+        if t.exp > now.saturating_add(self.revoked.keep_s()).saturating_add(self.leeway_s) {
+            return Err(TokenError::LivesTooLong.into());
+        }
+        if self.revoked.is_revoked(&t.sub, t.jti.as_deref(), t.iat, now) {
             return Err(TokenError::Revoked.into());
         }
         let (grant_channels, grant_publish) = self.grant(&t.sub);

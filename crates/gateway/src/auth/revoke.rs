@@ -3,10 +3,13 @@
 //!
 //! Two kinds of entry: one token by its `jti` (kept until its `expire_at`: the token is dead by
 //! then anyway), and every token of a user issued before a time (kept until that time plus
-//! `auth.revocation_keep_s`, which should be the longest lifetime of the tokens the identity
-//! provider issues). A token without `iat` counts as issued before any time. The list is
-//! bounded by [`MAX_REVOCATIONS`]: a full list refuses new entries (429) rather than forget
-//! one that still holds.
+//! `auth.revocation_keep_s`). That setting is also the longest token lifetime the node accepts
+//! (a token whose `exp` is further away is refused), so an entry kept that long outlives every
+//! token it can match, and an `expire_at` or `issued_before` further away than any token could
+//! carry is refused ([`Revocation::check_bounds`]) rather than kept for years. Repeats are one
+//! entry (the later expiry holds). The list is bounded by [`MAX_REVOCATIONS`]: a full list
+//! drops expired entries first, then refuses new entries (429 with the time the soonest entry
+//! leaves) rather than forget one that still holds.
 
 use std::collections::HashMap;
 
@@ -17,6 +20,9 @@ use serde::{Deserialize, Serialize};
 pub const MAX_REVOCATIONS: usize = 10_000;
 /// Longest `jti` or user accepted.
 const MAX_NAME: usize = 256;
+/// How far ahead of this node's clock the API caller's may be: an `issued_before` or an
+/// `expire_at` up to this much later than the bounds is still taken.
+pub const CLOCK_SKEW_S: u64 = 300;
 
 /// One revocation as the API takes it and as nodes pass it on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,6 +63,32 @@ impl Revocation {
         }
     }
 
+    /// Whether the times fit a token this node accepts, at `now` with tokens living at most
+    /// `lifetime_s`: `expire_at` at most `lifetime_s` away, `issued_before` not in the future
+    /// (each give or take [`CLOCK_SKEW_S`]). `Err` names the field.
+    pub fn check_bounds(&self, now: u64, lifetime_s: u64) -> Result<(), String> {
+        let latest_exp = now.saturating_add(lifetime_s).saturating_add(CLOCK_SKEW_S);
+        if self.expire_at.is_some_and(|e| e > latest_exp) {
+            return Err(format!(
+                "expire_at is more than auth.revocation_keep_s ({lifetime_s} s) from now: no token \
+                 this node accepts lives that long (unix seconds expected)"
+            ));
+        }
+        if self.issued_before.is_some_and(|b| b > now.saturating_add(CLOCK_SKEW_S)) {
+            return Err("issued_before is in the future: no token was issued then (unix seconds expected)".into());
+        }
+        Ok(())
+    }
+
+    /// The key of the entry in a shared record set: repeats of one revocation share it.
+    pub fn record_key(&self) -> String {
+        match (&self.jti, &self.user) {
+            (Some(j), _) => format!("jti:{j}"),
+            (None, Some(u)) => format!("user:{u}"),
+            (None, None) => String::new(),
+        }
+    }
+
     /// When the entry can be forgotten (unix seconds); `keep_s` covers what the entry does
     /// not say.
     pub fn expires(&self, now: u64, keep_s: u64) -> u64 {
@@ -82,8 +114,8 @@ impl Revocation {
 /// Why an entry was not added.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AddError {
-    /// [`MAX_REVOCATIONS`] entries that still hold.
-    Full,
+    /// [`MAX_REVOCATIONS`] entries that still hold; the soonest leaves at `frees_at` (unix s).
+    Full { frees_at: u64 },
 }
 
 #[derive(Default)]
@@ -107,6 +139,12 @@ impl Revocations {
         Revocations { inner: Mutex::new(Inner::default()), keep_s }
     }
 
+    /// `auth.revocation_keep_s`: how long an entry that names no expiry is kept after its
+    /// cut-off, and the longest token lifetime the node accepts.
+    pub fn keep_s(&self) -> u64 {
+        self.keep_s
+    }
+
     /// Adds an entry (already [`checked`](Revocation::check)); entries already past their
     /// expiry are ignored. Returns whether it was new or extended.
     pub fn add(&self, r: &Revocation, now: u64) -> Result<bool, AddError> {
@@ -119,7 +157,8 @@ impl Revocations {
             inner.tokens.retain(|_, e| *e > now);
             inner.users.retain(|_, (_, e)| *e > now);
             if inner.tokens.len() + inner.users.len() >= MAX_REVOCATIONS {
-                return Err(AddError::Full);
+                let soonest = inner.tokens.values().chain(inner.users.values().map(|(_, e)| e)).min();
+                return Err(AddError::Full { frees_at: soonest.copied().unwrap_or(now) });
             }
         }
         if let Some(j) = &r.jti {
@@ -196,11 +235,20 @@ mod tests {
         for b in bad {
             assert!(b.check().is_err(), "{b:?}");
         }
+        let user =
+            |before| Revocation { jti: None, expire_at: None, user: Some("u".into()), issued_before: Some(before) };
+        let now = 1_000_000;
+        assert_eq!(jti("t", now + 3600 + CLOCK_SKEW_S).check_bounds(now, 3600), Ok(()));
+        let far = jti("t", u64::MAX).check_bounds(now, 3600).unwrap_err();
+        assert!(far.starts_with("expire_at is more than auth.revocation_keep_s (3600 s)"), "{far}");
+        assert_eq!(user(now + CLOCK_SKEW_S).check_bounds(now, 3600), Ok(()));
+        let millis = user(now * 1000).check_bounds(now, 3600).unwrap_err();
+        assert!(millis.starts_with("issued_before is in the future"), "{millis}");
         let r = Revocations::new(100);
         for i in 0..MAX_REVOCATIONS {
             r.add(&jti(&i.to_string(), 1000), 1).unwrap();
         }
-        assert_eq!(r.add(&jti("one more", 1000), 1), Err(AddError::Full));
+        assert_eq!(r.add(&jti("one more", 1000), 1), Err(AddError::Full { frees_at: 1000 }));
         assert_eq!(r.add(&jti("after expiry", 2000), 1000), Ok(true), "expired entries make room");
     }
 }

@@ -61,6 +61,8 @@ fn config_env_and_overrides_layer_over_the_file() {
         Some(&path),
         env(&[
             ("SWITCHBOARD_MAX_SUBSCRIPTIONS", "7"),
+            ("SWITCHBOARD_AUTH__REVOCATION_KEEP_S", "7200"),
+            ("SWITCHBOARD_AUTH__JWKS_REFRESH_S", "60"),
             ("SWITCHBOARD_NAMESPACES__PT__HISTORY_SIZE", "3"),
             ("OTHER", "x"),
             ("SWITCHBOARD_BIN", "/usr/local/bin/switchboard"),
@@ -75,6 +77,7 @@ fn config_env_and_overrides_layer_over_the_file() {
     assert_eq!(c.listen, "127.0.0.1:9000");
     assert_eq!(c.limits.max_connections, 6);
     assert_eq!(c.limits.max_subscriptions, 7);
+    assert_eq!((c.auth.revocation_keep_s, c.auth.jwks_refresh_s), (Some(7200), Some(60)), "auth numbers");
     assert_eq!(c.namespace("pt").history_size, 3);
     assert!(c.namespace("pt").conflate, "a built-in namespace keeps what it is not told");
     assert_eq!(c.namespace("pt").history_ttl_s, 0);

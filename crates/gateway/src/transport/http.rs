@@ -48,12 +48,9 @@ fn header_str(h: &HeaderMap, name: impl header::AsHeaderName) -> Option<&str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// An error response with the SPEC body; 429 carries `Retry-After: 1`.
+/// An error response with the SPEC body ([`ApiError`]'s: a 429 carries `Retry-After`).
 pub fn error(code: u16, message: impl Into<String>) -> Response {
     let mut r = ApiError::new(code, message).into_response();
-    if code == code::LIMIT {
-        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
     if code == code::UNAUTHORIZED {
         r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"switchboard\""));
     }
