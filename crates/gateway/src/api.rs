@@ -232,7 +232,9 @@ async fn channel(
             return Err(ApiError::new(404, "unknown channel"));
         }
         let reply = crate::trend::read(&node, ch, q.window_s.unwrap_or(3600), q.step_s, q.until_ms).await?;
-        return Ok(Json(reply).into_response());
+        // Within the budget of one reply, as a subscribe's trend (413 past it).
+        let body = crate::trend::json_within(&reply, node.config.limits.reply_budget())?;
+        return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
     }
     if let Some(ch) = rest.strip_suffix("/history") {
         validate_channel(ch).map_err(|e| ApiError::new(400, e.to_string()))?;
