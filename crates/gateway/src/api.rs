@@ -1,8 +1,9 @@
-//! The HTTP API (SPEC §4) and the route table, including `/ws`, `/sse` and `/poll`.
+//! The HTTP API (SPEC §4) and the route table, including `/ws`, `/sse` and `/poll`. Query
+//! strings are read with [`query::Query`] (a malformed one is the usual JSON 400).
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -18,8 +19,10 @@ use crate::node::{ApiError, Node, Target};
 
 mod bodies;
 mod control;
+pub mod query;
 mod writes;
 use bodies::{HistoryQuery, ListQuery, PublishBody};
+use query::Query;
 
 /// The caller attached by the authentication middleware (`auth::http::guard`).
 type CallerExt = Option<axum::Extension<Caller>>;

@@ -26,7 +26,8 @@
 //!   command bodies in `transport::poll_wire`, their state in `transport::poll_store`, taken
 //!   over from it in `transport::poll_takeover`, streamed as events by
 //!   `transport::session_stream`), which take their messages from the outbox.
-//! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`).
+//! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`;
+//!   `api::query`: query strings, a malformed one answered with the JSON 400).
 //! - [`auth`]: authentication (JWT from files and a JWKS URL, Basic, API keys), revoked
 //!   tokens, namespace permissions, `Origin` checks and per-address / per-key abuse limits.
 //! - [`proxy`]: the application's hooks (`[proxy]`): connect, subscribe and publish, over a
