@@ -37,6 +37,8 @@
 //! - [`dashboards`]: saved dashboards (`/api/dashboards`, files in the data directory) and the
 //!   built web app served at `/`.
 //! - [`metrics`]: counters and the delivery-lag histogram, rendered for Prometheus.
+//! - [`log_limit`]: warnings clients can cause in bulk, written once per kind per interval
+//!   with a count of those left out.
 //! - [`simulate`]: the built-in point simulator (`--simulate N@HZ`).
 //! - [`sources`]: plant data sources (`[[sources]]`: MQTT, OPC UA) started under their
 //!   leases and publishing through the node; write-back of publishes to `write_source`
@@ -54,6 +56,7 @@ pub mod control;
 pub mod dashboards;
 pub mod error;
 pub mod hub;
+pub mod log_limit;
 pub mod metrics;
 pub mod node;
 pub mod outbox;
