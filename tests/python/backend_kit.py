@@ -104,6 +104,25 @@ class _HookHandler(BaseHTTPRequestHandler):
         with backend.lock:
             backend.calls.append((hook, req))
             backend.connections.add(self.client_address)
+            backend.in_flight += 1
+            backend.max_in_flight = max(backend.max_in_flight, backend.in_flight)
+        try:
+            body, status = self._verdict(backend, hook, req)
+        finally:
+            # Counted out before the answer is written: the gateway cannot have read it (and
+            # sent its next call) while this call is still counted.
+            with backend.lock:
+                backend.in_flight -= 1
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            pass  # the gateway gave up on a slow answer and closed the connection
+
+    def _verdict(self, backend, hook, req) -> tuple[bytes, int]:
         answer = backend.answers.get(hook, {"result": {}})
         if callable(answer):
             answer = answer(req)
@@ -119,20 +138,14 @@ class _HookHandler(BaseHTTPRequestHandler):
             body = b'{"ok": true}'
         else:
             body = json.dumps(answer).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        except OSError:
-            pass  # the gateway gave up on a slow answer and closed the connection
+        return body, status
 
 
 class HookBackend(_Base):
     """Answers POST /connect, /subscribe and /publish with `answers[hook]`: a JSON object, a
     function of the request returning one, or "slow" / "garbage" / "5xx" / "no-verdict".
-    Records every call and the client connections it came over."""
+    Records every call, the client connections it came over, and the most calls it was
+    answering at once (`max_in_flight`)."""
 
     def __init__(self):
         self.answers: dict = {}
@@ -140,6 +153,8 @@ class HookBackend(_Base):
         self.connections: set = set()
         self.lock = threading.Lock()
         self.slow_s = 3.0
+        self.in_flight = 0
+        self.max_in_flight = 0
         super().__init__(_HookHandler)
 
     def calls_of(self, hook: str) -> list:

@@ -1,8 +1,9 @@
-//! The HTTP API (SPEC §4) and the route table, including `/ws`, `/sse` and `/poll`.
+//! The HTTP API (SPEC §4) and the route table, including `/ws`, `/sse` and `/poll`. Query
+//! strings are read with [`query::Query`] (a malformed one is the usual JSON 400).
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -18,8 +19,10 @@ use crate::node::{ApiError, Node, Target};
 
 mod bodies;
 mod control;
+pub mod query;
 mod writes;
 use bodies::{HistoryQuery, ListQuery, PublishBody};
+use query::Query;
 
 /// The caller attached by the authentication middleware (`auth::http::guard`).
 type CallerExt = Option<axum::Extension<Caller>>;
@@ -238,7 +241,9 @@ async fn channel(
             return Err(ApiError::new(404, "unknown channel"));
         }
         let reply = crate::trend::read(&node, ch, q.window_s.unwrap_or(3600), q.step_s, q.until_ms).await?;
-        return Ok(Json(reply).into_response());
+        // Within the budget of one reply, as a subscribe's trend (413 past it).
+        let body = crate::trend::json_within(&reply, node.config.limits.reply_budget())?;
+        return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
     }
     if let Some(ch) = rest.strip_suffix("/history") {
         validate_channel(ch).map_err(|e| ApiError::new(400, e.to_string()))?;

@@ -585,6 +585,15 @@ static BUILT_IN_NAMESPACE_KEYS: std::sync::LazyLock<Vec<(&str, &str, toml::Value
 });
 
 impl Limits {
+    /// The bytes of data one reply may carry — a subscribe's `last`, `recovered` and `trend`, a
+    /// `history` page, the body of `GET …/trend` — on every transport: half of
+    /// `max_pending_bytes` (docs/protocol.md, "Reply bound"). The other half stays for what a
+    /// connection queues while its reply is built (a reply that pushes a non-empty queue past
+    /// the bound closes the connection with 4008).
+    pub fn reply_budget(&self) -> usize {
+        self.max_pending_bytes / 2
+    }
+
     /// The limits authentication enforces.
     pub fn auth(&self) -> crate::auth::AuthLimits {
         crate::auth::AuthLimits {

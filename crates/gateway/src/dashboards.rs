@@ -39,6 +39,7 @@ use switchboard_protocol::code;
 use crate::auth::http::Caller;
 use crate::auth::{Auth, DashboardAccess, Method};
 use crate::config::Config;
+use crate::log_limit::LogLimit;
 use crate::node::ApiError;
 
 /// Largest accepted dashboard body (10,000 widgets with options fit comfortably).
@@ -176,7 +177,11 @@ fn bad(message: impl Into<String>) -> ApiError {
 }
 
 fn internal(what: &str, e: std::io::Error) -> ApiError {
-    tracing::warn!(error = %e, what, "dashboard store");
+    // Every request meets a failing store: one line per interval for all of them.
+    static STORE_FAILED: LogLimit = LogLimit::new();
+    if let Some(suppressed) = STORE_FAILED.admit() {
+        tracing::warn!(error = %e, what, suppressed, "dashboard store");
+    }
     ApiError::new(code::INTERNAL, format!("{what}: {e}"))
 }
 

@@ -26,7 +26,8 @@
 //!   command bodies in `transport::poll_wire`, their state in `transport::poll_store`, taken
 //!   over from it in `transport::poll_takeover`, streamed as events by
 //!   `transport::session_stream`), which take their messages from the outbox.
-//! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`).
+//! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`;
+//!   `api::query`: query strings, a malformed one answered with the JSON 400).
 //! - [`auth`]: authentication (JWT from files and a JWKS URL, Basic, API keys), revoked
 //!   tokens, namespace permissions, `Origin` checks and per-address / per-key abuse limits.
 //! - [`proxy`]: the application's hooks (`[proxy]`): connect, subscribe and publish, over a
@@ -36,6 +37,8 @@
 //! - [`dashboards`]: saved dashboards (`/api/dashboards`, files in the data directory) and the
 //!   built web app served at `/`.
 //! - [`metrics`]: counters and the delivery-lag histogram, rendered for Prometheus.
+//! - [`log_limit`]: warnings clients can cause in bulk, written once per kind per interval
+//!   with a count of those left out.
 //! - [`simulate`]: the built-in point simulator (`--simulate N@HZ`).
 //! - [`sources`]: plant data sources (`[[sources]]`: MQTT, OPC UA) started under their
 //!   leases and publishing through the node; write-back of publishes to `write_source`
@@ -53,6 +56,7 @@ pub mod control;
 pub mod dashboards;
 pub mod error;
 pub mod hub;
+pub mod log_limit;
 pub mod metrics;
 pub mod node;
 pub mod outbox;

@@ -9,6 +9,14 @@
 //! has neither `result` nor `error`). This module owns those rules; sessions and transports
 //! only act on its verdicts.
 //!
+//! The node's calls in flight to the backend, over all hooks and clients, are capped
+//! (`proxy.max_in_flight`); a call waits for a slot within the hook's deadline
+//! (`proxy.timeout_ms`, which covers the wait and the call), and one that gets none in time
+//! fails as a timed-out hook (503 / 4503). What a failure tells the client is generic ("the
+//! application's backend is unavailable (connect hook)"); why it failed — a refused
+//! connection, a DNS failure, an HTTP status — goes to the log, at most one line per hook per
+//! `log_limit::INTERVAL`.
+//!
 //! # Layout
 //! - [`client`]: the pooled keep-alive HTTP client (also used for JWKS fetches).
 //! - [`metrics`]: calls, errors and latency per hook, for `/metrics`.
@@ -23,10 +31,12 @@ use hyper::Uri;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use switchboard_protocol::code::{self, close};
+use tokio::sync::Semaphore;
 
 use self::client::{CallError, HttpClient};
 use self::metrics::HookMetrics;
 use crate::error::{ApiError, ConfigError};
+use crate::log_limit::LogLimit;
 
 /// `[proxy]` in the configuration file.
 #[derive(Debug, Clone, Deserialize)]
@@ -42,7 +52,15 @@ pub struct ProxyConfig {
     pub timeout_ms: u64,
     /// Request headers passed to the connect hook (case-insensitive; sent lower-cased).
     pub headers: crate::auth::StringList,
+    /// Hook calls of the whole node in flight at once; more wait for a slot within
+    /// `timeout_ms`.
+    pub max_in_flight: usize,
 }
+
+/// Default of `proxy.max_in_flight`: the keep-alive connections the pool keeps per host.
+pub const MAX_IN_FLIGHT: usize = 256;
+/// Ceiling of `proxy.max_in_flight`.
+const MAX_IN_FLIGHT_CEILING: usize = 65_536;
 
 impl Default for ProxyConfig {
     fn default() -> ProxyConfig {
@@ -52,6 +70,7 @@ impl Default for ProxyConfig {
             publish_url: None,
             timeout_ms: 1000,
             headers: Default::default(),
+            max_in_flight: MAX_IN_FLIGHT,
         }
     }
 }
@@ -60,13 +79,23 @@ impl Default for ProxyConfig {
 struct Hook {
     url: Uri,
     metrics: HookMetrics,
+    /// This hook's failure warnings.
+    warnings: LogLimit,
+}
+
+/// How the node reaches its backend: the pooled client and the node-wide call slots.
+struct Backend {
+    http: HttpClient,
+    /// `proxy.max_in_flight` permits; a call holds one from its request to its answer.
+    slots: Semaphore,
+    max_in_flight: usize,
 }
 
 /// The node's hooks, built from `[proxy]`. `Default`: none.
 #[derive(Default)]
 pub struct Hooks {
     /// Present when any hook is configured.
-    client: Option<HttpClient>,
+    backend: Option<Backend>,
     timeout: Duration,
     headers: Vec<String>,
     connect: Option<Hook>,
@@ -180,7 +209,7 @@ impl Hooks {
             url.as_deref()
                 .map(|u| {
                     client::parse_url(u)
-                        .map(|url| Hook { url, metrics: HookMetrics::default() })
+                        .map(|url| Hook { url, metrics: HookMetrics::default(), warnings: LogLimit::new() })
                         .map_err(|e| ConfigError(format!("proxy.{key}: {e}")))
                 })
                 .transpose()
@@ -188,9 +217,20 @@ impl Hooks {
         if c.timeout_ms == 0 || c.timeout_ms > 60_000 {
             return Err(ConfigError(format!("proxy.timeout_ms: {} is not within 1..=60000", c.timeout_ms)));
         }
+        if !(1..=MAX_IN_FLIGHT_CEILING).contains(&c.max_in_flight) {
+            return Err(ConfigError(format!(
+                "proxy.max_in_flight: {} is not within 1..={MAX_IN_FLIGHT_CEILING}",
+                c.max_in_flight
+            )));
+        }
         let any = c.connect_url.is_some() || c.subscribe_url.is_some() || c.publish_url.is_some();
+        let backend = any.then(|| Backend {
+            http: HttpClient::new(),
+            slots: Semaphore::new(c.max_in_flight),
+            max_in_flight: c.max_in_flight,
+        });
         Ok(Hooks {
-            client: if any { Some(HttpClient::new()) } else { None },
+            backend,
             timeout: Duration::from_millis(c.timeout_ms),
             headers: c.headers.0.iter().map(|h| h.trim().to_ascii_lowercase()).collect(),
             connect: hook("connect_url", &c.connect_url)?,
@@ -262,7 +302,9 @@ impl Hooks {
 
     fn bad_answer(&self, hook: &Hook, name: &str, why: &str) -> Refused {
         hook.metrics.error();
-        tracing::warn!(hook = name, "bad answer from the application's backend: {why}");
+        if let Some(suppressed) = hook.warnings.admit() {
+            tracing::warn!(hook = name, suppressed, "bad answer from the application's backend: {why}");
+        }
         Refused {
             close: close::HOOK_FAILED,
             status: code::BAD_GATEWAY,
@@ -300,8 +342,11 @@ impl Hooks {
         match self.ask(hook, &ChannelCall { client, user, channel, data: Some(data) }).await {
             Verdict::Result(raw) => match serde_json::from_str::<PublishResult>(raw.get()) {
                 Ok(r) => Ok(r.data),
-                Err(_) => {
+                Err(e) => {
                     hook.metrics.error();
+                    if let Some(suppressed) = hook.warnings.admit() {
+                        tracing::warn!(hook = "publish", suppressed, "bad answer from the application's backend: {e}");
+                    }
                     Err(ApiError::new(
                         code::BAD_GATEWAY,
                         "the application's backend gave a bad answer to the publish hook",
@@ -313,49 +358,69 @@ impl Hooks {
         }
     }
 
-    /// One call: POST, wait within the deadline, read the verdict; counted and timed.
+    /// One call: a slot, the POST, the verdict, all within the hook's deadline; counted and
+    /// timed. A failure's reason for the client is generic; its cause is logged.
     async fn ask(&self, hook: &Hook, body: &impl Serialize) -> Verdict {
         let name = self.name_of(hook);
+        let Some(backend) = &self.backend else {
+            return Verdict::Failed(
+                code::UNAVAILABLE,
+                format!("the application's backend is unavailable ({name} hook)"),
+            );
+        };
         let body = match serde_json::to_vec(body) {
             Ok(b) => b,
-            Err(e) => return Verdict::Failed(code::BAD_GATEWAY, format!("the {name} hook's request: {e}")),
-        };
-        let Some(client) = &self.client else {
-            return Verdict::Failed(code::UNAVAILABLE, format!("the {name} hook has no client"));
+            Err(e) => return self.failed(hook, name, code::BAD_GATEWAY, format_args!("its request: {e}")),
         };
         let started = Instant::now();
-        let answer = client.post_json(&hook.url, body, self.timeout).await;
-        hook.metrics.observe(started.elapsed());
-        let verdict = match answer {
+        // The wait for a slot counts against the deadline: a client never waits longer than
+        // `timeout_ms` for a verdict, however many calls are queued before it.
+        let Ok(Ok(_slot)) = tokio::time::timeout(self.timeout, backend.slots.acquire()).await else {
+            hook.metrics.busy();
+            let (ms, n) = (self.timeout.as_millis(), backend.max_in_flight);
+            return self.failed(
+                hook,
+                name,
+                code::UNAVAILABLE,
+                format_args!("no call slot within {ms} ms: proxy.max_in_flight ({n}) calls in flight"),
+            );
+        };
+        let called = Instant::now();
+        let left = self.timeout.saturating_sub(called - started);
+        let answer = backend.http.post_json(&hook.url, body, left).await;
+        hook.metrics.observe(called.elapsed());
+        match answer {
             Err(e) => {
                 let status = match e {
                     CallError::Status(s) if !(500..=599).contains(&s) => code::BAD_GATEWAY,
                     CallError::Body => code::BAD_GATEWAY,
                     _ => code::UNAVAILABLE,
                 };
-                tracing::warn!(hook = name, "the application's backend failed: {e}");
-                let what = if status == code::UNAVAILABLE { "is unavailable" } else { "gave a bad answer" };
-                Verdict::Failed(status, format!("the application's backend {what} ({name} hook: {e})"))
+                self.failed(hook, name, status, format_args!("{e}"))
             }
             Ok(bytes) => match serde_json::from_slice::<Answer>(&bytes) {
                 Ok(Answer { error: Some(e), .. }) => Verdict::Refused(e.code, one_line(&e.message)),
                 Ok(Answer { result: Some(r), .. }) if r.get().trim_start().starts_with('{') => Verdict::Result(r),
-                Ok(_) | Err(_) => {
-                    tracing::warn!(
-                        hook = name,
-                        "the application's backend answered neither a result object nor an error"
-                    );
-                    Verdict::Failed(
-                        code::BAD_GATEWAY,
-                        format!("the application's backend gave a bad answer ({name} hook)"),
-                    )
-                }
+                Ok(_) | Err(_) => self.failed(
+                    hook,
+                    name,
+                    code::BAD_GATEWAY,
+                    format_args!("it answered neither a result object nor an error"),
+                ),
             },
-        };
-        if let Verdict::Failed(..) = verdict {
-            hook.metrics.error();
         }
-        verdict
+    }
+
+    /// A call without a usable answer: counted, its cause logged (within the hook's log
+    /// limit), and a generic reason for the client — causes such as a refused connection or a
+    /// DNS failure describe the node's network, not the client's request.
+    fn failed(&self, hook: &Hook, name: &str, status: u16, cause: std::fmt::Arguments<'_>) -> Verdict {
+        hook.metrics.error();
+        if let Some(suppressed) = hook.warnings.admit() {
+            tracing::warn!(hook = name, suppressed, "the application's backend failed: {cause}");
+        }
+        let what = if status == code::UNAVAILABLE { "is unavailable" } else { "gave a bad answer" };
+        Verdict::Failed(status, format!("the application's backend {what} ({name} hook)"))
     }
 
     fn name_of(&self, hook: &Hook) -> &'static str {
@@ -431,5 +496,35 @@ mod tests {
         assert!(Hooks::build(&c).err().unwrap().0.contains("proxy.connect_url"));
         let c = ProxyConfig { timeout_ms: 0, ..ProxyConfig::default() };
         assert!(Hooks::build(&c).err().unwrap().0.contains("proxy.timeout_ms"));
+        let c = ProxyConfig { max_in_flight: 0, ..ProxyConfig::default() };
+        assert!(Hooks::build(&c).err().unwrap().0.contains("proxy.max_in_flight"));
+    }
+
+    #[tokio::test]
+    async fn proxy_failures_tell_the_client_a_generic_reason_and_calls_wait_for_a_slot() {
+        // A port nobody listens on: the call fails with the node's own socket error.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let c = ProxyConfig {
+            connect_url: Some(format!("http://127.0.0.1:{port}/connect")),
+            timeout_ms: 300,
+            max_in_flight: 1,
+            ..ProxyConfig::default()
+        };
+        let hooks = Hooks::build(&c).unwrap();
+        let headers = BTreeMap::new();
+        let call =
+            ConnectCall { client: "c1", transport: "websocket", encoding: "json", headers: &headers, data: None };
+        let refused = hooks.connect(&call).await.unwrap_err();
+        assert_eq!((refused.close, refused.status), (close::HOOK_UNAVAILABLE, code::UNAVAILABLE));
+        assert_eq!(refused.reason, "the application's backend is unavailable (connect hook)");
+        // The only slot taken: the next call waits out its deadline and fails unsent, as a
+        // timed-out hook.
+        let backend = hooks.backend.as_ref().unwrap();
+        let held = backend.slots.acquire().await.unwrap();
+        let refused = hooks.connect(&call).await.unwrap_err();
+        assert_eq!((refused.close, refused.status), (close::HOOK_UNAVAILABLE, code::UNAVAILABLE));
+        assert!(hooks.render().contains("switchboard_hook_busy_total{hook=\"connect\"} 1"), "{}", hooks.render());
+        drop(held);
+        assert_eq!(backend.slots.available_permits(), 1);
     }
 }

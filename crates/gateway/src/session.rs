@@ -44,7 +44,7 @@ use crate::auth::limits::Bucket;
 use crate::auth::{Action, Auth, AuthFailure, Identity, Method};
 use crate::node::{ApiError, Node, Target};
 use crate::outbox::{Outbox, Pushed};
-use reply::{pub_of, reply_budget};
+use reply::pub_of;
 
 /// Why a connection must close (sent as `disconnect` + close frame).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -466,7 +466,7 @@ impl Session {
         // Read in pages from `since` (without it, from where the newest `limit` begin), each
         // publication counted into the reply as it is added: past the reply budget the reply
         // ends early with `more`, and the client reads on from its last publication.
-        let budget = reply_budget(self.node.config.limits.max_pending_bytes);
+        let budget = self.node.config.limits.reply_budget();
         let asked_since = since.is_some();
         let newest =
             |head: &Position| Position { epoch: head.epoch.clone(), offset: head.offset.saturating_sub(limit as u64) };

@@ -3,6 +3,10 @@
 //! from the finest of the namespace's tiers that reaches back over the window, at its step,
 //! and merged into wider ones when a coarser step is asked for. Every reply names the tiers the
 //! namespace keeps, so a client knows which windows it can offer and where finer buckets are.
+//!
+//! A trend reply is bounded by the budget of one reply (`config::Limits::reply_budget`) on
+//! every path: a subscribe counts it into its reply (`session::reply`), `GET …/trend` writes its
+//! body within the budget ([`json_within`]); past it both answer the same 413 ([`too_large`]).
 
 use serde::Serialize;
 use switchboard_broker::{now_ms, TrendBucket};
@@ -82,4 +86,84 @@ pub async fn read(
     let tiers =
         tiers.iter().map(|t| TierInfo { step_s: (t.step_ms / 1000).max(1), window_s: t.reach_ms() / 1000 }).collect();
     Ok(TrendReply { step_s, buckets, tiers })
+}
+
+/// The 413 of a trend larger than a reply carries (`limit` bytes, the budget of one reply):
+/// the same answer over HTTP and in a subscribe's result.
+pub fn too_large(t: &TrendReply, limit: usize) -> ApiError {
+    ApiError::new(
+        code::TOO_LARGE,
+        format!(
+            "trend: {} buckets of {} s are more than a reply carries ({limit} bytes, half of \
+             limits.max_pending_bytes); ask a coarser step_s or a shorter window_s",
+            t.buckets.len(),
+            t.step_s
+        ),
+    )
+}
+
+/// `reply` as the JSON body of `GET …/trend`, or its 413 ([`too_large`]) when the body takes
+/// more than `limit` bytes. The body is written into a buffer that never holds more than
+/// `limit` bytes: a reply past the bound is abandoned there, and an accepted one is kept at its
+/// size, so a client that does not read what it asked for holds at most `limit` bytes of the
+/// node's memory.
+pub fn json_within(reply: &TrendReply, limit: usize) -> Result<Vec<u8>, ApiError> {
+    /// A writer that refuses to grow past `limit` bytes.
+    struct Capped {
+        out: Vec<u8>,
+        limit: usize,
+    }
+    impl std::io::Write for Capped {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.out.len() + buf.len() > self.limit {
+                return Err(std::io::Error::other("past the reply budget"));
+            }
+            self.out.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut w = Capped { out: Vec::new(), limit };
+    // The reply is plain numbers and strings, so the writer's refusal is the only error.
+    match serde_json::to_writer(&mut w, reply) {
+        Ok(()) => {
+            // Growth by doubling may have reserved up to twice the body: kept at its size.
+            w.out.shrink_to_fit();
+            Ok(w.out)
+        }
+        Err(_) => Err(too_large(reply, limit)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(buckets: usize) -> TrendReply {
+        let b = |i: usize| TrendBucket::new(1_700_000_000_000 + 1000 * i as u64, i as f64);
+        TrendReply { step_s: 1, buckets: (0..buckets).map(b).collect(), tiers: Vec::new() }
+    }
+
+    #[test]
+    fn trend_http_body_within_the_budget_is_the_whole_reply() {
+        let r = reply(100);
+        let body = json_within(&r, 64 * 1024).unwrap();
+        assert_eq!(body, serde_json::to_vec(&r).unwrap());
+        assert_eq!(body.capacity(), body.len());
+    }
+
+    #[test]
+    fn trend_http_body_past_the_budget_is_413_naming_the_bound() {
+        let r = reply(100_000);
+        let e = json_within(&r, 512 * 1024).unwrap_err();
+        assert_eq!(e.code, code::TOO_LARGE);
+        assert!(e.message.contains("524288 bytes") && e.message.contains("100000 buckets"), "{}", e.message);
+        // Exactly at the bound passes; one byte less does not.
+        let small = reply(3);
+        let n = serde_json::to_vec(&small).unwrap().len();
+        assert!(json_within(&small, n).is_ok());
+        assert_eq!(json_within(&small, n - 1).unwrap_err().code, code::TOO_LARGE);
+    }
 }

@@ -5,12 +5,13 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use switchboard_protocol::code;
 
+use super::query::Query;
 use super::{who, CallerExt};
 use crate::auth::Method;
 use crate::node::{ApiError, Node};

@@ -11,6 +11,7 @@ const BOUNDS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 #[derive(Default)]
 pub struct HookMetrics {
     errors: AtomicU64,
+    busy: AtomicU64,
     buckets: [AtomicU64; BOUNDS.len() + 1],
     sum_us: AtomicU64,
 }
@@ -28,10 +29,16 @@ impl HookMetrics {
     pub fn error(&self) {
         self.errors.fetch_add(1, Relaxed);
     }
+
+    /// Counts a call that got no slot within its deadline (`proxy.max_in_flight` calls were
+    /// in flight); it is an error too, but was never sent.
+    pub fn busy(&self) {
+        self.busy.fetch_add(1, Relaxed);
+    }
 }
 
-/// `switchboard_hook_calls_total`, `switchboard_hook_errors_total` and
-/// `switchboard_hook_duration_seconds` labelled by hook.
+/// `switchboard_hook_calls_total`, `switchboard_hook_errors_total`,
+/// `switchboard_hook_busy_total` and `switchboard_hook_duration_seconds` labelled by hook.
 pub fn render(hooks: &[(&str, &HookMetrics)]) -> String {
     let mut out = String::new();
     if hooks.is_empty() {
@@ -49,6 +56,13 @@ pub fn render(hooks: &[(&str, &HookMetrics)]) -> String {
     );
     for (name, m) in hooks {
         let _ = writeln!(out, "switchboard_hook_errors_total{{hook=\"{name}\"}} {}", m.errors.load(Relaxed));
+    }
+    let _ = writeln!(
+        out,
+        "# HELP switchboard_hook_busy_total Hook calls refused unsent: no slot of proxy.max_in_flight within the timeout.\n# TYPE switchboard_hook_busy_total counter"
+    );
+    for (name, m) in hooks {
+        let _ = writeln!(out, "switchboard_hook_busy_total{{hook=\"{name}\"}} {}", m.busy.load(Relaxed));
     }
     let metric = "switchboard_hook_duration_seconds";
     let _ = writeln!(

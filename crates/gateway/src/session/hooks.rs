@@ -14,7 +14,8 @@ use crate::node::ApiError;
 use crate::proxy::Refused;
 
 /// Subscribe hook calls of one subscribe in flight at once: a subscribe of many channels must
-/// not open a connection to the backend per channel.
+/// not open a connection to the backend per channel. The whole node's calls are capped too
+/// (`proxy.max_in_flight`, in `crate::proxy`).
 const HOOK_CONCURRENCY: usize = 32;
 
 /// What the connect hook is told about a connection that is waiting for it.

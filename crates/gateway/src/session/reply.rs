@@ -1,7 +1,7 @@
 //! How a session's replies are written: the subscribe reply with every channel's result in
 //! request order, and publications as `{ch, off, data}`; and how large they may grow: the
-//! publications and trends of one reply are counted as they are added, within a budget of
-//! half the connection's `limits.max_pending_bytes` ([`ReplyBudget`], [`reply_budget`]).
+//! publications and trends of one reply are counted as they are added, within the budget of one
+//! reply (`config::Limits::reply_budget`, [`ReplyBudget`]).
 
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
@@ -117,13 +117,6 @@ pub(super) fn encoded_len<T: Serialize>(format: Format, msg: &T) -> usize {
 /// keys): an upper estimate, in bytes.
 const ENTRY_BYTES: usize = 96;
 
-/// The share of `limits.max_pending_bytes` one reply may carry: the other half stays for what
-/// the connection queues while the reply is built (a reply that pushes a non-empty queue past
-/// the bound closes the connection with 4008).
-pub(crate) fn reply_budget(max_pending_bytes: usize) -> usize {
-    max_pending_bytes / 2
-}
-
 /// The byte budget of one subscribe reply (docs/protocol.md, "Reply bound"). Channels are
 /// counted in request order as their results arrive: the last value, the recovered
 /// publications and the trend of each. A channel whose data no longer fits gets 413 (and so does
@@ -191,16 +184,7 @@ impl ReplyBudget {
             }
             // The first channel of the reply: refused only for a trend that alone is too large.
             if let Some(t) = trend.as_ref().filter(|_| trend_len > room) {
-                return Err(ApiError::new(
-                    code::TOO_LARGE,
-                    format!(
-                        "trend: {} buckets of {} s take {trend_len} bytes, more than a reply carries ({} bytes); \
-                         ask a coarser step_s or a shorter window_s",
-                        t.buckets.len(),
-                        t.step_s,
-                        self.limit
-                    ),
-                ));
+                return Err(crate::trend::too_large(t, self.limit));
             }
             // Recovered publications beyond what fits: the newest are kept (the live stream
             // continues from them) and the reply says the recovery is incomplete.

@@ -14,7 +14,7 @@ use switchboard_protocol::command::SubscribeRequest;
 use switchboard_protocol::message::{encode_error, encode_ok, encode_subscribed, ErrorBody};
 use switchboard_protocol::{namespace_of, validate_channel};
 
-use super::reply::{asked, failed_code, reply_budget, Outcome, ReplyBudget, SubscribeReply};
+use super::reply::{asked, failed_code, Outcome, ReplyBudget, SubscribeReply};
 use super::Session;
 use crate::auth::Action;
 use crate::node::{ApiError, Node};
@@ -109,7 +109,7 @@ impl Session {
             Err(e) => return self.err(id, e),
         };
         let mut hook_refusals = if server { HashMap::new() } else { self.subscribe_hook_refusals(&req.channels).await };
-        let mut budget = ReplyBudget::new(self.outbox.format, reply_budget(limits.max_pending_bytes));
+        let mut budget = ReplyBudget::new(self.outbox.format, limits.reply_budget());
         let concurrency = if req.trend.is_some() { TREND_CONCURRENCY } else { SUBSCRIBE_CONCURRENCY };
         self.outbox.hold();
         let mut results: Vec<(String, Outcome)> = Vec::with_capacity(req.channels.len());

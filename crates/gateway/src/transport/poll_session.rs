@@ -28,6 +28,7 @@ use switchboard_protocol::{namespace_of, Format};
 
 use crate::auth::limits::IpGuard;
 use crate::auth::Identity;
+use crate::log_limit::LogLimit;
 use crate::node::Node;
 use crate::outbox::{Kind, Message, Outbox, PullOptions};
 use crate::session::Session;
@@ -246,8 +247,12 @@ impl Polls {
             }
             Err(e) => {
                 // The live copy goes on; a move in the meantime would start from the last
-                // record written.
-                tracing::warn!(error = %e, "poll session record not written");
+                // record written. Every session's polls meet the same store failure: one line
+                // per interval for all of them.
+                static RECORD_FAILED: LogLimit = LogLimit::new();
+                if let Some(suppressed) = RECORD_FAILED.admit() {
+                    tracing::warn!(error = %e, suppressed, "poll session record not written");
+                }
                 true
             }
         }
