@@ -3,7 +3,8 @@ paho-mqtt as the device: a write passes the publish checks before the source see
 over `limits.max_publication_bytes` is 413 and never reaches the MQTT broker, and the source
 stays connected), and every attempt — by an API key or a token user, accepted, too large,
 forbidden, to a dead source — is audited: `GET /api/writes` (newest first, API keys only),
-the `switchboard::writes` log line and `switchboard_source_write_attempts_total`.
+the `switchboard::writes` log line and `switchboard_source_write_attempts_total`. The audit's
+`by` says the kind of caller (`user:`, `key:`), so a name one kind chose cannot pass for another's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sb
 from mqtt_kit import Mosquitto, Publisher, free_port
 from mqtt_kit import mosquitto  # noqa: F401 (the module's mosquitto, a fixture)
 from sb import WS, http, uniq
+from test_auth import basic
 
 SECRET = "write-audit-secret-5a4b3c2d1e0f-00112233445566778899"
 API_KEY = "write-audit-api-key-0f1e2d3c4b5a6978"
@@ -177,11 +179,11 @@ def test_write_audit_checks_and_lists_every_attempt(start_server, tmp_path, mosq
     # Sizes as sent: the HTTP client's JSON has spaces, the WebSocket client's none.
     http_big, ws_big = len(json.dumps(big)), len(json.dumps(big, separators=(",", ":")))
     assert got == [
-        ("ben", "token", sp, "plant-set", "forbidden", 403),
-        ("api-key-0", "api_key", f"dead:dead.{u}.x", "dead", "unavailable", 503),
-        ("ana", "token", sp, "plant-set", "too_large", 413),
-        ("api-key-0", "api_key", sp, "plant-set", "too_large", 413),
-        ("ana", "token", sp, "plant-set", "written", 200),
+        ("user:ben", "token", sp, "plant-set", "forbidden", 403),
+        ("key:api-key-0", "api_key", f"dead:dead.{u}.x", "dead", "unavailable", 503),
+        ("user:ana", "token", sp, "plant-set", "too_large", 413),
+        ("key:api-key-0", "api_key", sp, "plant-set", "too_large", 413),
+        ("user:ana", "token", sp, "plant-set", "written", 200),
     ], got
     writes = body["writes"]
     assert [w["bytes"] for w in writes] == [1, 1, ws_big, http_big, len('{"v":42}')], writes
@@ -203,7 +205,7 @@ def test_write_audit_checks_and_lists_every_attempt(start_server, tmp_path, mosq
     log = srv.stderr_tail(200_000)
     lines = [line for line in log.splitlines() if "switchboard::writes" in line]
     assert len(lines) == 5, lines
-    assert 'by="ana"' in lines[0] and 'outcome="written"' in lines[0] and "INFO" in lines[0], lines[0]
+    assert 'by="user:ana"' in lines[0] and 'outcome="written"' in lines[0] and "INFO" in lines[0], lines[0]
     assert "xxxx" not in log
 
 
@@ -217,7 +219,7 @@ def test_write_audit_lines_quote_the_names_clients_choose(start_server, tmp_path
              headers={"Authorization": f"Bearer {token(forged, ['dead:**'])}"})
     assert r.status == 503, r.body
     writes = http("GET", srv.http_url + "/api/writes", headers={"Authorization": f"Bearer {API_KEY}"}).json()["writes"]
-    assert [(w["by"], w["auth"], w["outcome"]) for w in writes] == [(forged, "token", "unavailable")], writes
+    assert [(w["by"], w["auth"], w["outcome"]) for w in writes] == [("user:" + forged, "token", "unavailable")], writes
     log = srv.stderr_tail(200_000)
     assert "\u2028" not in log, "the caller's line separator reached the log"
     [line] = [line for line in log.splitlines() if "switchboard::writes" in line]
@@ -227,5 +229,30 @@ def test_write_audit_lines_quote_the_names_clients_choose(start_server, tmp_path
     assert len(keys) == len(set(keys)), line
     got = dict(fields)
     assert (got["auth"], got["outcome"], got["code"]) == ('"token"', '"unavailable"', "503"), line
-    assert json.loads(got["by"].replace("\\u{2028}", "\\u2028")) == forged, line
+    assert json.loads(got["by"].replace("\\u{2028}", "\\u2028")) == "user:" + forged, line
 
+
+
+def test_write_audit_by_says_the_kind_of_caller(start_server, switchboard_bin, tmp_path, mosquitto):
+    """A token whose `sub` is `api-key-0` and a users-file user of that name are users
+    (`user:api-key-0`), never the node's first API key (`key:api-key-0`), in the ring and the log."""
+    users, password = tmp_path / "users", "audit-user-password-7f6e5d"
+    sb.add_user(switchboard_bin, users, "api-key-0", password)
+    srv = start_server("--config", config(tmp_path, mosquitto), "--jwt-secret", SECRET, "--api-key", API_KEY,
+                       "--users", str(users))
+    callers = [
+        {"Authorization": f"Bearer {token('api-key-0', ['dead:**'])}"},
+        basic("api-key-0", password),
+        {"Authorization": f"Bearer {API_KEY}"},
+    ]
+    for headers in callers:
+        r = http("POST", srv.http_url + "/api/publish", {"channel": f"dead:dead.{uniq()}.x", "data": 1},
+                 headers=headers)
+        assert r.status == 503, r.body
+    writes = http("GET", srv.http_url + "/api/writes", headers=callers[2]).json()["writes"]
+    assert [(w["by"], w["auth"]) for w in writes] == [
+        ("key:api-key-0", "api_key"), ("user:api-key-0", "password"), ("user:api-key-0", "token")], writes
+    lines = [line for line in srv.stderr_tail(200_000).splitlines() if "switchboard::writes" in line]
+    by_auth = [re.search(r' by=("[^"]*") auth=("[^"]*")', line).groups() for line in lines]
+    assert by_auth == [('"user:api-key-0"', '"token"'), ('"user:api-key-0"', '"password"'),
+                       ('"key:api-key-0"', '"api_key"')], lines

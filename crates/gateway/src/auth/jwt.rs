@@ -6,6 +6,11 @@
 //! algorithm. That rules out `alg: none` (not an algorithm here at all), algorithm confusion
 //! (an RS256 public key used as an HS256 secret) and downgrades to algorithms nobody
 //! configured. `exp` and `sub` are required; `nbf` is checked when present.
+//!
+//! A token is checked against at most [`MAX_KEYS_PER_TOKEN`] keys, so a token cannot make the
+//! node try every key of a large set: with a `kid`, the keys with that id and then the keys
+//! without one; without a `kid`, the first keys of its algorithm in the order `jwt_secret`,
+//! `jwt_public_key`, `jwks` (file order), `jwks_url` (set order).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,6 +20,9 @@ use serde::Deserialize;
 
 use super::jwks::{keys_of_set, Key, RemoteKeys};
 use super::pattern::PatternSet;
+
+/// Most keys one token's signature is checked against (see the module's doc).
+pub const MAX_KEYS_PER_TOKEN: usize = 8;
 
 /// Longest `sub` accepted (it is shown to other clients in presence).
 const MAX_SUB_LEN: usize = 256;
@@ -61,6 +69,13 @@ pub enum TokenError {
     LivesTooLong,
     #[error("token signature does not verify")]
     Signature,
+    /// A token without `kid` whose signature none of the first [`MAX_KEYS_PER_TOKEN`] keys
+    /// of its algorithm verifies, while more keys were configured.
+    #[error(
+        "token has no key id (kid) and does not verify with the first {} keys of its algorithm",
+        MAX_KEYS_PER_TOKEN
+    )]
+    KidNeeded,
     #[error("token expired")]
     Expired,
     #[error("token not valid yet (nbf)")]
@@ -100,10 +115,7 @@ impl JwtVerifier {
     ) -> Result<JwtVerifier, (&'static str, String)> {
         let mut keys = Vec::new();
         if let Some(secret) = secret {
-            if secret.len() < 32 {
-                return Err(("jwt_secret", "must be at least 32 bytes for HS256".into()));
-            }
-            keys.push(Key { kid: None, alg: Algorithm::HS256, key: DecodingKey::from_secret(secret.as_bytes()) });
+            keys.push(Key::hmac(None, secret.as_bytes()).map_err(|e| ("jwt_secret", e))?);
         }
         if let Some(path) = public_key {
             let pem = std::fs::read(path).map_err(|e| ("jwt_public_key", format!("{}: {e}", path.display())))?;
@@ -119,7 +131,8 @@ impl JwtVerifier {
         if let Some(path) = jwks {
             let text = std::fs::read_to_string(path).map_err(|e| ("jwks", format!("{}: {e}", path.display())))?;
             let set = keys_of_set(&text).map_err(|e| ("jwks", format!("{}: {e}", path.display())))?;
-            keys.extend(set);
+            set.log("auth.jwks");
+            keys.extend(set.keys);
         }
         Ok(JwtVerifier { keys, remote: None, issuer, audience, leeway_s })
     }
@@ -145,17 +158,19 @@ impl JwtVerifier {
             _ => TokenError::Malformed,
         })?;
         let fetched = self.remote.as_ref().map(|r| r.keys()).unwrap_or_default();
-        let mut candidates = self
-            .keys
-            .iter()
-            .chain(fetched.iter())
-            .filter(|k| k.alg == header.alg)
-            .filter(|k| match (&header.kid, &k.kid) {
-                (Some(want), Some(have)) => want == have,
-                _ => true,
-            })
-            .peekable();
-        if candidates.peek().is_none() {
+        let of_alg = || self.keys.iter().chain(fetched.iter()).filter(|k| k.alg == header.alg);
+        let mut candidates: Vec<&Key> = match &header.kid {
+            Some(want) => of_alg()
+                .filter(|k| k.kid.as_ref() == Some(want))
+                .chain(of_alg().filter(|k| k.kid.is_none()))
+                .take(MAX_KEYS_PER_TOKEN + 1)
+                .collect(),
+            None => of_alg().take(MAX_KEYS_PER_TOKEN + 1).collect(),
+        };
+        // One key past the bound is taken only to know whether the bound cut the list.
+        let cut = candidates.len() > MAX_KEYS_PER_TOKEN;
+        candidates.truncate(MAX_KEYS_PER_TOKEN);
+        if candidates.is_empty() {
             if header.kid.is_some() && self.remote.is_some() {
                 return Err(TokenError::UnknownKey);
             }
@@ -200,6 +215,9 @@ impl JwtVerifier {
                     };
                 }
             }
+        }
+        if cut && header.kid.is_none() && last == TokenError::Signature {
+            return Err(TokenError::KidNeeded);
         }
         Err(last)
     }
@@ -300,8 +318,8 @@ mod tests {
         let okp =
             serde_json::json!({"kty": "OKP", "crv": "Ed25519", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"});
         let enc = serde_json::json!({"kty": "oct", "k": "eA", "use": "enc"});
-        let keys = keys_of_set(&serde_json::json!({"keys": [okp, enc, oct]}).to_string()).unwrap();
-        assert_eq!(keys.len(), 1);
+        let set = keys_of_set(&serde_json::json!({"keys": [okp, enc, oct]}).to_string()).unwrap();
+        assert_eq!((set.keys.len(), set.skipped.len()), (1, 2));
         assert!(keys_of_set(&serde_json::json!({"keys": [okp]}).to_string()).err().unwrap().contains("no RS256"));
         assert!(keys_of_set("[]").err().unwrap().contains("not a JWK set"));
         let remote = Arc::new(RemoteKeys::new("http://127.0.0.1:9/certs", 300).unwrap());
@@ -316,6 +334,32 @@ mod tests {
         assert_eq!(v.verify(&no_kid).unwrap_err(), TokenError::Algorithm, "no kid: nothing to fetch for");
         let hs = hs(claims, SECRET, Algorithm::HS256);
         assert_eq!(v.verify(&hs).unwrap().sub, "a", "the other key sources still work");
+    }
+
+    #[test]
+    fn auth_jwt_a_token_is_checked_against_a_bounded_number_of_keys() {
+        let secret = |i: usize| format!("{SECRET}-{i:02}");
+        let keys = (0..MAX_KEYS_PER_TOKEN + 3)
+            .map(|i| Key::hmac(Some(format!("k{i}")), secret(i).as_bytes()).unwrap())
+            .collect();
+        let v = JwtVerifier { keys, remote: None, issuer: None, audience: None, leeway_s: 0 };
+        let claims = serde_json::json!({"sub": "a", "exp": now() + 60});
+        let signed = |i: usize, kid: Option<&str>| {
+            let header = Header { kid: kid.map(str::to_string), ..Header::new(Algorithm::HS256) };
+            encode(&header, &claims, &EncodingKey::from_secret(secret(i).as_bytes())).unwrap()
+        };
+        // Without a kid: the first MAX_KEYS_PER_TOKEN keys, not one more.
+        assert_eq!(v.verify(&signed(0, None)).unwrap().sub, "a");
+        assert_eq!(v.verify(&signed(MAX_KEYS_PER_TOKEN - 1, None)).unwrap().sub, "a");
+        assert_eq!(v.verify(&signed(MAX_KEYS_PER_TOKEN, None)).unwrap_err(), TokenError::KidNeeded);
+        // With its kid, any key of the set.
+        let last = MAX_KEYS_PER_TOKEN + 2;
+        assert_eq!(v.verify(&signed(last, Some(&format!("k{last}")))).unwrap().sub, "a");
+        assert_eq!(v.verify(&signed(last, Some("k0"))).unwrap_err(), TokenError::Signature);
+        // A wrong secret within a short list is a plain signature failure.
+        let few = JwtVerifier { keys: v.keys.into_iter().take(2).collect(), ..verifier() };
+        let stranger = encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret(9).as_bytes()));
+        assert_eq!(few.verify(&stranger.unwrap()).unwrap_err(), TokenError::Signature);
     }
 
     #[test]

@@ -48,27 +48,30 @@ pub fn outcome(result: &Result<(), ApiError>) -> &'static str {
     }
 }
 
-/// Who makes a write, as the audit names them: the user (token `sub`, users-file name), the
-/// API key (`api-key-<index>`, its place in the configured list), or nobody (`anonymous`,
-/// only while the node has no authentication).
+/// Who makes a write, as the audit names them. `by` starts with the kind of caller, so a name
+/// one kind chose cannot pass for another kind's (a token whose `sub` is `api-key-0` is
+/// `user:api-key-0`, never the API key `key:api-key-0`):
+/// - `user:<name>`: a token's `sub` or a users-file name;
+/// - `hook:<name>`: the user the connect hook named;
+/// - `key:api-key-<index>`: the API key at that place of the configured list;
+/// - `anonymous`: nobody, only while the node has no authentication.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Author {
     pub by: String,
-    /// `token`, `password`, `api_key` or `anonymous`.
+    /// How the caller authenticated: `token`, `password`, `hook`, `api_key` or `anonymous`.
     pub auth: &'static str,
 }
 
 impl Author {
     pub fn of(who: &Identity) -> Author {
-        let auth = match who.method {
-            Method::Anonymous => "anonymous",
-            Method::Token => "token",
-            Method::Password => "password",
-            Method::Hook => "hook",
-            Method::ApiKey(_) => "api_key",
+        let (kind, auth) = match who.method {
+            Method::Anonymous => return Author { by: "anonymous".into(), auth: "anonymous" },
+            Method::Token => ("user", "token"),
+            Method::Password => ("user", "password"),
+            Method::Hook => ("hook", "hook"),
+            Method::ApiKey(_) => ("key", "api_key"),
         };
-        let by = if who.user.is_empty() { "anonymous".to_string() } else { who.user.clone() };
-        Author { by, auth }
+        Author { by: format!("{kind}:{}", who.user), auth }
     }
 }
 
@@ -170,7 +173,7 @@ mod tests {
     fn entry(i: usize, outcome: &'static str) -> Entry {
         Entry {
             t: i as u64,
-            author: Author { by: "ana".into(), auth: "token" },
+            author: Author { by: "user:ana".into(), auth: "token" },
             channel: format!("cmd:set.{i}"),
             bytes: 2,
             source: "plant".into(),
@@ -222,11 +225,20 @@ mod tests {
     }
 
     #[test]
-    fn audit_names_api_keys_users_and_nobody() {
-        let mut who = Identity { method: Method::ApiKey(2), user: "api-key-2".into(), ..Identity::anonymous() };
-        assert_eq!(Author::of(&who), Author { by: "api-key-2".into(), auth: "api_key" });
-        who = Identity { method: Method::Token, user: "ana".into(), ..Identity::anonymous() };
-        assert_eq!(Author::of(&who), Author { by: "ana".into(), auth: "token" });
+    fn audit_names_say_the_kind_of_caller() {
+        let who = |method, user: &str| Identity { method, user: user.into(), ..Identity::anonymous() };
+        let by = |method, user| Author::of(&who(method, user)).by;
+        assert_eq!(
+            Author::of(&who(Method::ApiKey(2), "api-key-2")),
+            Author { by: "key:api-key-2".into(), auth: "api_key" }
+        );
+        assert_eq!(Author::of(&who(Method::Token, "ana")), Author { by: "user:ana".into(), auth: "token" });
+        assert_eq!(by(Method::Password, "ben"), "user:ben");
+        assert_eq!(by(Method::Hook, "cy"), "hook:cy");
         assert_eq!(Author::of(&Identity::anonymous()), Author { by: "anonymous".into(), auth: "anonymous" });
+        // Names chosen to look like another kind keep their own kind.
+        assert_eq!(by(Method::Token, "api-key-0"), "user:api-key-0");
+        assert_eq!(by(Method::Token, "key:api-key-0"), "user:key:api-key-0");
+        assert_eq!(by(Method::Token, "anonymous"), "user:anonymous");
     }
 }
