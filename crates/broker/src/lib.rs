@@ -111,6 +111,14 @@ pub struct Publication {
 /// first result instead of publishing again.
 pub const IDEMPOTENCY_WINDOW: Duration = Duration::from_secs(300);
 
+/// Most idempotency keys one channel holds within the window; a keyed publication past it is
+/// refused ([`BrokerError::KeysFull`]). (The memory broker's bound: Redis keeps keys as keys
+/// of their own, each gone at the end of its window.)
+pub const MAX_KEYS_PER_CHANNEL: usize = 10_000;
+
+/// Most idempotency keys a memory broker holds over all its channels.
+pub const MAX_KEYS: usize = 100_000;
+
 /// How long a publish waits for a failing or failing-over broker (a new primary, a connection
 /// made again) before it answers [`BrokerError::Unavailable`] or [`BrokerError::Unknown`].
 pub const PUBLISH_WAIT: Duration = Duration::from_secs(5);
@@ -256,6 +264,11 @@ pub enum BrokerError {
     /// A listing cursor this broker did not hand out.
     #[error("bad cursor: {0}")]
     BadCursor(String),
+    /// A keyed publication would pass a bound of the idempotency keys held
+    /// ([`MAX_KEYS_PER_CHANNEL`], [`MAX_KEYS`]): nothing was published; the same publication
+    /// may be retried after `retry_after_s`.
+    #[error("{message}")]
+    KeysFull { message: String, retry_after_s: u64 },
 }
 
 /// Receives what the broker delivers to this node.

@@ -3,10 +3,13 @@
 //! with an offset from before the restart learns `complete: false` instead of silently missing
 //! publications.
 
+mod keys;
 mod presence;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -19,6 +22,7 @@ use crate::{
     HistoryPolicy, HistoryResult, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
     UNPUBLISHED_KEEP,
 };
+use keys::RecentKeys;
 
 /// One channel's stream. Guarded by its own mutex so channels never wait on each other.
 struct Stream {
@@ -38,42 +42,6 @@ struct Stream {
     /// Idempotency keys of recent publications, with the position each got; allocated with
     /// the channel's first key, so channels published without keys carry none.
     keys: Option<Box<RecentKeys>>,
-}
-
-/// A channel's idempotency keys of the last [`crate::IDEMPOTENCY_WINDOW`]: key → position, and
-/// the keys in the order they were taken (which is the order they expire in), so that expiry
-/// costs nothing per publication beyond dropping what passed the window.
-#[derive(Default)]
-struct RecentKeys {
-    positions: HashMap<Arc<str>, Position>,
-    /// (expiry ms, key), oldest first.
-    order: VecDeque<(u64, Arc<str>)>,
-}
-
-impl RecentKeys {
-    /// Drops the keys whose window ended by `now` (every publication calls it: a channel
-    /// holds at most the keys of its last window).
-    fn expire(&mut self, now: u64) {
-        while let Some((expiry, old)) = self.order.front() {
-            if *expiry > now {
-                break;
-            }
-            self.positions.remove(old);
-            self.order.pop_front();
-        }
-    }
-
-    /// The position of a publication taken with `key` and not yet expired.
-    fn find(&mut self, key: &str, now: u64) -> Option<Position> {
-        self.expire(now);
-        self.positions.get(key).cloned()
-    }
-
-    fn insert(&mut self, key: Arc<str>, position: Position, now: u64) {
-        let window = crate::IDEMPOTENCY_WINDOW.as_millis() as u64;
-        self.order.push_back((now + window, key.clone()));
-        self.positions.insert(key, position);
-    }
 }
 
 impl Stream {
@@ -133,6 +101,8 @@ pub struct MemoryBroker {
     max_channels: usize,
     presence: presence::PresenceTable,
     records: RecordSets,
+    /// Idempotency keys held over all channels (bounded by [`crate::MAX_KEYS`]).
+    keys_held: AtomicUsize,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
 }
 
@@ -155,6 +125,7 @@ impl MemoryBroker {
             max_channels: max,
             presence: presence::PresenceTable::default(),
             records: RecordSets::default(),
+            keys_held: AtomicUsize::new(0),
             handler: OnceLock::new(),
         }
     }
@@ -215,13 +186,15 @@ impl MemoryBroker {
         let ttl_ms = u64::try_from(item.policy.ttl.as_millis()).unwrap_or(u64::MAX);
         self.with_stream(&item.channel, |s| {
             let now = now_ms();
-            if let Some(first) = s.keys.as_mut().and_then(|k| k.find(&key, now)) {
-                return first;
+            let keys = s.keys.get_or_insert_with(Box::default);
+            if let Some(first) = keys.find(&key, now, &self.keys_held) {
+                return Ok(first);
             }
+            keys.room(now, &self.keys_held)?;
             let position = self.append_to(s, &item.channel, item.data, item.policy, ttl_ms);
-            s.keys.get_or_insert_with(Box::default).insert(key, position.clone(), now);
-            position
-        })
+            s.keys.get_or_insert_with(Box::default).insert(key, position.clone(), now, &self.keys_held);
+            Ok(position)
+        })?
     }
 
     fn append_to(&self, s: &mut Stream, channel: &str, data: Data, policy: HistoryPolicy, ttl_ms: u64) -> Position {
@@ -231,7 +204,7 @@ impl MemoryBroker {
         let now = now_ms();
         s.touched_ms = now;
         if let Some(keys) = s.keys.as_mut() {
-            keys.expire(now);
+            keys.expire(now, &self.keys_held);
         }
         let publication = Publication { offset: s.offset, data, time_ms: now };
         if policy.size > 0 {
@@ -427,9 +400,23 @@ impl Broker for MemoryBroker {
     }
 
     async fn forget_idle(&self, keep: &(dyn for<'c> Fn(&'c str) -> Duration + Sync)) -> usize {
-        let now = now_ms();
+        self.forget_idle_at(keep, now_ms())
+    }
+}
+
+impl MemoryBroker {
+    /// [`Broker::forget_idle`] at `now` (unix ms): forgets the channels idle past their keep,
+    /// and drops every channel's idempotency keys whose window ended.
+    fn forget_idle_at(&self, keep: &(dyn for<'c> Fn(&'c str) -> Duration + Sync), now: u64) -> usize {
         let idle = |ch: &Arc<str>, s: &Mutex<Stream>| {
-            let s = s.lock();
+            let mut s = s.lock();
+            // A quiet channel's idempotency keys leave at the end of their window too.
+            if let Some(keys) = s.keys.as_mut() {
+                keys.expire(now, &self.keys_held);
+                if keys.is_empty() {
+                    s.keys = None;
+                }
+            }
             let keep_ms = match u64::try_from(keep(ch).as_millis()).unwrap_or(u64::MAX) {
                 // Kept forever once published; a channel only ever read goes after a while.
                 0 if s.offset == 0 => UNPUBLISHED_KEEP.as_millis() as u64,
@@ -459,6 +446,10 @@ impl Broker for MemoryBroker {
             let still_idle = table.map.get(&ch).is_some_and(|s| idle(&ch, s));
             // Present clients keep a channel (presence outlives subscriptions on some transports).
             if still_idle && !self.presence.contains(&ch) {
+                if let Some(s) = table.map.get(&ch) {
+                    let held = s.lock().keys.as_ref().map_or(0, |k| k.len());
+                    self.keys_held.fetch_sub(held, Relaxed);
+                }
                 table.map.remove(&ch);
                 table.names.remove(&ch);
                 forgotten += 1;
@@ -548,17 +539,31 @@ mod tests {
         assert_ne!(pa.epoch, pb.epoch);
     }
 
-    #[test]
-    fn broker_memory_idempotency_keys_expire_after_the_window() {
+    #[tokio::test]
+    async fn broker_memory_sweep_drops_a_quiet_channels_keys_at_the_end_of_their_window() {
+        let b = MemoryBroker::new();
+        let keyed = |ch: &str, key: &str| {
+            let data = Arc::new(serde_json::value::RawValue::from_string("1".into()).unwrap());
+            let mut item =
+                Outgoing::new(ch, data, HistoryPolicy { size: 1, ttl: Duration::from_secs(60), trend: None });
+            item.idempotency_key = Some(key.into());
+            item
+        };
+        // A point channel (kept forever) and a room, each published once with keys, then quiet.
+        b.publish_batch(vec![keyed("pt:quiet", "k1"), keyed("pt:quiet", "k2"), keyed("room:quiet", "k3")]).await;
+        assert_eq!(b.keys_held.load(Relaxed), 3);
+        let forever = |_: &str| Duration::ZERO;
         let window = crate::IDEMPOTENCY_WINDOW.as_millis() as u64;
-        let mut keys = RecentKeys::default();
-        let at = |offset| Position { epoch: "e".into(), offset };
-        keys.insert("a".into(), at(1), 1_000);
-        keys.insert("b".into(), at(2), 2_000);
-        assert_eq!(keys.find("a", 1_000 + window - 1), Some(at(1)));
-        assert_eq!(keys.find("a", 1_000 + window), None, "expired with its window");
-        assert_eq!(keys.find("b", 1_000 + window), Some(at(2)));
-        assert_eq!(keys.find("b", 2_000 + window), None);
-        assert!(keys.positions.is_empty() && keys.order.is_empty(), "expired keys are dropped");
+        assert_eq!(b.forget_idle_at(&forever, now_ms() + 1_000), 0);
+        assert_eq!(b.keys_held.load(Relaxed), 3, "within the window: kept");
+        assert_eq!(b.forget_idle_at(&forever, now_ms() + window + 1_000), 0, "the channels stay");
+        assert_eq!(b.keys_held.load(Relaxed), 0, "the keys went with their window");
+        let pt = b.stream("pt:quiet").unwrap();
+        assert!(pt.lock().keys.is_none(), "and their table with them");
+        // A forgotten channel gives its keys' places back.
+        b.publish_batch(vec![keyed("room:gone", "k4")]).await;
+        let short = |ch: &str| if ch == "room:gone" { Duration::from_secs(1) } else { Duration::ZERO };
+        assert_eq!(b.forget_idle_at(&short, now_ms() + 5_000), 1);
+        assert_eq!(b.keys_held.load(Relaxed), 0);
     }
 }

@@ -104,7 +104,9 @@ async fn publish(
                 let reply = crate::sources::write(&node, &writer, source, &channel, Arc::new(data), permitted).await?;
                 return Ok(Json(reply).into_response());
             }
-            let checked = node.check_publication(permitted?, Arc::new(data), idempotency_key.as_deref())?;
+            let publisher = who(&caller);
+            let key = idempotency_key.as_deref().map(|k| (k, &publisher));
+            let checked = node.check_publication(permitted?, Arc::new(data), key)?;
             let pos = node.publish(checked).await?;
             Ok(Json(Published { offset: pos.offset, epoch: &pos.epoch }).into_response())
         }
@@ -159,10 +161,13 @@ async fn publish_batch(
 ) -> Vec<Result<Position, ApiError>> {
     let (channels, rest): (Vec<String>, Vec<_>) = items.into_iter().map(|(ch, data, key)| (ch, (data, key))).unzip();
     let verdicts = crate::auth::http::allow_publish_batch(node, caller, channels.iter().map(|ch| node.target(ch)));
+    let publisher = who(caller);
     let checked = verdicts
         .into_iter()
         .zip(rest)
-        .map(|(verdict, (data, key))| verdict.and_then(|t| node.check_publication(t, data, key.as_deref())))
+        .map(|(verdict, (data, key))| {
+            verdict.and_then(|t| node.check_publication(t, data, key.as_deref().map(|k| (k, &publisher))))
+        })
         .collect();
     node.publish_batch(checked).await
 }

@@ -15,6 +15,7 @@ use switchboard_protocol::websocket::{self, Opcode};
 use switchboard_protocol::{validate_channel, Format};
 use tokio::sync::watch;
 
+use crate::auth::Identity;
 use crate::config::Config;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
@@ -175,6 +176,11 @@ impl Node {
                 ApiError::new(code::LIMIT, format!("{e}: new channels are refused until idle ones are forgotten"))
             }
             BrokerError::BadCursor(_) => ApiError::new(code::BAD_REQUEST, e.to_string()),
+            BrokerError::KeysFull { message, retry_after_s } => ApiError::new(
+                code::LIMIT,
+                format!("{message}: keyed publications wait until older keys leave (5 minutes after they came)"),
+            )
+            .retry_after(retry_after_s),
             BrokerError::Unavailable(_) => {
                 self.metrics.broker_unavailable.fetch_add(1, Relaxed);
                 ApiError::new(code::UNAVAILABLE, format!("{e}; nothing was done, retry later"))
@@ -249,11 +255,15 @@ impl Node {
     /// pretty-printed publication kept verbatim would cut every reply and batch that carries it
     /// ([`switchboard_protocol::message::single_line`]; data already on one line is kept as it
     /// came). The namespace's history policy is attached.
+    ///
+    /// An idempotency key belongs to its publisher (`(key, publisher)`): the broker is given
+    /// it scoped by [`Identity::principal`], so nobody's retry answers for another's
+    /// publication, however guessable the keys.
     pub fn check_publication(
         &self,
         target: Target<'_>,
         data: Data,
-        idempotency_key: Option<&str>,
+        idempotency: Option<(&str, &Identity)>,
     ) -> Result<Checked, ApiError> {
         let channel = target.0;
         if data.get().len() > self.config.limits.max_publication_bytes {
@@ -264,12 +274,16 @@ impl Node {
         }
         // Data every subscriber can take, whatever its format (no silent empty deliveries).
         switchboard_protocol::message::check_data(data.get()).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
-        if let Some(key) = idempotency_key {
+        if let Some((key, _)) = idempotency {
             check_idempotency_key(key).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
         }
         let data = single_line(&data).map(Arc::new).unwrap_or(data);
         let mut item = Outgoing::new(channel, data, self.config.history_policy(channel));
-        item.idempotency_key = idempotency_key.map(Arc::from);
+        // Length-prefixed: no principal and key can spell another pair.
+        item.idempotency_key = idempotency.map(|(key, publisher)| {
+            let p = publisher.principal();
+            Arc::from(format!("{}:{p}:{key}", p.len()))
+        });
         Ok(Checked(item))
     }
 

@@ -430,7 +430,8 @@ impl Session {
         }
         permitted?;
         let data = self.publish_hook(&req.channel, req.data).await?;
-        let checked = self.node.check_publication(target, Arc::new(data), req.idempotency_key.as_deref())?;
+        let key = req.idempotency_key.as_deref().map(|k| (k, &self.identity));
+        let checked = self.node.check_publication(target, Arc::new(data), key)?;
         let pos = self.node.publish(checked).await?;
         self.ok(id, &serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}));
         Ok(())

@@ -242,6 +242,22 @@ impl Identity {
     pub fn is_anonymous(&self) -> bool {
         self.method == Method::Anonymous
     }
+
+    /// The caller with its kind, so that a name one kind chose cannot pass for another kind's
+    /// (a token whose `sub` is `api-key-0` is `user:api-key-0`, never the API key
+    /// `key:api-key-0`): `user:<name>` (a token's `sub`, a users-file name), `hook:<name>` (the
+    /// user the connect hook named), `key:api-key-<index>` (the API key at that place of the
+    /// configured list), or `anonymous`. The write audit names callers so, and idempotency
+    /// keys belong to it.
+    pub fn principal(&self) -> String {
+        let kind = match self.method {
+            Method::Anonymous => return "anonymous".into(),
+            Method::Token | Method::Password => "user",
+            Method::Hook => "hook",
+            Method::ApiKey(_) => "key",
+        };
+        format!("{kind}:{}", self.user)
+    }
 }
 
 /// Why credentials were refused; the text is safe for clients and logs.

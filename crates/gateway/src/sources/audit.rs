@@ -48,13 +48,9 @@ pub fn outcome(result: &Result<(), ApiError>) -> &'static str {
     }
 }
 
-/// Who makes a write, as the audit names them. `by` starts with the kind of caller, so a name
-/// one kind chose cannot pass for another kind's (a token whose `sub` is `api-key-0` is
-/// `user:api-key-0`, never the API key `key:api-key-0`):
-/// - `user:<name>`: a token's `sub` or a users-file name;
-/// - `hook:<name>`: the user the connect hook named;
-/// - `key:api-key-<index>`: the API key at that place of the configured list;
-/// - `anonymous`: nobody, only while the node has no authentication.
+/// Who makes a write, as the audit names them: `by` is the caller with its kind
+/// ([`Identity::principal`]: `user:<name>`, `hook:<name>`, `key:api-key-<index>`, or
+/// `anonymous` while the node has no authentication).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct Author {
     pub by: String,
@@ -64,14 +60,14 @@ pub struct Author {
 
 impl Author {
     pub fn of(who: &Identity) -> Author {
-        let (kind, auth) = match who.method {
-            Method::Anonymous => return Author { by: "anonymous".into(), auth: "anonymous" },
-            Method::Token => ("user", "token"),
-            Method::Password => ("user", "password"),
-            Method::Hook => ("hook", "hook"),
-            Method::ApiKey(_) => ("key", "api_key"),
+        let auth = match who.method {
+            Method::Anonymous => "anonymous",
+            Method::Token => "token",
+            Method::Password => "password",
+            Method::Hook => "hook",
+            Method::ApiKey(_) => "api_key",
         };
-        Author { by: format!("{kind}:{}", who.user), auth }
+        Author { by: who.principal(), auth }
     }
 }
 
