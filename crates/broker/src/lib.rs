@@ -5,7 +5,8 @@
 //! - this file: the [`Broker`] trait, the [`BrokerHandler`] a node registers to receive
 //!   publications, and the value types they exchange.
 //! - [`memory`]: [`MemoryBroker`], the embedded single-node default (`memory/presence.rs`: its
-//!   presence table, indexed per channel and client).
+//!   presence table, indexed per channel and client; `memory/keys.rs`: its bounded
+//!   idempotency keys).
 //! - [`redis`]: [`RedisBroker`], the cluster broker: every node shares one Redis, publications
 //!   reach the other nodes over Redis pub/sub, history and presence live in Redis.
 //! - [`routed`]: [`RoutedBroker`], one broker over several [`RedisBroker`]s, each channel on the
