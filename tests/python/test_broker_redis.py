@@ -89,10 +89,14 @@ def test_redis_readyz_turns_503_while_redis_is_stopped_and_200_once_it_runs(star
     redis.signal(signal.SIGSTOP)
     try:
         # Documented: within 1 s (the PING period) plus broker_max_rtt_ms (1 s); the bound here
-        # only ends a test that would otherwise wait for ever. (Its command PING timing out
-        # may say `broker unreachable` first.)
-        wait_readyz(srv, 503, 15, saying="broker slow: round trip")
-        assert rtt_gauge(srv) > 1.0
+        # only ends a test that would otherwise wait for ever. The answer says `broker slow`
+        # while the PING is unanswered, then `broker unreachable` once the link gives the
+        # connection up (3 s): a loaded machine may look only after that.
+        r = wait_readyz(srv, 503, 15)
+        assert r.text.startswith(("broker slow: round trip", "broker unreachable")), r.text
+        if r.text.startswith("broker slow"):
+            gauge = rtt_gauge(srv)
+            assert gauge is None or gauge > 1.0, gauge  # None: the connection went since
     finally:
         redis.signal(signal.SIGCONT)
     wait_readyz(srv, 200, 30)
