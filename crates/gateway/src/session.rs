@@ -665,11 +665,17 @@ mod tests {
         assert_eq!(r["ok"]["expires"], exp + 60);
         assert_eq!(s.deadline(), Some(UNIX_EPOCH + Duration::from_secs(exp + 60)));
         assert_eq!(s.check_deadline(), None);
-        // Regression: an `exp` past what the clock can hold overflowed the deadline (a panic
-        // in the connection's task); now it is no deadline at all.
+        // An `exp` past what the clock can hold (or just past auth.revocation_keep_s) is a
+        // token no revocation could outlive: refused, and the deadline stays.
         let far = u64::MAX - 10;
         let r = command(&mut s, &wire, serde_json::json!({"id": 7, "refresh": {"token": token("ann", far)}})).await;
-        assert_eq!(r["ok"]["expires"], far);
+        assert_eq!(r["error"]["code"], 401);
+        assert!(r["error"]["message"].as_str().unwrap_or("").contains("auth.revocation_keep_s"), "{r}");
+        assert_eq!(s.deadline(), Some(UNIX_EPOCH + Duration::from_secs(exp + 60)));
+        assert_eq!(s.check_deadline(), None);
+        // An expiry past what the clock can hold (a connect hook's `expire_at`) is no deadline
+        // at all, never an overflow in the connection's task.
+        s.identity.expires = Some(far);
         assert_eq!(s.deadline(), None);
         assert_eq!(s.check_deadline(), None);
     }
