@@ -303,6 +303,44 @@ def api_get(server: Server, path: str) -> HttpResponse:
     return http("GET", server.http_url + path)
 
 
+class UnreadGets:
+    """`clients` raw-socket HTTP GETs of `path` whose answers are never read (a small receive
+    buffer each): entered once every answer has begun to arrive, i.e. the node has built it and
+    holds what the socket did not take. `head()` reads the first of them; the sockets are closed
+    on exit. Measures what such clients cost the node (`Server.rss_bytes`)."""
+
+    def __init__(self, server: Server, path: str, clients: int, timeout: float = 30.0):
+        self.server, self.path, self.clients, self.timeout = server, path, clients, timeout
+        self.sockets: list[socket.socket] = []
+
+    def __enter__(self) -> "UnreadGets":
+        request = f"GET {self.path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+        try:
+            for _ in range(self.clients):
+                s = socket.socket()
+                self.sockets.append(s)
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.connect(("127.0.0.1", self.server.port))
+                s.sendall(request)
+                readable, _, _ = select.select([s], [], [], self.timeout)
+                assert readable, f"no answer within {self.timeout} s"
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def head(self) -> bytes:
+        return self.sockets[0].recv(4096)
+
+    def close(self) -> None:
+        for s in self.sockets:
+            s.close()
+        self.sockets = []
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def ch_path(channel: str) -> str:
     """A channel name as one URL path segment (`/` and the like percent-encoded)."""
     return urllib.parse.quote(channel, safe="")

@@ -7,14 +7,12 @@ read hold no more of the node's memory than that bound. Raw sockets and httpx as
 from __future__ import annotations
 
 import json
-import select
-import socket
 import time
 
 import httpx
 import pytest
 
-from sb import WS, api_batch, ch_path, uniq
+from sb import WS, UnreadGets, api_batch, ch_path, uniq
 
 BUDGET = 512 * 1024  # half of the default limits.max_pending_bytes
 POINTS = 100_000
@@ -70,25 +68,11 @@ def test_trend_http_clients_that_never_read_hold_at_most_the_bound(filled):
     whole = clients * int(per_bucket * POINTS)
     assert whole > 60 * 1024 * 1024, whole
     path = f"/api/channels/{ch_path(ch)}/trend?window_s={WEEK}&step_s=1"
-    request = f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
     # One read first, so the node's allocator has seen the size of such a read once.
     assert c.get(path).status_code == 413
     before = srv.rss_bytes()
-    sockets = []
-    try:
-        for _ in range(clients):
-            s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.connect(("127.0.0.1", srv.port))
-            s.sendall(request)
-            # The answer has begun to arrive (nothing is read): the node has built it.
-            readable, _, _ = select.select([s], [], [], 30)
-            assert readable, "no answer within 30 s"
-            sockets.append(s)
+    with UnreadGets(srv, path, clients) as unread:
         grown = srv.rss_bytes() - before
         assert grown < whole / 8, (grown, whole)
-        head = sockets[0].recv(4096)
+        head = unread.head()
         assert head.startswith(b"HTTP/1.1 413"), head[:100]
-    finally:
-        for s in sockets:
-            s.close()

@@ -11,7 +11,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use switchboard_broker::{ChannelQuery, Position, Publication};
-use switchboard_protocol::{code, validate_channel};
+use switchboard_protocol::{code, validate_channel, Format};
 
 use crate::auth::http::{allow, allow_publish, Caller};
 use crate::auth::{Action, Identity};
@@ -275,27 +275,42 @@ async fn channel(
     Ok(Json(info).into_response())
 }
 
+/// `GET /api/channels/{ch}/history`: a page of the channel's history within the budget of one
+/// reply, read as the `history` command reads it (`crate::history`); `more` says a page ended
+/// before `limit` and the reader asks again from its last publication.
 async fn history(node: &Node, ch: &str, q: HistoryQuery) -> Result<Response, ApiError> {
-    validate_channel(ch).map_err(|e| ApiError::new(400, e.to_string()))?;
-    let limit = q.limit.unwrap_or(100).min(10_000);
     let since = match (q.since_offset, q.epoch) {
         (Some(offset), Some(epoch)) => Some(Position { epoch: epoch.into(), offset }),
         (None, None) => None,
         _ => return Err(ApiError::new(400, "since_offset and epoch go together")),
     };
-    if node.broker.last_if_known(ch).await.map_err(|e| node.broker_error(e))?.is_none() {
-        return Err(ApiError::new(404, "unknown channel"));
+    // Each publication counted as the body writes it, its separating comma included.
+    let cost = |p: &Publication| crate::session::reply::encoded_len(Format::Json, &http_pub(ch, p)) + 1;
+    let budget = node.config.limits.reply_budget();
+    let page = crate::history::read(node, ch, since, q.limit, budget, cost).await?;
+    #[derive(Serialize)]
+    struct HistoryReply<'a> {
+        channel: &'a str,
+        publications: Vec<HttpPub<'a>>,
+        epoch: &'a str,
+        offset: u64,
+        complete: bool,
+        more: bool,
     }
-    let r = node.broker.history(ch, since.as_ref(), limit).await.map_err(|e| node.broker_error(e))?;
-    let pubs: Vec<HttpPub<'_>> = r.publications.iter().map(|p| http_pub(ch, p)).collect();
-    Ok(Json(serde_json::json!({
-        "channel": ch,
-        "publications": pubs,
-        "epoch": &*r.position.epoch,
-        "offset": r.position.offset,
-        "complete": r.complete,
-    }))
-    .into_response())
+    let reply = HistoryReply {
+        channel: ch,
+        publications: page.publications.iter().map(|p| http_pub(ch, p)).collect(),
+        epoch: &page.position.epoch,
+        offset: page.position.offset,
+        complete: page.complete,
+        more: page.more,
+    };
+    // Written once into a buffer of the reply's size (the counted publications and the few
+    // fields around them), so the body holds no more than the budget and its envelope.
+    let mut body = Vec::with_capacity(crate::session::reply::encoded_len(Format::Json, &reply));
+    // Plain fields and raw JSON already checked when published: writing into a Vec cannot fail.
+    serde_json::to_writer(&mut body, &reply).map_err(|_| ApiError::new(code::INTERNAL, "history reply not written"))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 async fn presence(

@@ -116,8 +116,7 @@ pub async fn revoke(node: &Node, r: &Revocation) -> Result<usize, ApiError> {
             Ok(RecordPut::Full { frees_ms }) => return Err(full((frees_ms / 1000).saturating_sub(now))),
             Ok(RecordPut::Stored | RecordPut::Kept) => {}
             Err(e) => {
-                let e = node.broker_error(e);
-                return Err(ApiError::new(e.code, format!("not recorded, nothing revoked: {}", e.message)));
+                return Err(node.broker_error_after("not recorded, nothing revoked", e));
             }
         }
     }
@@ -139,8 +138,7 @@ fn full(wait_s: u64) -> ApiError {
 }
 
 fn not_passed_on(node: &Node, e: BrokerError) -> ApiError {
-    let e = node.broker_error(e);
-    ApiError::new(e.code, format!("done on this node only, not passed on to the others: {}", e.message))
+    node.broker_error_after("done on this node only, not passed on to the others", e)
 }
 
 fn no_history() -> HistoryPolicy {

@@ -176,13 +176,15 @@ fn bad(message: impl Into<String>) -> ApiError {
     ApiError::new(code::BAD_REQUEST, message)
 }
 
+/// The 500 of a store that failed: the client is told which step failed, the io error (paths,
+/// `os error` numbers) goes to the log only.
 fn internal(what: &str, e: std::io::Error) -> ApiError {
     // Every request meets a failing store: one line per interval for all of them.
     static STORE_FAILED: LogLimit = LogLimit::new();
     if let Some(suppressed) = STORE_FAILED.admit() {
         tracing::warn!(error = %e, what, suppressed, "dashboard store");
     }
-    ApiError::new(code::INTERNAL, format!("{what}: {e}"))
+    ApiError::new(code::INTERNAL, format!("dashboard store unavailable ({what})"))
 }
 
 /// Dashboard ids are 1–64 characters of `[A-Za-z0-9_-]`: safe as file names on every platform
@@ -301,7 +303,8 @@ impl DashboardStore {
             updated: switchboard_broker::now_ms(),
             owner,
         };
-        let bytes = serde_json::to_vec(&dashboard).map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
+        let bytes =
+            serde_json::to_vec(&dashboard).map_err(|e| internal("writing dashboard", std::io::Error::other(e)))?;
         if !existed && self.ids().await?.len() >= MAX_DASHBOARDS {
             return Err(ApiError::new(code::LIMIT, format!("at most {MAX_DASHBOARDS} dashboards are kept")));
         }

@@ -14,6 +14,8 @@
 //!   stream's events framed by the stream (`outbox::framed`); for the HTTP transports whose
 //!   socket hyper holds, the same queue taken as structured messages (`outbox::pull`).
 //! - [`sampling`]: per-subscription `max_rate_hz` and deadbands, beside the hub's fan-out.
+//! - [`history`]: history reads (the `history` command, `/api/channels/{ch}/history`), paged
+//!   within the budget of one reply.
 //! - [`trend`]: trend reads (`/api/channels/{ch}/trend`, the `trend` option of subscribe).
 //! - [`session`]: one client's commands and subscriptions, transport-free (`session/subscribe.rs`:
 //!   subscribe and unsubscribe; `session/reply.rs`: replies within the connection's budget).
@@ -55,6 +57,7 @@ pub mod config;
 pub mod control;
 pub mod dashboards;
 pub mod error;
+pub mod history;
 pub mod hub;
 pub mod log_limit;
 pub mod metrics;

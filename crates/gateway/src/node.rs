@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use crate::auth::Identity;
 use crate::config::Config;
 use crate::hub::Hub;
+use crate::log_limit::LogLimit;
 use crate::metrics::Metrics;
 use crate::outbox::{Outbox, PullOptions, Wire};
 
@@ -169,7 +170,13 @@ impl Node {
     /// listing cursor the broker never handed out, 503 when the broker could not be reached
     /// (or failed over) within its wait and nothing was done, 504 when a publish was sent but
     /// not answered, so the publication may or may not exist.
+    ///
+    /// The 503 and 504 say what the client may do, never the broker's own error text (Redis
+    /// addresses, socket errors): that goes to the log, at most one line per kind per interval
+    /// (`log_limit`), since every request meets a broker that is down.
     pub fn broker_error(&self, e: BrokerError) -> ApiError {
+        static UNAVAILABLE: LogLimit = LogLimit::new();
+        static UNKNOWN: LogLimit = LogLimit::new();
         match e {
             BrokerError::Full(_) => {
                 self.metrics.channels_refused.fetch_add(1, Relaxed);
@@ -181,21 +188,39 @@ impl Node {
                 format!("{message}: keyed publications wait until older keys leave (5 minutes after they came)"),
             )
             .retry_after(retry_after_s),
-            BrokerError::Unavailable(_) => {
+            BrokerError::Unavailable(detail) => {
                 self.metrics.broker_unavailable.fetch_add(1, Relaxed);
-                ApiError::new(code::UNAVAILABLE, format!("{e}; nothing was done, retry later"))
+                if let Some(suppressed) = UNAVAILABLE.admit() {
+                    tracing::warn!(error = %detail, suppressed, "broker unavailable");
+                }
+                ApiError::new(code::UNAVAILABLE, "broker unavailable; nothing was done, retry later")
             }
-            BrokerError::Unknown(_) => {
+            BrokerError::Unknown(detail) => {
                 self.metrics.broker_unknown.fetch_add(1, Relaxed);
+                if let Some(suppressed) = UNKNOWN.admit() {
+                    tracing::warn!(error = %detail, suppressed, "broker did not answer a publish");
+                }
                 ApiError::new(
                     code::OUTCOME_UNKNOWN,
-                    format!(
-                        "{e}; the publication may have been committed: retry with the same idempotency_key \
-                     (a retry without one may publish it twice)"
-                    ),
+                    "outcome unknown: the broker did not answer; the publication may have been committed: retry \
+                     with the same idempotency_key (a retry without one may publish it twice)",
                 )
             }
         }
+    }
+
+    /// [`Node::broker_error`] of a step that followed others already done: the same code and
+    /// log line, and a message that starts with what was done (`done`, e.g. "done on this node
+    /// only, not passed on to the others") and names the failure without the broker's text.
+    pub fn broker_error_after(&self, done: &str, e: BrokerError) -> ApiError {
+        let brief = match &e {
+            BrokerError::Unavailable(_) => Some("broker unavailable"),
+            BrokerError::Unknown(_) => Some("the broker did not answer"),
+            BrokerError::Full(_) | BrokerError::BadCursor(_) | BrokerError::KeysFull { .. } => None,
+        };
+        let e = self.broker_error(e);
+        let message = format!("{done}: {}", brief.unwrap_or(&e.message));
+        ApiError { message, ..e }
     }
 
     /// Whether one more channel with local subscribers passes `limits.max_channels` (the
@@ -407,5 +432,26 @@ mod tests {
         assert_eq!(v, serde_json::json!({"a": 1, "s": "x\ny"}));
         let same = raw("[1,2]");
         assert!(Arc::ptr_eq(&one_line(same.clone()), &same), "untouched when already one line");
+    }
+
+    #[test]
+    fn node_broker_errors_keep_the_code_and_leave_the_broker_text_out() {
+        let config = Config::load(None, Vec::new(), &[]).unwrap();
+        let node = Node::new(config, Arc::new(switchboard_broker::MemoryBroker::new()));
+        let detail = || "redis: Connection refused (os error 111) at 127.0.0.1:6390".to_string();
+        let e = node.broker_error(BrokerError::Unavailable(detail()));
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (code::UNAVAILABLE, "broker unavailable; nothing was done, retry later")
+        );
+        let e = node.broker_error(BrokerError::Unknown(detail()));
+        assert_eq!(e.code, code::OUTCOME_UNKNOWN);
+        assert!(e.message.contains("idempotency_key") && !e.message.contains("os error"), "{}", e.message);
+        let e = node.broker_error_after("done on this node only", BrokerError::Unavailable(detail()));
+        assert_eq!((e.code, e.message.as_str()), (code::UNAVAILABLE, "done on this node only: broker unavailable"));
+        // The node's own refusals are not internal: they keep saying why.
+        let e = node.broker_error(BrokerError::Full("this node holds its maximum of 3 channels".into()));
+        assert!(e.code == code::LIMIT && e.message.contains("maximum of 3 channels"), "{}", e.message);
+        assert_eq!(node.metrics.broker_unavailable.load(Relaxed), 2);
     }
 }

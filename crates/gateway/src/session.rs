@@ -21,7 +21,7 @@
 //! side of the application's connect, subscribe and publish hooks.
 
 mod hooks;
-mod reply;
+pub(crate) mod reply;
 mod subscribe;
 
 pub use hooks::ConnectContext;
@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
-use switchboard_broker::Position;
+use switchboard_broker::{Position, Publication};
 use switchboard_protocol::code::{self, close};
 use switchboard_protocol::command::{HistoryRequest, PublishRequest};
 use switchboard_protocol::message::{encode_error, encode_ok, Data, Pub};
@@ -89,10 +89,6 @@ pub struct Session {
     /// Set while the connection waits for the connect hook (no credentials, a hook configured).
     connect_hook: Option<ConnectContext>,
 }
-
-/// Publications read from the broker at once by `history`, which counts them into its reply
-/// until the budget is reached.
-const HISTORY_PAGE: usize = 64;
 
 impl Session {
     pub fn new(node: Arc<Node>, outbox: Arc<Outbox>) -> Session {
@@ -458,67 +454,11 @@ impl Session {
         validate_channel(&req.channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
         self.allow(Action::History, &req.channel)?;
         let since = req.since.map(|s| Position { epoch: s.epoch.into(), offset: s.offset });
-        let limit = req.limit.unwrap_or(100).min(10_000);
-        // A read never creates a channel: an unknown one is 404.
-        let known = self.node.broker.last_if_known(&req.channel).await.map_err(|e| self.node.broker_error(e))?;
-        let Some((head, _)) = known else {
-            return Err(ApiError::new(code::NOT_FOUND, "unknown channel"));
-        };
-        // Read in pages from `since` (without it, from where the newest `limit` begin), each
-        // publication counted into the reply as it is added: past the reply budget the reply
-        // ends early with `more`, and the client reads on from its last publication.
+        // Each publication counted as the connection writes it, one separator included.
+        let format = self.outbox.format;
+        let cost = |p: &Publication| reply::encoded_len(format, &pub_of(&req.channel, p)) + 1;
         let budget = self.node.config.limits.reply_budget();
-        let asked_since = since.is_some();
-        let newest =
-            |head: &Position| Position { epoch: head.epoch.clone(), offset: head.offset.saturating_sub(limit as u64) };
-        let mut from = since.unwrap_or_else(|| newest(&head));
-        let (mut publications, mut used, mut more, mut complete) = (Vec::new(), 0usize, false, true);
-        let mut position = head.clone();
-        let (mut first_page, mut renewed) = (true, false);
-        'read: while publications.len() < limit {
-            let want = (limit - publications.len()).min(HISTORY_PAGE);
-            let r = self
-                .node
-                .broker
-                .history(&req.channel, Some(&from), want)
-                .await
-                .map_err(|e| self.node.broker_error(e))?;
-            if !asked_since && first_page && !renewed && r.position.epoch != from.epoch {
-                // A new epoch began since the peek: its newest publications instead.
-                from = newest(&r.position);
-                renewed = true;
-                continue;
-            }
-            if !publications.is_empty() && r.position.epoch != from.epoch {
-                // A new epoch began between two pages: the reply ends with the old epoch's,
-                // and the client reads the new one's from where this reply ends.
-                more = true;
-                break;
-            }
-            // Without `since`, a history that holds fewer than `limit` is what was asked for.
-            if asked_since || !first_page {
-                complete &= r.complete;
-            }
-            first_page = false;
-            // A `since` of another epoch reads the current epoch's publications: the pages
-            // that follow continue in it.
-            from.epoch = r.position.epoch.clone();
-            position = r.position;
-            let got = r.publications.len();
-            for p in r.publications {
-                let n = reply::encoded_len(self.outbox.format, &pub_of(&req.channel, &p)) + 1;
-                if used + n > budget && !publications.is_empty() {
-                    more = true;
-                    break 'read;
-                }
-                used += n;
-                from.offset = p.offset;
-                publications.push(p);
-            }
-            if got < want {
-                break;
-            }
-        }
+        let page = crate::history::read(&self.node, &req.channel, since, req.limit, budget, cost).await?;
         #[derive(Serialize)]
         struct HistoryReply<'a> {
             publications: Vec<Pub<'a>>,
@@ -528,11 +468,11 @@ impl Session {
             more: bool,
         }
         let body = HistoryReply {
-            publications: publications.iter().map(|p| pub_of(&req.channel, p)).collect(),
-            epoch: &position.epoch,
-            offset: position.offset,
-            complete,
-            more,
+            publications: page.publications.iter().map(|p| pub_of(&req.channel, p)).collect(),
+            epoch: &page.position.epoch,
+            offset: page.position.offset,
+            complete: page.complete,
+            more: page.more,
         };
         self.ok(id, &body);
         Ok(())

@@ -170,3 +170,16 @@ fn dashboards_install_demo_keeps_an_edited_demo() {
     assert!(std::fs::read_to_string(&path).unwrap().contains("mine"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn dashboards_store_failure_is_500_naming_the_step_not_the_io_error() {
+    // A file where the store's directory should be: reads fail however privileged the test is.
+    let dir = std::env::temp_dir().join(format!("sb-dash-broken-{}-{}", std::process::id(), fastrand::u32(..)));
+    std::fs::write(&dir, b"not a directory").unwrap();
+    let store = DashboardStore::new(dir.clone());
+    let e = store.list().await.unwrap_err();
+    assert_eq!((e.code, e.message.as_str()), (code::INTERNAL, "dashboard store unavailable (listing dashboards)"));
+    let e = store.get("plant").await.unwrap_err();
+    assert_eq!((e.code, e.message.as_str()), (code::INTERNAL, "dashboard store unavailable (reading dashboard)"));
+    let _ = std::fs::remove_file(&dir);
+}

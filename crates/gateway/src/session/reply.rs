@@ -90,7 +90,7 @@ impl Serialize for SubscribeReply<'_> {
 /// Bytes `msg` takes encoded in `format`. JSON is counted without being kept; MessagePack is
 /// encoded and dropped (one item at a time, so the count never holds more than one
 /// publication or trend).
-pub(super) fn encoded_len<T: Serialize>(format: Format, msg: &T) -> usize {
+pub(crate) fn encoded_len<T: Serialize>(format: Format, msg: &T) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

@@ -132,7 +132,8 @@ pub(super) async fn send(node: &Node, source: &str, channel: &str, data: Data) -
     let pending = &node.forwarded;
     let unavailable = |why: String| ApiError::new(code::UNAVAILABLE, why);
     let not_forwarded = |e: BrokerError| {
-        unavailable(format!("source {source} runs on another node and the write could not be forwarded: {e}"))
+        let done = format!("source {source} runs on another node and the write could not be forwarded");
+        unavailable(node.broker_error_after(&done, e).message)
     };
     let reply_channel = format!("{REPLIES}{}", node.id);
     pending.replies.get_or_try_init(|| node.broker.subscribe(&reply_channel)).await.map_err(not_forwarded)?;
