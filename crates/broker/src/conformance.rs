@@ -113,7 +113,8 @@ async fn a_record_set_keeps_each_key_once_until_its_expiry(b: Arc<dyn Broker>) {
     let s = 1000;
     let put = |key: &'static str, value: &'static str, exp: u64, now: u64| {
         let b = b.clone();
-        async move { b.record_put("$set", key, value, exp, now, 3).await.unwrap() }
+        let entry = crate::Record { key: key.into(), value: value.into(), expires_ms: exp };
+        async move { b.record_put("$set", &entry, now, 3).await.unwrap() }
     };
     assert_eq!(put("a", "a1", now + 500 * s, now).await, Stored);
     for _ in 0..20 {

@@ -437,18 +437,10 @@ pub trait Broker: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Keeps `value` under `key` in the record set `set` until `expires_ms` (unix ms), by the
+    /// Keeps `entry` (its value under its key until its expiry) in the record set `set`, by the
     /// rules of [`records`]: a key keeps its later expiry, and a set at `max` live entries
     /// takes no new key. `now_ms` is the caller's clock, which judges what has expired.
-    async fn record_put(
-        &self,
-        set: &str,
-        key: &str,
-        value: &str,
-        expires_ms: u64,
-        now_ms: u64,
-        max: usize,
-    ) -> Result<RecordPut, BrokerError>;
+    async fn record_put(&self, set: &str, entry: &Record, now_ms: u64, max: usize) -> Result<RecordPut, BrokerError>;
 
     /// The entries of the record set `set` that expire after `now_ms`, in no order.
     async fn records(&self, set: &str, now_ms: u64) -> Result<Vec<Record>, BrokerError>;

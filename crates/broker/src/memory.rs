@@ -349,16 +349,8 @@ impl Broker for MemoryBroker {
         Ok(self.presence.members(channel))
     }
 
-    async fn record_put(
-        &self,
-        set: &str,
-        key: &str,
-        value: &str,
-        expires_ms: u64,
-        now_ms: u64,
-        max: usize,
-    ) -> Result<RecordPut, BrokerError> {
-        Ok(self.records.put(set, key, value, expires_ms, now_ms, max))
+    async fn record_put(&self, set: &str, entry: &Record, now_ms: u64, max: usize) -> Result<RecordPut, BrokerError> {
+        Ok(self.records.put(set, entry, now_ms, max))
     }
 
     async fn records(&self, set: &str, now_ms: u64) -> Result<Vec<Record>, BrokerError> {

@@ -46,11 +46,11 @@ pub(crate) struct RecordSets {
 }
 
 impl RecordSets {
-    pub(crate) fn put(&self, set: &str, key: &str, value: &str, expires_ms: u64, now_ms: u64, max: usize) -> RecordPut {
+    pub(crate) fn put(&self, set: &str, entry: &Record, now_ms: u64, max: usize) -> RecordPut {
         let mut sets = self.sets.lock();
         let entries = sets.entry(set.to_string()).or_default();
-        if let Some((_, e)) = entries.get(key) {
-            if *e >= expires_ms {
+        if let Some((_, e)) = entries.get(&entry.key) {
+            if *e >= entry.expires_ms {
                 return RecordPut::Kept;
             }
         } else if entries.len() >= max {
@@ -60,7 +60,7 @@ impl RecordSets {
                 return RecordPut::Full { frees_ms };
             }
         }
-        entries.insert(key.to_string(), (value.to_string(), expires_ms));
+        entries.insert(entry.key.clone(), (entry.value.clone(), entry.expires_ms));
         RecordPut::Stored
     }
 

@@ -576,16 +576,8 @@ impl Broker for RedisBroker {
         self.inner.lease_release(name, holder).await
     }
 
-    async fn record_put(
-        &self,
-        set: &str,
-        key: &str,
-        value: &str,
-        expires_ms: u64,
-        now_ms: u64,
-        max: usize,
-    ) -> Result<RecordPut, BrokerError> {
-        self.inner.record_put(set, key, value, expires_ms, now_ms, max).await
+    async fn record_put(&self, set: &str, entry: &Record, now_ms: u64, max: usize) -> Result<RecordPut, BrokerError> {
+        self.inner.record_put(set, entry, now_ms, max).await
     }
 
     async fn records(&self, set: &str, now_ms: u64) -> Result<Vec<Record>, BrokerError> {

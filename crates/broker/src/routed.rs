@@ -385,16 +385,8 @@ impl<R: Router> Broker for RoutedBroker<R> {
     }
 
     /// A record set lives whole on the target its name routes to, like a channel.
-    async fn record_put(
-        &self,
-        set: &str,
-        key: &str,
-        value: &str,
-        expires_ms: u64,
-        now_ms: u64,
-        max: usize,
-    ) -> Result<RecordPut, BrokerError> {
-        self.on_owner(set, |t| async move { t.record_put(set, key, value, expires_ms, now_ms, max).await }).await
+    async fn record_put(&self, set: &str, entry: &Record, now_ms: u64, max: usize) -> Result<RecordPut, BrokerError> {
+        self.on_owner(set, |t| async move { t.record_put(set, entry, now_ms, max).await }).await
     }
 
     async fn records(&self, set: &str, now_ms: u64) -> Result<Vec<Record>, BrokerError> {

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use switchboard_broker::{BrokerError, Data, HistoryPolicy, RecordPut};
+use switchboard_broker::{BrokerError, Data, HistoryPolicy, Record, RecordPut};
 use switchboard_protocol::code::{self, close};
 
 use crate::auth::revoke::{AddError, Revocation, MAX_REVOCATIONS};
@@ -111,8 +111,8 @@ pub async fn revoke(node: &Node, r: &Revocation) -> Result<usize, ApiError> {
         // Recorded before anything is acted on: a node starting from now on reads it.
         let value = serde_json::to_string(&r).map_err(|e| ApiError::new(code::INTERNAL, e.to_string()))?;
         let expires_ms = r.expires(now, keep).saturating_mul(1000);
-        let key = r.record_key();
-        match node.broker.record_put(REVOCATIONS, &key, &value, expires_ms, now * 1000, MAX_REVOCATIONS).await {
+        let entry = Record { key: r.record_key(), value, expires_ms };
+        match node.broker.record_put(REVOCATIONS, &entry, now * 1000, MAX_REVOCATIONS).await {
             Ok(RecordPut::Full { frees_ms }) => return Err(full((frees_ms / 1000).saturating_sub(now))),
             Ok(RecordPut::Stored | RecordPut::Kept) => {}
             Err(e) => {

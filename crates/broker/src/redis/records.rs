@@ -73,15 +73,13 @@ impl Inner {
     pub(crate) async fn record_put(
         &self,
         set: &str,
-        key: &str,
-        value: &str,
-        expires_ms: u64,
+        entry: &Record,
         now_ms: u64,
         max: usize,
     ) -> Result<RecordPut, BrokerError> {
         let (values, expiries) = self.record_keys(set);
         let mut call = self.records.put.key(values);
-        call.key(expiries).arg(key).arg(value).arg(expires_ms).arg(now_ms).arg(max);
+        call.key(expiries).arg(&entry.key).arg(&entry.value).arg(entry.expires_ms).arg(now_ms).arg(max);
         let answer: Vec<u64> = call.invoke_async(&mut self.conn().await?).await.map_err(|e| self.failed(e))?;
         Ok(match answer.as_slice() {
             [1] => RecordPut::Stored,
