@@ -51,6 +51,7 @@
 //!   simulated device (mosquitto when installed).
 //! - [`server`]: the accept loop and [`server::run`], the whole node as a blocking call.
 
+pub mod alarms;
 pub mod api;
 pub mod auth;
 pub mod config;
