@@ -65,8 +65,9 @@ impl PublicationTap for Alarms {
 }
 
 /// Starts the engine: every node keeps the definitions and the view; the lease decides who
-/// evaluates.
-pub fn start(node: &Arc<Node>) {
+/// evaluates. Returns once the first lease round is done, so that a node serves its alarms'
+/// states from its first request.
+pub async fn start(node: &Arc<Node>) {
     let defs = Defs::new(config_defs(node));
     let (alarms, queue) = Alarms::new(node, defs);
     if node.alarms.set(alarms.clone()).is_err() {
@@ -75,6 +76,7 @@ pub fn start(node: &Arc<Node>) {
     node.hub.set_tap(alarms.clone());
     forward::start(node, &alarms);
     tokio::spawn(writer::run(alarms.clone(), queue));
+    lease::first_round(&alarms, node).await;
     tokio::spawn(lease::run(alarms));
 }
 
@@ -118,6 +120,8 @@ pub(crate) async fn reload_defs(alarms: &Arc<Alarms>, node: &Arc<Node>) {
                 if **d != *a.lock().def {
                     let t = a.lock().redefine(d.clone(), now);
                     alarms.emit(t);
+                    // The value the channel holds, judged by the new limits.
+                    lease::start_following(alarms, node, &channel, true).await;
                 }
             }
             _ => {

@@ -103,7 +103,7 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
         node.spawn_channel_sweeper();
         crate::sources::start(&node);
         crate::control::start(&node);
-        crate::alarms::start(&node);
+        crate::alarms::start(&node).await;
         if let Some(sim) = simulate {
             let (n, hz) = crate::config::parse_simulate(&sim).map_err(anyhow::Error::msg)?;
             crate::simulate::spawn(node.clone(), n, hz);

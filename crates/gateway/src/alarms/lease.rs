@@ -33,6 +33,18 @@ const REFRESH_EVERY: Duration = Duration::from_secs(10);
 /// Channels read per page of the broker's listing.
 const PAGE: usize = 1000;
 
+/// The first try for the lease, at start: evaluating here, or the view read from the stored
+/// states.
+pub(super) async fn first_round(alarms: &Arc<Alarms>, node: &Arc<Node>) {
+    let ttl = Duration::from_secs(node.config.source_lease_ttl_s.max(1));
+    if node.broker.lease(LEASE, &node.id, ttl).await.unwrap_or(false) {
+        take_over(alarms, node).await;
+    } else {
+        super::reload_defs(alarms, node).await;
+        refresh_view(alarms, node).await;
+    }
+}
+
 /// Runs for the node's life: takes, renews and gives the lease back.
 pub(super) async fn run(alarms: Arc<Alarms>) {
     let Some(node) = alarms.node.upgrade() else { return };
@@ -121,15 +133,16 @@ pub(super) async fn take_over(alarms: &Arc<Alarms>, node: &Arc<Node>) {
     discover(alarms, node).await;
     let all: Vec<Arc<str>> = alarms.held.read().by_channel.keys().cloned().collect();
     for ch in all {
-        start_following(alarms, node, &ch).await;
+        start_following(alarms, node, &ch, false).await;
     }
     forget_removed(alarms, node).await;
 }
 
 /// Subscribes `channel` for its alarms, evaluates its last value (unless a live value came
-/// first) and makes sure its `alarm:` channels hold the current states.
-async fn start_following(alarms: &Arc<Alarms>, node: &Arc<Node>, channel: &str) {
-    if node.broker.kind() != "memory" {
+/// first, or `again`: a definition changed) and makes sure its `alarm:` channels hold the
+/// current states.
+pub(super) async fn start_following(alarms: &Arc<Alarms>, node: &Arc<Node>, channel: &str, again: bool) {
+    if node.broker.kind() != "memory" && !again {
         if let Err(e) = node.broker.subscribe(channel).await {
             tracing::warn!(channel, error = %e, "alarms: cannot subscribe");
         }
@@ -138,7 +151,7 @@ async fn start_following(alarms: &Arc<Alarms>, node: &Arc<Node>, channel: &str) 
     if let Ok(Some((_, Some(last)))) = node.broker.last_if_known(channel).await {
         for a in &list {
             let mut a = a.lock();
-            if a.seen() {
+            if a.seen() && !again {
                 continue;
             }
             let p = switchboard_protocol::point::parse_field(last.data.get(), &a.def.field);
@@ -151,7 +164,8 @@ async fn start_following(alarms: &Arc<Alarms>, node: &Arc<Node>, channel: &str) 
         let status = a.lock().status.clone();
         let ch = super::channel_of(&status.id);
         if matches!(node.broker.last_if_known(&ch).await, Ok(None)) {
-            super::writer::publish(node, &status, false).await;
+            // In the writer's queue, behind any transition just made.
+            let _ = alarms.queue.send(super::writer::Job::Fresh(status));
         }
     }
 }
@@ -160,7 +174,7 @@ async fn start_following(alarms: &Arc<Alarms>, node: &Arc<Node>, channel: &str) 
 pub(super) fn follow(alarms: &Alarms, channel: &str) {
     let (Some(node), Some(me)) = (alarms.node.upgrade(), node_alarms(alarms)) else { return };
     let channel = channel.to_string();
-    tokio::spawn(async move { start_following(&me, &node, &channel).await });
+    tokio::spawn(async move { start_following(&me, &node, &channel, false).await });
 }
 
 fn node_alarms(alarms: &Alarms) -> Option<Arc<Alarms>> {
@@ -181,7 +195,7 @@ async fn discover(alarms: &Arc<Alarms>, node: &Arc<Node>) {
                     continue;
                 }
                 if !alarms.ensure(&c.channel, now_ms()).is_empty() {
-                    start_following(alarms, node, &c.channel).await;
+                    start_following(alarms, node, &c.channel, false).await;
                 }
             }
             match page.next {
