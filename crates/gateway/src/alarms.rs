@@ -120,6 +120,9 @@ pub(crate) async fn reload_defs(alarms: &Arc<Alarms>, node: &Arc<Node>) {
                 if **d != *a.lock().def {
                     let t = a.lock().redefine(d.clone(), now);
                     alarms.emit(t);
+                    if d.timed() {
+                        alarms.held.write().timed.insert(id.clone(), a.clone());
+                    }
                     // The value the channel holds, judged by the new limits.
                     lease::start_following(alarms, node, &channel, true).await;
                 }
@@ -128,6 +131,7 @@ pub(crate) async fn reload_defs(alarms: &Arc<Alarms>, node: &Arc<Node>) {
                 let status = a.lock().status.clone();
                 let mut held = alarms.held.write();
                 held.by_id.remove(&id);
+                held.timed.remove(&id);
                 if let Some(list) = held.by_channel.get_mut(channel.as_str()) {
                     list.retain(|x| !Arc::ptr_eq(x, &a));
                 }
@@ -180,6 +184,9 @@ pub(crate) fn act_here(
     let alarm = alarms.held.read().by_id.get(id).cloned();
     let alarm = alarm.ok_or_else(|| ApiError::new(code::NOT_FOUND, format!("no alarm {id:?}")))?;
     let t = alarm.lock().act(act, user, comment, now_ms()).map_err(|why| ApiError::new(code::CONFLICT, why))?;
+    if matches!(act, Act::Shelve { .. }) {
+        alarms.held.write().timed.insert(id.to_string(), alarm.clone());
+    }
     let status = t.status.clone();
     alarms.emit(Some(t));
     Ok(status)

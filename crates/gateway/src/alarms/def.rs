@@ -137,6 +137,12 @@ impl AlarmDef {
         Ok(())
     }
 
+    /// Whether time alone may change the alarm (a delay or staleness): the timer visits only
+    /// such alarms, and shelved ones.
+    pub fn timed(&self) -> bool {
+        self.stale_s > 0.0 || self.on_delay_s > 0.0 || self.off_delay_s > 0.0
+    }
+
     pub fn is_pattern(&self) -> bool {
         self.channel.contains('*')
     }

@@ -82,6 +82,8 @@ pub struct Held {
     pub by_id: HashMap<String, Arc<Mutex<Alarm>>>,
     /// States read from the broker at takeover, for a pattern's alarms made later.
     pub stored: HashMap<String, Status>,
+    /// The alarms time alone may change ([`AlarmDef::timed`], or shelved): the timer's list.
+    pub timed: HashMap<String, Arc<Mutex<Alarm>>>,
 }
 
 pub struct Alarms {
@@ -150,7 +152,11 @@ impl Alarms {
                 self.view.write().insert(id.clone(), alarm.status.clone());
                 let _ = self.queue.send(Job::Fresh(alarm.status.clone()));
             }
+            let timed = alarm.def.timed() || alarm.status.state == super::state::State::Shelved;
             let alarm = Arc::new(Mutex::new(alarm));
+            if timed {
+                held.timed.insert(id.clone(), alarm.clone());
+            }
             held.by_id.insert(id, alarm.clone());
             held.by_channel.entry(Arc::from(channel)).or_default().push(alarm.clone());
             made.push(alarm);

@@ -33,6 +33,28 @@ const REFRESH_EVERY: Duration = Duration::from_secs(10);
 /// Channels read per page of the broker's listing.
 const PAGE: usize = 1000;
 
+/// What time alone changes, for the alarms that time may change; those it no longer may
+/// (a shelf ended) leave the list.
+fn tick_timed(alarms: &Alarms, now: u64) {
+    let list: Vec<_> = alarms.held.read().timed.iter().map(|(id, a)| (id.clone(), a.clone())).collect();
+    let mut done = Vec::new();
+    for (id, a) in list {
+        let mut a = a.lock();
+        let t = a.tick(now);
+        if !a.def.timed() && a.status.state != super::state::State::Shelved {
+            done.push(id);
+        }
+        drop(a);
+        alarms.emit(t);
+    }
+    if !done.is_empty() {
+        let mut held = alarms.held.write();
+        for id in done {
+            held.timed.remove(&id);
+        }
+    }
+}
+
 /// The first try for the lease, at start: evaluating here, or the view read from the stored
 /// states.
 pub(super) async fn first_round(alarms: &Arc<Alarms>, node: &Arc<Node>) {
@@ -76,12 +98,7 @@ pub(super) async fn run(alarms: Arc<Alarms>) {
             refresh_view(&alarms, &node).await;
         }
         if alarms.holding.load(Relaxed) {
-            let t = now_ms();
-            let list: Vec<_> = alarms.held.read().by_id.values().cloned().collect();
-            for a in list {
-                let tr = a.lock().tick(t);
-                alarms.emit(tr);
-            }
+            tick_timed(&alarms, now_ms());
             if now >= discover_at {
                 discover_at = now + DISCOVER_EVERY;
                 discover(&alarms, &node).await;
