@@ -38,6 +38,9 @@ for round in $(seq 1 "$ROUNDS"); do
         env -u SWITCHBOARD_BIN "$BIN" serve "${config[@]}" --data-dir "$data" --listen "127.0.0.1:$port" > /dev/null 2>&1 &
         spid=$!
         for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.1; done
+        # A node with alarms stores and publishes each new alarm's first state at start: let
+        # it settle, so that the run measures the steady state of every node alike.
+        sleep 8
         dir="$OUT/$run-$round"
         "$BIN" bench streams --target "ws://127.0.0.1:$port/ws" --users 1 --points "$POINTS" --hz 1 \
             --duration "$DURATION" --server-pid "$spid" --out "$dir" --quiet > "$dir.log" 2>&1
