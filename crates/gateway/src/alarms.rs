@@ -4,7 +4,8 @@
 //!
 //! # Layout
 //! - this file: starting the engine, the operators' actions and definition changes (each
-//!   checked here, whichever path asked), the names the broker keeps them under.
+//!   checked here, whichever path asked), the names the broker keeps them under. The HTTP
+//!   routes are `crate::api`'s (`api/alarms.rs`).
 //! - [`def`]: definitions and their validation, the ids of a pattern's alarms.
 //! - [`state`]: one alarm's ISA-18.2 state machine, pure (`state_tests.rs` its tests).
 //! - [`engine`]: [`Alarms`], the definitions, the held alarms, every node's view of the states
@@ -15,7 +16,6 @@
 //! - [`journal`]: journal entries and bounded reads.
 //! - [`forward`]: an operator's action reaching a node that does not evaluate, sent to the
 //!   one that does (internal `$` channels).
-//! - [`api`]: `/api/alarms…`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -29,7 +29,6 @@ use crate::hub::PublicationTap;
 use crate::log_limit::LogLimit;
 use crate::node::{ApiError, Node};
 
-pub mod api;
 pub mod def;
 pub mod engine;
 pub mod forward;
@@ -41,7 +40,8 @@ pub mod writer;
 pub use engine::Alarms;
 
 use def::AlarmDef;
-use engine::{Defs, Origin, MAX_DEFS};
+use def::MAX_DEFS;
+use engine::{Defs, Origin};
 use state::{Act, Kind, Status};
 
 /// The broker table of the alarms' states, by alarm id.
@@ -69,15 +69,15 @@ impl PublicationTap for Alarms {
 /// states from its first request.
 pub async fn start(node: &Arc<Node>) {
     let defs = Defs::new(config_defs(node));
-    let (alarms, queue) = Alarms::new(node, defs);
+    let (alarms, queue) = Alarms::new(defs);
     if node.alarms.set(alarms.clone()).is_err() {
         return;
     }
     node.hub.set_tap(alarms.clone());
     forward::start(node, &alarms);
-    tokio::spawn(writer::run(alarms.clone(), queue));
+    tokio::spawn(writer::run(alarms.clone(), Arc::downgrade(node), queue));
     lease::first_round(&alarms, node).await;
-    tokio::spawn(lease::run(alarms));
+    tokio::spawn(lease::run(alarms, Arc::downgrade(node)));
 }
 
 fn config_defs(node: &Node) -> BTreeMap<String, (Arc<AlarmDef>, Origin)> {
@@ -129,13 +129,7 @@ pub(crate) async fn reload_defs(alarms: &Arc<Alarms>, node: &Arc<Node>) {
             }
             _ => {
                 let status = a.lock().status.clone();
-                let mut held = alarms.held.write();
-                held.by_id.remove(&id);
-                held.timed.remove(&id);
-                if let Some(list) = held.by_channel.get_mut(channel.as_str()) {
-                    list.retain(|x| !Arc::ptr_eq(x, &a));
-                }
-                drop(held);
+                forget(alarms, &id, &channel, &a);
                 writer::remove(alarms, node, status).await;
             }
         }
@@ -143,9 +137,31 @@ pub(crate) async fn reload_defs(alarms: &Arc<Alarms>, node: &Arc<Node>) {
     let channels: Vec<String> = defs.exact_channels().cloned().collect();
     for ch in channels {
         if !alarms.ensure(&ch, now).is_empty() {
-            lease::follow(alarms, &ch);
+            follow(alarms, node, ch);
         }
     }
+}
+
+/// Drops a held alarm (its definition left).
+fn forget(alarms: &Alarms, id: &str, channel: &str, a: &Arc<parking_lot::Mutex<state::Alarm>>) {
+    let mut held = alarms.held.write();
+    held.by_id.remove(id);
+    held.timed.remove(id);
+    if let Some(list) = held.by_channel.get_mut(channel) {
+        list.retain(|x| !Arc::ptr_eq(x, a));
+    }
+}
+
+/// A pattern's new channel met in a publication, or a channel to follow again: subscribed and
+/// evaluated in a task of its own (the writer asks; `engine` holds no node).
+pub(crate) fn follow(alarms: &Arc<Alarms>, node: &Arc<Node>, channel: String) {
+    let (alarms, node) = (alarms.clone(), node.clone());
+    tokio::spawn(async move { lease::start_following(&alarms, &node, &channel, false).await });
+}
+
+/// A stored state whose definition is gone: removed, its screens told.
+pub(crate) async fn remove(alarms: &Alarms, node: &Arc<Node>, status: Status) {
+    writer::remove(alarms, node, status).await;
 }
 
 /// An operator's action on alarm `id` as `who`: the new state, or why not (403 without

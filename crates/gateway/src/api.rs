@@ -17,6 +17,7 @@ use crate::auth::http::{allow, allow_publish, Caller};
 use crate::auth::{Action, Identity};
 use crate::node::{ApiError, Node, Target};
 
+mod alarms;
 mod bodies;
 pub(crate) mod control;
 pub mod query;
@@ -50,7 +51,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(failpoints())
-        .merge(crate::alarms::api::router())
+        .merge(alarms::router())
         .merge(crate::dashboards::router(&node.config))
         // `/sse`, `/poll`, `/poll/{session}`: the HTTP transports (SPEC §3).
         .merge(crate::transport::poll::router(node.clone()))

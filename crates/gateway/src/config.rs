@@ -489,9 +489,9 @@ impl Config {
         Ok(())
     }
 
-    /// Each alarm definition, unique ids, at most [`crate::alarms::engine::MAX_DEFS`].
+    /// Each alarm definition, unique ids, at most [`crate::alarms::def::MAX_DEFS`].
     fn validate_alarms(&self) -> Result<(), ConfigError> {
-        let max = crate::alarms::engine::MAX_DEFS;
+        let max = crate::alarms::def::MAX_DEFS;
         if self.alarms.len() > max {
             return Err(ConfigError(format!("alarms: at most {max} definitions")));
         }

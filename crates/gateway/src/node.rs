@@ -68,7 +68,7 @@ pub struct Node {
     /// Who each connection is, for disconnects and revocations (`crate::control`).
     pub owners: crate::control::owners::Owners,
     /// The alarm engine, once started (`crate::alarms::start`).
-    pub alarms: std::sync::OnceLock<Arc<crate::alarms::Alarms>>,
+    pub alarms: std::sync::OnceLock<Arc<crate::alarms::engine::Alarms>>,
     /// Open connections by id, for heartbeats and shutdown. Touched once per connect and
     /// disconnect, never on the delivery path.
     conns: Mutex<HashMap<u64, Arc<Outbox>>>,

@@ -7,6 +7,8 @@ use switchboard_protocol::{namespace_of, validate_channel};
 
 use crate::auth::pattern::Pattern;
 
+/// Most definitions (configuration and API together).
+pub const MAX_DEFS: usize = 20_000;
 /// Longest definition id.
 pub const MAX_ID_LEN: usize = 64;
 /// Longest `message`.

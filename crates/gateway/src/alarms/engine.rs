@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 use switchboard_broker::Publication;
@@ -18,12 +18,8 @@ use tokio::sync::mpsc;
 
 use super::def::AlarmDef;
 use super::state::{Alarm, Status, Transition};
-use super::writer::Job;
 use crate::auth::pattern::Pattern;
-use crate::node::Node;
 
-/// Most definitions (configuration and API together).
-pub const MAX_DEFS: usize = 20_000;
 /// Most alarms, pattern instances included.
 pub const MAX_ALARMS: usize = 100_000;
 /// The channel every transition is also published on.
@@ -86,8 +82,26 @@ pub struct Held {
     pub timed: HashMap<String, Arc<Mutex<Alarm>>>,
 }
 
+/// What the writer task is given, in order.
+pub enum Job {
+    Transition(Transition),
+    /// A new alarm's first state.
+    Fresh(Status),
+    /// A channel a pattern newly matched: to subscribe and follow.
+    Follow(String),
+}
+
+/// What a forwarded action is answered: the alarm's new state, or the refusal.
+pub type Answer = Result<Status, crate::error::ApiError>;
+
+/// Actions this node forwarded to the holder and waits for, by request id.
+#[derive(Default)]
+pub struct Waiting {
+    pub(super) next: AtomicU64,
+    pub(super) by_id: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Answer>>>,
+}
+
 pub struct Alarms {
-    pub(super) node: Weak<Node>,
     pub defs: RwLock<Arc<Defs>>,
     pub held: RwLock<Held>,
     /// Every alarm's latest state: the holder's own, the others' from `alarm:all`.
@@ -98,14 +112,13 @@ pub struct Alarms {
     pub refused: AtomicU64,
     pub(super) transitions: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     /// Actions forwarded to the holder, waiting for its answer.
-    pub(super) waiting: super::forward::Waiting,
+    pub(super) waiting: Waiting,
 }
 
 impl Alarms {
-    pub(super) fn new(node: &Arc<Node>, defs: Defs) -> (Arc<Alarms>, mpsc::UnboundedReceiver<Job>) {
+    pub(super) fn new(defs: Defs) -> (Arc<Alarms>, mpsc::UnboundedReceiver<Job>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let alarms = Arc::new(Alarms {
-            node: Arc::downgrade(node),
             defs: RwLock::new(Arc::new(defs)),
             held: RwLock::new(Held::default()),
             view: RwLock::new(HashMap::new()),
@@ -197,7 +210,7 @@ impl Alarms {
         let made = self.ensure(channel, p.time_ms);
         if !made.is_empty() {
             self.evaluate(&made, p.data.get(), p.time_ms);
-            super::lease::follow(self, channel);
+            let _ = self.queue.send(Job::Follow(channel.to_string()));
         }
     }
 

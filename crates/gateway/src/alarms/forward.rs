@@ -12,12 +12,10 @@
 //! `$` channels, which only nodes can publish on. Each node also follows `alarm:all`, which
 //! keeps its view of the states current.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use switchboard_broker::{BrokerError, Data, HistoryPolicy};
@@ -39,14 +37,7 @@ const WAIT: Duration = Duration::from_secs(5);
 const MAX_WAITING: usize = 1024;
 const NO_HISTORY: HistoryPolicy = HistoryPolicy { size: 0, ttl: Duration::ZERO, trend: None };
 
-type Answer = Result<Status, ApiError>;
-
-/// Actions this node forwarded and waits for, by request id.
-#[derive(Default)]
-pub struct Waiting {
-    next: AtomicU64,
-    by_id: Mutex<HashMap<u64, oneshot::Sender<Answer>>>,
-}
+use super::engine::Answer;
 
 #[derive(Serialize, Deserialize)]
 struct Request {

@@ -14,12 +14,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use switchboard_broker::{now_ms, ChannelQuery};
 
-use super::engine::{Alarms, Held};
+use super::engine::{Alarms, Held, Job};
 use super::state::Status;
 use super::STATES;
 use crate::node::Node;
@@ -68,8 +68,8 @@ pub(super) async fn first_round(alarms: &Arc<Alarms>, node: &Arc<Node>) {
 }
 
 /// Runs for the node's life: takes, renews and gives the lease back.
-pub(super) async fn run(alarms: Arc<Alarms>) {
-    let Some(node) = alarms.node.upgrade() else { return };
+pub(super) async fn run(alarms: Arc<Alarms>, weak: Weak<Node>) {
+    let Some(node) = weak.upgrade() else { return };
     let ttl = Duration::from_secs(node.config.source_lease_ttl_s.max(1));
     let mut stopping = node.stopping();
     drop(node);
@@ -82,7 +82,7 @@ pub(super) async fn run(alarms: Arc<Alarms>) {
             _ = tick.tick() => {}
             _ = stopping.changed() => break,
         }
-        let Some(node) = alarms.node.upgrade() else { return };
+        let Some(node) = weak.upgrade() else { return };
         let now = tokio::time::Instant::now();
         if now >= renew_at {
             renew_at = now + ttl / 3;
@@ -105,7 +105,7 @@ pub(super) async fn run(alarms: Arc<Alarms>) {
             }
         }
     }
-    if let Some(node) = alarms.node.upgrade() {
+    if let Some(node) = weak.upgrade() {
         if alarms.holding.load(Relaxed) {
             give_up(&alarms, &node).await;
             let _ = node.broker.lease_release(LEASE, &node.id).await;
@@ -182,20 +182,9 @@ pub(super) async fn start_following(alarms: &Arc<Alarms>, node: &Arc<Node>, chan
         let ch = super::channel_of(&status.id);
         if matches!(node.broker.last_if_known(&ch).await, Ok(None)) {
             // In the writer's queue, behind any transition just made.
-            let _ = alarms.queue.send(super::writer::Job::Fresh(status));
+            let _ = alarms.queue.send(Job::Fresh(status));
         }
     }
-}
-
-/// A pattern's new channel, met in a publication: subscribed and followed in the background.
-pub(super) fn follow(alarms: &Alarms, channel: &str) {
-    let (Some(node), Some(me)) = (alarms.node.upgrade(), node_alarms(alarms)) else { return };
-    let channel = channel.to_string();
-    tokio::spawn(async move { start_following(&me, &node, &channel, false).await });
-}
-
-fn node_alarms(alarms: &Alarms) -> Option<Arc<Alarms>> {
-    alarms.node.upgrade()?.alarms.get().cloned()
 }
 
 /// Looks for the patterns' channels in the broker's listing.
@@ -235,7 +224,7 @@ async fn forget_removed(alarms: &Arc<Alarms>, node: &Arc<Node>) {
         keep
     });
     for s in gone {
-        super::writer::remove(alarms, node, s).await;
+        super::remove(alarms, node, s).await;
     }
 }
 

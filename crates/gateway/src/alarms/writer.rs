@@ -6,30 +6,23 @@
 //! transition goes on.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde_json::value::RawValue;
 use tokio::sync::mpsc;
 
-use super::engine::{Alarms, ALL};
-use super::state::{Kind, Status, Transition};
+use super::engine::{Alarms, Job, ALL};
+use super::state::{Kind, Status};
 use super::{channel_of, journal, STATES};
 use crate::node::Node;
 
 const TRIES: u32 = 3;
 const PAUSE: Duration = Duration::from_millis(300);
 
-/// What the writer is given.
-pub enum Job {
-    Transition(Transition),
-    /// A new alarm's first state.
-    Fresh(Status),
-}
-
-pub(super) async fn run(alarms: Arc<Alarms>, mut queue: mpsc::UnboundedReceiver<Job>) {
+pub(super) async fn run(alarms: Arc<Alarms>, node: Weak<Node>, mut queue: mpsc::UnboundedReceiver<Job>) {
     while let Some(job) = queue.recv().await {
-        let Some(node) = alarms.node.upgrade() else { return };
+        let Some(node) = node.upgrade() else { return };
         match job {
             Job::Transition(t) => {
                 store(&node, &t.status).await;
@@ -41,6 +34,7 @@ pub(super) async fn run(alarms: Arc<Alarms>, mut queue: mpsc::UnboundedReceiver<
                 store(&node, &status).await;
                 publish(&node, &status, true).await;
             }
+            Job::Follow(channel) => super::follow(&alarms, &node, channel),
         }
     }
 }

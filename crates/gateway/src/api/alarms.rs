@@ -1,6 +1,6 @@
 //! `/api/alarms…` (docs/alarms.md): the states, the journal, operators' actions and the API's
 //! definitions. Reading needs `subscribe` on `alarm:all`; acting is checked by
-//! [`super::act`]; definitions take an API key.
+//! [`crate::alarms::act`]; definitions take an API key.
 
 use std::sync::Arc;
 
@@ -13,13 +13,13 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use switchboard_protocol::code;
 
-use super::def::AlarmDef;
-use super::engine::{Origin, ALL};
-use super::journal::{self, MAX_LIMIT};
-use super::state::Act;
-use crate::api::control::api_key_only;
-use crate::api::query::Query;
-use crate::api::{who, CallerExt};
+use super::control::api_key_only;
+use super::query::Query;
+use super::{who, CallerExt};
+use crate::alarms::def::AlarmDef;
+use crate::alarms::engine::{Alarms, Origin, ALL};
+use crate::alarms::journal::{self, MAX_LIMIT};
+use crate::alarms::state::Act;
 use crate::auth::http::allow;
 use crate::auth::Action;
 use crate::node::{ApiError, Node};
@@ -34,7 +34,7 @@ pub fn router() -> Router<Arc<Node>> {
         .route("/api/alarms/{id}/{act}", post(act))
 }
 
-fn alarms(node: &Node) -> Result<&Arc<super::Alarms>, ApiError> {
+fn alarms(node: &Node) -> Result<&Arc<Alarms>, ApiError> {
     node.alarms.get().ok_or_else(|| ApiError::new(code::UNAVAILABLE, "alarms are not running"))
 }
 
@@ -92,13 +92,13 @@ async fn act(
     };
     let act = match act.as_str() {
         "ack" => Act::Ack,
-        "shelve" => super::shelve_until(body.for_s)?,
+        "shelve" => crate::alarms::shelve_until(body.for_s)?,
         "unshelve" => Act::Unshelve,
         other => {
             return Err(ApiError::new(code::NOT_FOUND, format!("no alarm action {other:?} (ack, shelve, unshelve)")))
         }
     };
-    let status = super::act(&node, &who(&caller), &id, act, body.comment).await?;
+    let status = crate::alarms::act(&node, &who(&caller), &id, act, body.comment).await?;
     Ok(Json(status).into_response())
 }
 
@@ -181,7 +181,7 @@ async fn put_def(
         return Err(ApiError::new(code::BAD_REQUEST, "id: the URL names the definition; leave id out"));
     }
     def.id = id;
-    let made = super::put_def(&node, &who(&caller), def.clone()).await?;
+    let made = crate::alarms::put_def(&node, &who(&caller), def.clone()).await?;
     let status = if made { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(def_json(&def, Origin::Api))).into_response())
 }
@@ -192,6 +192,6 @@ async fn delete_def(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     api_key_only(&node, &caller, "removing alarms")?;
-    super::delete_def(&node, &who(&caller), &id).await?;
+    crate::alarms::delete_def(&node, &who(&caller), &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
