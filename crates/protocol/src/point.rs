@@ -218,7 +218,7 @@ mod tests {
     fn point_value_from_another_field() {
         let p = parse_field(r#"{"v": 1, "temp": 82.5, "q": "bad"}"#, "temp");
         assert_eq!((p.v, p.q.as_deref()), (Some(82.5), Some("bad")));
-        assert_eq!(parse_field(r#"{"temp": "hot"}"#, "temp").v_other, true);
+        assert!(parse_field(r#"{"temp": "hot"}"#, "temp").v_other);
         assert_eq!(parse_field(r#"{"v": 3}"#, "temp").v, None);
         assert_eq!(parse_field("7", "temp").v, Some(7.0), "a bare number is its own value");
         assert_eq!(parse_field(r#"{"temp": 1} x"#, "temp").form, Form::Other);
