@@ -51,6 +51,11 @@ fn value(topic: &str, i: u64, flow: f64) -> String {
     }
 }
 
+/// The demo's alarms (`[[alarms]]`, docs/alarms.md) over the points of its MQTT path: the
+/// line's temperature (HI, HIHI), its flow (LO while it comes up, HI and HIHI past a high
+/// setpoint) and a pattern over every line 1 point (not updated for 10 s: the ambient point).
+pub const DEMO_ALARMS: &str = include_str!("demo-alarms.toml");
+
 const TOPICS: [&str; 4] = ["demo/line1/temperature", "demo/line1/running", "demo/line1/state", "demo/line1/flow"];
 /// Where the simulated device takes its setpoint, and the setpoint it starts with.
 const SETPOINT_TOPIC: &str = "set/demo/line1/flow";
@@ -170,4 +175,46 @@ fn listening(port: u16, limit: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The demo's alarms use only the fields docs/alarms.md defines, with valid ids, over
+    /// channels the demo publishes.
+    #[test]
+    fn demo_alarms_follow_the_contract() {
+        const FIELDS: [&str; 15] = [
+            "id",
+            "channel",
+            "field",
+            "hi",
+            "hihi",
+            "lo",
+            "lolo",
+            "deadband",
+            "on_delay_s",
+            "off_delay_s",
+            "priority",
+            "message",
+            "bad_quality",
+            "stale_s",
+            "enabled",
+        ];
+        let doc: toml::Value = toml::from_str(DEMO_ALARMS).unwrap();
+        let alarms = doc["alarms"].as_array().unwrap();
+        assert_eq!(alarms.len(), 3);
+        for a in alarms {
+            let t = a.as_table().unwrap();
+            for k in t.keys() {
+                assert!(FIELDS.contains(&k.as_str()), "{k}");
+            }
+            let id = t["id"].as_str().unwrap();
+            assert!(id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)), "{id}");
+            let channel = t["channel"].as_str().unwrap();
+            assert!(channel.starts_with("pt:demo.line1."), "{channel}");
+            assert!(["low", "medium", "high", "critical"].contains(&t["priority"].as_str().unwrap()));
+        }
+    }
 }
