@@ -7,15 +7,18 @@ import { fitValue, type TextRun } from './fit.js';
 const VALUE_MAX_PX = 96;
 const GAUGE_MAX_PX = 28;
 
-/** A value's number (or word) and units as laid out for one box size, kept while neither changes. */
+/** A value's number (or word) and units as laid out for one box size, kept while neither
+ * changes (compared field by field: a paint allocates nothing when they did not). */
 class Fitted {
-  private key = '';
+  private main = '';
+  private units = '';
+  private w = -1;
+  private h = -1;
   private runs: TextRun[] = [];
 
   get(main: string, units: string, w: number, h: number, maxPx: number): TextRun[] {
-    const key = `${main}\u0000${units}\u0000${w}\u0000${h}`;
-    if (key !== this.key) {
-      this.key = key;
+    if (main !== this.main || units !== this.units || w !== this.w || h !== this.h) {
+      [this.main, this.units, this.w, this.h] = [main, units, w, h];
       this.runs = fitValue(main, units, w, h, maxPx, 600, THEME.font);
     }
     return this.runs;
