@@ -31,6 +31,8 @@ export interface AlarmState {
   comment: string | null;
   shelved_until: number | null;
   seq: number;
+  /** Its definition was removed: this last state is published once, and screens drop it. */
+  removed?: boolean;
 }
 
 /** Kinds of journal entries. */
@@ -123,7 +125,9 @@ export function needsAttention(a: AlarmState): boolean {
 /**
  * One state per alarm, from the `alarm:all` channel and `GET /api/alarms` in whatever order
  * they arrive: of two states of an alarm the one with the higher `seq` is kept. Subscribe to
- * `alarm:all` first, then read the list, so no transition falls between the two.
+ * `alarm:all` first, then read the list, so no transition falls between the two. A state
+ * marked `removed` (its definition is gone) is kept as a tombstone, so an older state read
+ * later does not bring the alarm back, and left out of `list` and `get`.
  */
 export class AlarmBook {
   private readonly byId = new Map<string, AlarmState>();
@@ -145,16 +149,20 @@ export class AlarmBook {
   }
 
   get(id: string): AlarmState | undefined {
-    return this.byId.get(id);
+    const s = this.byId.get(id);
+    return s?.removed ? undefined : s;
   }
 
   /** Every alarm held, worst first (`compareAlarms`). */
   list(): AlarmState[] {
-    return [...this.byId.values()].sort(compareAlarms);
+    return [...this.byId.values()].filter((s) => !s.removed).sort(compareAlarms);
   }
 
+  /** How many alarms are held (removed ones left out). */
   get size(): number {
-    return this.byId.size;
+    let n = 0;
+    for (const s of this.byId.values()) if (!s.removed) n++;
+    return n;
   }
 }
 

@@ -85,6 +85,12 @@ describe('alarm book', () => {
     expect(b.get('a')?.state).toBe('normal');
     expect(b.apply({ not: 'a state' } as unknown as AlarmState)).toBe(false);
     expect(b.size).toBe(2);
+    // A removed definition's last state drops the alarm, and an older state does not bring it back.
+    expect(b.apply(state('b', 2, { removed: true }))).toBe(true);
+    expect(b.get('b')).toBeUndefined();
+    expect(b.applyAll([state('b', 1)])).toBe(false);
+    expect(b.list().map((a) => a.id)).toEqual(['a']);
+    expect(b.size).toBe(1);
   });
 
   it('lists worst first: unacknowledged, active, priority, newest', () => {
