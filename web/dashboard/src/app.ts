@@ -117,10 +117,11 @@ export class App {
 
     const main = h('main', { className: 'main' }, [this.side]);
     // Operators act on alarms as themselves: the commands go on the page's own connection.
+    const comment = (c: string) => (c ? { comment: c } : {});
     this.alarms = new AlarmList({
-      ack: (id, comment) => this.client.alarmAck(id, comment || undefined),
-      shelve: (id, forS, comment) => this.client.alarmShelve(id, forS, comment || undefined),
-      unshelve: (id, comment) => this.client.alarmUnshelve(id, comment || undefined),
+      ack: (alarm, c) => this.client.request('alarm_ack', { alarm, ...comment(c) }),
+      shelve: (alarm, forS, c) => this.client.request('alarm_shelve', { alarm, for_s: forS, ...comment(c) }),
+      unshelve: (alarm, c) => this.client.request('alarm_unshelve', { alarm, ...comment(c) }),
     });
     root.append(this.bar, this.alarms.el, main, this.login.el);
     this.board = new Board(main);

@@ -1,6 +1,7 @@
 // The server's alarms as a client sees them (docs/alarms.md): the state object published on
-// `alarm:{id}` and `alarm:all` (and answered by `GET /api/alarms` and the alarm commands), a
-// journal entry, and `AlarmBook`, which keeps one state per alarm from both sources.
+// `alarm:{id}` and `alarm:all` (and answered by `GET /api/alarms` and the alarm commands, which
+// `Client.request` sends: `alarm_ack`, `alarm_shelve`, `alarm_unshelve`), a journal entry, and
+// `AlarmBook`, which keeps one state per alarm from both sources.
 
 /** ISA-18.2 states of an alarm. */
 export type AlarmStateName = 'normal' | 'active_unacked' | 'active_acked' | 'rtn_unacked' | 'shelved' | 'out_of_service';

@@ -7,7 +7,6 @@
 // new epoch's history, for non-point channels) is delivered instead. Point channels deliver only
 // the latest publication per frame.
 
-import type { AlarmState } from './alarms.js';
 import { Backoff } from './backoff.js';
 import { defaultScheduler, FrameBatcher, type FrameBatch } from './batcher.js';
 import { codecFor, type Codec } from './codec.js';
@@ -330,23 +329,6 @@ export class Client implements SubscriptionOwner {
   /** Hands the server a fresh token for this connection. */
   refresh(token: string): Promise<{ expires: number }> {
     return this.request('refresh', { token });
-  }
-
-  /** Acknowledges an alarm as the connection's user, with an optional comment (≤ 500 bytes);
-   * resolves with its new state. Needs the `alarm_ack` permission of the alarm's namespace
-   * (403 otherwise); an alarm not waiting for an acknowledgement is refused with 409. */
-  alarmAck(alarm: string, comment?: string): Promise<AlarmState> {
-    return this.request('alarm_ack', comment ? { alarm, comment } : { alarm });
-  }
-
-  /** Shelves an alarm for `forS` seconds (1–86,400; shelving again moves the end). */
-  alarmShelve(alarm: string, forS: number, comment?: string): Promise<AlarmState> {
-    return this.request('alarm_shelve', comment ? { alarm, for_s: forS, comment } : { alarm, for_s: forS });
-  }
-
-  /** Ends an alarm's shelf: it takes the state its condition says. */
-  alarmUnshelve(alarm: string, comment?: string): Promise<AlarmState> {
-    return this.request('alarm_unshelve', comment ? { alarm, comment } : { alarm });
   }
 
   /** Sends a command and resolves with its reply. Before `connect()` and while reconnecting it

@@ -83,7 +83,7 @@ export interface CommandBodies {
   presence: { channel: string };
   ping: { data?: unknown };
   refresh: { token: string };
-  /** Acknowledges an alarm as the connection's user (docs/alarms.md). */
+  /** Acknowledges an alarm as the connection's user (docs/alarms.md); `comment` ≤ 500 bytes. */
   alarm_ack: { alarm: string; comment?: string };
   /** Shelves an alarm for `for_s` seconds (1–86,400). */
   alarm_shelve: { alarm: string; for_s: number; comment?: string };
