@@ -146,7 +146,12 @@ def add_user(binary: str, users, name: str, password: str) -> None:
 
 def start_server(binary: str, args: list, stderr_path: str, startup_timeout: float = 10.0,
                  env: dict | None = None) -> Server:
-    cmd = [binary, "serve", "--listen", "127.0.0.1:0", *[str(a) for a in args]]
+    args = [str(a) for a in args]
+    if "--data-dir" not in args:
+        # Each node its own data directory (dashboards, the memory broker's alarm states and
+        # journal) beside its log: nodes of one test, or of two tests, never share files.
+        args += ["--data-dir", os.path.splitext(os.path.abspath(stderr_path))[0] + ".data"]
+    cmd = [binary, "serve", "--listen", "127.0.0.1:0", *args]
     errf = open(stderr_path, "wb")
     full_env = server_env()
     # The server's own temporary files (an OPC UA source's certificate store) go beside its log,

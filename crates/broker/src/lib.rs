@@ -19,6 +19,9 @@
 //! - [`trend`]: downsampled trends of point channels (buckets of min/max/last/count).
 //! - [`records`]: record sets, small shared sets of entries each kept until its own expiry
 //!   (the cluster's revocation list), and the memory broker's table of them.
+//! - [`kept`]: tables and logs a node keeps for the cluster (alarm states, definitions and
+//!   journal): their shared types; Redis keeps them as hashes and streams
+//!   (`redis/kept.rs`), the memory broker in its directory (`memory/kept.rs`).
 //! - [`conformance`]: the suite every broker must pass (run from each implementation's tests).
 //!
 //! # Delivery contract
@@ -41,6 +44,7 @@ use serde_json::value::RawValue;
 
 pub mod cluster;
 pub mod conformance;
+pub mod kept;
 pub mod memory;
 pub mod records;
 pub mod redis;
@@ -50,6 +54,7 @@ pub mod trend;
 
 pub use self::redis::RedisBroker;
 pub use cluster::ClusterBroker;
+pub use kept::{LogEntry, LogKeep};
 pub use memory::MemoryBroker;
 pub use records::{Record, RecordPut};
 pub use routed::RoutedBroker;
@@ -444,6 +449,25 @@ pub trait Broker: Send + Sync + 'static {
 
     /// The entries of the record set `set` that expire after `now_ms`, in no order.
     async fn records(&self, set: &str, now_ms: u64) -> Result<Vec<Record>, BrokerError>;
+
+    /// Keeps `value` under `key` in the table `name` ([`kept`]) until it is replaced or
+    /// removed.
+    async fn table_put(&self, name: &str, key: &str, value: &str) -> Result<(), BrokerError>;
+
+    /// Removes `key` from the table `name` (nothing there: nothing done).
+    async fn table_remove(&self, name: &str, key: &str) -> Result<(), BrokerError>;
+
+    /// Every entry of the table `name`, in no order.
+    async fn table_all(&self, name: &str) -> Result<Vec<(String, String)>, BrokerError>;
+
+    /// Appends `entry` (one line of text) to the log `name` ([`kept`]), dropping what `keep`
+    /// no longer holds; answers the entry's cursor.
+    async fn log_append(&self, name: &str, entry: &str, keep: LogKeep) -> Result<String, BrokerError>;
+
+    /// Up to `count` entries of the log `name` older than the cursor `before` (`None`: from
+    /// the newest), newest first. A cursor this broker could not have handed out is
+    /// [`BrokerError::BadCursor`].
+    async fn log_read(&self, name: &str, before: Option<&str>, count: usize) -> Result<Vec<LogEntry>, BrokerError>;
 }
 
 /// Unix time in milliseconds.

@@ -3,6 +3,7 @@
 //! with an offset from before the restart learns `complete: false` instead of silently missing
 //! publications.
 
+mod kept;
 mod keys;
 mod presence;
 
@@ -19,8 +20,8 @@ use crate::records::RecordSets;
 use crate::trend::{sample, TrendRing};
 use crate::{
     now_ms, Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelSummary, ClientInfo, Data,
-    HistoryPolicy, HistoryResult, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
-    UNPUBLISHED_KEEP,
+    HistoryPolicy, HistoryResult, LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket,
+    TrendPolicy, UNPUBLISHED_KEEP,
 };
 use keys::RecentKeys;
 
@@ -101,6 +102,8 @@ pub struct MemoryBroker {
     max_channels: usize,
     presence: presence::PresenceTable,
     records: RecordSets,
+    /// Tables and logs ([`crate::kept`]), in files when [`MemoryBroker::keeping_in`] named a directory.
+    kept: kept::Kept,
     /// Idempotency keys held over all channels (bounded by [`crate::MAX_KEYS`]).
     keys_held: AtomicUsize,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
@@ -125,9 +128,17 @@ impl MemoryBroker {
             max_channels: max,
             presence: presence::PresenceTable::default(),
             records: RecordSets::default(),
+            kept: kept::Kept::default(),
             keys_held: AtomicUsize::new(0),
             handler: OnceLock::new(),
         }
+    }
+
+    /// Keeps tables and logs ([`crate::kept`]) in files under `dir`, so that they outlive the
+    /// process (channels still do not).
+    pub fn keeping_in(mut self, dir: std::path::PathBuf) -> MemoryBroker {
+        self.kept = kept::Kept::in_dir(dir);
+        self
     }
 
     /// Creates the channel's stream in `table` unless the ceiling is reached.
@@ -351,6 +362,26 @@ impl Broker for MemoryBroker {
 
     async fn record_put(&self, set: &str, entry: &Record, now_ms: u64, max: usize) -> Result<RecordPut, BrokerError> {
         Ok(self.records.put(set, entry, now_ms, max))
+    }
+
+    async fn table_put(&self, name: &str, key: &str, value: &str) -> Result<(), BrokerError> {
+        self.kept.table_put(name, key, value)
+    }
+
+    async fn table_remove(&self, name: &str, key: &str) -> Result<(), BrokerError> {
+        self.kept.table_remove(name, key)
+    }
+
+    async fn table_all(&self, name: &str) -> Result<Vec<(String, String)>, BrokerError> {
+        self.kept.table_all(name)
+    }
+
+    async fn log_append(&self, name: &str, entry: &str, keep: LogKeep) -> Result<String, BrokerError> {
+        self.kept.log_append(name, entry, keep)
+    }
+
+    async fn log_read(&self, name: &str, before: Option<&str>, count: usize) -> Result<Vec<LogEntry>, BrokerError> {
+        self.kept.log_read(name, before, count)
     }
 
     async fn records(&self, set: &str, now_ms: u64) -> Result<Vec<Record>, BrokerError> {

@@ -23,6 +23,7 @@
 //!   the nodes compress once closed (the `redis-trend-compactor` task).
 //! - Leases (`redis::lease`): which node runs each plant data source.
 //! - Record sets (`redis::records`): shared entries each kept until its own expiry.
+//! - Tables and logs (`redis::kept`): hashes and streams a node keeps for the cluster.
 //! - A heartbeat registers the node (`/api/info` node count) and its subscription counts
 //!   (cluster-wide subscriber figures in `/api/channels`).
 //!
@@ -32,6 +33,7 @@
 //! [`crate::cluster::ClusterSlots`] for each primary.
 
 mod endpoint;
+mod kept;
 mod lease;
 mod link;
 mod listing;
@@ -54,7 +56,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
-    HistoryResult, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
+    HistoryResult, LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
 };
 pub use endpoint::{client_for, take_tls_ca};
 use endpoint::{Commands, Endpoint};
@@ -582,6 +584,26 @@ impl Broker for RedisBroker {
 
     async fn records(&self, set: &str, now_ms: u64) -> Result<Vec<Record>, BrokerError> {
         self.inner.records(set, now_ms).await
+    }
+
+    async fn table_put(&self, name: &str, key: &str, value: &str) -> Result<(), BrokerError> {
+        self.inner.table_put(name, key, value).await
+    }
+
+    async fn table_remove(&self, name: &str, key: &str) -> Result<(), BrokerError> {
+        self.inner.table_remove(name, key).await
+    }
+
+    async fn table_all(&self, name: &str) -> Result<Vec<(String, String)>, BrokerError> {
+        self.inner.table_all(name).await
+    }
+
+    async fn log_append(&self, name: &str, entry: &str, keep: LogKeep) -> Result<String, BrokerError> {
+        self.inner.log_append(name, entry, keep).await
+    }
+
+    async fn log_read(&self, name: &str, before: Option<&str>, count: usize) -> Result<Vec<LogEntry>, BrokerError> {
+        self.inner.log_read(name, before, count).await
     }
 
     async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {

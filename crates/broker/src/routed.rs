@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use crate::redis::{link_down, may_retry, page_over, RedisBroker};
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, HistoryResult,
-    Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
+    LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
 };
 
 /// How long a call keeps retrying while a router's routes change (slots moving, a failover
@@ -391,6 +391,27 @@ impl<R: Router> Broker for RoutedBroker<R> {
 
     async fn records(&self, set: &str, now_ms: u64) -> Result<Vec<Record>, BrokerError> {
         self.on_owner(set, |t| async move { t.records(set, now_ms).await }).await
+    }
+
+    /// Tables and logs live whole on the target their name routes to, as record sets do.
+    async fn table_put(&self, name: &str, key: &str, value: &str) -> Result<(), BrokerError> {
+        self.on_owner(name, |t| async move { t.table_put(name, key, value).await }).await
+    }
+
+    async fn table_remove(&self, name: &str, key: &str) -> Result<(), BrokerError> {
+        self.on_owner(name, |t| async move { t.table_remove(name, key).await }).await
+    }
+
+    async fn table_all(&self, name: &str) -> Result<Vec<(String, String)>, BrokerError> {
+        self.on_owner(name, |t| async move { t.table_all(name).await }).await
+    }
+
+    async fn log_append(&self, name: &str, entry: &str, keep: LogKeep) -> Result<String, BrokerError> {
+        self.on_owner(name, |t| async move { t.log_append(name, entry, keep).await }).await
+    }
+
+    async fn log_read(&self, name: &str, before: Option<&str>, count: usize) -> Result<Vec<LogEntry>, BrokerError> {
+        self.on_owner(name, |t| async move { t.log_read(name, before, count).await }).await
     }
 
     /// Target after target in the router's order, each in `SCAN` order (a `SCAN` on a Cluster

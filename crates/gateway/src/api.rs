@@ -18,17 +18,17 @@ use crate::auth::{Action, Identity};
 use crate::node::{ApiError, Node, Target};
 
 mod bodies;
-mod control;
+pub(crate) mod control;
 pub mod query;
 mod writes;
 use bodies::{HistoryQuery, ListQuery, PublishBody};
 use query::Query;
 
 /// The caller attached by the authentication middleware (`auth::http::guard`).
-type CallerExt = Option<axum::Extension<Caller>>;
+pub(crate) type CallerExt = Option<axum::Extension<Caller>>;
 
 /// Who the caller is (anonymous while the API is open).
-fn who(caller: &CallerExt) -> Identity {
+pub(crate) fn who(caller: &CallerExt) -> Identity {
     caller.as_ref().map(|c| c.0 .0.clone()).unwrap_or_else(Identity::anonymous)
 }
 
@@ -50,6 +50,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .merge(failpoints())
+        .merge(crate::alarms::api::router())
         .merge(crate::dashboards::router(&node.config))
         // `/sse`, `/poll`, `/poll/{session}`: the HTTP transports (SPEC §3).
         .merge(crate::transport::poll::router(node.clone()))
@@ -412,6 +413,7 @@ async fn metrics(State(node): State<Arc<Node>>) -> Response {
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         node.metrics.render(node.hub.channel_count(), node.broker.channel_count(), node.broker.round_trip())
             + &crate::sources::render_metrics(&node)
+            + &crate::alarms::render_metrics(&node)
             + &node.config.hooks.render()
             + &node.config.security.auth.remote_keys().map(|k| k.render()).unwrap_or_default()
             + &node.owners.render(),

@@ -64,8 +64,14 @@ pub struct Config {
     /// `[[sources]]`: plant data sources (MQTT, OPC UA) that feed channels (docs/sources.md).
     pub sources: Vec<switchboard_sources::SourceConfig>,
     /// How long a node's lease on a source lasts without renewal (s): in a cluster, how soon
-    /// another node takes a dead node's sources over.
+    /// another node takes a dead node's sources over. The alarms' lease lasts as long.
     pub source_lease_ttl_s: u64,
+    /// `[[alarms]]`: alarm definitions (docs/alarms.md).
+    pub alarms: Vec<crate::alarms::def::AlarmDef>,
+    /// Days the alarm journal keeps its entries.
+    pub alarm_journal_days: u64,
+    /// Most entries the alarm journal keeps.
+    pub alarm_journal_max_entries: usize,
     /// What `auth` and `tls` name, loaded and checked by [`Config::load`].
     #[serde(skip)]
     pub security: crate::auth::Security,
@@ -201,6 +207,9 @@ impl Default for Config {
             transports: Transports::default(),
             sources: Vec::new(),
             source_lease_ttl_s: 5,
+            alarms: Vec::new(),
+            alarm_journal_days: 90,
+            alarm_journal_max_entries: 1_000_000,
             security: crate::auth::Security::default(),
             hooks: Default::default(),
         }
@@ -456,6 +465,8 @@ impl Config {
             ("transports.poll_session_ttl_s", self.transports.poll_session_ttl_s as usize),
             ("transports.sse_heartbeat_s", self.transports.sse_heartbeat_s as usize),
             ("source_lease_ttl_s", self.source_lease_ttl_s as usize),
+            ("alarm_journal_days", self.alarm_journal_days as usize),
+            ("alarm_journal_max_entries", self.alarm_journal_max_entries),
         ] {
             if v == 0 {
                 return Err(ConfigError(format!("{key}: must be greater than 0")));
@@ -465,6 +476,7 @@ impl Config {
             trend::validate(name, ns)?;
         }
         self.validate_sources()?;
+        self.validate_alarms()?;
         if l.max_frame_bytes < 125 {
             return Err(ConfigError("limits.max_frame_bytes: must be at least 125".into()));
         }
@@ -473,6 +485,22 @@ impl Config {
                 "listen: {} is beyond loopback and no authentication is configured (--jwt-secret, --jwt-public-key, --jwks or --users); pass --allow-anonymous to serve anyway",
                 self.listen
             )));
+        }
+        Ok(())
+    }
+
+    /// Each alarm definition, unique ids, at most [`crate::alarms::engine::MAX_DEFS`].
+    fn validate_alarms(&self) -> Result<(), ConfigError> {
+        let max = crate::alarms::engine::MAX_DEFS;
+        if self.alarms.len() > max {
+            return Err(ConfigError(format!("alarms: at most {max} definitions")));
+        }
+        let mut ids = std::collections::HashSet::new();
+        for (i, def) in self.alarms.iter().enumerate() {
+            def.validate().map_err(|e| ConfigError(format!("alarms[{i}].{e}")))?;
+            if !ids.insert(def.id.as_str()) {
+                return Err(ConfigError(format!("alarms[{i}].id: {:?} is used twice", def.id)));
+            }
         }
         Ok(())
     }
@@ -529,11 +557,10 @@ impl Config {
             return Duration::from_secs(INTERNAL_CHANNEL_TTL_S);
         }
         let name = switchboard_protocol::namespace_of(channel);
-        let (name, ns) = match self.namespaces.get(name) {
-            Some(ns) => (name, ns),
-            None => ("", self.namespace("")),
-        };
-        let default = if name == "pt" { 0 } else { DEFAULT_CHANNEL_TTL_S };
+        // Point channels keep their last value for good, alarm channels their alarm's state.
+        let kept = name == "pt" || name == crate::alarms::def::NAMESPACE;
+        let ns = self.namespaces.get(name).unwrap_or_else(|| self.namespace(""));
+        let default = if kept { 0 } else { DEFAULT_CHANNEL_TTL_S };
         Duration::from_secs(ns.channel_ttl_s.unwrap_or(default))
     }
 

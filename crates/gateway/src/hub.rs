@@ -65,6 +65,13 @@ pub trait InternalHandler: Send + Sync + 'static {
     fn on_internal(&self, channel: &str, data: &Data);
 }
 
+/// Sees every publication (not internal) the broker hands this node, before its fan-out: the
+/// alarm engine evaluates them there. Called as [`BrokerHandler::on_publication`] is, possibly
+/// under the broker's channel lock: must not block or call into the broker.
+pub trait PublicationTap: Send + Sync + 'static {
+    fn on_publication(&self, channel: &str, publication: &Publication);
+}
+
 /// Local subscriptions and fan-out. One per node.
 pub struct Hub {
     shards: Vec<RwLock<HashMap<Arc<str>, Subscribers>>>,
@@ -74,6 +81,8 @@ pub struct Hub {
     /// Where internal channels go, by channel-name prefix; a channel no prefix matches is
     /// dropped. Set at start, read on every internal publication (a short list).
     internal: RwLock<Vec<(&'static str, Arc<dyn InternalHandler>)>>,
+    /// Set once at start when the node evaluates alarms.
+    tap: std::sync::OnceLock<Arc<dyn PublicationTap>>,
 }
 
 impl Hub {
@@ -83,12 +92,18 @@ impl Hub {
             pending: Mutex::new(Vec::new()),
             metrics,
             internal: RwLock::new(Vec::new()),
+            tap: std::sync::OnceLock::new(),
         }
     }
 
     /// Sends internal channels whose names start with `prefix` (`$write:`) to `handler`.
     pub fn add_internal(&self, prefix: &'static str, handler: Arc<dyn InternalHandler>) {
         self.internal.write().push((prefix, handler));
+    }
+
+    /// Hands every publication to `tap` before its fan-out (set once; later calls are ignored).
+    pub fn set_tap(&self, tap: Arc<dyn PublicationTap>) {
+        let _ = self.tap.set(tap);
     }
 
     fn shard(&self, channel: &str) -> &RwLock<HashMap<Arc<str>, Subscribers>> {
@@ -243,6 +258,10 @@ impl BrokerHandler for Hub {
             return;
         }
         self.metrics.publications.fetch_add(1, Relaxed);
+        if let Some(tap) = self.tap.get() {
+            // A failure there is the tap's: the fan-out goes on.
+            let _ = isolate("tap", || tap.on_publication(channel, p));
+        }
         let born = Instant::now();
         let ch: Arc<str> = Arc::from(channel);
         self.fan_out(channel, p.data.get(), |format| {

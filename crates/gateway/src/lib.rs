@@ -41,6 +41,8 @@
 //! - [`metrics`]: counters and the delivery-lag histogram, rendered for Prometheus.
 //! - [`log_limit`]: warnings clients can cause in bulk, written once per kind per interval
 //!   with a count of those left out.
+//! - [`alarms`]: server-side alarms (ISA-18.2 states, the `alarms` lease, the journal,
+//!   `/api/alarms…` and the WebSocket alarm commands' handling).
 //! - [`simulate`]: the built-in point simulator (`--simulate N@HZ`).
 //! - [`sources`]: plant data sources (`[[sources]]`: MQTT, OPC UA) started under their
 //!   leases and publishing through the node; write-back of publishes to `write_source`
@@ -51,6 +53,7 @@
 //!   simulated device (mosquitto when installed).
 //! - [`server`]: the accept loop and [`server::run`], the whole node as a blocking call.
 
+pub mod alarms;
 pub mod api;
 pub mod auth;
 pub mod config;

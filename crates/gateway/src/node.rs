@@ -67,6 +67,8 @@ pub struct Node {
     pub writes: crate::sources::audit::Audit,
     /// Who each connection is, for disconnects and revocations (`crate::control`).
     pub owners: crate::control::owners::Owners,
+    /// The alarm engine, once started (`crate::alarms::start`).
+    pub alarms: std::sync::OnceLock<Arc<crate::alarms::Alarms>>,
     /// Open connections by id, for heartbeats and shutdown. Touched once per connect and
     /// disconnect, never on the delivery path.
     conns: Mutex<HashMap<u64, Arc<Outbox>>>,
@@ -94,6 +96,7 @@ impl Node {
             forwarded: Default::default(),
             writes: Default::default(),
             owners: Default::default(),
+            alarms: std::sync::OnceLock::new(),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             started: Instant::now(),
@@ -269,7 +272,17 @@ impl Node {
     /// exist is 400 whoever publishes it; the rest waits for [`Node::check_publication`].
     pub fn target<'a>(&self, channel: &'a str) -> Result<Target<'a>, ApiError> {
         validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+        if switchboard_protocol::namespace_of(channel) == crate::alarms::def::NAMESPACE {
+            return Err(ApiError::new(code::FORBIDDEN, "alarm channels are published by the node's alarm engine only"));
+        }
         Ok(Target(channel))
+    }
+
+    /// An alarm's state, published by the alarm engine on its `alarm:` channel
+    /// ([`Node::target`] refuses that namespace to every other publisher).
+    pub(crate) fn check_alarm_state(&self, channel: &str, data: Data) -> Result<Checked, ApiError> {
+        validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
+        self.check_publication(Target(channel), data, None)
     }
 
     /// The checks every publication passes after its target ([`Node::target`]) and the

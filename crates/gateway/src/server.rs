@@ -66,7 +66,10 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
         // Shared brokers connect in the background: the node serves at once, `/readyz` tells
         // when Redis is reachable.
         let broker: std::sync::Arc<dyn switchboard_broker::Broker> = if config.broker == "memory" {
-            std::sync::Arc::new(switchboard_broker::MemoryBroker::with_max_channels(config.limits.max_channels))
+            std::sync::Arc::new(
+                switchboard_broker::MemoryBroker::with_max_channels(config.limits.max_channels)
+                    .keeping_in(config.data_dir.join("broker")),
+            )
         } else {
             switchboard_broker::from_url(&config.broker).map_err(|e| anyhow::anyhow!("broker: {e}"))?
         };
@@ -100,6 +103,7 @@ fn run_node(config: Config, demo: bool) -> anyhow::Result<()> {
         node.spawn_channel_sweeper();
         crate::sources::start(&node);
         crate::control::start(&node);
+        crate::alarms::start(&node).await;
         if let Some(sim) = simulate {
             let (n, hz) = crate::config::parse_simulate(&sim).map_err(anyhow::Error::msg)?;
             crate::simulate::spawn(node.clone(), n, hz);

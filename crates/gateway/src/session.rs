@@ -34,7 +34,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 use switchboard_broker::{Position, Publication};
 use switchboard_protocol::code::{self, close};
-use switchboard_protocol::command::{HistoryRequest, PublishRequest};
+use switchboard_protocol::command::{AlarmAction, AlarmRequest, HistoryRequest, PublishRequest};
 use switchboard_protocol::message::{encode_error, encode_ok, Data, Pub};
 use switchboard_protocol::{
     decode_json_frame, decode_msgpack_frame, namespace_of, validate_channel, Command, CommandBody, Format,
@@ -329,6 +329,7 @@ impl Session {
                 return Ok(());
             }
             CommandBody::Refresh(req) => self.refresh(id, &req.token).await,
+            CommandBody::Alarm(action, req) => self.alarm(id, action, req).await,
             CommandBody::Unknown(name) => Err(ApiError::new(code::NOT_FOUND, format!("unknown command {name:?}"))),
             CommandBody::Invalid(why) => Err(ApiError::new(code::BAD_REQUEST, why)),
         };
@@ -475,6 +476,19 @@ impl Session {
             more: page.more,
         };
         self.ok(id, &body);
+        Ok(())
+    }
+
+    /// `alarm_ack`, `alarm_shelve`, `alarm_unshelve`: the action as this connection's user
+    /// ([`crate::alarms::act`]); the reply is the alarm's new state.
+    async fn alarm(&mut self, id: Option<u32>, action: AlarmAction, req: AlarmRequest) -> Result<(), ApiError> {
+        let act = match action {
+            AlarmAction::Ack => crate::alarms::state::Act::Ack,
+            AlarmAction::Shelve => crate::alarms::shelve_until(req.for_s)?,
+            AlarmAction::Unshelve => crate::alarms::state::Act::Unshelve,
+        };
+        let status = crate::alarms::act(&self.node, &self.identity, &req.alarm, act, req.comment).await?;
+        self.ok(id, &status);
         Ok(())
     }
 

@@ -32,6 +32,8 @@ pub enum CommandBody {
     Presence(PresenceRequest),
     Ping(PingRequest),
     Refresh(RefreshRequest),
+    /// `alarm_ack`, `alarm_shelve`, `alarm_unshelve`: an operator's action on an alarm.
+    Alarm(AlarmAction, AlarmRequest),
     /// A well-formed envelope naming a command this server does not know (reply 404).
     Unknown(String),
     /// A known command whose body did not parse (reply 400).
@@ -199,6 +201,25 @@ pub struct RefreshRequest {
     pub token: String,
 }
 
+/// Which action an alarm command asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlarmAction {
+    Ack,
+    Shelve,
+    Unshelve,
+}
+
+/// The body of the alarm commands: the alarm, an optional comment and, to shelve, for how long.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlarmRequest {
+    pub alarm: String,
+    #[serde(default)]
+    pub comment: Option<String>,
+    #[serde(default)]
+    pub for_s: Option<f64>,
+}
+
 /// A frame that is not a command at all; the connection is closed with 4010.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
@@ -362,6 +383,9 @@ fn parse_body(name: &str, body: &str) -> CommandBody {
         "presence" => p(body, CommandBody::Presence),
         "ping" => p(body, CommandBody::Ping),
         "refresh" => p(body, CommandBody::Refresh),
+        "alarm_ack" => p(body, |r| CommandBody::Alarm(AlarmAction::Ack, r)),
+        "alarm_shelve" => p(body, |r| CommandBody::Alarm(AlarmAction::Shelve, r)),
+        "alarm_unshelve" => p(body, |r| CommandBody::Alarm(AlarmAction::Unshelve, r)),
         other => CommandBody::Unknown(other.chars().take(64).collect()),
     }
 }

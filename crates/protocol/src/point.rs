@@ -11,8 +11,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
+use serde::de::{DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 /// How the data held the point.
@@ -64,7 +63,15 @@ impl Point<'_> {
 /// Reads `data` (JSON text) as a point. Never fails: data that is no point is [`Form::Other`]
 /// with every field absent.
 pub fn parse(data: &str) -> Point<'_> {
-    match serde_json::from_str::<Fields<'_>>(data) {
+    parse_field(data, "v")
+}
+
+/// Reads `data` as a point whose value is the field `field` instead of `v` (an alarm may
+/// watch any numeric field of a channel's objects); the rest as [`parse`].
+pub fn parse_field<'a>(data: &'a str, field: &str) -> Point<'a> {
+    let mut de = serde_json::Deserializer::from_str(data);
+    let fields = FieldsSeed { value: field }.deserialize(&mut de).and_then(|f| de.end().map(|()| f));
+    match fields {
         Ok(f) => f.into_point(),
         Err(_) => match data.trim().parse::<f64>() {
             Ok(v) if v.is_finite() => Point { form: Form::Number, v: Some(v), ..Point::default() },
@@ -123,31 +130,43 @@ enum Key {
     Other,
 }
 
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Key, D::Error> {
-        struct KeyVisitor;
-        impl Visitor<'_> for KeyVisitor {
+/// Reads a key of the point object, `value` being the name of its value field.
+struct KeySeed<'f> {
+    value: &'f str,
+}
+
+impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
+    type Value = Key;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Key, D::Error> {
+        struct KeyVisitor<'f>(&'f str);
+        impl Visitor<'_> for KeyVisitor<'_> {
             type Value = Key;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a field name")
             }
             fn visit_str<E>(self, key: &str) -> Result<Key, E> {
                 Ok(match key {
-                    "v" => Key::V,
+                    k if k == self.0 => Key::V,
                     "t" => Key::T,
                     "q" => Key::Q,
                     _ => Key::Other,
                 })
             }
         }
-        d.deserialize_identifier(KeyVisitor)
+        d.deserialize_identifier(KeyVisitor(self.value))
     }
 }
 
-impl<'de> Deserialize<'de> for Fields<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Fields<'de>, D::Error> {
-        struct FieldsVisitor;
-        impl<'de> Visitor<'de> for FieldsVisitor {
+/// Reads the point's fields, `value` being the name of its value field.
+struct FieldsSeed<'f> {
+    value: &'f str,
+}
+
+impl<'de> DeserializeSeed<'de> for FieldsSeed<'_> {
+    type Value = Fields<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Fields<'de>, D::Error> {
+        struct FieldsVisitor<'f>(&'f str);
+        impl<'de> Visitor<'de> for FieldsVisitor<'_> {
             type Value = Fields<'de>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a point")
@@ -155,7 +174,7 @@ impl<'de> Deserialize<'de> for Fields<'de> {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields<'de>, A::Error> {
                 let mut f = Fields { form: Form::Object, ..Fields::default() };
                 let (mut seen_v, mut seen_t, mut seen_q) = (false, false, false);
-                while let Some(key) = map.next_key::<Key>()? {
+                while let Some(key) = map.next_key_seed(KeySeed { value: self.0 })? {
                     match key {
                         Key::V if seen_v => return Err(A::Error::duplicate_field("v")),
                         Key::V => {
@@ -187,13 +206,23 @@ impl<'de> Deserialize<'de> for Fields<'de> {
                 Ok(Fields { form: Form::Array, v, q, ..Fields::default() })
             }
         }
-        d.deserialize_struct("Point", &["v", "t", "q"], FieldsVisitor)
+        d.deserialize_any(FieldsVisitor(self.value))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn point_value_from_another_field() {
+        let p = parse_field(r#"{"v": 1, "temp": 82.5, "q": "bad"}"#, "temp");
+        assert_eq!((p.v, p.q.as_deref()), (Some(82.5), Some("bad")));
+        assert_eq!(parse_field(r#"{"temp": "hot"}"#, "temp").v_other, true);
+        assert_eq!(parse_field(r#"{"v": 3}"#, "temp").v, None);
+        assert_eq!(parse_field("7", "temp").v, Some(7.0), "a bare number is its own value");
+        assert_eq!(parse_field(r#"{"temp": 1} x"#, "temp").form, Form::Other);
+    }
 
     #[test]
     fn point_numbers_and_objects() {

@@ -66,7 +66,8 @@ impl OpcServer {
                 later.lock().expect("lock").push(line);
             }
         });
-        match rx.recv_timeout(Duration::from_secs(30)) {
+        // Generous: a server of thousands of nodes starts slowly on a loaded machine.
+        match rx.recv_timeout(Duration::from_secs(120)) {
             Ok(line) if line.starts_with("ready ") => {}
             other => {
                 let _ = child.kill();

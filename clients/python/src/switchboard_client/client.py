@@ -743,6 +743,21 @@ class Client:
         """Hands the node a new token for this connection (same `sub`); its expiry (unix s)."""
         return int((await self._request("refresh", {"token": token}))["expires"])
 
+    async def ack(self, alarm: str, comment: str | None = None) -> dict[str, Any]:
+        """Acknowledges `alarm` as this connection's user; its new state (docs/alarms.md)."""
+        return await self._alarm("alarm_ack", {"alarm": alarm, "comment": comment})
+
+    async def shelve(self, alarm: str, for_s: float, comment: str | None = None) -> dict[str, Any]:
+        """Shelves `alarm` for `for_s` seconds (1 to 86,400); its new state."""
+        return await self._alarm("alarm_shelve", {"alarm": alarm, "for_s": for_s, "comment": comment})
+
+    async def unshelve(self, alarm: str, comment: str | None = None) -> dict[str, Any]:
+        """Ends the shelf of `alarm`; its new state."""
+        return await self._alarm("alarm_unshelve", {"alarm": alarm, "comment": comment})
+
+    async def _alarm(self, command: str, body: dict[str, Any]) -> dict[str, Any]:
+        return dict(await self._request(command, {k: v for k, v in body.items() if v is not None}))
+
     async def trend(self, channel: str, window_s: int = 3600, *, step_s: int | None = None,
                     as_frame: bool = False, timeout: float | None = None) -> Any:
         """The downsampled trend of a point channel over the last `window_s` seconds: a

@@ -140,6 +140,15 @@ class Client:
     def refresh(self, token: str) -> int:
         return self._call(self._client.refresh(token))
 
+    def ack(self, alarm: str, comment: str | None = None) -> dict[str, Any]:
+        return self._call(self._client.ack(alarm, comment))
+
+    def shelve(self, alarm: str, for_s: float, comment: str | None = None) -> dict[str, Any]:
+        return self._call(self._client.shelve(alarm, for_s, comment))
+
+    def unshelve(self, alarm: str, comment: str | None = None) -> dict[str, Any]:
+        return self._call(self._client.unshelve(alarm, comment))
+
     def trend(self, channel: str, window_s: int = 3600, *, step_s: int | None = None,
               as_frame: bool = False, timeout: float | None = None) -> Any:
         return self._call(self._client.trend(channel, window_s, step_s=step_s, as_frame=as_frame, timeout=timeout))

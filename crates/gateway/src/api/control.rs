@@ -22,7 +22,7 @@ struct DisconnectBody {
     user: String,
 }
 
-fn api_key_only(node: &Node, caller: &CallerExt, what: &str) -> Result<(), ApiError> {
+pub(crate) fn api_key_only(node: &Node, caller: &CallerExt, what: &str) -> Result<(), ApiError> {
     match who(caller).method {
         Method::ApiKey(_) => Ok(()),
         Method::Anonymous if !node.config.security.auth.http_enabled() => Ok(()),

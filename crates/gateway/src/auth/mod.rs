@@ -179,10 +179,13 @@ pub struct Permissions {
     pub publish: Option<Access>,
     pub presence: Option<Access>,
     pub history: Option<Access>,
+    /// Acknowledge and shelve the alarms of the namespace's channels (docs/alarms.md).
+    pub alarm_ack: Option<Access>,
 }
 
 impl Permissions {
-    pub const DEFAULT: Permissions = Permissions { subscribe: None, publish: None, presence: None, history: None };
+    pub const DEFAULT: Permissions =
+        Permissions { subscribe: None, publish: None, presence: None, history: None, alarm_ack: None };
 }
 
 /// What a command wants to do with a channel.
@@ -192,6 +195,8 @@ pub enum Action {
     Publish,
     Presence,
     History,
+    /// Acknowledge or shelve the alarm of a channel.
+    AlarmAck,
 }
 
 /// How an identity was established.
@@ -695,6 +700,7 @@ impl Auth {
             Action::Publish => allow.publish,
             Action::Presence => allow.presence,
             Action::History => allow.history,
+            Action::AlarmAck => allow.alarm_ack,
         };
         let level = set.unwrap_or(if self.enabled() { Access::Authenticated } else { Access::Anonymous });
         if level == Access::Anonymous {
@@ -720,6 +726,7 @@ impl Auth {
                 Action::Publish => "publish to",
                 Action::Presence => "see presence of",
                 Action::History => "read history of",
+                Action::AlarmAck => "acknowledge or shelve the alarms of",
             };
             Err(ApiError::new(code::FORBIDDEN, format!("not allowed to {what} this channel")))
         }

@@ -1,0 +1,238 @@
+//! [`Alarms`]: the node's alarm engine. Every node keeps the definitions and a view of every
+//! alarm's state (what `GET /api/alarms` answers); the node holding the `alarms` lease
+//! (`alarms::lease`) also holds the alarms themselves and evaluates them.
+//!
+//! Evaluation runs in the hub's tap ([`crate::hub::PublicationTap`]), in the publisher's task:
+//! one map lookup for a channel without alarms, a point parse and a comparison for one with
+//! them. A transition is queued for the writer (`alarms::writer`), which stores, publishes and
+//! journals it in order; nothing here waits for the broker.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
+
+use parking_lot::{Mutex, RwLock};
+use switchboard_broker::Publication;
+use switchboard_protocol::point;
+use tokio::sync::mpsc;
+
+use super::def::AlarmDef;
+use super::state::{Alarm, Status, Transition};
+use super::writer::Job;
+use crate::auth::pattern::Pattern;
+use crate::node::Node;
+
+/// Most definitions (configuration and API together).
+pub const MAX_DEFS: usize = 20_000;
+/// Most alarms, pattern instances included.
+pub const MAX_ALARMS: usize = 100_000;
+/// The channel every transition is also published on.
+pub const ALL: &str = "alarm:all";
+
+/// Where a definition came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Config,
+    Api,
+}
+
+/// The definitions, indexed for the tap.
+#[derive(Default)]
+pub struct Defs {
+    pub all: BTreeMap<String, (Arc<AlarmDef>, Origin)>,
+    patterns: Vec<(Pattern, Arc<AlarmDef>)>,
+    exact: HashMap<String, Vec<Arc<AlarmDef>>>,
+}
+
+impl Defs {
+    pub fn new(all: BTreeMap<String, (Arc<AlarmDef>, Origin)>) -> Defs {
+        let mut d = Defs { all, ..Defs::default() };
+        for (def, _) in d.all.values() {
+            if def.is_pattern() {
+                if let Ok(p) = Pattern::parse(&def.channel) {
+                    d.patterns.push((p, def.clone()));
+                }
+            } else {
+                d.exact.entry(def.channel.clone()).or_default().push(def.clone());
+            }
+        }
+        d
+    }
+
+    /// The definitions that apply to `channel`.
+    pub fn for_channel(&self, channel: &str) -> Vec<Arc<AlarmDef>> {
+        let mut out = self.exact.get(channel).cloned().unwrap_or_default();
+        out.extend(self.patterns.iter().filter(|(p, _)| p.matches(channel)).map(|(_, d)| d.clone()));
+        out
+    }
+
+    pub fn exact_channels(&self) -> impl Iterator<Item = &String> {
+        self.exact.keys()
+    }
+
+    pub fn patterns(&self) -> impl Iterator<Item = &Arc<AlarmDef>> {
+        self.patterns.iter().map(|(_, d)| d)
+    }
+}
+
+/// The alarms this node evaluates (while it holds the lease).
+#[derive(Default)]
+pub struct Held {
+    pub by_channel: HashMap<Arc<str>, Vec<Arc<Mutex<Alarm>>>>,
+    pub by_id: HashMap<String, Arc<Mutex<Alarm>>>,
+    /// States read from the broker at takeover, for a pattern's alarms made later.
+    pub stored: HashMap<String, Status>,
+}
+
+pub struct Alarms {
+    pub(super) node: Weak<Node>,
+    pub defs: RwLock<Arc<Defs>>,
+    pub held: RwLock<Held>,
+    /// Every alarm's latest state: the holder's own, the others' from `alarm:all`.
+    pub view: RwLock<HashMap<String, Status>>,
+    pub holding: AtomicBool,
+    pub(super) queue: mpsc::UnboundedSender<Job>,
+    /// Channels of patterns that made no alarm for want of room ([`MAX_ALARMS`]).
+    pub refused: AtomicU64,
+    pub(super) transitions: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    /// Actions forwarded to the holder, waiting for its answer.
+    pub(super) waiting: super::forward::Waiting,
+}
+
+impl Alarms {
+    pub(super) fn new(node: &Arc<Node>, defs: Defs) -> (Arc<Alarms>, mpsc::UnboundedReceiver<Job>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let alarms = Arc::new(Alarms {
+            node: Arc::downgrade(node),
+            defs: RwLock::new(Arc::new(defs)),
+            held: RwLock::new(Held::default()),
+            view: RwLock::new(HashMap::new()),
+            holding: AtomicBool::new(false),
+            queue: tx,
+            refused: AtomicU64::new(0),
+            transitions: Mutex::new(BTreeMap::new()),
+            waiting: Default::default(),
+        });
+        (alarms, rx)
+    }
+
+    pub(super) fn emit(&self, t: Option<Transition>) {
+        if let Some(t) = t {
+            self.view.write().insert(t.status.id.clone(), t.status.clone());
+            let _ = self.queue.send(Job::Transition(t));
+        }
+    }
+
+    /// Makes the alarms `channel` has and this node does not hold yet (a pattern's new
+    /// match, or every alarm at takeover): true when any was made.
+    pub(super) fn ensure(&self, channel: &str, now: u64) -> Vec<Arc<Mutex<Alarm>>> {
+        let defs = self.defs.read().clone();
+        let wanted = defs.for_channel(channel);
+        if wanted.is_empty() {
+            return Vec::new();
+        }
+        let mut held = self.held.write();
+        let mut made = Vec::new();
+        for def in wanted {
+            let id = def.alarm_id(channel);
+            if held.by_id.contains_key(&id) {
+                continue;
+            }
+            if held.by_id.len() >= MAX_ALARMS {
+                self.refused.fetch_add(1, Relaxed);
+                continue;
+            }
+            let stored = held.stored.remove(&id);
+            let fresh = stored.is_none();
+            let alarm = Alarm::new(def, channel, stored, now);
+            if fresh {
+                // A new alarm is stored and shown at once, before any transition.
+                self.view.write().insert(id.clone(), alarm.status.clone());
+                let _ = self.queue.send(Job::Fresh(alarm.status.clone()));
+            }
+            let alarm = Arc::new(Mutex::new(alarm));
+            held.by_id.insert(id, alarm.clone());
+            held.by_channel.entry(Arc::from(channel)).or_default().push(alarm.clone());
+            made.push(alarm);
+        }
+        made
+    }
+
+    /// A value of `channel`, evaluated by each of its alarms.
+    fn evaluate(&self, alarms: &[Arc<Mutex<Alarm>>], data: &str, now: u64) {
+        for a in alarms {
+            let mut a = a.lock();
+            let p = point::parse_field(data, &a.def.field);
+            let bad = p.q.as_deref() == Some("bad");
+            let t = a.on_value(p.v, bad, now);
+            drop(a);
+            self.emit(t);
+        }
+    }
+
+    /// A publication on a channel with alarms (or a new match of a pattern).
+    pub fn on_publication(&self, channel: &str, p: &Publication) {
+        if channel == ALL {
+            if !self.holding.load(Relaxed) {
+                self.observe(p.data.get());
+            }
+            return;
+        }
+        if !self.holding.load(Relaxed) {
+            return;
+        }
+        {
+            let held = self.held.read();
+            if let Some(list) = held.by_channel.get(channel) {
+                self.evaluate(list, p.data.get(), p.time_ms);
+                return;
+            }
+        }
+        let made = self.ensure(channel, p.time_ms);
+        if !made.is_empty() {
+            self.evaluate(&made, p.data.get(), p.time_ms);
+            super::lease::follow(self, channel);
+        }
+    }
+
+    /// Another node's transition, seen on `alarm:all`: the view keeps the later state.
+    fn observe(&self, data: &str) {
+        let Ok(s) = serde_json::from_str::<Status>(data) else { return };
+        self.see(s);
+    }
+
+    /// Takes `s` into the view unless the view holds a later state of that alarm.
+    pub(super) fn see(&self, s: Status) {
+        let mut view = self.view.write();
+        match view.get(&s.id) {
+            Some(old) if old.seq > s.seq => {}
+            _ if s.removed => {
+                view.remove(&s.id);
+            }
+            _ => {
+                view.insert(s.id.clone(), s);
+            }
+        }
+    }
+
+    /// The states, filtered by state and priority names (empty: all), worst first.
+    pub fn list(&self, states: &[String], priorities: &[String]) -> Vec<Status> {
+        let mut out: Vec<Status> = self
+            .view
+            .read()
+            .values()
+            .filter(|s| states.is_empty() || states.iter().any(|x| x == s.state.as_str()))
+            .filter(|s| priorities.is_empty() || priorities.iter().any(|x| x == s.priority.as_str()))
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| {
+            (a.state.rank(), std::cmp::Reverse(a.priority), std::cmp::Reverse(a.since), &a.id).cmp(&(
+                b.state.rank(),
+                std::cmp::Reverse(b.priority),
+                std::cmp::Reverse(b.since),
+                &b.id,
+            ))
+        });
+        out
+    }
+}

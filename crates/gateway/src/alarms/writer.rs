@@ -1,0 +1,97 @@
+//! What becomes of a transition, in the order they happened (one task): the state is stored
+//! for whichever node evaluates next (table `alarms.states`), published on `alarm:{id}` and
+//! `alarm:all`, appended to the journal (`alarms::journal`) and counted. A new alarm's first
+//! state is stored and published the same way, without a journal entry. A broker that fails
+//! is tried again a few times; what still fails is logged (at a bounded rate) and the next
+//! transition goes on.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::value::RawValue;
+use tokio::sync::mpsc;
+
+use super::engine::{Alarms, ALL};
+use super::state::{Kind, Status, Transition};
+use super::{channel_of, journal, STATES};
+use crate::node::Node;
+
+const TRIES: u32 = 3;
+const PAUSE: Duration = Duration::from_millis(300);
+
+/// What the writer is given.
+pub enum Job {
+    Transition(Transition),
+    /// A new alarm's first state.
+    Fresh(Status),
+}
+
+pub(super) async fn run(alarms: Arc<Alarms>, mut queue: mpsc::UnboundedReceiver<Job>) {
+    while let Some(job) = queue.recv().await {
+        let Some(node) = alarms.node.upgrade() else { return };
+        match job {
+            Job::Transition(t) => {
+                store(&node, &t.status).await;
+                publish(&node, &t.status, true).await;
+                journal::append(&node, &journal::Entry::of(&t)).await;
+                count(&alarms, t.status.priority.as_str(), t.kind);
+            }
+            Job::Fresh(status) => {
+                store(&node, &status).await;
+                publish(&node, &status, true).await;
+            }
+        }
+    }
+}
+
+async fn store(node: &Node, status: &Status) {
+    let Ok(state) = serde_json::to_string(status) else { return };
+    retry(node, "store an alarm state", || node.broker.table_put(STATES, &status.id, &state)).await;
+}
+
+pub(super) fn count(alarms: &Alarms, priority: &'static str, kind: Kind) {
+    *alarms.transitions.lock().entry((priority, kind.as_str())).or_default() += 1;
+}
+
+/// Publishes `status` on its `alarm:` channel, and on `alarm:all` when `all`.
+pub(super) async fn publish(node: &Node, status: &Status, all: bool) {
+    let Ok(json) = serde_json::to_string(status) else { return };
+    let Ok(data) = RawValue::from_string(json) else { return };
+    let data = Arc::new(data);
+    let own = channel_of(&status.id);
+    let mut channels = vec![own.as_str()];
+    if all {
+        channels.push(ALL);
+    }
+    let items = channels.iter().map(|ch| node.check_alarm_state(ch, data.clone())).collect();
+    for r in node.publish_batch(items).await {
+        if let Err(e) = r {
+            super::warn(node, "publish an alarm state", &e.message);
+        }
+    }
+}
+
+/// An alarm whose definition is gone: its stored state leaves, its screens are told.
+pub(super) async fn remove(alarms: &Alarms, node: &Arc<Node>, mut status: Status) {
+    alarms.view.write().remove(&status.id);
+    retry(node, "remove an alarm state", || node.broker.table_remove(STATES, &status.id)).await;
+    status.removed = true;
+    status.seq += 1;
+    status.since = switchboard_broker::now_ms();
+    publish(node, &status, true).await;
+}
+
+async fn retry<F, Fut>(node: &Node, what: &str, mut call: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<(), switchboard_broker::BrokerError>>,
+{
+    for i in 0..TRIES {
+        match call().await {
+            Ok(()) => return,
+            Err(e) if i + 1 == TRIES => super::warn(node, what, &e.to_string()),
+            Err(_) => tokio::time::sleep(PAUSE).await,
+        }
+    }
+}
