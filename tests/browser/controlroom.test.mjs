@@ -1,7 +1,8 @@
 // The demo's control room in Debian's Chromium against the real `switchboard demo` (with the
 // mosquitto its MQTT path needs): the operator writes a setpoint, the control shows the write's
-// outcome and author, the simulated device's flow follows it into its alarm limit, the alarm is
-// acknowledged, the write audit lists the write, and the point nobody updates is stale.
+// outcome and author, the simulated device's flow follows it past the demo's flow alarm (the
+// server's, from the demo's configuration), the operator acknowledges it with a comment, the
+// write audit lists the write, and the point nobody updates is stale.
 
 import assert from 'node:assert/strict';
 import { mkdirSync } from 'node:fs';
@@ -37,11 +38,16 @@ describe('control room', () => {
     const last = (await page.evaluate(() => window.switchboardWidget(0))).lastWrite;
     assert.equal(last.source, 'demo-set');
     assert.match(await page.textContent('.control-status'), /^written to demo-set by anonymous · /);
-    // The device reports a flow that follows the setpoint, past its alarm limits.
+    // The device reports a flow that follows the setpoint, past the server's flow alarm.
     await page.waitForFunction(() => window.switchboardWidget(1)?.alarm === 'hihi', null, { timeout: 20_000 });
-    await page.waitForSelector('#alarm-list li');
-    await page.click('#alarm-ack-all');
-    await page.waitForFunction(() => window.switchboardWidget(1)?.unacked === false);
+    const flow = '#alarm-list li[data-alarm="line1-flow"]';
+    await page.waitForSelector(`${flow}[data-state="active_unacked"] button.ack`, { timeout: 10_000 });
+    await page.click(`${flow} button.ack`);
+    await page.fill(`${flow} .alarm-comment`, 'setpoint test');
+    await page.click(`${flow} .alarm-submit`);
+    await page.waitForSelector(`${flow}[data-state="active_acked"]`);
+    assert.match(await page.textContent(`${flow} .who`), /acked by anonymous at .* setpoint test/);
+    await page.waitForFunction(() => window.switchboardWidget(1)?.serverAlarm?.unacked === false);
     // The write audit lists the write.
     await page.waitForFunction(() => /anonymous cmd:set\.demo\.line1\.flow written/.test(
       document.querySelector('.writes-list')?.textContent ?? ''), null, { timeout: 10_000 });

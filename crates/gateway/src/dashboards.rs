@@ -74,6 +74,9 @@ pub enum WidgetKind {
     Control,
     /// The node's latest writes to devices (`GET /api/writes`); bound to no channel.
     Writes,
+    /// The alarm journal (`GET /api/alarms/journal`) with filters; bound to no channel.
+    #[serde(rename = "alarm-journal")]
+    AlarmJournal,
 }
 
 /// One widget: its kind, the channel it shows (`""` while unbound), its place and size in grid
@@ -561,9 +564,10 @@ pub const PLANT_ID: &str = "demo";
 
 /// The demo's control room, on the channels of its MQTT path (`crate::sources::demo`, present
 /// when mosquitto is installed): the operator's setpoint written to a simulated flow
-/// controller, the flow it reports (with alarm limits), the write audit, a stale point, and a
-/// temperature that crosses its limit now and then — value in, alarm, operator write, device
-/// answer and audit on one screen.
+/// controller, the flow it reports (with colouring limits), the write audit, a stale point, a
+/// temperature that crosses its limit now and then, and the journal of the demo's alarms
+/// (`sources/demo-alarms.toml`) — value in, alarm, operator write, device answer and audit on
+/// one screen.
 pub fn control_room_dashboard() -> DashboardBody {
     use serde_json::json;
     use WidgetKind::*;
@@ -632,6 +636,7 @@ pub fn control_room_dashboard() -> DashboardBody {
             o(&[("label", json!("Line 1 temp")), ("units", json!("°C")), ("decimals", json!(1)), ("hi", json!(64))]),
         ),
         w(Led, "pt:demo.line1.running", 8, 13, 4, 4, o(&[("label", json!("Running"))])),
+        w(AlarmJournal, "", 12, 13, 24, 9, o(&[("label", json!("Alarm journal"))])),
     ];
     DashboardBody { title: "Control room".to_string(), widgets, id: None, updated: None, owner: None }
 }

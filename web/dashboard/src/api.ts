@@ -1,6 +1,6 @@
 // The server's HTTP API as the dashboard uses it.
 
-import type { TrendReply } from 'switchboard-sdk';
+import type { AlarmJournalEntry, AlarmState, TrendReply } from 'switchboard-sdk';
 import type { DashboardSpec } from './model.js';
 import type { AuditedWrite } from './widgets/writes.js';
 
@@ -15,6 +15,24 @@ export interface ChannelInfo {
 export interface ChannelPage {
   channels: ChannelInfo[];
   /** The cursor of the next page, or null after the last. */
+  next: string | null;
+}
+
+/** Filters of `GET /api/alarms/journal`; every one optional. */
+export interface JournalQuery {
+  /** An alarm id, or a definition id (its instances too). */
+  alarm?: string;
+  sinceMs?: number;
+  untilMs?: number;
+  /** 1–1,000 (the server's default 100). */
+  limit?: number;
+  /** The `next` of the previous page: older entries. */
+  cursor?: string;
+}
+
+/** One page of the journal, newest first; `next` continues with older entries, null after the last. */
+export interface JournalPage {
+  entries: AlarmJournalEntry[];
   next: string | null;
 }
 
@@ -93,6 +111,22 @@ export class Api {
   /** The node's latest writes to devices, newest first (`GET /api/writes`, an API key's view). */
   async writes(limit = 20): Promise<AuditedWrite[]> {
     return (await json<{ writes: AuditedWrite[] }>(await this.fetch(`/api/writes?limit=${limit}`))).writes;
+  }
+
+  /** Every alarm's state, worst first (`GET /api/alarms`). */
+  async alarms(): Promise<AlarmState[]> {
+    return (await json<{ alarms: AlarmState[] }>(await this.fetch('/api/alarms'))).alarms;
+  }
+
+  /** One page of the alarm journal (`GET /api/alarms/journal`). */
+  async alarmJournal(q: JournalQuery): Promise<JournalPage> {
+    const p = new URLSearchParams();
+    if (q.alarm) p.set('alarm', q.alarm);
+    if (q.sinceMs !== undefined) p.set('since_ms', String(Math.floor(q.sinceMs)));
+    if (q.untilMs !== undefined) p.set('until_ms', String(Math.floor(q.untilMs)));
+    if (q.limit !== undefined) p.set('limit', String(q.limit));
+    if (q.cursor) p.set('cursor', q.cursor);
+    return json(await this.fetch(`/api/alarms/journal?${p}`));
   }
 
   async dashboards(): Promise<DashboardSummary[]> {

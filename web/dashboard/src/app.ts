@@ -2,7 +2,7 @@
 // the channels on the board, and switches between run mode (the board alone) and edit mode
 // (the board with widget boxes, plus the side panel).
 
-import { Client, type Subscription, type TrendReply } from 'switchboard-sdk';
+import { ALARMS_CHANNEL, Client, type Subscription, type TrendReply } from 'switchboard-sdk';
 import { Api, type DashboardSummary } from './api.js';
 import { Board } from './board.js';
 import { AlarmList } from './alarms.js';
@@ -10,10 +10,11 @@ import { ChannelBrowser } from './channels.js';
 import { h } from './dom.js';
 import { Login } from './login.js';
 import { WidgetForm } from './editor.js';
-import { CELL, DEFAULT_SIZE, ID_PATTERN, parseDashboard, WIDGET_TYPES, type DashboardSpec, type WidgetType } from './model.js';
+import { DEFAULT_SIZE, ID_PATTERN, parseDashboard, WIDGET_TYPES, type DashboardSpec, type WidgetType } from './model.js';
 import type { Widget } from './widgets/index.js';
 import { ControlWidget, type LastWrite } from './widgets/control.js';
 import { WritesWidget } from './widgets/writes.js';
+import { AlarmJournalWidget } from './widgets/journal.js';
 import { TrendWidget, trendStep } from './widgets/trend.js';
 
 /** One entry of the event log the page keeps for tests and troubleshooting. */
@@ -115,7 +116,13 @@ export class App {
     this.side = h('aside', { className: 'side', id: 'side' }, [dashSection, addSection, this.form.el, this.browser.el, this.datalist]);
 
     const main = h('main', { className: 'main' }, [this.side]);
-    this.alarms = new AlarmList();
+    // Operators act on alarms as themselves: the commands go on the page's own connection.
+    const comment = (c: string) => (c ? { comment: c } : {});
+    this.alarms = new AlarmList({
+      ack: (alarm, c) => this.client.request('alarm_ack', { alarm, ...comment(c) }),
+      shelve: (alarm, forS, c) => this.client.request('alarm_shelve', { alarm, for_s: forS, ...comment(c) }),
+      unshelve: (alarm, c) => this.client.request('alarm_unshelve', { alarm, ...comment(c) }),
+    });
     root.append(this.bar, this.alarms.el, main, this.login.el);
     this.board = new Board(main);
     // The board's frame drives the SDK's delivery: one pass per animation frame for both.
@@ -132,6 +139,8 @@ export class App {
     ControlWidget.publish = (channel, data) => this.client.publish(channel, data);
     ControlWidget.who = () => this.login.who();
     WritesWidget.read = (limit) => this.api.writes(limit);
+    AlarmJournalWidget.read = (q) => this.api.alarmJournal(q);
+    this.alarms.onChange = (byChannel) => this.board.showAlarms(byChannel);
     TrendWidget.fetchTrend = (channel, windowS, stepS, untilMs) => this.api.trend(channel, windowS, stepS, untilMs);
     this.titleInput.addEventListener('input', () => {
       this.dashboard.title = this.titleInput.value;
@@ -217,11 +226,13 @@ export class App {
       this.client.connect().catch(() => {});
     }
     this.showWho();
+    this.watchAlarms();
     // Values not updated within their widget's `stale_s` turn stale (and their age ticks);
-    // unacknowledged alarms blink; the alarm list follows.
+    // widgets with an unacknowledged alarm blink; the alarm list's ages follow.
     setInterval(() => {
-      this.board.tick(Date.now());
-      this.alarms.update(this.board.widgets);
+      const now = Date.now();
+      this.board.tick(now);
+      this.alarms.tick(now);
     }, 500);
     void this.refreshPicker();
     if (id) await this.open(id, params.get('edit') === '1', reading);
@@ -229,6 +240,26 @@ export class App {
       this.newDashboard();
       this.setEditing(true);
     }
+  }
+
+  /**
+   * Keeps the alarm list on the server's state: `alarm:all` is subscribed first, then the
+   * list read (again after every reconnect, when transitions may have been missed); the
+   * list keeps per alarm the state with the higher `seq`, whichever arrives first.
+   */
+  private watchAlarms(): void {
+    const sub = this.client.subscribe(ALARMS_CHANNEL);
+    sub.on('publication', (p) => {
+      this.alarms.apply(p.data);
+      AlarmJournalWidget.notify();
+    });
+    sub.on('subscribed', () => {
+      this.api.alarms().then(
+        (list) => this.alarms.applyAll(list),
+        (e: Error) => this.alarms.unavailable(`alarms: ${e.message}`),
+      );
+    });
+    sub.on('error', (e) => this.alarms.unavailable(`alarms: ${e.message}`));
   }
 
   /** Shows the sign-in form until the server accepts what is entered (one form at a time). */
@@ -341,7 +372,7 @@ export class App {
       const ch = w.spec.channel;
       if (!(w instanceof TrendWidget) || !fresh.has(ch) || !ch.startsWith('pt:')) continue;
       const was = widest.get(ch) ?? { win: 0, px: 0 };
-      widest.set(ch, { win: Math.max(was.win, w.windowS()), px: Math.max(was.px, w.spec.w * CELL) });
+      widest.set(ch, { win: Math.max(was.win, w.windowS()), px: Math.max(was.px, w.spec.w * this.board.cell) });
     }
     const groups = new Map<string, string[]>();
     for (const [ch, { win, px }] of widest) {
@@ -390,7 +421,7 @@ export class App {
       trends.map(async (w) => {
         try {
           const win = w.windowS();
-          w.backfill(await this.api.trend(w.spec.channel, win, trendStep(win, w.spec.w * CELL)));
+          w.backfill(await this.api.trend(w.spec.channel, win, trendStep(win, w.spec.w * this.board.cell)));
           this.board.request();
         } catch {
           /* a channel without a trend (or not yet published) fills live */
@@ -508,7 +539,7 @@ export class App {
     lastWrite?: LastWrite | null;
     staleFor: number | null;
     alarm: string | null;
-    unacked: boolean;
+    serverAlarm: { severity: string; unacked: boolean } | null;
   } | null {
     const w = this.board.widgets[i];
     if (!w) return null;
@@ -518,6 +549,6 @@ export class App {
     const error = w instanceof ControlWidget ? w.errorText() : undefined;
     const lastWrite = w instanceof ControlWidget ? w.lastWrite() : undefined;
     const s = { type: w.spec.type, channel: w.spec.channel, hasValue: w.hasValue, offset: w.offset, text: w.describe() };
-    return { ...s, points, view, detail, error, lastWrite, staleFor: w.staleFor, alarm: w.alarm, unacked: w.unacked };
+    return { ...s, points, view, detail, error, lastWrite, staleFor: w.staleFor, alarm: w.alarm, serverAlarm: w.serverAlarm };
   }
 }

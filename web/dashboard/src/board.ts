@@ -7,9 +7,14 @@
 // everything after a scroll, resize or edit); then DOM work (controls, and the chart of a
 // trend the operator points at), as much as fits a time budget, round-robin.
 // Layout is never read during a frame: sizes and scroll offsets are read in their own events.
+//
+// In run mode the grid scales to the screen's width: cells grow (never shrink) until the
+// widgets span the board, up to `MAX_CELL`. Edit mode keeps `CELL`, the grid being edited.
 
 import type { FrameBatch, Publication, Scheduler } from 'switchboard-sdk';
 import { CELL, type WidgetSpec } from './model.js';
+import type { ShownAlarm } from './widgets/base.js';
+import type { TextRun } from './widgets/fit.js';
 import { createWidget, THEME, type Widget } from './widgets/index.js';
 import { TrendWidget } from './widgets/trend.js';
 
@@ -18,6 +23,14 @@ export interface PageRect {
   y: number;
   width: number;
   height: number;
+}
+
+/** A run of text as drawn: its left edge and baseline in page coordinates. */
+export interface PageText {
+  text: string;
+  font: string;
+  x: number;
+  y: number;
 }
 
 export interface BoardStats {
@@ -43,6 +56,14 @@ const MAX_DRAWS = 20_000;
  * shows its real cost. */
 const SLOW_FRAME_MS = 26;
 const FAST_FRAME_MS = 20;
+/** The largest a run-mode grid cell grows to fill the screen's width, px. */
+const MAX_CELL = 3 * CELL;
+
+/** The cell size at which `cols` grid columns fill `width` px: at least `CELL`, at most `MAX_CELL`. */
+export function fitCell(width: number, cols: number): number {
+  if (cols <= 0) return CELL;
+  return Math.max(CELL, Math.min(MAX_CELL, Math.floor((width - CELL / 2) / cols)));
+}
 
 export class Board {
   readonly el: HTMLElement;
@@ -80,6 +101,10 @@ export class Board {
   private editing = false;
   private selected: Widget | null = null;
   private boxOf = new Map<Widget, HTMLElement>();
+  /** Grid cell size in px: `CELL` in edit mode, scaled to the screen's width in run mode. */
+  cell = CELL;
+  /** Each channel's worst active server alarm (the alarm list's), shown by its widgets. */
+  private alarms = new Map<string, ShownAlarm>();
 
   /** Called when the set of channels the widgets need changed. */
   onChannels: (channels: string[]) => void = () => {};
@@ -156,14 +181,14 @@ export class Board {
     this.boxOf.clear();
     this.selected = null;
     this.marked.clear();
-    for (const s of specs) this.widgets.push(createWidget(s));
+    for (const s of specs) this.widgets.push(this.make(s));
     this.reindex();
     if (this.editing) for (const w of this.widgets) this.addBox(w);
     this.onSelect(null);
   }
 
   add(spec: WidgetSpec): Widget {
-    const w = createWidget(spec);
+    const w = this.make(spec);
     this.widgets.push(w);
     this.reindex();
     if (this.editing) this.addBox(w);
@@ -191,7 +216,7 @@ export class Board {
     const rebind = this.channelsOf(w).join('\n') !== this.indexed.get(w);
     if (w.spec.type !== w.kind || rebind) {
       w.detach();
-      now = createWidget(w.spec);
+      now = this.make(w.spec);
       this.widgets[i] = now;
       const box = this.boxOf.get(w);
       this.boxOf.delete(w);
@@ -200,6 +225,7 @@ export class Board {
       this.reindex();
     } else {
       w.layout();
+      this.rescale();
       this.resize();
     }
     this.placeBox(now);
@@ -207,6 +233,44 @@ export class Board {
     this.viewChanged = true;
     this.request();
     return now;
+  }
+
+  /** A widget on this board's grid, showing its channel's server alarm. */
+  private make(spec: WidgetSpec): Widget {
+    const w = createWidget(spec);
+    w.showAlarm(this.alarms.get(spec.channel) ?? null);
+    if (this.cell !== w.cell) {
+      w.cell = this.cell;
+      w.layout();
+    }
+    return w;
+  }
+
+  /** Sets the cell size for the mode and the screen's width; lays every widget out again when
+   * it changed. */
+  private rescale(): void {
+    let cols = 0;
+    for (const w of this.widgets) cols = Math.max(cols, w.spec.x + w.spec.w);
+    const cell = this.editing ? CELL : fitCell(this.view.w, cols);
+    if (cell === this.cell) return;
+    this.cell = cell;
+    for (const w of this.widgets) {
+      w.cell = cell;
+      w.layout();
+    }
+    for (const w of this.boxOf.keys()) this.placeBox(w);
+    this.resize();
+    this.fullRepaint = true;
+    this.viewChanged = true;
+    this.request();
+  }
+
+  /** Shows each channel's worst active server alarm on the widgets bound to it. */
+  showAlarms(byChannel: Map<string, ShownAlarm>): void {
+    this.alarms = byChannel;
+    let changed = false;
+    for (const w of this.widgets) changed = w.showAlarm(byChannel.get(w.spec.channel) ?? null) || changed;
+    if (changed) this.request();
   }
 
   private channelsOf(w: Widget): string[] {
@@ -230,6 +294,7 @@ export class Board {
       if (w.hasValue) this.withValue++;
     }
     for (const ch of this.latest.keys()) if (!this.byChannel.has(ch)) this.latest.delete(ch);
+    this.rescale();
     this.resize();
     this.fullRepaint = true;
     this.viewChanged = true;
@@ -242,10 +307,10 @@ export class Board {
     let w = 0;
     let h = 0;
     for (const x of this.widgets) {
-      w = Math.max(w, (x.spec.x + x.spec.w) * CELL);
-      h = Math.max(h, (x.spec.y + x.spec.h) * CELL);
+      w = Math.max(w, (x.spec.x + x.spec.w) * this.cell);
+      h = Math.max(h, (x.spec.y + x.spec.h) * this.cell);
     }
-    const extra = this.editing ? CELL * 20 : CELL;
+    const extra = this.editing ? CELL * 20 : this.cell;
     this.content.style.width = `${w + extra}px`;
     this.content.style.height = `${h + extra}px`;
   }
@@ -272,14 +337,14 @@ export class Board {
   /** Phase of the blinking of unacknowledged alarms. */
   private blinkOn = true;
 
-  /** Twice a second: values that turned stale (or whose stale age changed) and unacknowledged
-   * alarms (blinking) are redrawn. */
+  /** Twice a second: values that turned stale (or whose stale age changed) and widgets with
+   * an unacknowledged server alarm (blinking) are redrawn. */
   tick(now: number): void {
     this.blinkOn = !this.blinkOn;
     let changed = false;
     for (const w of this.widgets) {
       changed = w.checkStale(now) || changed;
-      if (w.unacked) {
+      if (w.serverAlarm?.unacked) {
         w.dirty = true;
         changed = true;
       }
@@ -381,6 +446,7 @@ export class Board {
     this.canvas.style.width = `${w}px`;
     this.canvas.style.height = `${h}px`;
     this.viewChanged = true;
+    this.rescale();
     this.request();
   }
 
@@ -480,6 +546,7 @@ export class Board {
     this.boxOf.clear();
     if (on) for (const w of this.widgets) this.addBox(w);
     else this.select(null);
+    this.rescale();
     this.resize();
   }
 
@@ -512,10 +579,11 @@ export class Board {
     const box = this.boxOf.get(w);
     if (!box) return;
     const s = w.spec;
-    box.style.left = `${s.x * CELL}px`;
-    box.style.top = `${s.y * CELL}px`;
-    box.style.width = `${s.w * CELL}px`;
-    box.style.height = `${s.h * CELL}px`;
+    const c = this.cell;
+    box.style.left = `${s.x * c}px`;
+    box.style.top = `${s.y * c}px`;
+    box.style.width = `${s.w * c}px`;
+    box.style.height = `${s.h * c}px`;
     box.dataset.index = String(this.widgets.indexOf(w));
     box.dataset.type = s.type;
     box.dataset.channel = s.channel;
@@ -535,8 +603,8 @@ export class Board {
     box.setPointerCapture(e.pointerId);
     let moved = false;
     const move = (ev: PointerEvent) => {
-      const dx = Math.round((ev.clientX - start.x) / CELL);
-      const dy = Math.round((ev.clientY - start.y) / CELL);
+      const dx = Math.round((ev.clientX - start.x) / this.cell);
+      const dy = Math.round((ev.clientY - start.y) / this.cell);
       const s = w.spec;
       const before = `${s.x},${s.y},${s.w},${s.h}`;
       if (resizing) {
@@ -585,8 +653,9 @@ export class Board {
     return { x: 0, y: 0 };
   }
 
-  /** Widget index → its panel and body in page coordinates (tests, screenshots). */
-  widgetRect(i: number): { panel: PageRect; body: PageRect } | null {
+  /** Widget index → its panel and body in page coordinates, and the text it drew (label and
+   * body text, each run's left edge and baseline in page coordinates) (tests, screenshots). */
+  widgetRect(i: number): { panel: PageRect; body: PageRect; texts: PageText[]; labels: PageText[] } | null {
     const w = this.widgets[i];
     if (!w) return null;
     const b = this.scroller.getBoundingClientRect();
@@ -596,12 +665,23 @@ export class Board {
       width: r.w,
       height: r.h,
     });
-    return { panel: page(w.rect), body: page(w.body) };
+    const text = (origin: { x: number; y: number }) => (r: TextRun): PageText => ({
+      text: r.text,
+      font: r.font,
+      x: b.left + origin.x + r.x - this.view.x,
+      y: b.top + origin.y + r.y - this.view.y,
+    });
+    return {
+      panel: page(w.rect),
+      body: page(w.body),
+      texts: w.texts().map(text(w.body)),
+      labels: w.labelTexts().map(text({ x: w.rect.x + 5, y: w.rect.y + 2 })),
+    };
   }
 
   /** Scrolls a widget into view. */
   reveal(i: number): void {
     const w = this.widgets[i];
-    if (w) this.scroller.scrollTo({ left: Math.max(0, w.rect.x - CELL), top: Math.max(0, w.rect.y - CELL) });
+    if (w) this.scroller.scrollTo({ left: Math.max(0, w.rect.x - this.cell), top: Math.max(0, w.rect.y - this.cell) });
   }
 }

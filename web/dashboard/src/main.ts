@@ -4,11 +4,12 @@
 // - app.ts: loads and saves dashboards, keeps the SDK subscribed to the board's channels
 //   (trends with their history), run and edit modes; api.ts is the server's HTTP API.
 // - board.ts: every widget on one canvas, drawn in one pass per animation frame.
-// - widgets/: base.ts (what every widget shares), simple.ts (value, LED, gauge), trend.ts
-//   (with axes.ts), plots.ts (spectrum, scatter), control.ts (operator controls), writes.ts
-//   (the write audit); index.ts makes a widget from its spec.
+// - widgets/: base.ts (what every widget shares), fit.ts (text that fits its box), simple.ts
+//   (value, LED, gauge), trend.ts (with axes.ts), plots.ts (spectrum, scatter), control.ts
+//   (operator controls), writes.ts (the write audit), journal.ts (the alarm journal); index.ts
+//   makes a widget from its spec.
 // - model.ts: stored dashboards and widget defaults; editor.ts, channels.ts and dom.ts: edit
-//   mode's form and channel browser; alarms.ts: the alarm list; login.ts: signing in.
+//   mode's form and channel browser; alarms.ts: the server's alarm list; login.ts: signing in.
 
 import 'uplot/dist/uPlot.min.css';
 import './styles.css';

@@ -1,6 +1,6 @@
 // Dashboards as stored by the server (`/api/dashboards/{id}`), and widget defaults.
 
-export const WIDGET_TYPES = ['value', 'led', 'gauge', 'trend', 'spectrum', 'scatter', 'control', 'writes'] as const;
+export const WIDGET_TYPES = ['value', 'led', 'gauge', 'trend', 'spectrum', 'scatter', 'control', 'writes', 'alarm-journal'] as const;
 export type WidgetType = (typeof WIDGET_TYPES)[number];
 
 /** Widget options; every key is optional and kind-specific (see OPTION_FIELDS). */
@@ -37,6 +37,7 @@ export const DEFAULT_SIZE: Record<WidgetType, { w: number; h: number }> = {
   scatter: { w: 8, h: 8 },
   control: { w: 8, h: 4 },
   writes: { w: 16, h: 8 },
+  'alarm-journal': { w: 24, h: 10 },
 };
 
 export interface OptionField {
@@ -54,12 +55,13 @@ const field: OptionField = {
   hint: 'path into the data; default: v when present, else the whole value',
 };
 
-/** Alarm limits of the widgets that show one number (value, gauge). */
+/** Colouring limits of the widgets that show one number (value, gauge): colour only — the
+ * alarms operators acknowledge are the server's (`[[alarms]]`, docs/alarms.md). */
 const alarmLimits: OptionField[] = [
-  { key: 'lolo', label: 'LoLo', kind: 'number', hint: 'alarm at or below' },
-  { key: 'lo', label: 'Lo', kind: 'number', hint: 'warning at or below' },
-  { key: 'hi', label: 'Hi', kind: 'number', hint: 'warning at or above' },
-  { key: 'hihi', label: 'HiHi', kind: 'number', hint: 'alarm at or above' },
+  { key: 'lolo', label: 'LoLo', kind: 'number', hint: 'red at or below' },
+  { key: 'lo', label: 'Lo', kind: 'number', hint: 'amber at or below' },
+  { key: 'hi', label: 'Hi', kind: 'number', hint: 'amber at or above' },
+  { key: 'hihi', label: 'HiHi', kind: 'number', hint: 'red at or above' },
 ];
 const stale: OptionField = { key: 'stale_s', label: 'Stale after (s)', kind: 'number', hint: 'empty: never' };
 
@@ -121,6 +123,12 @@ export const OPTION_FIELDS: Record<WidgetType, OptionField[]> = {
     field,
   ],
   writes: [label],
+  'alarm-journal': [
+    label,
+    { key: 'alarm', label: 'Alarm', kind: 'text', hint: 'an alarm or definition id; empty: every alarm' },
+    { key: 'kind', label: 'Kind', kind: 'text', hint: 'raised, acked, shelved, …; empty: every kind' },
+    { key: 'limit', label: 'Page', kind: 'number', hint: 'entries per page (50)' },
+  ],
 };
 
 export function isWidgetType(t: unknown): t is WidgetType {

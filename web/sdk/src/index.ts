@@ -16,6 +16,8 @@
 // - transport.ts: the transport interface; websocket.ts, sse.ts and poll.ts implement it, and
 //   fallback.ts tries them in order. codec.ts frames JSON and MessagePack.
 // - types.ts: wire types of protocol v1; emitter.ts: the typed event emitter.
+// - alarms.ts: the server's alarm states and journal entries, their order, and `AlarmBook`
+//   (one state per alarm from `alarm:all` and `GET /api/alarms`).
 
 export { Client } from './client.js';
 export type { ClientOptions, Credentials, SubscribeOptions, HistoryOptions, HistoryResult, ClientStats } from './options.js';
@@ -46,4 +48,6 @@ export { fallbackTransport, DEFAULT_TRANSPORTS } from './fallback.js';
 export type { FallbackOptions, TransportName } from './fallback.js';
 export type { WebSocketConstructor, WebSocketLike, WebSocketTransportOptions } from './websocket.js';
 export { SwitchboardError, LocalCode } from './types.js';
+export { AlarmBook, ALARMS_CHANNEL, ALARM_JOURNAL_KINDS, compareAlarms, isAlarmState, needsAttention } from './alarms.js';
+export type { AlarmJournalEntry, AlarmJournalKind, AlarmPriority, AlarmSeverity, AlarmState, AlarmStateName } from './alarms.js';
 export type { Position, Publication, PresenceClient, PresenceEvent, ErrorBody, TrendBucket, TrendReply, TrendTier } from './types.js';

@@ -1,6 +1,8 @@
 // Wire types of the Switchboard WebSocket protocol v1 (docs/protocol.md) and the SDK's own
 // public shapes built on them.
 
+import type { AlarmState } from './alarms.js';
+
 /** A channel's place in its stream: offsets count publications within one epoch. */
 export interface Position {
   epoch: string;
@@ -81,6 +83,11 @@ export interface CommandBodies {
   presence: { channel: string };
   ping: { data?: unknown };
   refresh: { token: string };
+  /** Acknowledges an alarm as the connection's user (docs/alarms.md); `comment` ≤ 500 bytes. */
+  alarm_ack: { alarm: string; comment?: string };
+  /** Shelves an alarm for `for_s` seconds (1–86,400). */
+  alarm_shelve: { alarm: string; for_s: number; comment?: string };
+  alarm_unshelve: { alarm: string; comment?: string };
 }
 
 export type CommandName = keyof CommandBodies;
@@ -98,6 +105,10 @@ export interface ReplyBodies {
   presence: { clients: PresenceClient[] };
   ping: { data?: unknown };
   refresh: { expires: number };
+  /** The alarm commands answer with the alarm's new state. */
+  alarm_ack: AlarmState;
+  alarm_shelve: AlarmState;
+  alarm_unshelve: AlarmState;
 }
 
 export interface PresenceClient {

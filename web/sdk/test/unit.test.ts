@@ -1,7 +1,7 @@
-// Pieces that need no server: backoff jitter, frame codecs, per-frame batching.
+// Pieces that need no server: backoff jitter, frame codecs, per-frame batching, the alarm book.
 
 import { describe, expect, it } from 'vitest';
-import { Backoff, FrameBatcher, JsonCodec, MsgpackCodec, baseUrlOf, type FrameBatch } from '../src/index.js';
+import { AlarmBook, Backoff, FrameBatcher, JsonCodec, MsgpackCodec, baseUrlOf, type AlarmState, type FrameBatch } from '../src/index.js';
 
 describe('backoff', () => {
   it('draws each delay uniformly from a window that doubles up to the cap', () => {
@@ -51,5 +51,67 @@ describe('frame batcher', () => {
     expect(frames).toHaveLength(1);
     expect(frames[0].received).toBe(4);
     expect(frames[0].publications.map((p) => `${p.channel}@${p.offset}`)).toEqual(['pt:a@2', 'ev@1', 'ev@2']);
+  });
+});
+
+describe('alarm book', () => {
+  const state = (id: string, seq: number, over: Partial<AlarmState> = {}): AlarmState => ({
+    id,
+    def: id,
+    channel: `pt:${id}`,
+    state: 'active_unacked',
+    active: true,
+    severity: 'hi',
+    priority: 'medium',
+    value: 1,
+    since: 1000,
+    message: '',
+    acked_by: null,
+    acked_at: null,
+    comment: null,
+    shelved_until: null,
+    seq,
+    ...over,
+  });
+
+  it('keeps the state with the higher seq, whichever arrives first', () => {
+    const b = new AlarmBook();
+    expect(b.apply(state('a', 3, { state: 'active_acked', acked_by: 'user:ana' }))).toBe(true);
+    // The list read after subscribing may be older than a publication already applied.
+    expect(b.applyAll([state('a', 2), state('b', 1)])).toBe(true);
+    expect(b.get('a')?.state).toBe('active_acked');
+    expect(b.apply(state('a', 3))).toBe(false);
+    expect(b.apply(state('a', 4, { state: 'normal', active: false }))).toBe(true);
+    expect(b.get('a')?.state).toBe('normal');
+    expect(b.apply({ not: 'a state' } as unknown as AlarmState)).toBe(false);
+    expect(b.size).toBe(2);
+    // A removed definition's last state drops the alarm, and an older state does not bring it back.
+    expect(b.apply(state('b', 2, { removed: true }))).toBe(true);
+    expect(b.get('b')).toBeUndefined();
+    expect(b.applyAll([state('b', 1)])).toBe(false);
+    expect(b.list().map((a) => a.id)).toEqual(['a']);
+    expect(b.size).toBe(1);
+  });
+
+  it('lists worst first: unacknowledged, active, priority, newest', () => {
+    const b = new AlarmBook();
+    b.applyAll([
+      state('acked-critical', 1, { state: 'active_acked', priority: 'critical' }),
+      state('rtn-high', 1, { state: 'rtn_unacked', active: false, priority: 'high' }),
+      state('unacked-low-old', 1, { priority: 'low', since: 1 }),
+      state('unacked-low-new', 1, { priority: 'low', since: 2 }),
+      state('unacked-critical', 1, { priority: 'critical' }),
+      state('shelved', 1, { state: 'shelved', priority: 'critical' }),
+      state('normal', 1, { state: 'normal', active: false, priority: 'critical' }),
+    ]);
+    expect(b.list().map((a) => a.id)).toEqual([
+      'unacked-critical',
+      'unacked-low-new',
+      'unacked-low-old',
+      'rtn-high',
+      'acked-critical',
+      'shelved',
+      'normal',
+    ]);
   });
 });

@@ -15,12 +15,17 @@ fn dashboards_accept_every_widget_type_and_keep_options() {
             {"type":"gauge","channel":"","x":1,"y":0,"w":1,"h":1},
             {"type":"trend","channel":"c","x":1,"y":0,"w":1,"h":1},
             {"type":"spectrum","channel":"c","x":1,"y":0,"w":1,"h":1},
-            {"type":"scatter","channel":"c","x":1,"y":0,"w":1,"h":1}]}"#,
+            {"type":"scatter","channel":"c","x":1,"y":0,"w":1,"h":1},
+            {"type":"alarm-journal","x":1,"y":0,"w":1,"h":1,"options":{"alarm":"hot"}}]}"#,
     )
     .unwrap();
-    assert_eq!(b.widgets.len(), 6);
+    assert_eq!(b.widgets.len(), 7);
     assert_eq!(b.widgets[0].options["units"], "C");
     assert_eq!(b.widgets[5].kind, WidgetKind::Scatter);
+    assert_eq!(b.widgets[6].kind, WidgetKind::AlarmJournal);
+    // The wire name is kept as written.
+    let json = serde_json::to_value(&b.widgets[6]).unwrap();
+    assert_eq!(json["type"], "alarm-journal");
 }
 
 #[test]

@@ -16,6 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::alarms::def::AlarmDef;
 use crate::config::Config;
 
 /// The processes of the demo's MQTT path; dropping it stops them and removes their directory.
@@ -49,6 +50,24 @@ fn value(topic: &str, i: u64, flow: f64) -> String {
         "demo/line1/flow" => format!("{flow:.2}"),
         _ => (if i % 20 < 15 { "RUNNING" } else { "STOPPED" }).to_string(),
     }
+}
+
+/// The demo's alarms (`[[alarms]]`, docs/alarms.md) over the points of its MQTT path: the
+/// line's temperature (HI, HIHI), its flow (LO, HI and HIHI as the operator's setpoint takes
+/// it) and a pattern over every line 1 point (not updated for 10 s: the ambient point).
+pub const DEMO_ALARMS: &str = include_str!("demo-alarms.toml");
+
+/// The definitions of [`DEMO_ALARMS`], validated as the configuration's are.
+pub fn alarms() -> Result<Vec<AlarmDef>, String> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        alarms: Vec<AlarmDef>,
+    }
+    let file: File = toml::from_str(DEMO_ALARMS).map_err(|e| e.to_string())?;
+    for (i, def) in file.alarms.iter().enumerate() {
+        def.validate().map_err(|e| format!("alarms[{i}].{e}"))?;
+    }
+    Ok(file.alarms)
 }
 
 const TOPICS: [&str; 4] = ["demo/line1/temperature", "demo/line1/running", "demo/line1/state", "demo/line1/flow"];
@@ -154,6 +173,11 @@ pub fn start(config: &mut Config) -> Option<DemoMqtt> {
     config.sources.push(toml::from_str(&writes).ok()?);
     let namespace = "client_publish = true\nwrite_source = \"demo-set\"\nconflate = false\n";
     config.namespaces.insert("cmd".into(), toml::from_str(namespace).ok()?);
+    // The alarms over the points this path publishes (the unit test keeps them valid).
+    match alarms() {
+        Ok(defs) => config.alarms.extend(defs),
+        Err(e) => eprintln!("switchboard demo: the demo's alarms are not defined ({e})"),
+    }
     eprintln!(
         "switchboard demo: MQTT sources on a mosquitto at 127.0.0.1:{port} (topics demo/#, channels pt:demo.*; \
          writes to cmd:set.demo.* go to set/demo/...)"
@@ -170,4 +194,20 @@ fn listening(port: u16, limit: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The demo's alarms are valid definitions over channels its MQTT path publishes.
+    #[test]
+    fn demo_alarms_are_valid_over_the_demo_points() {
+        let defs = alarms().unwrap();
+        assert_eq!(defs.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["line1-temp", "line1-flow", "stale"]);
+        for d in &defs {
+            assert!(d.channel.starts_with("pt:demo.line1."), "{}", d.channel);
+        }
+        assert!(defs[2].is_pattern() && defs[2].stale_s > 0.0);
+    }
 }

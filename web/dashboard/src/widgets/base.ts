@@ -5,6 +5,7 @@
 
 import type { Publication } from 'switchboard-sdk';
 import { CELL, type WidgetSpec, type WidgetType } from '../model.js';
+import { drawRuns, fitLabel, fitValue, runsHeight, type TextRun } from './fit.js';
 
 export interface Rect {
   x: number;
@@ -28,7 +29,21 @@ export const THEME = {
 };
 
 const GAP = 2;
+const NO_TEXT: TextRun[] = [];
 const HEADER = 16;
+/** The label's size, and the smallest it shrinks to (see `fitLabel`). */
+const LABEL_PX = 11;
+const LABEL_MIN_PX = 7;
+/** A panel at least this tall has a header with its label. */
+const HEADER_FROM = 36;
+/** How stale values are drawn: at this opacity, their age in a band below them. */
+const STALE_ALPHA = 0.45;
+
+/** A server alarm on a widget's channel, as the widget shows it (see `Widget.serverAlarm`). */
+export interface ShownAlarm {
+  severity: string;
+  unacked: boolean;
+}
 
 export abstract class Widget {
   /** The type this object draws; a spec whose type changed needs a new widget. */
@@ -52,17 +67,25 @@ export abstract class Widget {
   updatedAt = 0;
   /** Seconds since the latest value when it is older than the widget's `stale_s`, else null. */
   staleFor: number | null = null;
-  /** The alarm the latest value is in (its `lolo`/`lo`/`hi`/`hihi` options), or null. */
+  /** The alarm the latest value is in against the widget's own limits (`lolo`/`lo`/`hi`/`hihi`
+   * options): colouring only; the alarms operators acknowledge are the server's. */
   alarm: Alarm | null = null;
-  /** An alarm came (or got worse) and nobody acknowledged it yet: the widget blinks. */
-  unacked = false;
-  /** The value that raised the alarm, and when (ms). */
-  alarmValue: unknown = null;
-  alarmSince = 0;
+  /** The worst server alarm on the widget's channel that is not normal (set by the app from
+   * the alarm list), or null: it colours the widget and blinks while unacknowledged. */
+  serverAlarm: ShownAlarm | null = null;
+  /** Grid cell size in px: the board's, which scales the grid to the screen's width. */
+  cell = CELL;
   /** Whether paint() may draw outside the body (text); such widgets are clipped. */
   protected mayOverflow = true;
-  protected label = '';
-  protected labelFont = '';
+  /** The label as drawn in the header, relative to the panel's top left. */
+  protected labelRuns: TextRun[] = [];
+  /** The body's text as last drawn, placed at (`textDx`, `textDy`) in the body, and a stale
+   * value's age (relative to the body): what `texts` reports. Kept as drawn, not copied, so a
+   * redraw allocates nothing. */
+  private textRuns: TextRun[] = NO_TEXT;
+  private textDx = 0;
+  private textDy = 0;
+  private ageRuns: TextRun[] = NO_TEXT;
 
   constructor(spec: WidgetSpec) {
     this.kind = spec.type;
@@ -70,14 +93,16 @@ export abstract class Widget {
     // No layout() here: subclass fields are not initialized yet. createWidget() calls it.
   }
 
-  /** Recomputes pixel geometry after the spec changed. */
+  /** Recomputes pixel geometry after the spec or the cell size changed. */
   layout(): void {
     const s = this.spec;
-    this.rect = { x: s.x * CELL + GAP, y: s.y * CELL + GAP, w: s.w * CELL - 2 * GAP, h: s.h * CELL - 2 * GAP };
-    const header = this.rect.h >= 36 ? HEADER : 0;
+    const c = this.cell;
+    this.rect = { x: s.x * c + GAP, y: s.y * c + GAP, w: s.w * c - 2 * GAP, h: s.h * c - 2 * GAP };
+    const label = String(s.options.label ?? s.channel ?? '');
+    // Two lines of label only where the body keeps at least half the panel.
+    this.labelRuns = this.rect.h >= HEADER_FROM ? fitLabel(label, this.rect.w - 8, this.rect.h / 2 - 4, LABEL_PX, LABEL_MIN_PX, THEME.font) : [];
+    const header = this.rect.h >= HEADER_FROM ? Math.max(HEADER, Math.ceil(runsHeight(this.labelRuns)) + 2) : 0;
     this.body = { x: this.rect.x + 4, y: this.rect.y + header + 2, w: this.rect.w - 8, h: this.rect.h - header - 4 };
-    this.label = String(s.options.label ?? s.channel ?? '');
-    this.labelFont = `11px ${THEME.font}`;
     this.dirty = true;
   }
 
@@ -124,13 +149,15 @@ export abstract class Widget {
     ctx.strokeStyle = THEME.border;
     ctx.lineWidth = 1;
     ctx.strokeRect(r.x - ox + 0.5, r.y - oy + 0.5, r.w - 1, r.h - 1);
-    if (this.body.y > r.y + 4 && this.label) {
+    if (this.labelRuns.length > 0) {
       ctx.fillStyle = THEME.dim;
-      ctx.font = this.labelFont;
-      ctx.textAlign = 'left';
-      ctx.textBaseline = 'top';
-      ctx.fillText(clip(this.label, r.w - 8, 6), r.x - ox + 5, r.y - oy + 3);
+      drawRuns(ctx, this.labelRuns, r.x - ox + 5, r.y - oy + 2);
     }
+  }
+
+  /** The label as drawn, relative to the panel's top left (tests). */
+  labelTexts(): TextRun[] {
+    return this.labelRuns;
   }
 
   /** Sets the alarm state of a new value against the widget's limits. */
@@ -146,19 +173,24 @@ export abstract class Widget {
       else if (hi !== null && v >= hi) alarm = 'hi';
       else if (lo !== null && v <= lo) alarm = 'lo';
     }
-    if (alarm !== null && severity(alarm) > severity(this.alarm)) {
-      this.unacked = true;
-      this.alarmSince = Date.now();
-    }
-    if (alarm !== null) this.alarmValue = value;
     this.alarm = alarm;
   }
 
-  /** Acknowledges the alarm: the widget stops blinking (and stays coloured while in alarm). */
-  acknowledge(): void {
-    if (!this.unacked) return;
-    this.unacked = false;
+  /** Shows the worst server alarm of the widget's channel (null: none); returns whether that
+   * changed what the widget draws. */
+  showAlarm(a: ShownAlarm | null): boolean {
+    const was = this.serverAlarm;
+    if (was === a || (was && a && was.severity === a.severity && was.unacked === a.unacked)) return false;
+    this.serverAlarm = a;
     this.dirty = true;
+    return true;
+  }
+
+  /** The body's alarm colour: the server alarm's when there is one, else the widget's own limits'. */
+  private alarmColor(): string | null {
+    const sev = this.serverAlarm?.severity ?? this.alarm;
+    if (sev === null || sev === undefined) return null;
+    return sev === 'hi' || sev === 'lo' ? THEME.warn : THEME.bad;
   }
 
   /** Updates `staleFor` from the clock; returns whether the body must be redrawn (it turned
@@ -177,39 +209,58 @@ export abstract class Widget {
   /** Clears and redraws the body. `blinkOn`: the phase of unacknowledged alarms' blinking. */
   drawBody(ctx: CanvasRenderingContext2D, ox: number, oy: number, blinkOn = true): void {
     const b = this.body;
-    const alarmColor = this.alarm === null ? null : this.alarm === 'hi' || this.alarm === 'lo' ? THEME.warn : THEME.bad;
-    ctx.fillStyle = alarmColor !== null && (!this.unacked || blinkOn) ? shade(alarmColor) : THEME.panel;
-    ctx.fillRect(b.x - ox, b.y - oy, b.w, b.h);
-    if (this.staleFor !== null && this.hasValue) {
-      // A value not updated within `stale_s`: drawn dimmed, with its age.
-      ctx.save();
-      ctx.globalAlpha = 0.45;
-      this.paint(ctx, b.x - ox, b.y - oy, b.w, b.h);
-      ctx.restore();
-      ctx.fillStyle = THEME.warn;
-      ctx.font = `10px ${THEME.font}`;
-      ctx.textAlign = 'right';
-      ctx.textBaseline = 'top';
-      ctx.fillText(`stale ${formatAge(this.staleFor)}`, b.x - ox + b.w - 2, b.y - oy + 1);
-      this.dirty = false;
-      return;
-    }
+    const x = b.x - ox;
+    const y = b.y - oy;
+    const color = this.alarmColor();
+    ctx.fillStyle = color !== null && (!this.serverAlarm?.unacked || blinkOn) ? shade(color) : THEME.panel;
+    ctx.fillRect(x, y, b.w, b.h);
+    this.textRuns = this.ageRuns = NO_TEXT;
     if (!this.spec.channel) {
       this.drawNote(ctx, ox, oy, 'unbound');
     } else if (!this.hasValue) {
       this.drawNote(ctx, ox, oy, '…');
-    } else if (this.mayOverflow) {
-      // Nothing may spill out of the body: only the body is cleared on the next update.
-      ctx.save();
-      ctx.beginPath();
-      ctx.rect(b.x - ox, b.y - oy, b.w, b.h);
-      ctx.clip();
-      this.paint(ctx, b.x - ox, b.y - oy, b.w, b.h);
-      ctx.restore();
     } else {
-      this.paint(ctx, b.x - ox, b.y - oy, b.w, b.h);
+      // A value not updated within `stale_s` is drawn dimmed, its age in a band below it.
+      const stale = this.staleFor !== null;
+      const band = stale ? Math.min(18, Math.max(10, Math.round(b.h * 0.3))) : 0;
+      const h = b.h - band;
+      ctx.save();
+      if (stale) ctx.globalAlpha = STALE_ALPHA;
+      if (this.mayOverflow) {
+        // Nothing may spill out of the body: only the body is cleared on the next update.
+        ctx.beginPath();
+        ctx.rect(x, y, b.w, h);
+        ctx.clip();
+      }
+      this.paint(ctx, x, y, b.w, h);
+      ctx.restore();
+      if (stale) {
+        const age = fitValue(`stale ${formatAge(this.staleFor ?? 0)}`, '', b.w - 4, band, 14, 400, THEME.font);
+        for (const r of age) {
+          r.x += 2;
+          r.y += h;
+        }
+        ctx.fillStyle = THEME.warn;
+        drawRuns(ctx, age, x, y);
+        this.ageRuns = age;
+      }
     }
     this.dirty = false;
+  }
+
+  /** Draws `runs` placed in a box at (`dx`, `dy`) of the body, whose top left is at (`x`, `y`)
+   * on the canvas (`paint`'s x and y), and records them for `texts`. */
+  protected drawTexts(ctx: CanvasRenderingContext2D, runs: TextRun[], x: number, y: number, dx = 0, dy = 0): void {
+    drawRuns(ctx, runs, x + dx, y + dy);
+    this.textRuns = runs;
+    this.textDx = dx;
+    this.textDy = dy;
+  }
+
+  /** The body's text as last drawn (value, units, a stale value's age), relative to the
+   * body's top left (tests measure it). */
+  texts(): TextRun[] {
+    return [...this.textRuns.map((r) => ({ ...r, x: r.x + this.textDx, y: r.y + this.textDy })), ...this.ageRuns];
   }
 
   protected drawNote(ctx: CanvasRenderingContext2D, ox: number, oy: number, text: string): void {
@@ -260,10 +311,6 @@ export abstract class Widget {
 /** Alarm states of a value against its widget's limits. */
 export type Alarm = 'lolo' | 'lo' | 'hi' | 'hihi';
 
-function severity(a: Alarm | null): number {
-  return a === null ? 0 : a === 'hi' || a === 'lo' ? 1 : 2;
-}
-
 /** A dark tint of an alarm colour for the body's background. */
 function shade(color: string): string {
   return `${color}40`;
@@ -275,6 +322,13 @@ export function formatAge(s: number): string {
   if (s < 7200) return `${Math.floor(s / 60)} min`;
   if (s < 172_800) return `${Math.floor(s / 3600)} h`;
   return `${Math.floor(s / 86_400)} d`;
+}
+
+/** A time as an operator reads it: the clock today, with the date on other days. */
+export function formatTime(ms: number): string {
+  const d = new Date(ms);
+  const time = d.toLocaleTimeString([], { hour12: false });
+  return d.toDateString() === new Date().toDateString() ? time : `${d.toLocaleDateString()} ${time}`;
 }
 
 /** Cuts `text` to roughly fit `width` pixels at `charW` pixels per character (no measuring:

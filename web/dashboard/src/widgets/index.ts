@@ -5,6 +5,7 @@ import { ScatterWidget, SpectrumWidget } from './plots.js';
 import { TrendWidget } from './trend.js';
 import { ControlWidget } from './control.js';
 import { WritesWidget } from './writes.js';
+import { AlarmJournalWidget } from './journal.js';
 
 export { Widget, THEME } from './base.js';
 export type { Rect } from './base.js';
@@ -33,5 +34,7 @@ function construct(spec: WidgetSpec): Widget {
       return new ControlWidget(spec);
     case 'writes':
       return new WritesWidget(spec);
+    case 'alarm-journal':
+      return new AlarmJournalWidget(spec);
   }
 }

@@ -1,34 +1,52 @@
 // Value display, LED and gauge: one value each, drawn on the board canvas.
 
-import { clip, format, num, optNum, qualityColor, sprite, THEME, Widget } from './base.js';
+import { format, num, optNum, qualityColor, sprite, THEME, Widget } from './base.js';
+import { fitValue, type TextRun } from './fit.js';
+
+/** The largest a value's number is drawn, px (it shrinks to fit its box, never past it). */
+const VALUE_MAX_PX = 96;
+const GAUGE_MAX_PX = 28;
+
+/** A value's number (or word) and units as laid out for one box size, kept while neither
+ * changes (compared field by field: a paint allocates nothing when they did not). */
+class Fitted {
+  private main = '';
+  private units = '';
+  private w = -1;
+  private h = -1;
+  private runs: TextRun[] = [];
+
+  get(main: string, units: string, w: number, h: number, maxPx: number): TextRun[] {
+    if (main !== this.main || units !== this.units || w !== this.w || h !== this.h) {
+      [this.main, this.units, this.w, this.h] = [main, units, w, h];
+      this.runs = fitValue(main, units, w, h, maxPx, 600, THEME.font);
+    }
+    return this.runs;
+  }
+}
+
+/** A value's text and units as options give them. */
+function valueText(value: unknown, options: Record<string, unknown>): { main: string; units: string } {
+  const units = options.units;
+  return { main: format(value, optNum(options.decimals)), units: typeof units === 'string' ? units : '' };
+}
 
 export class ValueWidget extends Widget {
-  private text = '';
-  private font = '';
-  private fontPx = 12;
-
-  override layout(): void {
-    super.layout();
-    this.fontPx = Math.max(10, Math.min(32, Math.floor(this.body.h * 0.55), Math.floor(this.body.w / 4)));
-    this.font = `600 ${this.fontPx}px ${THEME.font}`;
-  }
+  private main = '';
+  private units = '';
+  private readonly fitted = new Fitted();
 
   protected take(value: unknown): void {
-    const units = this.spec.options.units;
-    const s = format(value, optNum(this.spec.options.decimals));
-    this.text = typeof units === 'string' && units !== '' ? `${s} ${units}` : s;
+    ({ main: this.main, units: this.units } = valueText(value, this.spec.options));
   }
 
   protected paint(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h: number): void {
     ctx.fillStyle = qualityColor(this.quality, THEME.text);
-    ctx.font = this.font;
-    ctx.textAlign = 'left';
-    ctx.textBaseline = 'middle';
-    ctx.fillText(clip(this.text, w - 4, this.fontPx * 0.56), x + 2, y + h / 2);
+    this.drawTexts(ctx, this.fitted.get(this.main, this.units, w - 4, h, VALUE_MAX_PX), x, y, 2);
   }
 
   override describe(): string {
-    return this.text;
+    return this.units ? `${this.main} ${this.units}` : this.main;
   }
 }
 
@@ -71,13 +89,13 @@ const SWEEP = Math.PI * 1.5;
 
 export class GaugeWidget extends Widget {
   private value = 0;
-  private text = '';
+  private main = '';
+  private units = '';
+  private readonly fitted = new Fitted();
 
   protected take(value: unknown): void {
     this.value = num(value, NaN);
-    const units = this.spec.options.units;
-    const s = format(value, optNum(this.spec.options.decimals));
-    this.text = typeof units === 'string' && units !== '' ? `${s} ${units}` : s;
+    ({ main: this.main, units: this.units } = valueText(value, this.spec.options));
   }
 
   protected paint(ctx: CanvasRenderingContext2D, x: number, y: number, w: number, h: number): void {
@@ -112,15 +130,15 @@ export class GaugeWidget extends Widget {
     ctx.moveTo(cx, cy);
     ctx.lineTo(cx + Math.cos(a) * (r - thick), cy + Math.sin(a) * (r - thick));
     ctx.stroke();
-    const px = Math.max(9, Math.min(20, Math.floor(r * 0.4)));
+    // The value in a band across the dial's open bottom, between the arc's ends, inside the body.
+    const band = Math.max(10, Math.min(GAUGE_MAX_PX * 1.2, r * 0.45));
+    const top = Math.max(0, Math.min(h - band, cy + r * 0.56 - band / 2 - y));
+    const tw = Math.min(w - 4, Math.max(r * 1.6, 24));
     ctx.fillStyle = THEME.text;
-    ctx.font = `600 ${px}px ${THEME.font}`;
-    ctx.textAlign = 'center';
-    ctx.textBaseline = 'middle';
-    ctx.fillText(clip(this.text, w, px * 0.56), cx, Math.min(y + h - px / 2 - 1, cy + r * 0.62));
+    this.drawTexts(ctx, this.fitted.get(this.main, this.units, tw, Math.min(band, h), GAUGE_MAX_PX), x, y, (w - tw) / 2, top);
   }
 
   override describe(): string {
-    return this.text;
+    return this.units ? `${this.main} ${this.units}` : this.main;
   }
 }

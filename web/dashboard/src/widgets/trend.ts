@@ -141,9 +141,9 @@ export class TrendWidget extends Widget {
    * waits for the board's pacing (`due`). */
   override apply(p: Publication, channel: string): boolean {
     const wasDirty = this.dirty;
-    const before = `${this.quality}|${this.alarm}|${this.unacked}|${this.staleFor}|${this.hasValue}`;
+    const before = `${this.quality}|${this.alarm}|${this.staleFor}|${this.hasValue}`;
     const took = super.apply(p, channel);
-    if (took && !wasDirty && before === `${this.quality}|${this.alarm}|${this.unacked}|${this.staleFor}|${this.hasValue}`) {
+    if (took && !wasDirty && before === `${this.quality}|${this.alarm}|${this.staleFor}|${this.hasValue}`) {
       this.dirty = this.plot === null && this.due();
     }
     return took;
