@@ -147,7 +147,7 @@ def add_user(binary: str, users, name: str, password: str) -> None:
 def start_server(binary: str, args: list, stderr_path: str, startup_timeout: float = 10.0,
                  env: dict | None = None) -> Server:
     args = [str(a) for a in args]
-    if "--data-dir" not in args:
+    if "--data-dir" not in args and "SWITCHBOARD_DATA_DIR" not in (env or {}):
         # Each node its own data directory (dashboards, the memory broker's alarm states and
         # journal) beside its log: nodes of one test, or of two tests, never share files.
         args += ["--data-dir", os.path.splitext(os.path.abspath(stderr_path))[0] + ".data"]

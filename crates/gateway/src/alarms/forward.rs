@@ -66,6 +66,11 @@ pub(super) fn start(node: &Arc<Node>, alarms: &Arc<Alarms>) {
     node.hub.add_internal(ACTS, internal.clone());
     node.hub.add_internal(REPLIES, internal.clone());
     node.hub.add_internal(DEFS_CHANGED, internal);
+    if node.broker.kind() == "memory" {
+        // One node: nothing to follow, and the memory broker hands it every publication
+        // without a subscription (which would take channels from `limits.max_channels`).
+        return;
+    }
     let (node, _alarms) = (node.clone(), alarms.clone());
     tokio::spawn(async move {
         let own = format!("{REPLIES}{}", node.id);
