@@ -103,6 +103,7 @@ pub(crate) async fn reload_defs(alarms: &Arc<Alarms>, node: &Arc<Node>) {
     }
     let defs = Arc::new(Defs::new(all));
     *alarms.defs.write() = defs.clone();
+    forward::follow_all(alarms, node).await;
     if !alarms.holding.load(Relaxed) {
         return;
     }

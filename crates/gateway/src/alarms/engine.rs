@@ -107,6 +107,8 @@ pub struct Alarms {
     /// Every alarm's latest state: the holder's own, the others' from `alarm:all`.
     pub view: RwLock<HashMap<String, Status>>,
     pub holding: AtomicBool,
+    /// This node follows `alarm:all` ([`super::forward::follow_all`]).
+    pub following_all: AtomicBool,
     pub(super) queue: mpsc::UnboundedSender<Job>,
     /// Channels of patterns that made no alarm for want of room ([`MAX_ALARMS`]).
     pub refused: AtomicU64,
@@ -123,6 +125,7 @@ impl Alarms {
             held: RwLock::new(Held::default()),
             view: RwLock::new(HashMap::new()),
             holding: AtomicBool::new(false),
+            following_all: AtomicBool::new(false),
             queue: tx,
             refused: AtomicU64::new(0),
             transitions: Mutex::new(BTreeMap::new()),

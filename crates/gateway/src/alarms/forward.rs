@@ -22,7 +22,6 @@ use switchboard_broker::{BrokerError, Data, HistoryPolicy};
 use switchboard_protocol::code;
 use tokio::sync::oneshot;
 
-use super::engine::ALL;
 use super::state::{Act, Status};
 use super::Alarms;
 use crate::hub::InternalHandler;
@@ -74,7 +73,7 @@ pub(super) fn start(node: &Arc<Node>, alarms: &Arc<Alarms>) {
     let (node, _alarms) = (node.clone(), alarms.clone());
     tokio::spawn(async move {
         let own = format!("{REPLIES}{}", node.id);
-        for ch in [ACTS, DEFS_CHANGED, own.as_str(), ALL] {
+        for ch in [ACTS, DEFS_CHANGED, own.as_str()] {
             while let Err(e) = node.broker.subscribe(ch).await {
                 super::warn(&node, "follow the alarms of the cluster", &e.to_string());
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -87,6 +86,18 @@ async fn publish<T: Serialize>(node: &Node, channel: &str, body: &T) -> Result<(
     let text = serde_json::to_string(body).map_err(|e| BrokerError::Unavailable(e.to_string()))?;
     let data: Data = Arc::new(RawValue::from_string(text).map_err(|e| BrokerError::Unavailable(e.to_string()))?);
     node.broker.publish(channel, data, NO_HISTORY).await.map(drop)
+}
+
+/// Follows `alarm:all` (the view's updates) once the cluster has any definition, so that a
+/// cluster without alarms holds no alarm channel.
+pub(super) async fn follow_all(alarms: &Alarms, node: &Node) {
+    if node.broker.kind() == "memory" || alarms.defs.read().all.is_empty() || alarms.following_all.swap(true, Relaxed) {
+        return;
+    }
+    if let Err(e) = node.broker.subscribe(super::engine::ALL).await {
+        alarms.following_all.store(false, Relaxed);
+        super::warn(node, "follow alarm:all", &e.to_string());
+    }
 }
 
 /// Tells every node that the definitions changed (this one reads them at once).
