@@ -266,6 +266,23 @@ fn config_owned(id: &str) -> ApiError {
     ApiError::new(code::CONFLICT, format!("alarm definition {id:?} is in the configuration; change it there"))
 }
 
+/// Calls the broker up to three times, 300 ms apart; a failure of the last try is logged
+/// ([`warn`]) and the caller goes on: the alarms' background writes (states, the journal).
+pub(crate) async fn retry<T, F, Fut>(node: &Node, what: &str, mut call: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, switchboard_broker::BrokerError>>,
+{
+    const TRIES: u32 = 3;
+    for i in 0..TRIES {
+        match call().await {
+            Ok(_) => return,
+            Err(e) if i + 1 == TRIES => warn(node, what, &e.to_string()),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(300)).await,
+        }
+    }
+}
+
 /// A broker failure of the alarms' background work, logged at a bounded rate.
 pub(crate) fn warn(node: &Node, what: &str, error: &str) {
     static LIMIT: LogLimit = LogLimit::new();

@@ -80,13 +80,7 @@ pub fn keep(node: &Node) -> LogKeep {
 
 pub async fn append(node: &Node, entry: &Entry) {
     let Ok(text) = serde_json::to_string(entry) else { return };
-    for i in 0..3 {
-        match node.broker.log_append(JOURNAL, &text, keep(node)).await {
-            Ok(_) => return,
-            Err(e) if i == 2 => super::warn(node, "journal an alarm transition", &e.to_string()),
-            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
-        }
-    }
+    super::retry(node, "journal an alarm transition", || node.broker.log_append(JOURNAL, &text, keep(node))).await;
 }
 
 /// What a read takes.

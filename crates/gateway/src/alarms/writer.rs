@@ -5,9 +5,7 @@
 //! is tried again a few times; what still fails is logged (at a bounded rate) and the next
 //! transition goes on.
 
-use std::future::Future;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use serde_json::value::RawValue;
 use tokio::sync::mpsc;
@@ -16,9 +14,6 @@ use super::engine::{Alarms, Job, ALL};
 use super::state::{Kind, Status};
 use super::{channel_of, journal, STATES};
 use crate::node::Node;
-
-const TRIES: u32 = 3;
-const PAUSE: Duration = Duration::from_millis(300);
 
 pub(super) async fn run(alarms: Arc<Alarms>, node: Weak<Node>, mut queue: mpsc::UnboundedReceiver<Job>) {
     while let Some(job) = queue.recv().await {
@@ -41,7 +36,7 @@ pub(super) async fn run(alarms: Arc<Alarms>, node: Weak<Node>, mut queue: mpsc::
 
 async fn store(node: &Node, status: &Status) {
     let Ok(state) = serde_json::to_string(status) else { return };
-    retry(node, "store an alarm state", || node.broker.table_put(STATES, &status.id, &state)).await;
+    super::retry(node, "store an alarm state", || node.broker.table_put(STATES, &status.id, &state)).await;
 }
 
 pub(super) fn count(alarms: &Alarms, priority: &'static str, kind: Kind) {
@@ -69,23 +64,9 @@ pub(super) async fn publish(node: &Node, status: &Status, all: bool) {
 /// An alarm whose definition is gone: its stored state leaves, its screens are told.
 pub(super) async fn remove(alarms: &Alarms, node: &Arc<Node>, mut status: Status) {
     alarms.view.write().remove(&status.id);
-    retry(node, "remove an alarm state", || node.broker.table_remove(STATES, &status.id)).await;
+    super::retry(node, "remove an alarm state", || node.broker.table_remove(STATES, &status.id)).await;
     status.removed = true;
     status.seq += 1;
     status.since = switchboard_broker::now_ms();
     publish(node, &status, true).await;
-}
-
-async fn retry<F, Fut>(node: &Node, what: &str, mut call: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<(), switchboard_broker::BrokerError>>,
-{
-    for i in 0..TRIES {
-        match call().await {
-            Ok(()) => return,
-            Err(e) if i + 1 == TRIES => super::warn(node, what, &e.to_string()),
-            Err(_) => tokio::time::sleep(PAUSE).await,
-        }
-    }
 }
