@@ -102,7 +102,7 @@ pub(crate) async fn reload_defs(alarms: &Arc<Alarms>, node: &Arc<Node>) {
         Err(e) => warn(node, "read the alarm definitions", &e.to_string()),
     }
     let defs = Arc::new(Defs::new(all));
-    *alarms.defs.write() = defs.clone();
+    alarms.set_defs(defs.clone());
     forward::follow_all(alarms, node).await;
     if !alarms.holding.load(Relaxed) {
         return;
@@ -225,7 +225,7 @@ pub async fn put_def(node: &Arc<Node>, who: &Identity, def: AlarmDef) -> Result<
     let alarms = node.alarms.get().ok_or_else(|| ApiError::new(code::UNAVAILABLE, "alarms are not running"))?;
     def.validate().map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
     let (made, priority) = {
-        let defs = alarms.defs.read();
+        let defs = alarms.defs();
         match defs.all.get(&def.id) {
             Some((_, Origin::Config)) => return Err(config_owned(&def.id)),
             Some(_) => (false, def.priority),
@@ -250,7 +250,7 @@ pub async fn put_def(node: &Arc<Node>, who: &Identity, def: AlarmDef) -> Result<
 /// Removes the API definition `id` and its alarms.
 pub async fn delete_def(node: &Arc<Node>, who: &Identity, id: &str) -> Result<(), ApiError> {
     let alarms = node.alarms.get().ok_or_else(|| ApiError::new(code::UNAVAILABLE, "alarms are not running"))?;
-    let priority = match alarms.defs.read().all.get(id) {
+    let priority = match alarms.defs().all.get(id) {
         Some((_, Origin::Config)) => return Err(config_owned(id)),
         Some((d, Origin::Api)) => d.priority,
         None => return Err(ApiError::new(code::NOT_FOUND, format!("no alarm definition {id:?}"))),

@@ -42,6 +42,8 @@ struct Table {
     live: BTreeMap<String, String>,
     /// Lines in the file (puts and removals).
     lines: usize,
+    /// The file, open for appending once written (a put costs one write, not an open).
+    file: Option<File>,
 }
 
 struct Part {
@@ -71,14 +73,6 @@ fn check_name(name: &str) -> Result<(), BrokerError> {
     } else {
         Err(BrokerError::Unavailable(format!("{name:?} cannot name a table or log")))
     }
-}
-
-fn append(path: &Path, text: &str) -> Result<(), BrokerError> {
-    if let Some(parent) = path.parent() {
-        fs::create_dir_all(parent).map_err(|e| io("creating the store directory", e))?;
-    }
-    let mut f = OpenOptions::new().create(true).append(true).open(path).map_err(|e| io("opening a store file", e))?;
-    f.write_all(text.as_bytes()).map_err(|e| io("writing a store file", e))
 }
 
 impl Kept {
@@ -120,8 +114,7 @@ impl Kept {
         let path = self.table_path(name);
         self.with_table(name, |t| {
             if let Some(path) = &path {
-                append(path, &(serde_json::json!([key, value]).to_string() + "\n"))?;
-                t.lines += 1;
+                t.write(path, &serde_json::json!([key, value]).to_string())?;
             }
             t.live.insert(key.to_string(), value.to_string());
             t.compact(path.as_deref())
@@ -135,8 +128,7 @@ impl Kept {
                 return Ok(());
             }
             if let Some(path) = &path {
-                append(path, &(serde_json::json!([key]).to_string() + "\n"))?;
-                t.lines += 1;
+                t.write(path, &serde_json::json!([key]).to_string())?;
             }
             t.compact(path.as_deref())
         })
@@ -251,6 +243,21 @@ impl Table {
         }
     }
 
+    /// Appends one change's line to the file at `path`.
+    fn write(&mut self, path: &Path, line: &str) -> Result<(), BrokerError> {
+        if self.file.is_none() {
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent).map_err(|e| io("creating the store directory", e))?;
+            }
+            let f = OpenOptions::new().create(true).append(true).open(path);
+            self.file = Some(f.map_err(|e| io("opening a store file", e))?);
+        }
+        let f = self.file.as_mut().expect("opened above");
+        f.write_all(format!("{line}\n").as_bytes()).map_err(|e| io("writing a store file", e))?;
+        self.lines += 1;
+        Ok(())
+    }
+
     fn compact(&mut self, path: Option<&Path>) -> Result<(), BrokerError> {
         let Some(path) = path else { return Ok(()) };
         if self.lines < COMPACT_AT || self.lines <= 2 * self.live.len() {
@@ -265,6 +272,8 @@ impl Table {
         let mut f = File::create(&tmp).map_err(|e| io("compacting a table", e))?;
         f.write_all(text.as_bytes()).and_then(|()| f.sync_all()).map_err(|e| io("compacting a table", e))?;
         fs::rename(&tmp, path).map_err(|e| io("compacting a table", e))?;
+        // The open file is the replaced one: the next write opens the new.
+        self.file = None;
         self.lines = self.live.len();
         Ok(())
     }

@@ -4,16 +4,20 @@
 //!
 //! Evaluation runs in the hub's tap ([`crate::hub::PublicationTap`]), in the publisher's task:
 //! one map lookup for a channel without alarms, a point parse and a comparison for one with
-//! them. A transition is queued for the writer (`alarms::writer`), which stores, publishes and
+//! them. Each publication finds its channel's alarms cold (a plant's channels each change a
+//! few times a second among thousands), so the path touches few cache lines: a fast hash, the
+//! channel's first alarm inline in the map, the alarm's evaluation fields beside its lock. A transition is queued for the writer (`alarms::writer`), which stores, publishes and
 //! journals it in order; nothing here waits for the broker.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
+use foldhash::fast::RandomState;
 use parking_lot::{Mutex, RwLock};
+use smallvec::SmallVec;
 use switchboard_broker::Publication;
-use switchboard_protocol::point;
+use switchboard_protocol::point::{self, Point};
 use tokio::sync::mpsc;
 
 use super::def::AlarmDef;
@@ -71,10 +75,13 @@ impl Defs {
     }
 }
 
+/// One channel's alarms (most channels have one, kept inline).
+pub type ChannelAlarms = SmallVec<[Arc<Mutex<Alarm>>; 1]>;
+
 /// The alarms this node evaluates (while it holds the lease).
 #[derive(Default)]
 pub struct Held {
-    pub by_channel: HashMap<Arc<str>, Vec<Arc<Mutex<Alarm>>>>,
+    pub by_channel: HashMap<Arc<str>, ChannelAlarms, RandomState>,
     pub by_id: HashMap<String, Arc<Mutex<Alarm>>>,
     /// States read from the broker at takeover, for a pattern's alarms made later.
     pub stored: HashMap<String, Status>,
@@ -102,7 +109,10 @@ pub struct Waiting {
 }
 
 pub struct Alarms {
-    pub defs: RwLock<Arc<Defs>>,
+    defs: RwLock<Arc<Defs>>,
+    /// Some definition is a pattern: only then may a publication on a channel without held
+    /// alarms make one (exact channels' alarms are made at takeover and on definition changes).
+    any_pattern: AtomicBool,
     pub held: RwLock<Held>,
     /// Every alarm's latest state: the holder's own, the others' from `alarm:all`.
     pub view: RwLock<HashMap<String, Status>>,
@@ -121,6 +131,7 @@ impl Alarms {
     pub(super) fn new(defs: Defs) -> (Arc<Alarms>, mpsc::UnboundedReceiver<Job>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let alarms = Arc::new(Alarms {
+            any_pattern: AtomicBool::new(!defs.patterns.is_empty()),
             defs: RwLock::new(Arc::new(defs)),
             held: RwLock::new(Held::default()),
             view: RwLock::new(HashMap::new()),
@@ -134,6 +145,17 @@ impl Alarms {
         (alarms, rx)
     }
 
+    /// The definitions in force.
+    pub fn defs(&self) -> Arc<Defs> {
+        self.defs.read().clone()
+    }
+
+    /// Puts `defs` in force.
+    pub(super) fn set_defs(&self, defs: Arc<Defs>) {
+        self.any_pattern.store(!defs.patterns.is_empty(), Relaxed);
+        *self.defs.write() = defs;
+    }
+
     pub(super) fn emit(&self, t: Option<Transition>) {
         if let Some(t) = t {
             self.view.write().insert(t.status.id.clone(), t.status.clone());
@@ -144,7 +166,7 @@ impl Alarms {
     /// Makes the alarms `channel` has and this node does not hold yet (a pattern's new
     /// match, or every alarm at takeover): true when any was made.
     pub(super) fn ensure(&self, channel: &str, now: u64) -> Vec<Arc<Mutex<Alarm>>> {
-        let defs = self.defs.read().clone();
+        let defs = self.defs();
         let wanted = defs.for_channel(channel);
         if wanted.is_empty() {
             return Vec::new();
@@ -182,9 +204,18 @@ impl Alarms {
 
     /// A value of `channel`, evaluated by each of its alarms.
     fn evaluate(&self, alarms: &[Arc<Mutex<Alarm>>], data: &str, now: u64) {
+        // The alarms of a channel mostly read `v`: one parse for them.
+        let mut of_v: Option<Point> = None;
         for a in alarms {
             let mut a = a.lock();
-            let p = point::parse_field(data, &a.def.field);
+            let other;
+            let p = match a.field() {
+                "v" => &*of_v.get_or_insert_with(|| point::parse(data)),
+                field => {
+                    other = point::parse_field(data, field);
+                    &other
+                }
+            };
             let bad = p.q.as_deref() == Some("bad");
             let t = a.on_value(p.v, bad, now);
             drop(a);
@@ -209,6 +240,9 @@ impl Alarms {
                 self.evaluate(list, p.data.get(), p.time_ms);
                 return;
             }
+        }
+        if !self.any_pattern.load(Relaxed) {
+            return;
         }
         let made = self.ensure(channel, p.time_ms);
         if !made.is_empty() {

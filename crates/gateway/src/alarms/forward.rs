@@ -91,7 +91,7 @@ async fn publish<T: Serialize>(node: &Node, channel: &str, body: &T) -> Result<(
 /// Follows `alarm:all` (the view's updates) once the cluster has any definition, so that a
 /// cluster without alarms holds no alarm channel.
 pub(super) async fn follow_all(alarms: &Alarms, node: &Node) {
-    if node.broker.kind() == "memory" || alarms.defs.read().all.is_empty() || alarms.following_all.swap(true, Relaxed) {
+    if node.broker.kind() == "memory" || alarms.defs().all.is_empty() || alarms.following_all.swap(true, Relaxed) {
         return;
     }
     if let Err(e) = node.broker.subscribe(super::engine::ALL).await {

@@ -143,7 +143,7 @@ pub(super) async fn take_over(alarms: &Arc<Alarms>, node: &Arc<Node>) {
     alarms.holding.store(true, Relaxed);
     tracing::info!(node = %node.id, "alarms: evaluating here");
     let now = now_ms();
-    let channels: Vec<String> = alarms.defs.read().exact_channels().cloned().collect();
+    let channels: Vec<String> = alarms.defs().exact_channels().cloned().collect();
     for ch in &channels {
         alarms.ensure(ch, now);
     }
@@ -189,7 +189,7 @@ pub(super) async fn start_following(alarms: &Arc<Alarms>, node: &Arc<Node>, chan
 
 /// Looks for the patterns' channels in the broker's listing.
 async fn discover(alarms: &Arc<Alarms>, node: &Arc<Node>) {
-    let patterns: Vec<_> = alarms.defs.read().patterns().cloned().collect();
+    let patterns: Vec<_> = alarms.defs().patterns().cloned().collect();
     for def in patterns {
         let prefix = def.channel.split('*').next().unwrap_or_default().to_string();
         let mut cursor: Option<String> = None;
@@ -214,7 +214,7 @@ async fn discover(alarms: &Arc<Alarms>, node: &Arc<Node>) {
 
 /// Stored states whose definition is gone are removed (their screens told).
 async fn forget_removed(alarms: &Arc<Alarms>, node: &Arc<Node>) {
-    let defs = alarms.defs.read().clone();
+    let defs = alarms.defs();
     let mut gone = Vec::new();
     alarms.held.write().stored.retain(|_, s| {
         let keep = defs.all.contains_key(&s.def);

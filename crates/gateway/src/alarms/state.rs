@@ -154,16 +154,52 @@ struct Pending {
     value: Option<f64>,
 }
 
+/// The limits as evaluation reads them, copied from the definition: an absent limit is one
+/// no finite value reaches (values are finite, `point::parse_field`).
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    hihi: f64,
+    hi: f64,
+    lo: f64,
+    lolo: f64,
+    deadband: f64,
+    bad_quality: bool,
+}
+
+impl Limits {
+    fn of(def: &AlarmDef) -> Limits {
+        Limits {
+            hihi: def.hihi.unwrap_or(f64::INFINITY),
+            hi: def.hi.unwrap_or(f64::INFINITY),
+            lo: def.lo.unwrap_or(f64::NEG_INFINITY),
+            lolo: def.lolo.unwrap_or(f64::NEG_INFINITY),
+            deadband: def.deadband,
+            bad_quality: def.bad_quality,
+        }
+    }
+}
+
 /// One alarm: its definition, its published status and what evaluation needs besides.
+///
+/// What a value's evaluation reads and writes comes first, in declaration order (`repr(C)`):
+/// with 10,000 alarms each publication finds its alarm cold, and these fields then share the
+/// cache lines of the alarm's lock instead of reaching into the definition and the status
+/// (docs/benchmarks.md, "Alarms").
 #[derive(Debug)]
+#[repr(C)]
 pub struct Alarm {
-    pub def: Arc<AlarmDef>,
-    pub status: Status,
-    pending: Option<Pending>,
-    /// When the last value came (ms), for `stale_s`.
-    last_value_ms: u64,
+    limits: Limits,
+    /// The condition in effect: `status.severity` while `status.active`.
+    current: Option<Severity>,
     /// A value was evaluated since the alarm was made.
     seen: bool,
+    /// The definition's `field` is `v`, so the value is read without reaching the definition.
+    reads_v: bool,
+    /// When the last value came (ms), for `stale_s`.
+    last_value_ms: u64,
+    pending: Option<Pending>,
+    pub def: Arc<AlarmDef>,
+    pub status: Status,
 }
 
 impl Alarm {
@@ -190,24 +226,43 @@ impl Alarm {
         });
         status.priority = def.priority;
         status.message = message(&def, status.severity);
-        Alarm { def, status, pending: None, last_value_ms: now, seen: false }
+        let current = status.active.then_some(status.severity).flatten();
+        Alarm {
+            limits: Limits::of(&def),
+            current,
+            seen: false,
+            reads_v: def.field == "v",
+            last_value_ms: now,
+            pending: None,
+            def,
+            status,
+        }
     }
 
     /// A value of the channel came: `v` the field's number (if it is one), `bad` its quality.
     pub fn on_value(&mut self, v: Option<f64>, bad: bool, now: u64) -> Option<Transition> {
         self.last_value_ms = now;
         self.seen = true;
-        let current = self.status.active.then_some(self.status.severity).flatten();
-        let cond = if bad && self.def.bad_quality {
+        let current = self.current;
+        let cond = if bad && self.limits.bad_quality {
             Some(Severity::Bad)
         } else if let Some(v) = v {
-            level(&self.def, v, current)
+            level(&self.limits, v, current)
         } else if matches!(current, Some(Severity::Bad | Severity::Stale)) {
             None
         } else {
             current
         };
         self.offer(cond, v, now)
+    }
+
+    /// The field of the channel's objects this alarm compares.
+    pub fn field(&self) -> &str {
+        if self.reads_v {
+            "v"
+        } else {
+            &self.def.field
+        }
     }
 
     /// Whether a value was evaluated since the alarm was made.
@@ -227,7 +282,7 @@ impl Alarm {
             }
         }
         let stale_ms = (self.def.stale_s * 1000.0) as u64;
-        let current = self.status.active.then_some(self.status.severity).flatten();
+        let current = self.current;
         if stale_ms > 0 && now >= self.last_value_ms + stale_ms && current != Some(Severity::Stale) {
             self.pending = None;
             return self.commit(Some(Severity::Stale), self.status.value, now);
@@ -241,7 +296,7 @@ impl Alarm {
     }
 
     fn offer(&mut self, cond: Option<Severity>, value: Option<f64>, now: u64) -> Option<Transition> {
-        let current = self.status.active.then_some(self.status.severity).flatten();
+        let current = self.current;
         if cond == current {
             self.pending = None;
             return None;
@@ -260,7 +315,8 @@ impl Alarm {
 
     /// The condition takes effect. Shelved and out-of-service alarms follow it silently.
     fn commit(&mut self, cond: Option<Severity>, value: Option<f64>, now: u64) -> Option<Transition> {
-        let old = self.status.active.then_some(self.status.severity).flatten();
+        let old = self.current;
+        self.current = cond;
         self.status.active = cond.is_some();
         if cond.is_some() {
             self.status.severity = cond;
@@ -345,6 +401,8 @@ impl Alarm {
     /// value is evaluated again by the caller); `enabled` moves the alarm out of or into
     /// service.
     pub fn redefine(&mut self, def: Arc<AlarmDef>, now: u64) -> Option<Transition> {
+        self.limits = Limits::of(&def);
+        self.reads_v = def.field == "v";
         self.def = def;
         self.status.priority = self.def.priority;
         self.status.message = message(&self.def, self.status.severity);
@@ -384,18 +442,18 @@ fn message(def: &AlarmDef, severity: Option<Severity>) -> String {
 
 /// The limit `v` is at or beyond, with the deadband holding an alarm that is `current` until
 /// the value is back by more than it.
-fn level(def: &AlarmDef, v: f64, current: Option<Severity>) -> Option<Severity> {
-    let db = def.deadband;
+fn level(l: &Limits, v: f64, current: Option<Severity>) -> Option<Severity> {
+    let db = l.deadband;
     let holds = |s: &[Severity]| current.is_some_and(|c| s.contains(&c));
-    let high = |limit: Option<f64>, held: &[Severity]| limit.is_some_and(|l| v >= if holds(held) { l - db } else { l });
-    let low = |limit: Option<f64>, held: &[Severity]| limit.is_some_and(|l| v <= if holds(held) { l + db } else { l });
-    if high(def.hihi, &[Severity::Hihi]) {
+    let high = |limit: f64, held: &[Severity]| v >= if holds(held) { limit - db } else { limit };
+    let low = |limit: f64, held: &[Severity]| v <= if holds(held) { limit + db } else { limit };
+    if high(l.hihi, &[Severity::Hihi]) {
         Some(Severity::Hihi)
-    } else if high(def.hi, &[Severity::Hi, Severity::Hihi]) {
+    } else if high(l.hi, &[Severity::Hi, Severity::Hihi]) {
         Some(Severity::Hi)
-    } else if low(def.lolo, &[Severity::Lolo]) {
+    } else if low(l.lolo, &[Severity::Lolo]) {
         Some(Severity::Lolo)
-    } else if low(def.lo, &[Severity::Lo, Severity::Lolo]) {
+    } else if low(l.lo, &[Severity::Lo, Severity::Lolo]) {
         Some(Severity::Lo)
     } else {
         None

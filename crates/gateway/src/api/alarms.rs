@@ -147,7 +147,7 @@ fn def_json(def: &AlarmDef, origin: Origin) -> serde_json::Value {
 
 async fn list_defs(State(node): State<Arc<Node>>, caller: CallerExt) -> Result<Response, ApiError> {
     allow(&node, &caller, Action::Subscribe, ALL)?;
-    let defs = alarms(&node)?.defs.read().clone();
+    let defs = alarms(&node)?.defs();
     let list: Vec<_> = defs.all.values().map(|(d, o)| def_json(d, *o)).collect();
     Ok(Json(serde_json::json!({ "defs": list })).into_response())
 }
@@ -158,7 +158,7 @@ async fn get_def(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     allow(&node, &caller, Action::Subscribe, ALL)?;
-    let defs = alarms(&node)?.defs.read().clone();
+    let defs = alarms(&node)?.defs();
     let (d, o) =
         defs.all.get(&id).ok_or_else(|| ApiError::new(code::NOT_FOUND, format!("no alarm definition {id:?}")))?;
     Ok(Json(def_json(d, *o)).into_response())
