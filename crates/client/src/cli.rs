@@ -7,13 +7,14 @@
 //! until Ctrl-C or until the server closes the connection. Diagnostics go to stderr so stdout
 //! stays a clean JSON-lines stream; a failure says what to do about it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context};
 use serde_json::Value;
 use switchboard_protocol::code::close;
+use switchboard_protocol::message::ErrorBody;
 use switchboard_protocol::{Format, StreamPosition};
 
 use crate::client::{Client, ABNORMAL_CLOSE};
@@ -154,11 +155,25 @@ impl Node {
         Client::connect_with(&self.endpoint.websocket().url(), opts).await
     }
 
-    /// `e` with what to do about it, where the cause suggests something.
-    fn explain(&self, e: Error) -> anyhow::Error {
-        let hint = match &e {
+    /// What to do about `e`, where its cause suggests something: the one place every tool's
+    /// failures (HTTP replies, handshakes, a channel's refusal, a close) get their hint.
+    fn hint(&self, e: &Error) -> Option<String> {
+        let not_a_node = || {
+            format!(
+                "is {} a Switchboard node? --url names the node (http://host:port); a path in it is only a proxy's prefix",
+                self.endpoint.api()
+            )
+        };
+        let credentials = || "pass credentials: --token TOKEN (a token or API key) or --user NAME".to_string();
+        Some(match e {
             Error::Connect { .. } => {
                 "is a node running there? Start one with `switchboard serve`, or name yours with --url".to_string()
+            }
+            Error::CaCertificate { .. } => {
+                "a self-signed certificate (`openssl req -x509`) is a CA certificate: make a \
+                test CA and a node certificate signed by it, serve the node certificate and pass the CA with --ca FILE \
+                (docs/security.md shows the openssl commands)"
+                    .into()
             }
             Error::UntrustedCertificate { .. } => "if a private CA signed it, pass that CA with --ca FILE".into(),
             Error::Tls(m) if m.starts_with("TLS handshake") => {
@@ -167,22 +182,42 @@ impl Node {
             Error::Decode(m) if m.contains("not HTTP") && !self.endpoint.is_tls() => {
                 "if the node serves TLS, use https:// or wss://".into()
             }
-            Error::Http { status: 401, .. } | Error::Handshake { status: 401, .. } => {
-                "pass credentials: --token TOKEN (a token or API key) or --user NAME".into()
-            }
-            Error::Handshake { status: 200 | 404, .. } => format!(
-                "is {} a Switchboard node? --url names the node (http://host:port); a path in it is only a proxy's prefix",
-                self.endpoint.api()
-            ),
+            Error::Http { status: 401, .. } | Error::Handshake { status: 401, .. } => credentials(),
+            Error::Reply(body) if body.code == 401 => credentials(),
+            Error::Handshake { status: 200 | 404, .. } => not_a_node(),
+            // A node's own 404 carries a JSON error; a bare one comes from a path it does not
+            // serve, usually a path in --url.
+            Error::Http { status: 404, body } if !body.trim_start().starts_with('{') => not_a_node(),
             Error::Closed { code: close::INVALID_TOKEN, .. } => {
                 "the node refused the credentials: pass a valid --token or --user".into()
             }
-            _ => String::new(),
-        };
-        if hint.is_empty() {
-            anyhow!(e)
-        } else {
-            anyhow!("{e}\n  {hint}")
+            _ => return None,
+        })
+    }
+
+    /// `e` with what to do about it, where the cause suggests something.
+    fn explain(&self, e: Error) -> anyhow::Error {
+        match self.hint(&e) {
+            Some(hint) => anyhow!("{e}\n  {hint}"),
+            None => anyhow!(e),
+        }
+    }
+}
+
+/// A channel's refusal said on stderr, with its hint the first time that hint comes up (a
+/// subscribe of many channels refused for one reason says what to do once).
+#[derive(Default)]
+struct Refusals {
+    hinted: HashSet<String>,
+}
+
+impl Refusals {
+    fn say(&mut self, node: &Node, ch: &str, error: &ErrorBody) {
+        eprintln!("{ch}: error {}: {}", error.code, error.message);
+        if let Some(hint) = node.hint(&Error::Reply(error.clone())) {
+            if self.hinted.insert(hint.clone()) {
+                eprintln!("  {hint}");
+            }
         }
     }
 }
@@ -268,6 +303,7 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
         reply.channels.extend(more.channels);
     }
     let mut ok = 0;
+    let mut refusals = Refusals::default();
     let mut last = Vec::new();
     // Where each channel's stream is, to subscribe it again with `recover` after the server
     // ended its subscription (`unsubscribed`: its broker shard may have lost publications).
@@ -287,9 +323,7 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
                 eprintln!("{ch}: {}; subscribing again", error.message);
                 waiting.push(ch.clone());
             }
-            Some(ChannelResult::Error { error }) => {
-                eprintln!("{ch}: error {}: {}", error.code, error.message)
-            }
+            Some(ChannelResult::Error { error }) => refusals.say(&node, ch, error),
             None => eprintln!("{ch}: missing from the subscribe reply"),
         }
     }
@@ -349,7 +383,7 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
                         }
                         // 503: its shard is failing over; 413: past this reply's budget.
                         ChannelResult::Error { error } if error.code == 503 || error.code == 413 => waiting.push(ch),
-                        ChannelResult::Error { error } => eprintln!("{ch}: error {}: {}", error.code, error.message),
+                        ChannelResult::Error { error } => refusals.say(&node, &ch, &error),
                     }
                 }
                 retry_in = (retry_in * 2).min(RETRY_MOST);
