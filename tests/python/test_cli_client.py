@@ -63,7 +63,7 @@ def test_cli_one_url_form_for_publish_and_sub(server, switchboard_bin, form):
     reply = publish_ok(switchboard_bin, url, ch, {"n": 1})
     assert reply["offset"] == 1 and reply["epoch"], reply
     line, err = first_line_of_sub(switchboard_bin, ch, "--url", url)
-    assert json.loads(line) == {"ch": ch, "off": 1, "data": {"n": 1}}, err
+    assert json.loads(line) == {"ch": ch, "epoch": reply["epoch"], "off": 1, "data": {"n": 1}}, err
 
 
 def test_cli_publish_to_a_device_exits_0_and_prints_its_answer(start_server, switchboard_bin, tmp_path, mosquitto):
@@ -88,9 +88,10 @@ def test_cli_tls_node_with_a_test_ca(switchboard_bin, tmp_path):
     try:
         ch = uniq("room:tls")
         assert publish_ok(switchboard_bin, f"https://127.0.0.1:{port}", ch, "over tls", "--ca", ca)["offset"] == 1
-        assert publish_ok(switchboard_bin, f"wss://localhost:{port}/ws", ch, 2, "--ca", ca)["offset"] == 2
+        second = publish_ok(switchboard_bin, f"wss://localhost:{port}/ws", ch, 2, "--ca", ca)
+        assert second["offset"] == 2
         line, err = first_line_of_sub(switchboard_bin, ch, "--url", f"https://127.0.0.1:{port}", "--ca", ca)
-        assert json.loads(line or "null") == {"ch": ch, "off": 2, "data": 2}, err
+        assert json.loads(line or "null") == {"ch": ch, "epoch": second["epoch"], "off": 2, "data": 2}, err
 
         # The system's roots do not know the test CA: refused, saying how to trust it.
         r = run(switchboard_bin, "publish", ch, "3", "--url", f"https://127.0.0.1:{port}")
@@ -108,7 +109,7 @@ def test_cli_tls_node_with_a_test_ca(switchboard_bin, tmp_path):
         # certificate).
         assert publish_ok(switchboard_bin, f"https://127.0.0.1:{port}", ch, 3, "--ca", ca)["offset"] == 3
         line, err = first_line_of_sub(switchboard_bin, ch, "--url", f"wss://127.0.0.1:{port}", "--ca", ca)
-        assert json.loads(line or "null") == {"ch": ch, "off": 3, "data": 3}, err
+        assert json.loads(line or "null") == {"ch": ch, "epoch": second["epoch"], "off": 3, "data": 3}, err
 
     finally:
         srv.kill()
@@ -242,3 +243,50 @@ def test_cli_errors_say_what_to_do(server, switchboard_bin):
     assert line == "" and "handshake" in err, err
     assert f"ws://127.0.0.1:{server.port}/api/info/ws" in err, err
     assert err.count("HTTP 4") + err.count("HTTP 2") == 1, err
+
+
+def test_cli_self_signed_ca_certificate_as_the_nodes_own_says_what_is_wrong(switchboard_bin, tmp_path):
+    """The usual one-line `openssl req -x509` certificate is a CA certificate: given with --ca,
+    rustls still refuses it as the server's own (CaUsedAsEndEntity). The hint says that, not
+    to pass the CA that was passed."""
+    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out",
+                        "cert.pem", "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    port = sb.free_port()
+    srv = sb.start_on_port(switchboard_bin, port, ["--tls-cert", cert, "--tls-key", key],
+                           str(tmp_path / "node.log"))
+    try:
+        url = f"https://127.0.0.1:{port}"
+        r = run(switchboard_bin, "publish", uniq("room:ss"), "1", "--url", url, "--ca", cert)
+        line, err = first_line_of_sub(switchboard_bin, uniq("room:ss"), "--url", url, "--ca", cert)
+        assert line == ""
+        for text in (r.stderr, err):
+            assert "CaUsedAsEndEntity" in text and "is a CA certificate" in text, text
+            assert "openssl req -x509" in text and "docs/security.md" in text, text
+            assert "if a private CA signed it" not in text, text
+        assert r.returncode == 1
+    finally:
+        srv.kill()
+
+
+def test_cli_publish_to_a_url_with_a_path_says_it_is_only_a_proxy_prefix(server, switchboard_bin):
+    r = run(switchboard_bin, "publish", uniq("room:path"), "1", "--url", f"http://127.0.0.1:{server.port}/api")
+    assert r.returncode == 1 and "HTTP 404" in r.stderr, r.stderr
+    assert "a path in it is only a proxy's prefix" in r.stderr, r.stderr
+    # `sub` to the same URL gives the same hint.
+    line, err = first_line_of_sub(switchboard_bin, uniq("room:path"), "--url", f"http://127.0.0.1:{server.port}/api")
+    assert line == "" and "a path in it is only a proxy's prefix" in err, err
+
+
+def test_cli_sub_refused_for_lack_of_credentials_says_how_to_give_them(start_server, switchboard_bin):
+    srv = start_server("--jwt-secret", SECRET)
+    channels = [uniq("room:lobby"), uniq("room:lobby")]
+    r = run(switchboard_bin, "sub", *channels, "--url", srv.http_url)
+    assert r.returncode == 1, r
+    assert r.stderr.count("error 401") == 2, r.stderr
+    # The hint `publish` gives, once for both channels.
+    assert r.stderr.count("--token TOKEN (a token or API key) or --user NAME") == 1, r.stderr
+    p = run(switchboard_bin, "publish", channels[0], "1", "--url", srv.http_url)
+    assert p.returncode == 1 and "--token TOKEN (a token or API key) or --user NAME" in p.stderr, p.stderr

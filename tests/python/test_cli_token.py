@@ -92,3 +92,21 @@ def test_token_expires_and_bad_flags_exit_2_naming_them(start_server, switchboar
         assert r.returncode == 2, (args, r)
         assert names in r.stderr, (args, r.stderr)
         assert SECRET not in r.stderr
+
+
+def test_token_refuses_a_secret_the_node_refuses_exit_2(switchboard_bin):
+    """A secret too short for HS256 signs nothing: `serve` would refuse it, so a token made with
+    it could never be verified. Both say the same rule."""
+    short = "short"
+    env = {"PATH": "/usr/bin:/bin", "SWITCHBOARD_JWT_SECRET": short}
+    for args, given in [(["--sub", "bob"], env), (["--sub", "bob", "--jwt-secret", short], None)]:
+        r = _token(switchboard_bin, *args, env=given)
+        assert r.returncode == 2, (args, r)
+        assert r.stdout == "", "no token printed"
+        assert "at least 32 bytes for HS256" in r.stderr and "SWITCHBOARD_JWT_SECRET" in r.stderr, r.stderr
+    serve = subprocess.run([switchboard_bin, "serve", "--listen", "127.0.0.1:0"], capture_output=True, text=True,
+                           timeout=30, env=env)
+    assert serve.returncode == 2 and "at least 32 bytes for HS256" in serve.stderr, serve.stderr
+    # 32 bytes is enough for both.
+    r = _token(switchboard_bin, "--sub", "bob", env={**env, "SWITCHBOARD_JWT_SECRET": "x" * 32})
+    assert r.returncode == 0 and r.stdout.count(".") == 2, r

@@ -3,26 +3,28 @@
 //! Both name the node the same way ([`NodeArgs`]): `--url` in any form [`Endpoint`] takes
 //! (`http(s)://host:port`, `ws(s)://host:port[/ws]`), a token or a Basic user, and the CA of a
 //! TLS node. `publish` prints the reply (`{"offset", "epoch"}`, or `{"written", "source"}` for
-//! a write to a device); `sub` prints one JSON line `{"ch", "off", "data"}` per publication
-//! until Ctrl-C or until the server closes the connection. Diagnostics go to stderr so stdout
-//! stays a clean JSON-lines stream; a failure says what to do about it.
+//! a write to a device); `sub` prints one JSON line `{"ch", "epoch", "off", "data"}` per
+//! publication until Ctrl-C or until the server closes the connection. Diagnostics go to
+//! stderr so stdout stays a clean JSON-lines stream; a failure says what to do about it.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context};
 use serde_json::Value;
 use switchboard_protocol::code::close;
-use switchboard_protocol::{Format, StreamPosition};
+use switchboard_protocol::message::ErrorBody;
+use switchboard_protocol::Format;
 
 use crate::client::{Client, ABNORMAL_CLOSE};
 use crate::connect::{ConnectOptions, Credentials};
 use crate::endpoint::Endpoint;
 use crate::error::Error;
-use crate::event::{Event, Publication};
+use crate::event::Event;
 use crate::http::HttpApi;
 use crate::reply::{ChannelResult, SubscribeOptions};
+use crate::resume::{Delivery, Streams};
 use crate::tls::TlsConfig;
 
 /// The environment variable a `--user`'s password is read from.
@@ -154,11 +156,25 @@ impl Node {
         Client::connect_with(&self.endpoint.websocket().url(), opts).await
     }
 
-    /// `e` with what to do about it, where the cause suggests something.
-    fn explain(&self, e: Error) -> anyhow::Error {
-        let hint = match &e {
+    /// What to do about `e`, where its cause suggests something: the one place every tool's
+    /// failures (HTTP replies, handshakes, a channel's refusal, a close) get their hint.
+    fn hint(&self, e: &Error) -> Option<String> {
+        let not_a_node = || {
+            format!(
+                "is {} a Switchboard node? --url names the node (http://host:port); a path in it is only a proxy's prefix",
+                self.endpoint.api()
+            )
+        };
+        let credentials = || "pass credentials: --token TOKEN (a token or API key) or --user NAME".to_string();
+        Some(match e {
             Error::Connect { .. } => {
                 "is a node running there? Start one with `switchboard serve`, or name yours with --url".to_string()
+            }
+            Error::CaCertificate { .. } => {
+                "a self-signed certificate (`openssl req -x509`) is a CA certificate: make a \
+                test CA and a node certificate signed by it, serve the node certificate and pass the CA with --ca FILE \
+                (docs/security.md shows the openssl commands)"
+                    .into()
             }
             Error::UntrustedCertificate { .. } => "if a private CA signed it, pass that CA with --ca FILE".into(),
             Error::Tls(m) if m.starts_with("TLS handshake") => {
@@ -167,22 +183,42 @@ impl Node {
             Error::Decode(m) if m.contains("not HTTP") && !self.endpoint.is_tls() => {
                 "if the node serves TLS, use https:// or wss://".into()
             }
-            Error::Http { status: 401, .. } | Error::Handshake { status: 401, .. } => {
-                "pass credentials: --token TOKEN (a token or API key) or --user NAME".into()
-            }
-            Error::Handshake { status: 200 | 404, .. } => format!(
-                "is {} a Switchboard node? --url names the node (http://host:port); a path in it is only a proxy's prefix",
-                self.endpoint.api()
-            ),
+            Error::Http { status: 401, .. } | Error::Handshake { status: 401, .. } => credentials(),
+            Error::Reply(body) if body.code == 401 => credentials(),
+            Error::Handshake { status: 200 | 404, .. } => not_a_node(),
+            // A node's own 404 carries a JSON error; a bare one comes from a path it does not
+            // serve, usually a path in --url.
+            Error::Http { status: 404, body } if !body.trim_start().starts_with('{') => not_a_node(),
             Error::Closed { code: close::INVALID_TOKEN, .. } => {
                 "the node refused the credentials: pass a valid --token or --user".into()
             }
-            _ => String::new(),
-        };
-        if hint.is_empty() {
-            anyhow!(e)
-        } else {
-            anyhow!("{e}\n  {hint}")
+            _ => return None,
+        })
+    }
+
+    /// `e` with what to do about it, where the cause suggests something.
+    fn explain(&self, e: Error) -> anyhow::Error {
+        match self.hint(&e) {
+            Some(hint) => anyhow!("{e}\n  {hint}"),
+            None => anyhow!(e),
+        }
+    }
+}
+
+/// A channel's refusal said on stderr, with its hint the first time that hint comes up (a
+/// subscribe of many channels refused for one reason says what to do once).
+#[derive(Default)]
+struct Refusals {
+    hinted: HashSet<String>,
+}
+
+impl Refusals {
+    fn say(&mut self, node: &Node, ch: &str, error: &ErrorBody) {
+        eprintln!("{ch}: error {}: {}", error.code, error.message);
+        if let Some(hint) = node.hint(&Error::Reply(error.clone())) {
+            if self.hinted.insert(hint.clone()) {
+                eprintln!("  {hint}");
+            }
         }
     }
 }
@@ -235,11 +271,13 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
 const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
 const RETRY_MOST: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Subscribes and prints publications as JSON lines until Ctrl-C (returns `Ok`) or until the
-/// server ends the connection for good (an error naming the close code, unless it was a
-/// normal close). A connection dropped or closed with a code that asks to reconnect (a node
-/// restarting, 4000; a slow consumer, 4008) is made again, and every channel resumes from its
-/// last printed offset: nothing is printed twice, and a gap history no longer covers is said.
+/// Subscribes and prints publications as JSON lines `{"ch", "epoch", "off", "data"}` until
+/// Ctrl-C (returns `Ok`) or until the server ends the connection for good (an error naming the
+/// close code, unless it was a normal close). A connection dropped or closed with a code that
+/// asks to reconnect (a node restarting, 4000; a slow consumer, 4008) is made again, and every
+/// channel resumes from its last printed offset by the client's rule ([`Streams`]): nothing is
+/// printed twice, and a gap history no longer covers is said on stderr and followed by the
+/// channel's latest value.
 pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
     let node = Node::resolve(&args.node)?;
     let opts = node.connect_options();
@@ -267,49 +305,46 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
             .context("subscribe")?;
         reply.channels.extend(more.channels);
     }
-    let mut ok = 0;
-    let mut last = Vec::new();
-    // Where each channel's stream is, to subscribe it again with `recover` after the server
-    // ended its subscription (`unsubscribed`: its broker shard may have lost publications).
-    let mut positions: HashMap<String, StreamPosition> = HashMap::new();
+    // Where each channel's stream is, to subscribe it again with `recover` after a reconnect
+    // or after the server ended its subscription (`unsubscribed`: its broker shard may have
+    // lost publications).
+    let mut streams = Streams::new(args.initial);
+    let mut refusals = Refusals::default();
+    let mut first = Vec::new();
     // Channels to subscribe again: refused for now (503: their shard is failing over) or
     // ended by the server; asked again at `retry_at`, with a growing delay, while the others
     // stream.
     let mut waiting = Vec::new();
     for ch in &args.channels {
         match reply.channels.get(ch) {
-            Some(ChannelResult::Subscribed(s)) => {
-                ok += 1;
-                last.extend(s.last.clone());
-                positions.insert(ch.clone(), StreamPosition { epoch: s.epoch.clone(), offset: s.offset });
-            }
+            Some(ChannelResult::Subscribed(s)) => first.extend(streams.accept(ch, s).deliveries),
             Some(ChannelResult::Error { error }) if error.code == 503 => {
                 eprintln!("{ch}: {}; subscribing again", error.message);
                 waiting.push(ch.clone());
             }
             Some(ChannelResult::Error { error }) => {
-                eprintln!("{ch}: error {}: {}", error.code, error.message)
+                refusals.say(&node, ch, error);
             }
             None => eprintln!("{ch}: missing from the subscribe reply"),
         }
     }
-    if ok == 0 && waiting.is_empty() {
+    if streams.channels().next().is_none() && waiting.is_empty() {
         bail!("no channel could be subscribed");
     }
     let mut retry_in = RETRY_FIRST;
     let mut retry_at = tokio::time::Instant::now() + retry_in;
     let stdout = std::io::stdout();
-    let print = |p: &Publication| -> anyhow::Result<bool> {
+    let print = |d: &Delivery| -> anyhow::Result<bool> {
         let mut out = stdout.lock();
-        match writeln!(out, "{}", serde_json::to_string(p)?).and_then(|_| out.flush()) {
+        match writeln!(out, "{}", serde_json::to_string(d)?).and_then(|_| out.flush()) {
             Ok(()) => Ok(true),
             // The reader of our output went away (`| head`): stop quietly.
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
             Err(e) => Err(e.into()),
         }
     };
-    for p in &last {
-        if !print(p)? {
+    for d in &first {
+        if !print(d)? {
             return Ok(());
         }
     }
@@ -324,32 +359,25 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
                 return Ok(());
             }
             _ = tokio::time::sleep_until(retry_at), if !waiting.is_empty() => {
-                let mut again = SubscribeOptions::new(waiting.iter().cloned()).initial(args.initial);
-                for ch in &waiting {
-                    if let Some(pos) = positions.get(ch) {
-                        again = again.recover(ch.clone(), pos.epoch.clone(), pos.offset);
-                    }
-                }
+                let again = streams.subscribe_options(waiting.drain(..));
                 let reply = client.subscribe(again).await.map_err(|e| node.explain(e)).context("subscribe")?;
-                waiting.clear();
                 for (ch, result) in reply.channels {
                     match result {
                         ChannelResult::Subscribed(s) => {
-                            let resumed = positions.contains_key(&ch);
-                            if resumed && !s.complete {
-                                eprintln!("{ch}: publications after offset {} are no longer in history", positions[&ch].offset);
+                            let resumed = streams.accept(&ch, &s);
+                            if let Some(gap) = &resumed.gap {
+                                let then = if resumed.deliveries.is_empty() { "" } else { "; the latest value follows" };
+                                eprintln!("{gap}{then}");
                             }
-                            let shown = if resumed { s.recovered.iter().collect::<Vec<_>>() } else { s.last.iter().collect() };
-                            for p in shown {
-                                if !print(p)? {
+                            for d in &resumed.deliveries {
+                                if !print(d)? {
                                     return Ok(());
                                 }
                             }
-                            positions.insert(ch, StreamPosition { epoch: s.epoch, offset: s.offset });
                         }
                         // 503: its shard is failing over; 413: past this reply's budget.
                         ChannelResult::Error { error } if error.code == 503 || error.code == 413 => waiting.push(ch),
-                        ChannelResult::Error { error } => eprintln!("{ch}: error {}: {}", error.code, error.message),
+                        ChannelResult::Error { error } => refusals.say(&node, &ch, &error),
                     }
                 }
                 retry_in = (retry_in * 2).min(RETRY_MOST);
@@ -357,11 +385,10 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
             }
             ev = client.next_event() => match ev {
                 Some(Event::Publication(p)) => {
-                    if let Some(pos) = positions.get_mut(&p.ch) {
-                        pos.offset = p.off;
-                    }
-                    if !print(&p)? {
-                        return Ok(());
+                    if let Some(d) = streams.live(p) {
+                        if !print(&d)? {
+                            return Ok(());
+                        }
                     }
                 }
                 Some(Event::Unsubscribed { ch, reason, .. }) => {
@@ -400,9 +427,9 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
                         }
                         pause = (pause * 2).min(RETRY_MOST);
                     };
-                    for ch in positions.keys() {
-                        if !waiting.contains(ch) {
-                            waiting.push(ch.clone());
+                    for ch in streams.channels() {
+                        if !waiting.iter().any(|w| w == ch) {
+                            waiting.push(ch.to_string());
                         }
                     }
                     retry_in = RETRY_FIRST;

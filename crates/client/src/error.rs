@@ -33,6 +33,11 @@ pub enum Error {
     /// TLS could not be set up: no trusted roots, an unreadable CA file, a failed handshake.
     #[error("{0}")]
     Tls(String),
+    /// The server presented a CA certificate as its own (rustls `CaUsedAsEndEntity`), as a
+    /// self-signed certificate made with `openssl req -x509` is: TLS accepts a CA only as the
+    /// signer of a server's certificate.
+    #[error("the certificate of {host} is a CA certificate, which TLS does not accept as a server's own (CaUsedAsEndEntity)")]
+    CaCertificate { host: String },
     /// The server's certificate did not verify against the trusted roots.
     #[error("the certificate of {host} is not trusted: {detail}")]
     UntrustedCertificate { host: String, detail: String },

@@ -30,6 +30,9 @@
 //!   MessagePack maps) and decoding them.
 //! - [`event`]: server pushes ([`Event`], [`Publication`]).
 //! - [`reply`]: command options and typed `ok` reply bodies.
+//! - [`resume`]: [`Streams`], each channel's stream position and the rule for a channel
+//!   subscribed again: recovered publications once and in order, and a gap ([`Gap`]) followed
+//!   by the channel's latest value; [`Delivery`], a publication with its epoch.
 //! - [`http`]: a minimal HTTP/1.1 client for the HTTP API ([`HttpApi`], [`http_publish`]).
 //! - [`cli`]: the `publish` and `sub` command-line tools.
 //! - [`error`]: [`Error`], what every call here can fail with.
@@ -46,6 +49,7 @@ pub mod event;
 pub mod frame;
 pub mod http;
 pub mod reply;
+pub mod resume;
 pub mod tls;
 
 pub use client::{Client, Events};
@@ -58,6 +62,7 @@ pub use reply::{
     ChannelResult, ConnectReply, HistoryReply, PresenceClient, PresenceReply, PublishReply, RefreshReply,
     SubscribeOptions, SubscribeReply, Subscribed,
 };
+pub use resume::{Delivery, Gap, Resumed, Streams};
 pub use switchboard_protocol::message::ErrorBody;
 pub use switchboard_protocol::{Format, StreamPosition};
 pub use tls::{MaybeTls, TlsConfig};

@@ -88,6 +88,12 @@ fn build(roots: rustls::RootCertStore) -> Result<TlsConfig> {
 /// A failed handshake; a certificate that did not verify is told apart.
 fn tls_error(host: &str, e: io::Error) -> Error {
     match e.get_ref().and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
+        // rustls passes this verifier's error on as `Other`, known only by its name.
+        Some(rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other)))
+            if format!("{other:?}").contains("CaUsedAsEndEntity") =>
+        {
+            Error::CaCertificate { host: host.to_string() }
+        }
         Some(cert @ rustls::Error::InvalidCertificate(_)) => {
             Error::UntrustedCertificate { host: host.to_string(), detail: cert.to_string() }
         }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use switchboard_gateway::auth::jwt::JwtVerifier;
 use switchboard_gateway::auth::pattern::PatternSet;
 use switchboard_gateway::config::ConfigError;
 
@@ -24,7 +25,8 @@ pub struct TokenArgs {
     /// Channel pattern the token may publish to (`publish` claim). Repeatable.
     #[arg(long = "publish", value_name = "PATTERN")]
     publish: Vec<String>,
-    /// HS256 secret, as the node's `auth.jwt_secret`.
+    /// HS256 secret, as the node's `auth.jwt_secret` (at least 32 bytes: what the node refuses
+    /// is refused here too).
     #[arg(long, env = "SWITCHBOARD_JWT_SECRET", hide_env_values = true, value_name = "SECRET")]
     jwt_secret: Option<String>,
     /// The node's configuration file: signs with its `auth.jwt_secret`.
@@ -72,7 +74,16 @@ fn key(args: &TokenArgs) -> anyhow::Result<(Algorithm, EncodingKey)> {
         );
     }
     let secret = match (&args.jwt_secret, &args.config) {
-        (Some(s), _) => s.clone(),
+        (Some(s), _) => {
+            // The node's own check of `auth.jwt_secret`: a token is signed only with a secret
+            // a node would verify it with.
+            JwtVerifier::new(Some(s), None, None, None, None, 0).map_err(|(_, e)| {
+                ConfigError(format!(
+                    "--jwt-secret (or SWITCHBOARD_JWT_SECRET): {e}; `switchboard serve` refuses it too"
+                ))
+            })?;
+            s.clone()
+        }
         (None, Some(path)) => {
             let config = switchboard_gateway::config::Config::load(Some(path), std::env::vars(), &[])?;
             config

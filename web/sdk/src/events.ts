@@ -33,10 +33,13 @@ export interface SubscribedEvent {
 }
 
 /**
- * The server could not replay everything since the client's last position (`complete: false`):
- * its history no longer reaches back that far, or the channel's epoch changed (the server or
- * broker restarted without persistence). The client delivered the channel's latest publication
- * and, after an epoch change on a non-point channel, the new epoch's history so far.
+ * Publications since the client's last position could not be replayed: the channel's history
+ * no longer reaches back that far (or it keeps none, as point channels), or the channel's epoch
+ * changed (the server or broker restarted without persistence) after the client had received
+ * publications of the old one. Emitted before what could still be delivered: what history
+ * holds, then the channel's latest publication (and, after an epoch change on a non-point
+ * channel, the new epoch's history so far). Not emitted when nothing was missed, e.g. for a
+ * channel never published before a restart.
  */
 export interface GapEvent {
   channel: string;

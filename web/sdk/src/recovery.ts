@@ -2,7 +2,10 @@
 // channel's position and deliveries. For each channel, publications are delivered in offset order
 // and at most once: recovered ones first, then live ones; those that arrive before their
 // subscribe reply is applied wait for it, and after an epoch change without recovered
-// publications the new epoch's history is read first (live ones held meanwhile).
+// publications the new epoch's history is read first (live ones held meanwhile). A gap — what
+// history no longer holds — is reported (the `gap` event) before what could still be delivered,
+// and ends with the channel's latest value; a channel whose stream shows nothing missed reports
+// no gap.
 
 import type { FrameBatcher } from './batcher.js';
 import type { Emitter } from './emitter.js';
@@ -57,6 +60,18 @@ export interface RecoveryHost {
   history(channel: string, since: Position, limit: number): Promise<ReplyBodies['history']>;
 }
 
+/** Whether publications after offset `from` up to `upTo` are missing from `pubs` (in offset
+ * order, repeats and older ones ignored): what a resubscription could not deliver. */
+function missed(from: number, pubs: WirePub[], upTo: number): boolean {
+  let at = from;
+  for (const p of pubs) {
+    if (p.off <= at) continue;
+    if (p.off !== at + 1) return true;
+    at = p.off;
+  }
+  return upTo > at;
+}
+
 export class Recovery {
   constructor(private readonly host: RecoveryHost) {}
 
@@ -75,16 +90,24 @@ export class Recovery {
     let recovered = 0;
     const now: Position = { epoch: r.epoch, offset: r.offset };
     if (prev && prev.epoch === r.epoch) {
-      recovered = this.replay(e, r.recovered ?? []);
-      if (r.complete === false) {
+      // Ahead of the channel in its own epoch: the broker lost its newest publications, and
+      // the channel's next offsets are new ones, not repeats.
+      const behind = r.complete === false && r.offset < prev.offset;
+      if (behind) e.position = { ...now };
+      const last = r.complete === false && r.last ? [r.last] : [];
+      // The gap first, then what history still has, then the latest value.
+      if (r.complete === false && (behind || missed(e.position!.offset, [...(r.recovered ?? []), ...last], r.offset))) {
         this.gap(e, prev, now, false);
-        if (r.last && r.last.off > e.position!.offset) this.deliver(e, r.last);
       }
+      recovered = this.replay(e, r.recovered ?? []);
+      if (r.complete === false && r.last && r.last.off > e.position!.offset) this.deliver(e, r.last);
       if (r.offset > e.position!.offset) e.position = { epoch: r.epoch, offset: r.offset };
     } else if (prev) {
-      this.gap(e, prev, now, true);
-      e.position = { epoch: r.epoch, offset: 0 };
       const fresh = r.recovered ?? [];
+      // The old epoch's publications after the last one delivered may be lost with it; a
+      // channel never published before the change and complete in the new epoch lost nothing.
+      if (prev.offset > 0 || missed(0, [...fresh, ...(r.last ? [r.last] : [])], r.offset)) this.gap(e, prev, now, true);
+      e.position = { epoch: r.epoch, offset: 0 };
       if (fresh.length > 0) {
         // A recovery from another epoch carries what the new epoch holds, oldest first.
         recovered = this.replay(e, fresh);

@@ -315,6 +315,40 @@ describe('recovery', () => {
     expect(offsets(ch)).toEqual(Array.from({ length: 100 }, (_, i) => 51 + i));
   });
 
+  it('ends a gap with the latest value: the gap event first, then the value, once', async () => {
+    // A point channel keeps no history: what was published while the client was away is gone,
+    // and the latest value stands for it.
+    const pt = unique('pt:gap.');
+    const { c, got, gaps } = client();
+    const order: string[] = [];
+    c.on('gap', (g) => order.push(`gap ${g.channel}`));
+    c.on('frame', (b) => {
+      for (const p of b.publications) order.push(`pub ${p.channel} ${p.offset}`);
+    });
+    await c.connect();
+    await c.subscribe(pt).ready;
+    await server.publish(pt, { v: 1 });
+    await until(() => (got.get(pt) ?? []).length === 1, 'the first value');
+    c.close();
+    for (let v = 2; v <= 4; v++) await server.publish(pt, { v });
+    await c.connect();
+    await until(() => (got.get(pt) ?? []).length === 2, 'the latest value after the gap');
+    expect(got.get(pt)!.map((p) => [p.offset, p.data])).toEqual([
+      [1, { v: 1 }],
+      [4, { v: 4 }],
+    ]);
+    expect(gaps).toMatchObject([{ channel: pt, epochChanged: false, from: { offset: 1 }, to: { offset: 4 } }]);
+    expect(order.indexOf(`gap ${pt}`)).toBeLessThan(order.indexOf(`pub ${pt} 4`));
+
+    // One missed publication that is the latest value itself: delivered, and nothing was lost.
+    c.close();
+    await server.publish(pt, { v: 5 });
+    await c.connect();
+    await until(() => (got.get(pt) ?? []).length === 3, 'the one missed value');
+    expect(got.get(pt)![2]).toMatchObject({ offset: 5, data: { v: 5 } });
+    expect(gaps).toHaveLength(1);
+  });
+
   it('survives a server restart: reconnects, reports the new epoch, loses nothing published since', async () => {
     const own = new Server();
     await own.start();
@@ -362,6 +396,8 @@ describe('recovery', () => {
       // The recovery from the old epoch carried the new epoch's publications: delivered from it.
       expect(resubscribed.map((ev) => ev.recovered)).toEqual([20]);
       await until(() => pts.some((p) => (p.data as { v: number }).v === 42), 'the point value');
+      // Never published before the restart, complete in the new epoch: nothing was missed.
+      expect(gaps.find((g) => g.channel === pt)).toBeUndefined();
       await own.publish(ch, 'live');
       await until(() => got.length === 22, 'live after the restart');
       expect(got[21]).toMatchObject({ offset: 21, data: 'live' });
