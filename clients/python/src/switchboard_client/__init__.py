@@ -1,10 +1,19 @@
 """Python client for Switchboard, the real-time push gateway (docs/protocol.md).
 
 ```python
-async with Client("ws://127.0.0.1:8700/ws") as c:
-    sub = await c.subscribe("pt:boiler.temp", initial=True)
-    async for pub in sub:
-        print(pub.channel, pub.offset, pub.data)
+import asyncio
+
+from switchboard_client import Client
+
+
+async def main() -> None:
+    async with Client("ws://127.0.0.1:8700/ws") as c:
+        sub = await c.subscribe("pt:boiler.temp", initial=True)
+        async for pub in sub:  # goes on across node restarts (see `Publication.after_gap`)
+            print(pub.channel, pub.offset, pub.data)
+
+
+asyncio.run(main())
 ```
 
 # Layout
