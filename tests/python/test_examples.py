@@ -6,13 +6,15 @@
 - the Python blocks of `clients/python/README.md`, each saved to a file and run with this
   interpreter; only the node's address is changed (8700 → a spare port). The first block (the
   asyncio subscriber) runs across a node restart and must print the value published after it,
-  marked as following a gap, without stopping.
+  marked as following a gap, without stopping; the README's word on client publishes to a point
+  (403, and `room:` allowed) is checked with the client.
 
 Processes are started and killed by their PID; every wait is bounded; nothing asserts how long
 something took."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import pathlib
 import queue
@@ -25,6 +27,7 @@ import time
 import pytest
 
 import sb
+from switchboard_client import Client, ForbiddenError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
@@ -191,6 +194,19 @@ def test_examples_python_readme_http_publish_block_feeds_a_point(server, tmp_pat
     assert re.fullmatch(r"\{'offset': 1, 'epoch': '[0-9a-f]+'\}", line), line
     got = sb.api_get(server, "/api/channels/pt:boiler.temp").json()
     assert got["last"]["data"] == {"v": 71.5, "q": "good"}
+
+
+def test_examples_python_readme_point_channels_refuse_client_publish(server):
+    """What the README says a client gets for publishing to a point, and where it may publish."""
+
+    async def main():
+        async with Client(server.ws_url) as c:
+            with pytest.raises(ForbiddenError) as e:
+                await c.publish("pt:boiler.temp", {"v": 71.5})
+            assert (e.value.code, e.value.message) == (403, "clients may not publish in this namespace")
+            assert (await c.publish("room:ops", {"text": "hi"})).offset == 1
+
+    asyncio.run(asyncio.wait_for(main(), 60))
 
 
 def test_examples_python_readme_blocking_block(server, tmp_path):
