@@ -6,7 +6,8 @@
 - the Python blocks of `clients/python/README.md`, each saved to a file and run with this
   interpreter; only the node's address is changed (8700 → a spare port). The first block (the
   asyncio subscriber) runs across a node restart and must print the value published after it,
-  marked as following a gap, without stopping; the README's word on client publishes to a point
+  marked as following a gap, without stopping — also in a fresh virtualenv where the package
+  was installed the README's way (`pip install ./clients/python`, dependencies from the index); the README's word on client publishes to a point
   (403, and `room:` allowed) is checked with the client.
 
 Processes are started and killed by their PID; every wait is bounded; nothing asserts how long
@@ -19,6 +20,7 @@ import json
 import pathlib
 import queue
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -111,17 +113,38 @@ def readme_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 
+@pytest.fixture(scope="module")
+def fresh_python(tmp_path_factory) -> str:
+    """The interpreter of a new virtualenv where `pip install ./clients/python` (a copy of it,
+    so no build directory lands in the repository) put the package and what it declares."""
+    d = tmp_path_factory.mktemp("fresh-venv")
+    shutil.copytree(REPO_ROOT / "clients" / "python", d / "python",
+                    ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "venv", str(d / "venv")], check=True, timeout=300)
+    python = str(d / "venv" / "bin" / "python")
+    env = example_env()
+    env.pop("PYTHONPATH", None)
+    got = subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "./python"],
+                         cwd=d, capture_output=True, text=True, timeout=300, env=env)
+    assert got.returncode == 0, got.stderr
+    return python
+
+
 class Script:
     """A README block run as a file, its stdout read line by line on a thread."""
 
-    def __init__(self, code: str, port: int, tmp_path: pathlib.Path, name: str) -> None:
+    def __init__(self, code: str, port: int, tmp_path: pathlib.Path, name: str,
+                 python: str = sys.executable) -> None:
         assert "127.0.0.1:8700" in code, "the block names the node's default address"
         path = tmp_path / name
         path.write_text(code.replace("127.0.0.1:8700", f"127.0.0.1:{port}"))
         self.stderr_path = tmp_path / (name + ".stderr")
+        env = example_env()
+        if python != sys.executable:
+            env.pop("PYTHONPATH", None)  # only what that interpreter has installed
         with open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE, stderr=err,
-                                         stdin=subprocess.DEVNULL, text=True, env=example_env())
+            self.proc = subprocess.Popen([python, str(path)], stdout=subprocess.PIPE, stderr=err,
+                                         stdin=subprocess.DEVNULL, text=True, env=env)
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -160,12 +183,15 @@ def test_examples_python_readme_blocks_are_the_ones_tested_here():
     assert len(readme_blocks()) == 3, "a new Python block in the README gets a test here"
 
 
-def test_examples_python_readme_first_block_survives_a_node_restart(switchboard_bin, tmp_path):
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("venv", ["test", "fresh"])
+def test_examples_python_readme_first_block_survives_a_node_restart(switchboard_bin, tmp_path, venv, request):
+    python = request.getfixturevalue("fresh_python") if venv == "fresh" else sys.executable
     port = sb.free_port()
     node = sb.start_on_port(switchboard_bin, port, [], str(tmp_path / "a.log"))
     script = None
     try:
-        script = Script(readme_blocks()[0], port, tmp_path, "watch.py")
+        script = Script(readme_blocks()[0], port, tmp_path, "watch.py", python)
         # The README says what it prints for this publication.
         sb.wait_until("the subscriber connected", lambda: sb.api_get(node, "/api/info").json()["connections"] >= 1,
                       WAIT)
