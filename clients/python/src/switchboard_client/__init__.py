@@ -1,23 +1,34 @@
 """Python client for Switchboard, the real-time push gateway (docs/protocol.md).
 
 ```python
-async with Client("ws://127.0.0.1:8700/ws") as c:
-    sub = await c.subscribe("pt:boiler.temp", initial=True)
-    async for pub in sub:
-        print(pub.channel, pub.offset, pub.data)
+import asyncio
+
+from switchboard_client import Client
+
+
+async def main() -> None:
+    async with Client("ws://127.0.0.1:8700/ws") as c:
+        sub = await c.subscribe("pt:boiler.temp", initial=True)
+        async for pub in sub:  # goes on across node restarts (see `Publication.after_gap`)
+            print(pub.channel, pub.offset, pub.data)
+
+
+asyncio.run(main())
 ```
 
 # Layout
 
 - `client`: `Client` — the connection (node list, credentials, reconnect with jittered
   backoff), commands and their replies, subscribe batching and 503/413 retries.
-- `subscription`: `Subscription` (what callers iterate) and the per-channel recovery rules.
+- `subscription`: `Subscription` (what callers iterate) and the per-channel recovery rules,
+  gaps included (gap modes).
 - `codec`: JSON and MessagePack, several messages per frame.
 - `credentials`: token, Basic, token provider and when to refresh.
 - `backoff`: jittered exponential backoff.
 - `http`: the node's HTTP API (trends) and the pandas helper.
-- `errors`: typed errors, one per server code, and `Gap`.
-- `types`: value types (`Publication`, `Position`, ...).
+- `errors`: typed errors, one per server code.
+- `types`: value types (`Publication`, `Position`, ...) and `Gap`, the hole a recovery could
+  not fill.
 - `sync`: a blocking wrapper running the client on a background event loop.
 """
 
@@ -29,7 +40,7 @@ from .errors import (AccessDeniedError, BadRequestError, ClientClosedError, Comm
                      TooLargeError, TooManyConnectionsError, UnauthenticatedError,
                      UnavailableError, UnsubscribedError, WriteRefusedError)
 from .http import trend_frame
-from .subscription import Subscription, SubscriptionEndedError
+from .subscription import GapMode, Subscription, SubscriptionEndedError
 from .types import (Bucket, ConnectInfo, History, Position, PresenceClient, Publication,
                     PublishResult, Trend)
 
@@ -38,7 +49,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AccessDeniedError", "BadRequestError", "Bucket", "Client", "ClientClosedError",
     "CommandTimeoutError", "ConflictError", "ConnectError", "ConnectInfo", "ConnectionLostError",
-    "DisconnectError", "ForbiddenError", "Gap", "History", "InternalServerError", "NotFoundError",
+    "DisconnectError", "ForbiddenError", "Gap", "GapMode", "History", "InternalServerError", "NotFoundError",
     "OutcomeUnknownError", "Position", "PresenceClient", "ProtocolError", "Publication",
     "PublishResult", "RateLimitedError", "ReplyError", "Subscription", "SubscriptionEndedError",
     "SwitchboardError", "TokenError", "TooLargeError", "TooManyConnectionsError", "Trend",

@@ -9,7 +9,8 @@ order without buffering. Commands await a future their reply resolves.
 
 Delivery guarantee: per channel, in offset order, each publication at most once. Across
 reconnects nothing is lost while the server's history reaches back to the channel's position;
-otherwise the subscription raises (or yields) a `Gap` before what could still be recovered.
+otherwise the subscription reports a `Gap` before what could still be recovered and the
+channel's latest value (raised, yielded, or on the next publication: `subscribe(gaps=)`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl as ssl_module
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from websockets.asyncio.client import ClientConnection, connect as ws_connect
 from websockets.exceptions import ConnectionClosed
@@ -29,7 +30,8 @@ from .errors import (ClientClosedError, CommandTimeoutError, ConflictError, Conn
                      DisconnectError, ReplyError, SwitchboardError, TooLargeError, UnsubscribedError,
                      disconnect_error, reply_error)
 from .http import fetch_trend, http_base, trend_frame
-from .subscription import ERROR, PENDING, SENDING, SUBSCRIBED, WAITING, Entry, Subscription
+from .subscription import (ERROR, GAP_MODES, PENDING, SENDING, SUBSCRIBED, WAITING, Entry, GapMode,
+                           Subscription)
 from .types import (ConnectInfo, History, Position, PresenceClient, Publication, PublishResult,
                     Trend)
 
@@ -49,6 +51,11 @@ STABLE_S = 5.0
 MAX_U32 = 0xFFFF_FFFF
 
 
+def in_pt_namespace(channel: str) -> bool:
+    """The node's point channels by default: the `pt` namespace (latest value wins, no history)."""
+    return channel.startswith("pt:")
+
+
 class Client:
     """A Switchboard client (docs/protocol.md). Use as `async with Client(url) as c:`.
 
@@ -58,6 +65,8 @@ class Client:
     every connect and before the token's `exp` (sent with `refresh`). `format` is `"json"` or
     `"msgpack"` (the `msgpack` extra). A command larger than `max_frame_bytes` (the node's
     `limits.max_frame_bytes`) raises `TooLargeError` without being sent.
+    `is_point_channel` says which channels are point channels (default: the `pt:` namespace),
+    whose gaps do not interrupt iteration by default (`subscribe`, `gaps=`).
     """
 
     def __init__(self, url: str | Sequence[str], token: str | None = None, *,
@@ -70,7 +79,8 @@ class Client:
                  ping_timeout: float | None = 20.0, max_message_bytes: int | None = 64 << 20,
                  max_frame_bytes: int = 65536,
                  headers: Mapping[str, str] | None = None, ssl: ssl_module.SSLContext | None = None,
-                 proxy: str | bool | None = True) -> None:
+                 proxy: str | bool | None = True,
+                 is_point_channel: Callable[[str], bool] = in_pt_namespace) -> None:
         self.urls: list[str] = [url] if isinstance(url, str) else list(url)
         if not self.urls:
             raise ValueError("no URL")
@@ -95,6 +105,7 @@ class Client:
         self._ssl = ssl
         # The node closes the connection (1009) on a larger frame: refused here instead.
         self._max_frame_bytes = max_frame_bytes
+        self._is_point_channel = is_point_channel
         self.info: ConnectInfo | None = None
         self.stats = {"reconnects": 0, "publications": 0, "gaps": 0, "resubscribes": 0, "retries_503": 0}
 
@@ -381,7 +392,7 @@ class Client:
             if off <= e.offset:
                 return  # covered by the subscribe reply already
             e.offset = off
-            e.sub._push(Publication(e.channel, off, pub.get("data"), e.epoch or ""))
+            e.deliver(off, pub.get("data"))
             return
         mid = m.get("id")
         if mid is not None:
@@ -611,7 +622,7 @@ class Client:
                         recover: bool | Position | Mapping[str, Position] = True,
                         max_rate_hz: float | None = None,
                         deadband: float | Mapping[str, float] | None = None,
-                        yield_gaps: bool = False, partial: bool = False,
+                        gaps: GapMode | None = None, yield_gaps: bool = False, partial: bool = False,
                         timeout: float | None = None) -> Subscription:
         """Subscribes to one channel or several; returns once each has its first result.
 
@@ -622,6 +633,11 @@ class Client:
           latest value instead, skipping what was missed.
         - `max_rate_hz`, `deadband` (a number: `{"abs": x}`; or `{"abs": x}` / `{"pct": p}`):
           server-side sampling for this subscriber (docs/protocol.md, "Sampling").
+        - `gaps`: how a `Gap` (publications lost for good) reaches the iterator, besides
+          `after_gap` on the first publication after it: `"raise"` (iterate again to go on),
+          `"yield"` (an item), `"mark"` (only on that publication). Default: `"mark"` for point
+          channels, which keep no history and whose latest value is what counts, `"raise"`
+          for the others; `yield_gaps=True` is `gaps="yield"`.
         - A channel refused for good raises its typed `ReplyError` (with `errors` naming every
           refused channel) and unsubscribes the others — unless `partial`, which keeps them and
           lists the refusals in `sub.errors`. A channel refused with 503 (its broker shard is
@@ -630,6 +646,8 @@ class Client:
         names = [channels] if isinstance(channels, str) else list(channels)
         if not names or len(set(names)) != len(names):
             raise ValueError("channels must be distinct and at least one")
+        if gaps is not None and gaps not in GAP_MODES:
+            raise ValueError(f"gaps must be one of {', '.join(GAP_MODES)}")
         for ch in names:
             if ch in self._entries:
                 raise ConflictError(409, "already subscribed by this client", ch)
@@ -641,7 +659,10 @@ class Client:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self._command_timeout if timeout is None else timeout)
         await self._wait_connected(deadline)
-        sub = Subscription(self, names, yield_gaps)
+        modes: dict[str, GapMode] = {
+            ch: gaps or ("yield" if yield_gaps else "mark" if self._is_point_channel(ch) else "raise")
+            for ch in names}
+        sub = Subscription(names, modes, self._unsubscribe)
         sub._ready = loop.create_future()
         sub._unsettled = len(names)
         for ch in names:
@@ -650,7 +671,8 @@ class Client:
                 start = recover
             elif isinstance(recover, Mapping):
                 start = recover.get(ch)
-            e = Entry(ch, sub, recover=recover is not False, initial=initial, start=start, sampling=sampling)
+            e = Entry(ch, sub, recover=recover is not False, initial=initial, start=start, sampling=sampling,
+                      gap_mode=modes[ch])
             sub._entries[ch] = e
             self._entries[ch] = e
         self._subs.add(sub)

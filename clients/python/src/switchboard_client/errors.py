@@ -8,15 +8,16 @@ server's code and message (docs/protocol.md, "Codes").
 - `UnsubscribedError`: the server ended one subscription and asked not to subscribe it again.
 - `ConnectionLostError`: the connection dropped after a command was sent and before its reply,
   so the command may or may not have run.
-- `Gap`: recovery could not reach back to the subscription's position (`complete: false`); it
-  is raised (or yielded) by the subscription's iterator, between the publications it separates.
+- `Gap` (defined in `types`, re-exported here): recovery could not reach back to the
+  subscription's position (`complete: false`, or a new epoch); raised, yielded or carried by the
+  next publication as its subscription chose (`Client.subscribe`, `gaps=`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .types import Position
+from .types import Gap as Gap  # re-exported: raised like the errors here
 
 
 class SwitchboardError(Exception):
@@ -197,26 +198,3 @@ class UnsubscribedError(SwitchboardError):
         super().__init__(code, f"{channel}: {reason}")
         self.reason = reason
         self.channel = channel
-
-
-# --------------------------------------------------------------------------------------------
-# Gaps
-
-
-class Gap(Exception):
-    """Publications of `channel` between `since` and `until` could not be recovered: the
-    server's history no longer reached back to `since`, or the channel's epoch changed
-    (`epoch_changed`, e.g. Redis restarted without persistence). What the server still had is
-    delivered after it. Raised by `async for` over a subscription (iterate again to go on), or
-    yielded when the subscription was made with `yield_gaps=True`. Within one epoch, what the
-    node's history still holds of the hole (a recovery cut at the reply's byte budget) can be
-    read with `history(channel, since=gap.since)`."""
-
-    def __init__(self, channel: str, since: Position, until: Position, epoch_changed: bool) -> None:
-        what = "epoch changed" if epoch_changed else "history no longer reaches back"
-        super().__init__(f"{channel}: gap after {since.epoch}:{since.offset} ({what}; "
-                         f"now {until.epoch}:{until.offset})")
-        self.channel = channel
-        self.since = since
-        self.until = until
-        self.epoch_changed = epoch_changed

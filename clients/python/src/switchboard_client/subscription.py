@@ -3,22 +3,25 @@ one `Entry` per channel holding its position and what a subscribe result does to
 
 Delivery contract, per channel: publications arrive in offset order, each at most once —
 recovered ones first (after a reconnect, an `unsubscribed` push or a 503 retry), then live ones.
-When the server says it could not recover everything (`complete: false`, or a new epoch), a
-`Gap` is queued before what it did recover, so a caller never misses a hole silently.
+When the server says it could not recover everything (`complete: false`, or a new epoch), the
+hole is a `Gap`, followed by what the server still had and then the channel's latest value; the
+first publication after it carries it (`after_gap`), so a caller never misses a hole silently.
+Each channel's gap mode says whether the iterator also raises it (`raise`), yields it
+(`yield`) or leaves it on that publication only (`mark`, the default of point channels).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterable, Union, cast
+from typing import Any, Awaitable, Callable, Iterable, Literal, Union, cast
 
-from .errors import Gap, ReplyError, SwitchboardError
-from .types import Position, Publication
+from .errors import ReplyError, SwitchboardError
+from .types import Gap, Position, Publication
 
-if TYPE_CHECKING:
-    from .client import Client
+log = logging.getLogger("switchboard_client")
 
 # Entry states. PENDING: to be sent; SENDING: awaiting its reply; WAITING: refused for now
 # (503: its broker shard is failing over), asked again after a delay; SUBSCRIBED; ERROR: refused
@@ -26,6 +29,11 @@ if TYPE_CHECKING:
 PENDING, SENDING, WAITING, SUBSCRIBED, ERROR = "pending", "sending", "waiting", "subscribed", "error"
 
 Item = Union[Publication, Gap, SwitchboardError]
+
+# How a subscription reports a gap of a channel, besides `after_gap` on the publication after it:
+# "raise" from the iterator (iterate again to go on), "yield" as an item, or "mark" (only there).
+GapMode = Literal["raise", "yield", "mark"]
+GAP_MODES = ("raise", "yield", "mark")
 
 
 class SubscriptionEndedError(SwitchboardError):
@@ -39,10 +47,10 @@ class Entry:
     """One channel of a subscription as the client tracks it."""
 
     __slots__ = ("channel", "sub", "status", "epoch", "offset", "inflight", "recover", "initial",
-                 "sampling", "sampling_key", "settled", "alone", "lost_again")
+                 "sampling", "sampling_key", "settled", "alone", "lost_again", "gap_mode", "gap")
 
     def __init__(self, channel: str, sub: Subscription, *, recover: bool, initial: bool,
-                 start: Position | None, sampling: dict[str, Any]) -> None:
+                 start: Position | None, sampling: dict[str, Any], gap_mode: GapMode = "raise") -> None:
         self.channel = channel
         self.sub = sub
         self.status = PENDING
@@ -60,6 +68,9 @@ class Entry:
         self.alone = False
         # An `unsubscribed` push arrived while a subscribe was in flight: subscribe once more.
         self.lost_again = False
+        self.gap_mode: GapMode = gap_mode
+        # The gap the next publication delivered carries as `after_gap`.
+        self.gap: Gap | None = None
 
     @property
     def position(self) -> Position | None:
@@ -73,29 +84,28 @@ class Entry:
 
     def accept(self, r: dict[str, Any]) -> bool:
         """Applies a subscribe result `{"epoch", "offset", "last", "recovered", "complete"}`;
-        whether it queued a `Gap`."""
+        whether it found a gap."""
         epoch: str = r["epoch"]
         offset: int = r["offset"]
         last = r.get("last")
         recovered = r.get("recovered") or ()
-        sub = self.sub
         self.status = SUBSCRIBED
         gap = False
         if self.epoch is None:
             # First subscribe without a position: the latest value if asked, then live ones.
             self.epoch, self.offset = epoch, offset
             if self.initial and last:
-                sub._push(Publication(self.channel, last["off"], last.get("data"), epoch))
+                self.deliver(last["off"], last.get("data"))
         elif not self.recover:
             # Resubscribed without recovery: the latest value stands for what was missed.
             newer = last and self.initial and (epoch != self.epoch or last["off"] > self.offset)
             self.epoch, self.offset = epoch, offset
             if newer and last:
-                sub._push(Publication(self.channel, last["off"], last.get("data"), epoch))
+                self.deliver(last["off"], last.get("data"))
         elif epoch == self.epoch:
             if r.get("complete") is False:
                 gap = True
-                sub._push(Gap(self.channel, Position(self.epoch, self.offset), Position(epoch, offset), False))
+                self._gap(Gap(self.channel, Position(self.epoch, self.offset), Position(epoch, offset), False))
             self._replay(recovered)
             if r.get("complete") is False and last:
                 self._replay((last,))
@@ -107,7 +117,7 @@ class Entry:
             # A new epoch (Redis lost its data or failed over): the old epoch's publications
             # after our offset are gone; the new epoch's come from its first kept offset.
             gap = True
-            sub._push(Gap(self.channel, Position(self.epoch, self.offset), Position(epoch, offset), True))
+            self._gap(Gap(self.channel, Position(self.epoch, self.offset), Position(epoch, offset), True))
             self.epoch, self.offset = epoch, 0
             self._replay(recovered)
             if last:
@@ -121,15 +131,32 @@ class Entry:
             off = p["off"]
             if off > self.offset:
                 self.offset = off
-                self.sub._push(Publication(self.channel, off, p.get("data"), self.epoch or ""))
+                self.deliver(off, p.get("data"))
+
+    def _gap(self, gap: Gap) -> None:
+        """Reports a hole: queued for the iterator (raise, yield) and kept for the next
+        publication; two holes before that publication make one gap."""
+        self.gap = gap if self.gap is None else self.gap.joined(gap)
+        if self.gap_mode == "mark":
+            log.info("%s", gap)
+        else:
+            self.sub._push(gap)
+
+    def deliver(self, offset: int, data: Any) -> None:
+        """Queues the publication at `offset` (the caller checked it is the next one)."""
+        gap = self.gap
+        if gap is not None:
+            self.gap = None
+        self.sub._push(Publication(self.channel, offset, data, self.epoch or "", gap))
 
 
 class Subscription:
     """Publications of one or several channels, in offset order per channel.
 
     Iterate with `async for pub in sub`, or take one at a time with `await sub.get(timeout)`.
-    A `Gap` is raised between the publications it separates (iterate again to go on), or
-    yielded when the subscription was made with `yield_gaps=True`. A channel the server refuses
+    After a `Gap` the first publication of its channel carries it (`pub.after_gap`); per the
+    channel's gap mode (`gap_modes`) it is also raised between the publications it separates
+    (iterate again to go on), yielded as an item, or neither. A channel the server refuses
     later (e.g. after a reconnect) raises its `ReplyError`; a fatal connection error (a refused
     token, 4003) raises its `DisconnectError`. Iteration ends after `unsubscribe()` or when the
     client closes.
@@ -138,10 +165,13 @@ class Subscription:
     (`sub.pending`); point channels conflate on the server, other channels do not.
     """
 
-    def __init__(self, client: Client, channels: list[str], yield_gaps: bool) -> None:
-        self._client = client
+    def __init__(self, channels: list[str], gap_modes: dict[str, GapMode],
+                 unsubscribe: Callable[[Subscription], Awaitable[None]]) -> None:
         self.channels: tuple[str, ...] = tuple(channels)
-        self.yield_gaps = yield_gaps
+        # How each channel's gaps reach the iterator (see `GapMode`).
+        self.gap_modes = gap_modes
+        # The client's own unsubscribe: what ends this subscription on the connection.
+        self._unsubscribe = unsubscribe
         # Channels refused for good: by the first subscribe, or later (after a reconnect).
         self.errors: dict[str, ReplyError] = {}
         self._entries: dict[str, Entry] = {}
@@ -164,10 +194,10 @@ class Subscription:
         item = await self._take(None)
         if item is None:
             raise StopAsyncIteration
-        return item  # type: ignore[return-value]  # a Gap only with yield_gaps (documented)
+        return item  # type: ignore[return-value]  # a Gap only in gap mode "yield" (documented)
 
     async def get(self, timeout: float | None = None) -> Publication | Gap:
-        """The next publication (or `Gap`, with `yield_gaps`); `asyncio.TimeoutError` after
+        """The next publication (or `Gap`, in gap mode "yield"); `asyncio.TimeoutError` after
         `timeout` seconds, `SubscriptionEndedError` once the subscription ended."""
         item = await self._take(timeout)
         if item is None:
@@ -204,7 +234,7 @@ class Subscription:
         if self._end is not None:
             return
         self._finish(StopAsyncIteration())
-        await self._client._unsubscribe(self)
+        await self._unsubscribe(self)
 
     async def __aenter__(self) -> Subscription:
         return self
@@ -260,7 +290,7 @@ class Subscription:
             self._finish(StopAsyncIteration())
 
     async def _take(self, timeout: float | None) -> Publication | Gap | None:
-        """The next publication (a Gap with `yield_gaps`), None at the end; raises what the
+        """The next publication (a Gap in gap mode "yield"), None at the end; raises what the
         stream holds in its place otherwise (a Gap, a channel's error, a fatal error)."""
         items = self._items
         while not items:
@@ -280,6 +310,6 @@ class Subscription:
         item = items.popleft()
         if isinstance(item, Publication):
             return item
-        if isinstance(item, Gap) and self.yield_gaps:
+        if isinstance(item, Gap) and self.gap_modes.get(item.channel) == "yield":
             return item
         raise item

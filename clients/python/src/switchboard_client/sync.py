@@ -25,8 +25,8 @@ from typing import Any, Coroutine, Mapping, Sequence, TypeVar
 
 from .client import Client as AsyncClient
 from .errors import Gap
+from .subscription import GapMode, SubscriptionEndedError
 from .subscription import Subscription as AsyncSubscription
-from .subscription import SubscriptionEndedError
 from .types import ConnectInfo, History, Position, PresenceClient, Publication, PublishResult
 
 T = TypeVar("T")
@@ -114,10 +114,11 @@ class Client:
     def subscribe(self, channels: str | Sequence[str], *, initial: bool = False,
                   recover: bool | Position | Mapping[str, Position] = True,
                   max_rate_hz: float | None = None, deadband: float | Mapping[str, float] | None = None,
-                  yield_gaps: bool = False, partial: bool = False, timeout: float | None = None) -> Subscription:
+                  gaps: GapMode | None = None, yield_gaps: bool = False, partial: bool = False,
+                  timeout: float | None = None) -> Subscription:
         sub = self._call(self._client.subscribe(
             channels, initial=initial, recover=recover, max_rate_hz=max_rate_hz, deadband=deadband,
-            yield_gaps=yield_gaps, partial=partial, timeout=timeout))
+            gaps=gaps, yield_gaps=yield_gaps, partial=partial, timeout=timeout))
         return Subscription(self, sub)
 
     def publish(self, channel: str, data: Any, *, idempotency_key: str | None = None,
@@ -155,8 +156,8 @@ class Client:
 
 
 class Subscription:
-    """A subscription read by blocking: `for pub in sub` (a `Gap` is raised between the
-    publications it separates; iterate again to go on) or `sub.get(timeout)`."""
+    """A subscription read by blocking: `for pub in sub` or `sub.get(timeout)`; gaps as in the
+    asyncio client (`pub.after_gap`, and raised or yielded per the channel's gap mode)."""
 
     def __init__(self, client: Client, sub: AsyncSubscription) -> None:
         self._client = client
@@ -194,7 +195,7 @@ class Subscription:
 
     def __next__(self) -> Publication:
         try:
-            return self.get()  # type: ignore[return-value]  # a Gap only with yield_gaps
+            return self.get()  # type: ignore[return-value]  # a Gap only in gap mode "yield"
         except SubscriptionEndedError:
             raise StopIteration from None
 

@@ -1,4 +1,6 @@
-"""The public value types: what subscriptions yield and commands return."""
+"""The public value types: what subscriptions yield and commands return, and `Gap`, the hole
+recovery could not fill (a value, raised or yielded by a subscription or carried by the
+publication after it)."""
 
 from __future__ import annotations
 
@@ -14,15 +16,43 @@ class Position(NamedTuple):
     offset: int
 
 
+class Gap(Exception):
+    """Publications of `channel` between `since` and `until` could not be recovered: the
+    server's history no longer reached back to `since`, or the channel's epoch changed
+    (`epoch_changed`: a node of the memory broker restarted, or Redis lost its data). What the
+    server still had is delivered after it, then the channel's latest value if it has one; the
+    first publication delivered after it carries it as `after_gap`. How a subscription reports
+    it (raised, yielded, or only on that publication) is chosen per channel (`Client.subscribe`,
+    `gaps=`). Within one epoch, what the node's history still holds of the hole (a recovery cut
+    at the reply's byte budget) can be read with `history(channel, since=gap.since)`."""
+
+    def __init__(self, channel: str, since: Position, until: Position, epoch_changed: bool) -> None:
+        what = "epoch changed" if epoch_changed else "history no longer reaches back"
+        super().__init__(f"{channel}: gap after {since.epoch}:{since.offset} ({what}; "
+                         f"now {until.epoch}:{until.offset})")
+        self.channel = channel
+        self.since = since
+        self.until = until
+        self.epoch_changed = epoch_changed
+
+    def joined(self, later: Gap) -> Gap:
+        """One gap covering this one and a `later` one of the same channel (two holes before
+        the next publication)."""
+        return Gap(self.channel, self.since, later.until, self.epoch_changed or later.epoch_changed)
+
+
 @dataclass(slots=True)
 class Publication:
     """One publication of a channel: `data` is any JSON value (point channels carry
-    `{"v", "t", "q"}`)."""
+    `{"v", "t", "q"}`). `after_gap` is the `Gap` just before it when publications of the
+    channel were lost in between (it then is what was recovered after the hole, or the
+    channel's latest value), else None."""
 
     channel: str
     offset: int
     data: Any
     epoch: str = ""
+    after_gap: Gap | None = None
 
     @property
     def position(self) -> Position:
