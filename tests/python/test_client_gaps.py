@@ -33,6 +33,7 @@ async def next_item(sub, timeout: float = WAIT):
 def test_client_gap_after_a_memory_node_restart_point_channels_go_on_others_raise(switchboard_bin, tmp_path):
     port = sb.free_port()
     pt, pt_latest, room = uniq("pt:gap-"), uniq("pt:gap-latest-"), uniq("room:gap-")
+    quiet = uniq("room:gap-quiet-")  # never published before the restart: nothing was missed
     started: list[sb.Server] = []
     try:
         node = sb.start_on_port(switchboard_bin, port, [], str(tmp_path / "a.log"))
@@ -44,6 +45,7 @@ def test_client_gap_after_a_memory_node_restart_point_channels_go_on_others_rais
                 points = await c.subscribe(pt, initial=True)
                 latest = await c.subscribe(pt_latest, initial=True, recover=False)
                 msgs = await c.subscribe(room)
+                unheard = await c.subscribe(quiet)
                 for ch, data in ((pt, {"v": 1}), (pt_latest, {"v": 10}), (room, "before")):
                     api_publish(node, ch, data)
                 before = [await next_item(s) for s in (points, latest, msgs)]
@@ -76,7 +78,12 @@ def test_client_gap_after_a_memory_node_restart_point_channels_go_on_others_rais
                 m = await next_item(msgs)
                 assert (m.offset, m.data) == (1, "after") and m.after_gap is gap.value
 
-                assert (points.pending, latest.pending, msgs.pending) == (0, 0, 0)
+                # Never published before the restart: no gap, the new epoch's first publication.
+                api_publish(node, quiet, "first")
+                u = await next_item(unheard)
+                assert (u.offset, u.data, u.after_gap) == (1, "first", None)
+
+                assert (points.pending, latest.pending, msgs.pending, unheard.pending) == (0, 0, 0, 0)
                 assert c.stats["gaps"] == 2 and c.stats["reconnects"] == 1, c.stats
 
         run(main())

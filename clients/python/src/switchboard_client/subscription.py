@@ -102,28 +102,33 @@ class Entry:
             self.epoch, self.offset = epoch, offset
             if newer and last:
                 self.deliver(last["off"], last.get("data"))
-        elif epoch == self.epoch:
-            if r.get("complete") is False:
-                gap = True
-                self._gap(Gap(self.channel, Position(self.epoch, self.offset), Position(epoch, offset), False))
-            self._replay(recovered)
-            if r.get("complete") is False and last:
-                self._replay((last,))
-            # Ahead of the channel (complete: false, nothing recovered): the node's position
-            # is the one its next publications follow.
-            if offset > self.offset or r.get("complete") is False:
-                self.offset = offset
         else:
-            # A new epoch (Redis lost its data or failed over): the old epoch's publications
-            # after our offset are gone; the new epoch's come from its first kept offset.
-            gap = True
-            self._gap(Gap(self.channel, Position(self.epoch, self.offset), Position(epoch, offset), True))
-            self.epoch, self.offset = epoch, 0
-            self._replay(recovered)
-            if last:
-                self._replay((last,))
-            if offset > self.offset:
-                self.offset = offset
+            # Resumed from a position (docs/protocol.md, "Gaps"): what the reply holds after
+            # it is delivered once, in offset order. A hole among those, offsets up to the
+            # channel's that nothing delivered, or an old epoch left after publications of it
+            # make a gap, reported before the first publication after it.
+            same = epoch == self.epoch
+            # Ahead of the channel in its own epoch: the broker lost its newest publications,
+            # and the channel's next offsets are new ones, not repeats.
+            behind = same and r.get("complete") is False and offset < self.offset
+            at = (offset if behind else self.offset) if same else 0
+            hole = behind
+            fresh = []
+            for p in (*recovered, *((last,) if last else ())):
+                if p["off"] <= at:
+                    continue
+                hole = hole or p["off"] != at + 1
+                at = p["off"]
+                fresh.append(p)
+            hole = hole or offset > at or (not same and self.offset > 0)
+            if hole:
+                gap = True
+                self._gap(Gap(self.channel, Position(self.epoch, self.offset), Position(epoch, offset), not same))
+            self.epoch = epoch
+            for p in fresh:
+                self.offset = p["off"]
+                self.deliver(p["off"], p.get("data"))
+            self.offset = max(at, offset)
         return gap
 
     def _replay(self, pubs: Iterable[dict[str, Any]]) -> None:
