@@ -25,7 +25,7 @@ use switchboard_broker::{now_ms, Publication};
 use switchboard_protocol::code;
 
 use crate::auth::{Action, Identity};
-use crate::hub::PublicationTap;
+use crate::hub::{PublicationTap, TapSlot};
 use crate::log_limit::LogLimit;
 use crate::node::{ApiError, Node};
 
@@ -59,8 +59,8 @@ pub fn channel_of(id: &str) -> String {
 }
 
 impl PublicationTap for Alarms {
-    fn on_publication(&self, channel: &str, p: &Publication) {
-        Alarms::on_publication(self, channel, p);
+    fn on_publication(&self, channel: &str, slot: Option<&TapSlot>, p: &Publication) {
+        Alarms::on_publication(self, channel, slot, p);
     }
 }
 
@@ -69,7 +69,7 @@ impl PublicationTap for Alarms {
 /// states from its first request.
 pub async fn start(node: &Arc<Node>) {
     let defs = Defs::new(config_defs(node));
-    let (alarms, queue) = Alarms::new(defs);
+    let (alarms, queue) = Alarms::new(defs, Some(node.hub.clone()));
     if node.alarms.set(alarms.clone()).is_err() {
         return;
     }
@@ -150,7 +150,12 @@ fn forget(alarms: &Alarms, id: &str, channel: &str, a: &Arc<parking_lot::Mutex<s
     held.timed.remove(id);
     if let Some(list) = held.by_channel.get_mut(channel) {
         list.retain(|x| !Arc::ptr_eq(x, a));
+        if list.is_empty() {
+            held.by_channel.remove(channel);
+        }
     }
+    drop(held);
+    alarms.sync_slot(channel);
 }
 
 /// A pattern's new channel met in a publication, or a channel to follow again: subscribed and

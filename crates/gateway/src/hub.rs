@@ -37,6 +37,9 @@ const SHARDS: usize = 64;
 const FLUSH_CHUNK: usize = 512;
 
 struct Subscribers {
+    /// What the tap keeps for this channel ([`Hub::set_tap_slot`]); an entry with a slot and
+    /// no subscriber stays, so that the channel's publications still find it in one lookup.
+    tap: Option<TapSlot>,
     conflate: bool,
     /// Keyed by connection id; `IndexMap` iterates like a `Vec` and removes in O(1).
     conns: IndexMap<u64, Arc<Outbox>>,
@@ -47,6 +50,10 @@ struct Subscribers {
 }
 
 impl Subscribers {
+    fn new(conflate: bool) -> Subscribers {
+        Subscribers { tap: None, conflate, conns: IndexMap::new(), sampled: IndexMap::new(), msgpack: 0 }
+    }
+
     fn len(&self) -> usize {
         self.conns.len() + self.sampled.len()
     }
@@ -65,11 +72,17 @@ pub trait InternalHandler: Send + Sync + 'static {
     fn on_internal(&self, channel: &str, data: &Data);
 }
 
+/// What a [`PublicationTap`] keeps for one channel, held in the hub's entry for the channel so
+/// that a publication's one lookup serves both the fan-out and the tap.
+pub type TapSlot = Arc<dyn std::any::Any + Send + Sync>;
+
 /// Sees every publication (not internal) the broker hands this node, before its fan-out: the
 /// alarm engine evaluates them there. Called as [`BrokerHandler::on_publication`] is, possibly
-/// under the broker's channel lock: must not block or call into the broker.
+/// under the broker's channel lock, and under the hub's lock of the channel's shard: must not
+/// block, call into the broker, or change the hub (no [`Hub::set_tap_slot`]).
 pub trait PublicationTap: Send + Sync + 'static {
-    fn on_publication(&self, channel: &str, publication: &Publication);
+    /// `slot`: what the tap set for `channel` with [`Hub::set_tap_slot`], if anything.
+    fn on_publication(&self, channel: &str, slot: Option<&TapSlot>, publication: &Publication);
 }
 
 /// Local subscriptions and fan-out. One per node.
@@ -106,6 +119,23 @@ impl Hub {
         let _ = self.tap.set(tap);
     }
 
+    /// Sets (or with `None` clears) what the tap keeps for `channel`, handed to it with each
+    /// of the channel's publications.
+    pub fn set_tap_slot(&self, channel: &str, slot: Option<TapSlot>) {
+        let mut shard = self.shard(channel).write();
+        match slot {
+            Some(slot) => shard.entry(Arc::from(channel)).or_insert_with(|| Subscribers::new(false)).tap = Some(slot),
+            None => {
+                if let Some(subs) = shard.get_mut(channel) {
+                    subs.tap = None;
+                    if subs.len() == 0 {
+                        shard.remove(channel);
+                    }
+                }
+            }
+        }
+    }
+
     fn shard(&self, channel: &str) -> &RwLock<HashMap<Arc<str>, Subscribers>> {
         let mut h = DefaultHasher::new();
         channel.hash(&mut h);
@@ -116,13 +146,12 @@ impl Hub {
     /// channel's first on this node.
     pub fn add(&self, channel: &Arc<str>, outbox: &Arc<Outbox>, conflate: bool, sampling: Option<Sampling>) -> bool {
         let mut shard = self.shard(channel).write();
-        let subs = shard.entry(channel.clone()).or_insert_with(|| Subscribers {
-            conflate,
-            conns: IndexMap::new(),
-            sampled: IndexMap::new(),
-            msgpack: 0,
-        });
+        let subs = shard.entry(channel.clone()).or_insert_with(|| Subscribers::new(conflate));
         let first = subs.len() == 0;
+        if first {
+            // An entry made for the tap alone takes its first subscriber's delivery rule.
+            subs.conflate = conflate;
+        }
         let new = match sampling {
             None => subs.conns.insert(outbox.id, outbox.clone()).is_none(),
             Some(s) => subs.sampled.insert(outbox.id, Arc::new(Sampler::new(s, outbox.clone()))).is_none(),
@@ -142,7 +171,9 @@ impl Hub {
             subs.msgpack -= 1;
         }
         if subs.len() == 0 {
-            shard.remove(channel);
+            if subs.tap.is_none() {
+                shard.remove(channel);
+            }
             true
         } else {
             false
@@ -155,13 +186,25 @@ impl Hub {
 
     /// Channels with local subscribers.
     pub fn channel_count(&self) -> usize {
-        self.shards.iter().map(|s| s.read().len()).sum()
+        self.shards.iter().map(|s| s.read().values().filter(|subs| subs.len() > 0).count()).sum()
     }
 
-    /// `data`: the publication's data, read by deadbands.
-    fn fan_out(&self, channel: &str, data: &str, make: impl Fn(Format) -> Delivery) {
+    /// `data`: the publication's data, read by deadbands. `tap`: called first with the
+    /// channel's slot, from the same lookup.
+    fn fan_out(
+        &self,
+        channel: &str,
+        data: &str,
+        tap: impl FnOnce(Option<&TapSlot>),
+        make: impl Fn(Format) -> Delivery,
+    ) {
         let shard = self.shard(channel).read();
-        let Some(subs) = shard.get(channel) else { return };
+        let subs = shard.get(channel);
+        tap(subs.and_then(|s| s.tap.as_ref()));
+        let Some(subs) = subs else { return };
+        if subs.len() == 0 {
+            return;
+        }
         let json = (subs.len() > subs.msgpack).then(|| make(Format::Json));
         let mp = (subs.msgpack > 0).then(|| make(Format::Msgpack));
         let pick = |format| match format {
@@ -258,13 +301,15 @@ impl BrokerHandler for Hub {
             return;
         }
         self.metrics.publications.fetch_add(1, Relaxed);
-        if let Some(tap) = self.tap.get() {
-            // A failure there is the tap's: the fan-out goes on.
-            let _ = isolate("tap", || tap.on_publication(channel, p));
-        }
+        let tap = |slot: Option<&TapSlot>| {
+            if let Some(tap) = self.tap.get() {
+                // A failure there is the tap's: the fan-out goes on.
+                let _ = isolate("tap", || tap.on_publication(channel, slot, p));
+            }
+        };
         let born = Instant::now();
         let ch: Arc<str> = Arc::from(channel);
-        self.fan_out(channel, p.data.get(), |format| {
+        self.fan_out(channel, p.data.get(), tap, |format| {
             let payload = encode_publication(format, channel, p.offset, &p.data);
             Delivery { frame: Frame::message(format, &payload), channel: ch.clone(), offset: p.offset, born }
         });
@@ -314,7 +359,7 @@ impl BrokerHandler for Hub {
             subs.conns.retain(|_, ob| keep_unless_resubscribes(ob, &mut ended, &mut closing));
             subs.sampled.retain(|_, s| keep_unless_resubscribes(&s.outbox, &mut ended, &mut closing));
             subs.msgpack -= ended.iter().filter(|ob| ob.format == Format::Msgpack).count();
-            if subs.len() == 0 {
+            if subs.len() == 0 && subs.tap.is_none() {
                 shard.remove(channel);
             }
         }
@@ -392,6 +437,42 @@ mod tests {
         assert!(!hub.remove("news", 0));
         assert!(!hub.remove("news", 1));
         assert!(hub.remove("news", 2));
+        assert_eq!(hub.channel_count(), 0);
+    }
+
+    #[test]
+    fn hub_hands_the_tap_each_publication_with_its_channels_slot_subscribed_or_not() {
+        #[derive(Default)]
+        struct Seen(Mutex<Vec<(String, Option<u32>)>>);
+        impl PublicationTap for Seen {
+            fn on_publication(&self, channel: &str, slot: Option<&TapSlot>, _: &Publication) {
+                let slot = slot.and_then(|s| s.downcast_ref::<u32>()).copied();
+                self.0.lock().push((channel.to_string(), slot));
+            }
+        }
+        let metrics = Arc::new(Metrics::default());
+        let hub = Hub::new(metrics.clone());
+        let seen = Arc::new(Seen::default());
+        hub.set_tap(seen.clone());
+        hub.set_tap_slot("plant:t1", Some(Arc::new(7u32)));
+        let ch: Arc<str> = "plant:t1".into();
+        let wire = TestWire::open(usize::MAX);
+        let ob = Arc::new(Outbox::new(1, Format::Json, wire.clone(), 1 << 20, metrics.clone()));
+        // The slot's entry is no subscriber: the first subscriber is still the first.
+        assert_eq!(hub.channel_count(), 0);
+        assert!(hub.add(&ch, &ob, false, None));
+        hub.on_publication("plant:t1", &publication(1, "1"));
+        hub.on_publication("plant:t2", &publication(1, "2"));
+        assert!(hub.remove("plant:t1", 1));
+        // The slot outlives the channel's last subscriber, until it is cleared.
+        hub.on_publication("plant:t1", &publication(2, "3"));
+        hub.set_tap_slot("plant:t1", None);
+        hub.on_publication("plant:t1", &publication(3, "4"));
+        hub.after_publications();
+        let expected = [("plant:t1", Some(7)), ("plant:t2", None), ("plant:t1", Some(7)), ("plant:t1", None)];
+        let expected: Vec<(String, Option<u32>)> = expected.iter().map(|(c, s)| (c.to_string(), *s)).collect();
+        assert_eq!(*seen.0.lock(), expected);
+        assert_eq!(wire.messages().len(), 1, "only the publication made while subscribed is delivered");
         assert_eq!(hub.channel_count(), 0);
     }
 

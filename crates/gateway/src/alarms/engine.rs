@@ -5,8 +5,11 @@
 //! Evaluation runs in the hub's tap ([`crate::hub::PublicationTap`]), in the publisher's task:
 //! one map lookup for a channel without alarms, a point parse and a comparison for one with
 //! them. Each publication finds its channel's alarms cold (a plant's channels each change a
-//! few times a second among thousands), so the path touches few cache lines: a fast hash, the
-//! channel's first alarm inline in the map, the alarm's evaluation fields beside its lock. A transition is queued for the writer (`alarms::writer`), which stores, publishes and
+//! few times a second among thousands), so the path touches few cache lines: the hub's entry
+//! for the channel holds its alarms ([`crate::hub::Hub::set_tap_slot`], kept in step with
+//! [`Held::by_channel`] by [`Alarms::sync_slot`]), so the hub's one lookup finds them, and
+//! each alarm's evaluation fields sit beside its lock. The engine's own map answers for the
+//! moments a slot is not set yet (a pattern's channel just matched). A transition is queued for the writer (`alarms::writer`), which stores, publishes and
 //! journals it in order; nothing here waits for the broker.
 
 use std::collections::{BTreeMap, HashMap};
@@ -23,6 +26,7 @@ use tokio::sync::mpsc;
 use super::def::AlarmDef;
 use super::state::{Alarm, Status, Transition};
 use crate::auth::pattern::Pattern;
+use crate::hub::{Hub, TapSlot};
 
 /// Most alarms, pattern instances included.
 pub const MAX_ALARMS: usize = 100_000;
@@ -125,10 +129,15 @@ pub struct Alarms {
     pub(super) transitions: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     /// Actions forwarded to the holder, waiting for its answer.
     pub(super) waiting: Waiting,
+    /// The hub whose entries hold the channels' alarms (none in unit tests).
+    hub: Option<Arc<Hub>>,
+    /// Serializes [`Alarms::sync_slot`]: each reads `held` then sets the hub, so the last one
+    /// to run leaves the hub as `held` is.
+    syncing: Mutex<()>,
 }
 
 impl Alarms {
-    pub(super) fn new(defs: Defs) -> (Arc<Alarms>, mpsc::UnboundedReceiver<Job>) {
+    pub(super) fn new(defs: Defs, hub: Option<Arc<Hub>>) -> (Arc<Alarms>, mpsc::UnboundedReceiver<Job>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let alarms = Arc::new(Alarms {
             any_pattern: AtomicBool::new(!defs.patterns.is_empty()),
@@ -141,6 +150,8 @@ impl Alarms {
             refused: AtomicU64::new(0),
             transitions: Mutex::new(BTreeMap::new()),
             waiting: Default::default(),
+            hub,
+            syncing: Mutex::new(()),
         });
         (alarms, rx)
     }
@@ -154,6 +165,16 @@ impl Alarms {
     pub(super) fn set_defs(&self, defs: Arc<Defs>) {
         self.any_pattern.store(!defs.patterns.is_empty(), Relaxed);
         *self.defs.write() = defs;
+    }
+
+    /// Hands the hub `channel`'s held alarms (or takes them back when it has none), after any
+    /// change of [`Held::by_channel`] for it. Never from the tap, which runs under the hub's
+    /// lock: alarms made there are handed over by the writer's [`Job::Follow`].
+    pub(super) fn sync_slot(&self, channel: &str) {
+        let Some(hub) = &self.hub else { return };
+        let _one = self.syncing.lock();
+        let list = self.held.read().by_channel.get(channel).filter(|l| !l.is_empty()).cloned();
+        hub.set_tap_slot(channel, list.map(|l| Arc::new(l) as TapSlot));
     }
 
     pub(super) fn emit(&self, t: Option<Transition>) {
@@ -223,8 +244,9 @@ impl Alarms {
         }
     }
 
-    /// A publication on a channel with alarms (or a new match of a pattern).
-    pub fn on_publication(&self, channel: &str, p: &Publication) {
+    /// A publication on a channel with alarms (or a new match of a pattern); `slot`: the
+    /// channel's alarms as the hub holds them.
+    pub fn on_publication(&self, channel: &str, slot: Option<&TapSlot>, p: &Publication) {
         if channel == ALL {
             if !self.holding.load(Relaxed) {
                 self.observe(p.data.get());
@@ -232,6 +254,10 @@ impl Alarms {
             return;
         }
         if !self.holding.load(Relaxed) {
+            return;
+        }
+        if let Some(list) = slot.and_then(|s| s.downcast_ref::<ChannelAlarms>()) {
+            self.evaluate(list, p.data.get(), p.time_ms);
             return;
         }
         {

@@ -164,6 +164,7 @@ pub(super) async fn start_following(alarms: &Arc<Alarms>, node: &Arc<Node>, chan
             tracing::warn!(channel, error = %e, "alarms: cannot subscribe");
         }
     }
+    alarms.sync_slot(channel);
     let list = alarms.held.read().by_channel.get(channel).cloned().unwrap_or_default();
     if let Ok(Some((_, Some(last)))) = node.broker.last_if_known(channel).await {
         for a in &list {
@@ -232,6 +233,9 @@ async fn forget_removed(alarms: &Arc<Alarms>, node: &Arc<Node>) {
 pub(super) async fn give_up(alarms: &Arc<Alarms>, node: &Arc<Node>) {
     alarms.holding.store(false, Relaxed);
     let held = std::mem::take(&mut *alarms.held.write());
+    for ch in held.by_channel.keys() {
+        alarms.sync_slot(ch);
+    }
     if node.broker.kind() != "memory" {
         for ch in held.by_channel.keys() {
             let _ = node.broker.unsubscribe(ch).await;
