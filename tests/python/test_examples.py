@@ -79,7 +79,36 @@ def check_cli(lines: list[str]) -> None:
     assert ("pt:boiler.temp", {"v": 71.5, "q": "good"}) not in after, "no stale value after the restart"
 
 
-FORMAT_CHECKS = {"python": check_python, "cli": check_cli}
+TS_PUB = re.compile(r"(\S+) (\d+) (\{.*\})")
+TS_GAP = re.compile(r"(\S+): gap from ([0-9a-f]+):(\d+) to ([0-9a-f]+):(\d+)( \(epoch changed\))?")
+
+
+def check_typescript(lines: list[str]) -> None:
+    """`CHANNEL OFFSET JSON` per publication, `CHANNEL: gap from EPOCH:OFFSET to EPOCH:OFFSET
+    (epoch changed)` per gap (examples/typescript/subscriber.mjs)."""
+    assert "subscribed to pt:boiler.temp and room:ops" in lines, lines
+    seen = []
+    for line in lines:
+        if m := TS_PUB.fullmatch(line):
+            seen.append(("pub", m[1], int(m[2]), json.loads(m[3])))
+        elif m := TS_GAP.fullmatch(line):
+            assert m[2] != m[4] and m[6], f"a gap across the restart names two epochs: {line}"
+            seen.append(("gap", m[1]))
+        else:
+            assert line.startswith("subscribed to "), f"unexpected line {line!r} in {lines}"
+    first = seen.index(("pub", "room:ops", 1, {"text": "first"}))
+    assert ("pub", "pt:boiler.temp", 1, {"v": 71.5, "q": "good"}) in seen[:first], seen
+    # After the restart: a new epoch; each channel's gap is reported before its value of round
+    # two, and nothing of round one comes again.
+    after = seen[first + 1:]
+    for ch, data in (("room:ops", {"text": "second"}), ("pt:boiler.temp", {"v": 72.25, "q": "good"})):
+        assert ("gap", ch) in after and ("pub", ch, 1, data) in after, seen
+        assert after.index(("gap", ch)) < after.index(("pub", ch, 1, data)), seen
+    assert ("pub", "pt:boiler.temp", 1, {"v": 71.5, "q": "good"}) not in after, "no stale value after the restart"
+    assert ("pub", "room:ops", 1, {"text": "first"}) not in after, "no message twice"
+
+
+FORMAT_CHECKS = {"python": check_python, "cli": check_cli, "typescript": check_typescript}
 
 
 @pytest.mark.timeout(120)
@@ -101,7 +130,7 @@ def test_examples_run_sh_subscriber_survives_a_node_restart(switchboard_bin, scr
 
 def test_examples_every_client_folder_has_a_run_sh():
     folders = sorted(p.name for p in EXAMPLES.iterdir() if p.is_dir())
-    assert {"python", "cli"} <= set(folders)
+    assert {"python", "cli", "typescript"} <= set(folders)
     assert [f for f in folders if not (EXAMPLES / f / "run.sh").is_file()] == []
 
 
