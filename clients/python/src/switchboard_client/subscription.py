@@ -111,7 +111,7 @@ class Entry:
             # Ahead of the channel in its own epoch: the broker lost its newest publications,
             # and the channel's next offsets are new ones, not repeats.
             behind = same and r.get("complete") is False and offset < self.offset
-            at = (offset if behind else self.offset) if same else 0
+            start = at = (offset if behind else self.offset) if same else 0
             hole = behind
             fresh = []
             for p in (*recovered, *((last,) if last else ())):
@@ -124,10 +124,8 @@ class Entry:
             if hole:
                 gap = True
                 self._gap(Gap(self.channel, Position(self.epoch, self.offset), Position(epoch, offset), not same))
-            self.epoch = epoch
-            for p in fresh:
-                self.offset = p["off"]
-                self.deliver(p["off"], p.get("data"))
+            self.epoch, self.offset = epoch, start
+            self._replay(fresh)
             self.offset = max(at, offset)
         return gap
 
