@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use switchboard_broker::Data;
 use switchboard_protocol::code;
-use switchboard_sources::{Lease, Sink, Sources, WriteError};
+use switchboard_sources::{Item, Lease, Sink, SinkError, Sources, WriteError};
 
 use crate::auth::Identity;
 use crate::node::{ApiError, Checked, Node, Target};
@@ -24,13 +24,23 @@ struct NodeSink(Weak<Node>);
 
 #[async_trait::async_trait]
 impl Sink for NodeSink {
-    async fn publish_batch(&self, items: Vec<(String, Data)>) -> Vec<Result<(), String>> {
+    async fn publish_batch(&self, items: Vec<Item>) -> Vec<Result<(), SinkError>> {
         let Some(node) = self.0.upgrade() else {
-            return items.iter().map(|_| Err("the node stopped".to_string())).collect();
+            return items.iter().map(|_| Err(SinkError::Unavailable("the node stopped".to_string()))).collect();
         };
-        let checked = items.into_iter().map(|(ch, data)| node.check_own(&ch, data));
+        let checked = items.into_iter().map(|i| node.check_own(&i.channel, i.data));
         let results = node.publish_batch(checked.collect()).await;
-        results.into_iter().map(|r| r.map(drop).map_err(|e| e.to_string())).collect()
+        results.into_iter().map(|r| r.map(drop).map_err(sink_error)).collect()
+    }
+}
+
+/// What a source is told of a publication the node did not take: the broker could not commit
+/// it (503: offer it again later), did not answer (504: it may have), or the node refused it.
+fn sink_error(e: ApiError) -> SinkError {
+    match e.code {
+        code::UNAVAILABLE => SinkError::Unavailable(e.to_string()),
+        code::OUTCOME_UNKNOWN => SinkError::Unknown(e.to_string()),
+        _ => SinkError::Refused(e.to_string()),
     }
 }
 

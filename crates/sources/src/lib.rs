@@ -26,10 +26,53 @@ use serde_json::Value;
 use switchboard_broker::Data;
 
 /// Where a source's points go: the node's publish path (validation, limits, the broker). One
-/// result per item, in order; an `Err` carries the reason the node refused the item.
+/// result per item, in order.
 #[async_trait::async_trait]
 pub trait Sink: Send + Sync + 'static {
-    async fn publish_batch(&self, items: Vec<(String, Data)>) -> Vec<Result<(), String>>;
+    async fn publish_batch(&self, items: Vec<Item>) -> Vec<Result<(), SinkError>>;
+}
+
+/// One point for the [`Sink`].
+#[derive(Debug, Clone)]
+pub struct Item {
+    pub channel: String,
+    pub data: Data,
+    /// A value from before the channel's newest (a Sparkplug B `is_historical` metric, an MQTT
+    /// value older than the last one, an OPC UA back-fill): kept in the channel's trend at its
+    /// own time, never sent to subscribers as the current value.
+    pub historical: bool,
+}
+
+impl Item {
+    /// A live value.
+    pub fn live(channel: String, data: Data) -> Item {
+        Item { channel, data, historical: false }
+    }
+}
+
+/// Why the sink did not take an item.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SinkError {
+    /// The node refused the item (a limit, a value it cannot carry): offered again it would be
+    /// refused again, so the source counts it and goes on.
+    #[error("{0}")]
+    Refused(String),
+    /// The node cannot commit publications now (its broker is unreachable or failing over):
+    /// nothing was done. A source that can hold its input (MQTT QoS 1/2) waits and offers it
+    /// again.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The broker did not answer: the item may or may not have been committed. A source that
+    /// offers it again first looks whether the channel has it.
+    #[error("{0}")]
+    Unknown(String),
+}
+
+impl SinkError {
+    /// Whether the item may be offered again later (the node could not commit it now).
+    pub fn retriable(&self) -> bool {
+        !matches!(self, SinkError::Refused(_))
+    }
 }
 
 /// A client's publish to a channel of a namespace whose writes go to a source; the source

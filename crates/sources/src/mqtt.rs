@@ -703,9 +703,9 @@ async fn publish_batches(
                 },
             }
         }
-        let (items, values): (Vec<(String, Data)>, Vec<Value>) =
-            batch.into_iter().map(|(ch, data, v)| ((ch, data), v)).unzip();
-        let channels: Vec<String> = items.iter().map(|(ch, _)| ch.clone()).collect();
+        let (items, values): (Vec<crate::Item>, Vec<Value>) =
+            batch.into_iter().map(|(ch, data, v)| (crate::Item::live(ch, data), v)).unzip();
+        let channels: Vec<String> = items.iter().map(|i| i.channel.clone()).collect();
         let results = sink.publish_batch(items).await;
         accepted.record(
             channels.iter().zip(&values).zip(&results).filter(|(_, r)| r.is_ok()).map(|((ch, v), _)| (ch.as_str(), v)),

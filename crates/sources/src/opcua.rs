@@ -542,6 +542,7 @@ impl Live {
         if items.is_empty() {
             return;
         }
+        let items = items.into_iter().map(|(ch, data)| crate::Item::live(ch, data)).collect();
         let results = ctx.sink.publish_batch(items).await;
         let ok = results.iter().filter(|r| r.is_ok()).count();
         ctx.stats.points.fetch_add(ok as u64, Ordering::Relaxed);

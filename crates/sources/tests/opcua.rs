@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use switchboard_broker::Data;
 use switchboard_sources::opcua::{self, OpcuaConfig};
-use switchboard_sources::{Sink, SourceCtx, SourceStats, Write, WriteError};
+use switchboard_sources::{Item, Sink, SinkError, SourceCtx, SourceStats, Write, WriteError};
 use tokio::sync::{mpsc, oneshot, watch};
 
 fn repo_root() -> PathBuf {
@@ -107,11 +107,11 @@ struct VecSink {
 
 #[async_trait::async_trait]
 impl Sink for VecSink {
-    async fn publish_batch(&self, items: Vec<(String, Data)>) -> Vec<Result<(), String>> {
+    async fn publish_batch(&self, items: Vec<Item>) -> Vec<Result<(), SinkError>> {
         let mut all = self.items.lock().expect("lock");
         let n = items.len();
-        for (ch, data) in items {
-            all.push((ch, serde_json::from_str(data.get()).expect("points are JSON")));
+        for i in items {
+            all.push((i.channel, serde_json::from_str(i.data.get()).expect("points are JSON")));
         }
         vec![Ok(()); n]
     }
@@ -514,7 +514,7 @@ struct CountSink {
 
 #[async_trait::async_trait]
 impl Sink for CountSink {
-    async fn publish_batch(&self, items: Vec<(String, Data)>) -> Vec<Result<(), String>> {
+    async fn publish_batch(&self, items: Vec<Item>) -> Vec<Result<(), SinkError>> {
         self.n.fetch_add(items.len() as u64, Ordering::Relaxed);
         vec![Ok(()); items.len()]
     }
