@@ -14,7 +14,11 @@ import pytest
 
 
 class Redis:
-    def __init__(self, tmp_path):
+    """`durable`: an append-only file fsynced on every write, so that what the server
+    acknowledged survives a kill -9 and a start in the same directory."""
+
+    def __init__(self, tmp_path, durable: bool = False):
+        self.durable = durable
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -28,7 +32,7 @@ class Redis:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.dir)],
+             "--appendonly", "yes" if self.durable else "no", "--appendfsync", "always", "--dir", str(self.dir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:

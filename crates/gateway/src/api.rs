@@ -21,6 +21,7 @@ mod alarms;
 mod bodies;
 pub(crate) mod control;
 pub mod query;
+mod sources;
 mod writes;
 use bodies::{HistoryQuery, ListQuery, PublishBody};
 use query::Query;
@@ -45,6 +46,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/api/presence/{*channel}", get(presence))
         .route("/api/info", get(info))
         .route("/api/writes", get(writes::list))
+        .route("/api/sources", get(sources::list))
         .route("/api/disconnect", post(control::disconnect))
         .route("/api/revoke", post(control::revoke))
         .route("/healthz", get(|| async { "ok\n" }))

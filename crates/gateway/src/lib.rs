@@ -29,6 +29,7 @@
 //!   over from it in `transport::poll_takeover`, streamed as events by
 //!   `transport::session_stream`), which take their messages from the outbox.
 //! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`;
+//!   `api::sources`: the sources and their backlogs at `/api/sources`;
 //!   `api::query`: query strings, a malformed one answered with the JSON 400).
 //! - [`auth`]: authentication (JWT from files and a JWKS URL, Basic, API keys), revoked
 //!   tokens, namespace permissions, `Origin` checks and per-address / per-key abuse limits.

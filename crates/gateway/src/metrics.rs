@@ -226,7 +226,7 @@ pub fn render_sources(sources: &[switchboard_sources::SourceHandle]) -> String {
         return out;
     }
     type Field = fn(&switchboard_sources::SourceStats) -> u64;
-    let series: [(&str, &str, &str, Field); 9] = [
+    let series: [(&str, &str, &str, Field); 10] = [
         ("source_messages_total", "counter", "Messages (MQTT) or value changes (OPC UA) a source received.", |s| {
             s.messages.load(Relaxed)
         }),
@@ -250,12 +250,40 @@ pub fn render_sources(sources: &[switchboard_sources::SourceHandle]) -> String {
         ("source_active", "gauge", "1 while this node runs a source (holds its lease).", |s| {
             s.active.load(Relaxed) as u64
         }),
+        ("source_backlog", "gauge", "Values a source received that the node has not committed yet.", |s| {
+            s.backlog.load(Relaxed)
+        }),
     ];
     for (name, kind, help, field) in series {
         let _ = writeln!(out, "# HELP switchboard_{name} {help}\n# TYPE switchboard_{name} {kind}");
         for h in sources {
             let _ =
                 writeln!(out, "switchboard_{name}{{source=\"{}\",kind=\"{}\"}} {}", h.name, h.kind, field(&h.stats));
+        }
+    }
+    let now = switchboard_broker::now_ms();
+    let _ = writeln!(
+        out,
+        "# HELP switchboard_source_backlog_age_seconds How long the oldest value of a source's backlog has \
+         waited (0: none waits).\n# TYPE switchboard_source_backlog_age_seconds gauge"
+    );
+    for h in sources {
+        let age = h.stats.backlog_age_s(now);
+        let _ = writeln!(out, "switchboard_source_backlog_age_seconds{{source=\"{}\",kind=\"{}\"}} {age}", h.name, h.kind);
+    }
+    let _ = writeln!(
+        out,
+        "# HELP switchboard_source_dropped_total Values a source received and dropped before the node saw them, \
+         by reason (buffer: a QoS 0 value replaced by a newer one while the buffer was full; duplicate: a \
+         message delivered again that was committed already).\n# TYPE switchboard_source_dropped_total counter"
+    );
+    for h in sources {
+        for (reason, n) in h.stats.dropped() {
+            let _ = writeln!(
+                out,
+                "switchboard_source_dropped_total{{source=\"{}\",kind=\"{}\",reason=\"{reason}\"}} {n}",
+                h.name, h.kind
+            );
         }
     }
     let _ = writeln!(

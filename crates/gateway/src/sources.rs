@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use switchboard_broker::Data;
+use switchboard_broker::{Data, Position};
 use switchboard_protocol::code;
 use switchboard_sources::{Item, Lease, Sink, SinkError, Sources, WriteError};
 
@@ -32,7 +32,35 @@ impl Sink for NodeSink {
         let results = node.publish_batch(checked.collect()).await;
         results.into_iter().map(|r| r.map(drop).map_err(sink_error)).collect()
     }
+
+    /// Looks among the channel's last [`HOLDS_LOOK`] publications (its history, or its last
+    /// value when it keeps none).
+    async fn holds(&self, channel: &str, data: &Data) -> Result<bool, SinkError> {
+        let Some(node) = self.0.upgrade() else {
+            return Err(SinkError::Unavailable("the node stopped".to_string()));
+        };
+        let unavailable = |e| SinkError::Unavailable(node.broker_error(e).to_string());
+        let Some((position, last)) = node.broker.last_if_known(channel).await.map_err(unavailable)? else {
+            return Ok(false);
+        };
+        if last.as_ref().is_some_and(|p| p.data.get() == data.get()) {
+            return Ok(true);
+        }
+        let since = Position { offset: position.offset.saturating_sub(HOLDS_LOOK as u64), ..position };
+        let recent = node.broker.history(channel, Some(&since), HOLDS_LOOK).await.map_err(unavailable)?;
+        Ok(recent.publications.iter().any(|p| p.data.get() == data.get()))
+    }
+
+    async fn ready(&self) -> bool {
+        match self.0.upgrade() {
+            Some(node) => node.broker.ready().await,
+            None => false,
+        }
+    }
 }
+
+/// How far back [`NodeSink::holds`] looks: more than one batch of a source's points.
+const HOLDS_LOOK: usize = 1024;
 
 /// What a source is told of a publication the node did not take: the broker could not commit
 /// it (503: offer it again later), did not answer (504: it may have), or the node refused it.

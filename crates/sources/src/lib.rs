@@ -8,7 +8,9 @@
 //!   [`Write`] requests it serves, its [`SourceStats`], and the running set.
 //! - `running`: [`Sources`], the running set: one supervisor per source that takes the
 //!   source's lease, runs it while the lease holds, and routes writes to it.
-//! - `mqtt`: the MQTT source (one file per source kind beside this interface).
+//! - `mqtt`: the MQTT source (one file per source kind beside this interface); its
+//!   `backlog` and `commit` hold what it received until the node committed it (acknowledged
+//!   after commit), `host` is its Sparkplug B primary host STATE, `writes` its write-back.
 //! - `sparkplug`: Sparkplug B payloads of the MQTT source.
 //! - `opcua`: the OPC UA source.
 //!
@@ -30,6 +32,18 @@ use switchboard_broker::Data;
 #[async_trait::async_trait]
 pub trait Sink: Send + Sync + 'static {
     async fn publish_batch(&self, items: Vec<Item>) -> Vec<Result<(), SinkError>>;
+
+    /// Whether `channel`'s recent publications hold `data` exactly: asked before offering
+    /// again a point whose outcome was unknown ([`SinkError::Unknown`]).
+    async fn holds(&self, channel: &str, data: &Data) -> Result<bool, SinkError> {
+        let _ = (channel, data);
+        Ok(false)
+    }
+
+    /// Whether the node can commit publications now.
+    async fn ready(&self) -> bool {
+        true
+    }
 }
 
 /// One point for the [`Sink`].
@@ -133,6 +147,14 @@ pub struct SourceStats {
     refusals: parking_lot::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Sparkplug B rebirth requests sent (MQTT).
     pub rebirths: AtomicU64,
+    /// Values received and not committed yet (the MQTT source's backlog).
+    pub backlog: AtomicU64,
+    /// When the oldest of them came (unix ms; 0 when none waits).
+    pub backlog_since_ms: AtomicU64,
+    /// Values received and dropped before the node saw them, by reason (`buffer`: a QoS 0
+    /// value replaced by a newer one of its channel while the buffer was full). Read with
+    /// [`SourceStats::dropped`].
+    dropped: parking_lot::Mutex<std::collections::BTreeMap<&'static str, u64>>,
 }
 
 impl SourceStats {
@@ -144,6 +166,24 @@ impl SourceStats {
     /// Refusals by reason, in reason order.
     pub fn refusals(&self) -> Vec<(&'static str, u64)> {
         self.refusals.lock().iter().map(|(r, n)| (*r, *n)).collect()
+    }
+
+    /// Counts `n` values dropped for `reason` (a short, fixed label).
+    pub fn drop_values(&self, reason: &'static str, n: u64) {
+        *self.dropped.lock().entry(reason).or_insert(0) += n;
+    }
+
+    /// Drops by reason, in reason order.
+    pub fn dropped(&self) -> Vec<(&'static str, u64)> {
+        self.dropped.lock().iter().map(|(r, n)| (*r, *n)).collect()
+    }
+
+    /// How long the oldest value of the backlog has waited (s; 0 when none waits).
+    pub fn backlog_age_s(&self, now_ms: u64) -> f64 {
+        match self.backlog_since_ms.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => 0.0,
+            since => now_ms.saturating_sub(since) as f64 / 1000.0,
+        }
     }
 }
 

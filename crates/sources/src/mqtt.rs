@@ -11,9 +11,16 @@
 //!   starts as JSON but is not, bytes that are not UTF-8, a bad Sparkplug topic or payload), a
 //!   topic that gives no valid channel name (`topic`), and a new channel, Sparkplug edge node,
 //!   device, metric or alias past its bound (`bound`) are counted by reason and logged at warn
-//!   (rate-limited), never a reason to drop the connection. The client library acknowledges
-//!   every message it reads before the source looks at it, so the MQTT broker never delivers a
-//!   refused message again.
+//!   (rate-limited), never a reason to drop the connection. A refused message is acknowledged
+//!   like any other, so the MQTT broker never delivers it again.
+//! - Acknowledged after commit ([`backlog`], [`commit`]): a QoS 1 or 2 message is acknowledged
+//!   (PUBACK, PUBREC) only once the node committed the points it gave (or refused them for
+//!   good). While the node cannot commit, the MQTT broker keeps what is not acknowledged in the
+//!   source's session (`clean_session = false`, the default, is what keeps it across a
+//!   reconnect) and the points arrive in order once it can; QoS 0 values wait within
+//!   `buffer_bytes`, the newest per channel kept when it is full, what is dropped counted.
+//! - A value older than the newest its channel had (its own `t`) is historical
+//!   ([`crate::Item::historical`]): it goes to the channel's trend at its time, not live.
 //! - Sizes: the client library is given the largest packet MQTT can frame
 //!   ([`LIBRARY_MAX_PACKET`]), so it never drops the connection over a packet's size (it would
 //!   drop it before acknowledging, and under a persistent session the broker would deliver the
@@ -25,9 +32,10 @@
 //!   only after a connection stayed up [`backoff::STABLE_AFTER`]). When the connection drops
 //!   every channel the source fed gets its last value again with `q: "bad"`; fresh values
 //!   follow once it is back.
-//! - Points go to the sink in batches: whatever arrived within [`BATCH_WAIT`] of the first,
-//!   at most [`BATCH_MAX`]. One task publishes the batches in order, so each channel's points
-//!   keep the order they arrived in.
+//! - Points go to the sink in batches: whatever arrived within [`commit::BATCH_WAIT`] of the
+//!   first, at most [`commit::BATCH_MAX`]. One task commits the batches in order, so each
+//!   channel's points keep the order they arrived in.
+//! - A Sparkplug B primary host application with `sparkplug_host_id` ([`host`]).
 //! - Writes: a channel maps back to its topic through the template (`.` becomes `/`) and is
 //!   published with QoS 1 (not retained); the write is accepted once the broker acknowledges
 //!   it (PUBACK). MQTT 3.1.1 has no way to refuse a publish: a broker that drops it (an ACL)
@@ -42,30 +50,30 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rumqttc::{AsyncClient, Event, Incoming, MqttOptions, Outgoing, QoS, SubscribeFilter, Transport};
-use serde_json::Value;
-use switchboard_broker::{now_ms, Data};
-use tokio::sync::{mpsc, oneshot};
+use rumqttc::{AsyncClient, Event, Incoming, MqttOptions, Outgoing, Publish, QoS, SubscribeFilter, Transport};
+use switchboard_broker::now_ms;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::sparkplug::{self, Sparkplug};
-use crate::{SourceCtx, SourceStats, Write, WriteError};
+use crate::{SourceCtx, SourceStats, WriteError};
 
+pub mod backlog;
 pub mod backoff;
+pub mod commit;
 pub mod fed;
+pub mod host;
 pub mod payload;
 pub mod refusals;
 pub mod target;
+mod writes;
 
+use backlog::{Backlog, Queued};
 use backoff::{Backoff, Flaps};
 use fed::{Accepted, Fed, Path};
+use host::Host;
 pub use payload::{decode, point, Template};
 use refusals::Refusals;
-
-/// How long a batch waits for more points after its first one.
-pub const BATCH_WAIT: Duration = Duration::from_millis(2);
-/// Most points in one batch.
-pub const BATCH_MAX: usize = 500;
 /// `max_packet_bytes` when neither it nor the node's `limits.max_publication_bytes` is larger:
 /// a Sparkplug birth of thousands of metrics fits.
 pub const DEFAULT_MAX_PACKET: usize = 1024 * 1024;
@@ -74,9 +82,6 @@ pub const DEFAULT_MAX_PACKET: usize = 1024 * 1024;
 /// (see the module doc); the source's own limit is `max_packet_bytes`.
 pub const LIBRARY_MAX_PACKET: usize = 268_435_455;
 pub use crate::DEFAULT_MAX_CHANNELS;
-/// Points decoded but not yet published; when full the source stops reading the socket, so a
-/// slow node pushes back on the MQTT broker instead of growing memory.
-const QUEUE: usize = 8192;
 
 /// `kind = "mqtt"` settings.
 #[derive(Debug, Clone, serde::Deserialize)]
@@ -104,9 +109,15 @@ pub struct MqttConfig {
     #[serde(default = "default_qos")]
     pub qos: u8,
     /// A persistent session (false): the broker keeps subscriptions and queues QoS 1
-    /// messages while the source is away (a restart, a takeover by another node).
+    /// messages while the source is away (a restart, a takeover by another node) or while the
+    /// node cannot commit them (they stay unacknowledged).
     #[serde(default)]
     pub clean_session: bool,
+    /// Bytes of QoS 0 values that may wait while the node cannot commit ([`backlog`]); unset:
+    /// [`backlog::DEFAULT_BUFFER_BYTES`].
+    pub buffer_bytes: Option<usize>,
+    /// Be a Sparkplug B primary host application with this host id ([`host`]).
+    pub sparkplug_host_id: Option<String>,
     #[serde(default = "default_keep_alive_s")]
     pub keep_alive_s: u64,
     /// How long a write waits for the broker's acknowledgement.
@@ -190,6 +201,12 @@ impl MqttConfig {
         if self.max_channels == 0 {
             return Err("max_channels: at least 1".into());
         }
+        if self.buffer_bytes.is_some_and(|n| !(MIN_BUFFER..=MAX_BUFFER).contains(&n)) {
+            return Err(format!("buffer_bytes: {MIN_BUFFER} to {MAX_BUFFER}"));
+        }
+        if let Some(id) = &self.sparkplug_host_id {
+            Host::check(id)?;
+        }
         Ok(())
     }
 
@@ -198,6 +215,11 @@ impl MqttConfig {
     pub fn with_node_limits(mut self, max_publication_bytes: usize) -> MqttConfig {
         self.max_packet_bytes.get_or_insert(max_publication_bytes.clamp(DEFAULT_MAX_PACKET, LIBRARY_MAX_PACKET));
         self
+    }
+
+    /// Bytes of QoS 0 values that may wait.
+    pub fn buffer(&self) -> usize {
+        self.buffer_bytes.unwrap_or(backlog::DEFAULT_BUFFER_BYTES)
     }
 
     /// The largest message the source reads or writes.
@@ -237,8 +259,10 @@ impl MqttConfig {
         let (host, port, tls) = self.endpoint()?;
         let id = self.client_id();
         let mut o = MqttOptions::new(id, host, port);
+        // Messages are acknowledged once committed ([`commit`]), not when read.
         o.set_keep_alive(Duration::from_secs(self.keep_alive_s))
             .set_clean_session(self.clean_session)
+            .set_manual_acks(true)
             .set_max_packet_size(LIBRARY_MAX_PACKET, LIBRARY_MAX_PACKET);
         if let Some(user) = &self.username {
             o.set_credentials(user.clone(), self.password.clone().unwrap_or_default());
@@ -276,9 +300,11 @@ fn qos(level: u8) -> QoS {
     }
 }
 
-/// A decoded point on its way to the node: channel, data, and its value `v` (recorded as the
-/// channel's last accepted value once the node takes it).
-type Queued = (String, Data, Value);
+/// How long a stopping source waits for the batch under way to be committed.
+const COMMIT_FINISH: Duration = Duration::from_secs(2);
+/// Smallest and largest `buffer_bytes`.
+pub const MIN_BUFFER: usize = 64 * 1024;
+pub const MAX_BUFFER: usize = 1 << 30;
 
 /// The connection task's state.
 struct Conn {
@@ -291,7 +317,9 @@ struct Conn {
     fed: Fed,
     /// The last value the node accepted per channel.
     accepted: Accepted,
-    points: mpsc::Sender<Queued>,
+    backlog: Arc<Backlog>,
+    /// A Sparkplug B primary host's STATE ([`host`]).
+    host: Option<Host>,
     refusals: Refusals,
     /// `cfg.max_packet()`.
     max_packet: usize,
@@ -312,10 +340,24 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
         }
     };
     let (client, mut events) = AsyncClient::new(options, 256);
-    let (tx, rx) = mpsc::channel(QUEUE);
     let accepted = Accepted::default();
-    let publisher =
-        tokio::spawn(publish_batches(rx, ctx.sink.clone(), ctx.stats.clone(), name.clone(), accepted.clone()));
+    let backlog = Arc::new(Backlog::new(ctx.stats.clone(), cfg.buffer(), !cfg.clean_session));
+    let (committing, mut committing_rx) = watch::channel(true);
+    let (stop_committing, committer_stop) = watch::channel(false);
+    let mut committer = tokio::spawn(commit::run(commit::Committer {
+        backlog: backlog.clone(),
+        sink: ctx.sink.clone(),
+        client: client.clone(),
+        stats: ctx.stats.clone(),
+        name: name.clone(),
+        accepted: accepted.clone(),
+        committing,
+        stop: committer_stop,
+    }));
+    let mut host = cfg.sparkplug_host_id.as_deref().map(|id| Host::new(id, now_ms()));
+    if let Some(h) = host.as_mut() {
+        events.mqtt_options.set_last_will(h.reconnecting(now_ms()));
+    }
     let max_channels = cfg.max_channels;
     let mut conn = Conn {
         sparkplug: Sparkplug::new(cfg.sparkplug_rebirth, sparkplug::Bounds::new(cfg.max_channels)),
@@ -327,7 +369,8 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
         stats: ctx.stats.clone(),
         fed: Fed::new(max_channels),
         accepted,
-        points: tx,
+        backlog,
+        host,
         unsent: VecDeque::new(),
         inflight: HashMap::new(),
     };
@@ -344,6 +387,12 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
             changed = ctx.stop.changed() => if changed.is_err() { break },
             Some(w) = ctx.writes.recv() => conn.write(w),
             _ = expiry.tick() => conn.expire(write_timeout),
+            Ok(()) = committing_rx.changed(), if conn.host.is_some() => {
+                let online = *committing_rx.borrow_and_update();
+                if conn.host.as_ref().is_some_and(|h| h.said.is_some()) {
+                    conn.say_state(online);
+                }
+            }
             ev = events.poll() => match ev {
                 Ok(Event::Incoming(Incoming::ConnAck(ack))) => {
                     conn.stats.connected.store(true, Relaxed);
@@ -366,8 +415,10 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
                     if refused > 0 {
                         tracing::warn!(source = %name, refused, "MQTT broker refused topic filters");
                     }
+                    // Subscribed: a primary host says whether it takes data now.
+                    conn.say_state(*committing_rx.borrow());
                 }
-                Ok(Event::Incoming(Incoming::Publish(p))) => conn.received(&p.topic, &p.payload, p.size()).await,
+                Ok(Event::Incoming(Incoming::Publish(p))) => conn.received(p).await,
                 Ok(Event::Incoming(Incoming::PubAck(ack))) => {
                     if let Some((_, reply)) = conn.inflight.remove(&ack.pkid) {
                         conn.stats.writes_ok.fetch_add(1, Relaxed);
@@ -397,12 +448,16 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
                                  deployment its own cluster_name, or the source its own client_id)"
                             );
                         }
-                        conn.lost().await;
+                        conn.lost();
                     } else {
                         tracing::debug!(source = %name, "MQTT connect failed: {e}");
                     }
                     // Writes not acknowledged are answered now and never sent later.
                     events.pending.clear();
+                    conn.backlog.new_connection();
+                    if let Some(h) = conn.host.as_mut() {
+                        events.mqtt_options.set_last_will(h.reconnecting(now_ms()));
+                    }
                     conn.fail_writes("the MQTT connection was lost before the broker acknowledged the write");
                     let wait = backoff.down(Instant::now());
                     tokio::select! {
@@ -414,6 +469,26 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
         }
     }
     conn.fail_writes("the source stopped");
+    // The batch under way is finished and acknowledged before the connection goes; what is
+    // not acknowledged the MQTT broker keeps for the next run.
+    let _ = stop_committing.send(true);
+    let finish = async {
+        loop {
+            tokio::select! {
+                _ = &mut committer => return,
+                ev = events.poll() => if ev.is_err() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                },
+            }
+        }
+    };
+    if tokio::time::timeout(COMMIT_FINISH, finish).await.is_err() {
+        committer.abort();
+    }
+    // A clean disconnect fires no Will: a primary host says it goes offline itself.
+    if conn.stats.connected.load(Relaxed) {
+        conn.say_state(false);
+    }
     let _ = client.try_disconnect();
     // Lets the event loop send the DISCONNECT (bounded: the broker may be gone).
     let _ = tokio::time::timeout(Duration::from_millis(200), async {
@@ -425,8 +500,7 @@ pub async fn run(cfg: MqttConfig, mut ctx: SourceCtx) {
     })
     .await;
     conn.stats.connected.store(false, Relaxed);
-    drop(conn);
-    let _ = publisher.await;
+    conn.backlog.abandon();
 }
 
 impl Conn {
@@ -434,27 +508,46 @@ impl Conn {
         self.cfg.client_id()
     }
 
-    /// One MQTT publish received (the client library has acknowledged it): `size` is the
-    /// whole packet's.
-    async fn received(&mut self, topic: &str, payload: &[u8], size: usize) {
+    /// One MQTT publish received: its points go to the backlog, with the message to
+    /// acknowledge once they are committed (QoS 1/2).
+    async fn received(&mut self, p: Publish) {
         self.stats.messages.fetch_add(1, Relaxed);
+        let held = p.qos != QoS::AtMostOnce;
+        let key = held.then(|| self.backlog.key(&p.topic, &p.payload));
+        if let Some(key) = key.filter(|k| p.dup && self.backlog.committed_before(*k)) {
+            // Delivered again after its acknowledgement was lost: committed already.
+            self.stats.drop_values("duplicate", 1);
+            return self.backlog.hold(Vec::new(), p, key).await;
+        }
+        let mut points = self.points_in(&p.topic, &p.payload, p.size());
+        // Delivered again, perhaps after an earlier run committed it: looked for in the
+        // channels before it is published.
+        points.iter_mut().for_each(|q| q.verify = p.dup);
+        match key {
+            Some(key) => self.backlog.hold(points, p, key).await,
+            None => self.backlog.buffer(points),
+        }
+    }
+
+    /// The points of one message (none when it is refused, counted and logged): `size` is the
+    /// whole packet's.
+    fn points_in(&mut self, topic: &str, payload: &[u8], size: usize) -> Vec<Queued> {
         if size > self.max_packet {
             let why = format!("{size} bytes, larger than max_packet_bytes ({})", self.max_packet);
-            return self.refusals.refuse("oversized", 1, topic, size, &why);
+            self.refusals.refuse("oversized", 1, topic, size, &why);
+            return Vec::new();
         }
         let now = now_ms();
         // A panic while decoding one message (a bug meeting a device's bytes) refuses that
         // message like an undecodable one: the source and its connection go on.
-        let items = match switchboard_supervisor::isolate("source-decode", || {
+        match switchboard_supervisor::isolate("source-decode", || {
             switchboard_supervisor::fault::hit("source.decode", topic);
             self.points_of(topic, payload, size, now)
         }) {
             Ok(items) => items,
-            Err(panicked) => return self.undecodable(topic, size, &panicked.to_string()),
-        };
-        for item in items {
-            if self.points.send(item).await.is_err() {
-                return;
+            Err(panicked) => {
+                self.undecodable(topic, size, &panicked.to_string());
+                Vec::new()
             }
         }
     }
@@ -479,8 +572,11 @@ impl Conn {
                     return Vec::new();
                 };
                 match decode(payload, now) {
-                    Ok(Some((v, data))) => match self.feed(&ch, &Path::Topic(topic.to_string()), topic, size) {
-                        true => vec![(ch, data, v)],
+                    Ok(Some((v, data, t))) => match self.feed(&ch, &Path::Topic(topic.to_string()), topic, size) {
+                        true => {
+                            let historical = self.fed.older(&ch, t);
+                            vec![Queued { historical, ..Queued::new(ch, data, v) }]
+                        }
                         false => Vec::new(),
                     },
                     Ok(None) => Vec::new(),
@@ -534,7 +630,7 @@ impl Conn {
                 true => p.v,
                 false => self.accepted.get(&ch).unwrap_or(p.v),
             };
-            items.push((ch, point(&v, p.t, p.good), v));
+            items.push(Queued::new(ch, point(&v, p.t, p.good), v));
         }
         items
     }
@@ -571,14 +667,25 @@ impl Conn {
 
     /// The connection dropped: every channel fed gets the last value the node accepted on it
     /// with `q: "bad"`.
-    async fn lost(&mut self) {
+    fn lost(&mut self) {
         let now = now_ms();
-        let mut bad: Vec<Queued> =
-            self.accepted.of(self.fed.channels()).into_iter().map(|(ch, v)| (ch, point(&v, now, false), v)).collect();
-        bad.sort_by(|a, b| a.0.cmp(&b.0));
-        for item in bad {
-            if self.points.send(item).await.is_err() {
-                return;
+        let mut bad: Vec<Queued> = self
+            .accepted
+            .of(self.fed.channels())
+            .into_iter()
+            .map(|(ch, v)| Queued::new(ch, point(&v, now, false), v))
+            .collect();
+        bad.sort_by(|a, b| a.channel.cmp(&b.channel));
+        self.backlog.buffer(bad);
+    }
+
+    /// Publishes a primary host's STATE (QoS 1, retained) when it says something new.
+    fn say_state(&mut self, online: bool) {
+        let Some((topic, payload)) = self.host.as_mut().and_then(|h| h.say(online)) else { return };
+        if let Err(e) = self.client.try_publish(topic, QoS::AtLeastOnce, true, payload) {
+            tracing::warn!(source = %self.cfg.name, "Sparkplug B host STATE not sent: {e}");
+            if let Some(h) = self.host.as_mut() {
+                h.said = None;
             }
         }
     }
@@ -591,130 +698,6 @@ impl Conn {
                 tracing::info!(source = %self.cfg.name, topic = %cmd.topic, "Sparkplug rebirth requested");
             }
             Err(e) => tracing::debug!(source = %self.cfg.name, "Sparkplug rebirth request not sent: {e}"),
-        }
-    }
-
-    /// Hands a write to the MQTT client.
-    fn write(&mut self, w: Write) {
-        // Where it would go is checked first: a write outside the source's topics is refused
-        // (403) whether or not the MQTT broker is reachable now.
-        let target = self.target(&w).and_then(|t| match self.stats.connected.load(Relaxed) {
-            true => Ok(t),
-            false => Err(WriteError::Unavailable("not connected to the MQTT broker".into())),
-        });
-        let result = target.and_then(|(topic, payload)| {
-            // The PUBLISH packet: fixed header (at most 5 bytes), topic, packet id, payload.
-            let size = 5 + 2 + topic.len() + 2 + payload.len();
-            if size > self.max_packet {
-                return Err(WriteError::NotWritable(format!(
-                    "the MQTT message would be {size} bytes, larger than max_packet_bytes ({})",
-                    self.max_packet
-                )));
-            }
-            self.client
-                .try_publish(topic, QoS::AtLeastOnce, false, payload)
-                .map_err(|e| WriteError::Unavailable(format!("MQTT client busy: {e}")))
-        });
-        match result {
-            Ok(()) => self.unsent.push_back((Instant::now(), w.reply)),
-            Err(e) => {
-                self.stats.writes_failed.fetch_add(1, Relaxed);
-                let _ = w.reply.send(Err(e));
-            }
-        }
-    }
-
-    /// The topic and payload of a write: a Sparkplug command for a channel a Sparkplug metric
-    /// feeds, else the topic that fed the channel (or, for one not fed, the template's) with
-    /// the data per `write_format` — only inside the source's write filters ([`target`]).
-    fn target(&self, w: &Write) -> Result<(String, Vec<u8>), WriteError> {
-        let topic = match self.fed.path(&w.channel) {
-            Some(Path::Sparkplug { path, device }) => {
-                let value = crate::write_value(w.data.get()).map_err(WriteError::NotWritable)?;
-                let cmd = self.sparkplug.command(path, *device, &value, now_ms())?;
-                return Ok((cmd.topic, cmd.payload));
-            }
-            Some(Path::Topic(t)) => t.clone(),
-            None => self.template.topic(&w.channel).ok_or_else(|| {
-                WriteError::NotWritable(format!("the channel is not of the form {}", self.cfg.channel))
-            })?,
-        };
-        if topic.starts_with(sparkplug::NAMESPACE) {
-            return Err(WriteError::NotWritable("Sparkplug B topics take no writes".into()));
-        }
-        let filters = self.cfg.write_topics.as_ref().unwrap_or(&self.cfg.topics);
-        target::allowed(filters, &topic).map_err(|why| WriteError::Forbidden(format!("{}: {why}", w.channel)))?;
-        let payload = match self.cfg.write_format {
-            WriteFormat::Json => w.data.get().as_bytes().to_vec(),
-            WriteFormat::Value => match crate::write_value(w.data.get()).unwrap_or(Value::Null) {
-                Value::String(s) => s.into_bytes(),
-                Value::Null | Value::Object(_) => return Err(WriteError::NotWritable("no value to write".into())),
-                other => other.to_string().into_bytes(),
-            },
-        };
-        Ok((topic, payload))
-    }
-
-    /// Answers writes older than `timeout` with `Unavailable`.
-    fn expire(&mut self, timeout: Duration) {
-        let now = Instant::now();
-        let old: Vec<u16> = self.inflight.iter().filter(|(_, (at, _))| now - *at > timeout).map(|(k, _)| *k).collect();
-        for pkid in old {
-            if let Some((_, reply)) = self.inflight.remove(&pkid) {
-                self.stats.writes_failed.fetch_add(1, Relaxed);
-                let _ = reply.send(Err(WriteError::Unavailable("the MQTT broker did not acknowledge in time".into())));
-            }
-        }
-        while self.unsent.front().is_some_and(|(at, _)| now - *at > timeout) {
-            if let Some((_, reply)) = self.unsent.pop_front() {
-                self.stats.writes_failed.fetch_add(1, Relaxed);
-                let _ = reply.send(Err(WriteError::Unavailable("the write was not sent in time".into())));
-            }
-        }
-    }
-
-    fn fail_writes(&mut self, why: &str) {
-        for (_, reply) in self.unsent.drain(..).chain(self.inflight.drain().map(|(_, w)| w)) {
-            self.stats.writes_failed.fetch_add(1, Relaxed);
-            let _ = reply.send(Err(WriteError::Unavailable(why.into())));
-        }
-    }
-}
-
-/// Publishes decoded points in batches, in the order they were decoded.
-async fn publish_batches(
-    mut rx: mpsc::Receiver<Queued>,
-    sink: Arc<dyn crate::Sink>,
-    stats: Arc<SourceStats>,
-    name: String,
-    accepted: Accepted,
-) {
-    while let Some(first) = rx.recv().await {
-        let mut batch = Vec::with_capacity(64);
-        batch.push(first);
-        let deadline = Instant::now() + BATCH_WAIT;
-        while batch.len() < BATCH_MAX {
-            match rx.try_recv() {
-                Ok(item) => batch.push(item),
-                Err(mpsc::error::TryRecvError::Disconnected) => break,
-                Err(mpsc::error::TryRecvError::Empty) => match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(item)) => batch.push(item),
-                    _ => break,
-                },
-            }
-        }
-        let (items, values): (Vec<crate::Item>, Vec<Value>) =
-            batch.into_iter().map(|(ch, data, v)| (crate::Item::live(ch, data), v)).unzip();
-        let channels: Vec<String> = items.iter().map(|i| i.channel.clone()).collect();
-        let results = sink.publish_batch(items).await;
-        accepted.record(
-            channels.iter().zip(&values).zip(&results).filter(|(_, r)| r.is_ok()).map(|((ch, v), _)| (ch.as_str(), v)),
-        );
-        let ok = results.iter().filter(|r| r.is_ok()).count();
-        stats.points.fetch_add(ok as u64, Relaxed);
-        if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-            stats.refuse("node", (results.len() - ok) as u64);
-            tracing::warn!(source = %name, refused = results.len() - ok, "the node refused MQTT points: {e}");
         }
     }
 }
@@ -737,6 +720,8 @@ mod tests {
             channel: default_channel(),
             qos: 1,
             clean_session: false,
+            buffer_bytes: None,
+            sparkplug_host_id: None,
             keep_alive_s: 15,
             write_timeout_ms: 5000,
             write_format: WriteFormat::Json,

@@ -49,12 +49,30 @@ pub enum Refused {
 /// The channels one source feeds, at most `max`, each with its path.
 pub struct Fed {
     paths: HashMap<String, Path>,
+    /// The newest time of a value decoded per channel (unix ms).
+    newest: HashMap<String, u64>,
     max: usize,
 }
 
 impl Fed {
     pub fn new(max: usize) -> Fed {
-        Fed { paths: HashMap::new(), max }
+        Fed { paths: HashMap::new(), newest: HashMap::new(), max }
+    }
+
+    /// Whether a value of `channel` at `t` is older than the newest one seen (a historical
+    /// value); records `t` when it is not.
+    pub fn older(&mut self, channel: &str, t: u64) -> bool {
+        match self.newest.get_mut(channel) {
+            Some(newest) if t < *newest => true,
+            Some(newest) => {
+                *newest = t;
+                false
+            }
+            None => {
+                self.newest.insert(channel.to_string(), t);
+                false
+            }
+        }
     }
 
     /// Records that `path` feeds `channel`; refused when another path feeds it, or when it is
@@ -130,6 +148,10 @@ mod tests {
         assert_eq!(fed.path("pt:plant.a.b"), Some(&dotted));
         assert_eq!(fed.feed("pt:x", &Path::Topic("x".into())), Ok(()));
         assert_eq!(fed.feed("pt:y", &Path::Topic("y".into())), Err(Refused::Bound(2)));
+        assert!(!fed.older("pt:x", 10));
+        assert!(!fed.older("pt:x", 10), "as new as the newest");
+        assert!(fed.older("pt:x", 9));
+        assert!(!fed.older("pt:x", 11));
     }
 
     #[test]

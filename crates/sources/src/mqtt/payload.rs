@@ -54,9 +54,9 @@ fn raw_null() -> Box<serde_json::value::RawValue> {
     serde_json::value::RawValue::NULL.to_owned()
 }
 
-/// Reads a non-Sparkplug payload: the point's value and the data to publish; `Ok(None)` for an
-/// empty payload.
-pub fn decode(payload: &[u8], now_ms: u64) -> Result<Option<(Value, Data)>, String> {
+/// Reads a non-Sparkplug payload: the point's value, the data to publish and the point's time
+/// (its own `t`, else `now_ms`); `Ok(None)` for an empty payload.
+pub fn decode(payload: &[u8], now_ms: u64) -> Result<Option<(Value, Data, u64)>, String> {
     if payload.is_empty() {
         return Ok(None);
     }
@@ -66,9 +66,9 @@ pub fn decode(payload: &[u8], now_ms: u64) -> Result<Option<(Value, Data)>, Stri
             return Err("bad JSON object".into());
         };
         let v = obj.get("v").cloned().ok_or("a JSON object without \"v\"")?;
-        let t_ok = match obj.get("t") {
-            None => false,
-            Some(t) if t.is_u64() => true,
+        let t = match obj.get("t") {
+            None => None,
+            Some(t) if t.is_u64() => t.as_u64(),
             Some(_) => return Err("\"t\" is not unix milliseconds".into()),
         };
         let q_ok = match obj.get("q") {
@@ -76,15 +76,15 @@ pub fn decode(payload: &[u8], now_ms: u64) -> Result<Option<(Value, Data)>, Stri
             Some(Value::String(q)) if matches!(q.as_str(), "good" | "bad" | "uncertain") => true,
             Some(_) => return Err("\"q\" is not \"good\", \"bad\" or \"uncertain\"".into()),
         };
-        if t_ok && q_ok {
+        if let (Some(t), true) = (t, q_ok) {
             let raw = serde_json::value::RawValue::from_string(text.to_string()).map_err(|e| e.to_string())?;
-            return Ok(Some((v, Arc::new(raw))));
+            return Ok(Some((v, Arc::new(raw), t)));
         }
         obj.entry("t").or_insert(now_ms.into());
         obj.entry("q").or_insert("good".into());
         let raw =
             serde_json::value::RawValue::from_string(Value::Object(obj).to_string()).map_err(|e| e.to_string())?;
-        return Ok(Some((v, Arc::new(raw))));
+        return Ok(Some((v, Arc::new(raw), t.unwrap_or(now_ms))));
     }
     let v = match serde_json::from_str::<Value>(text) {
         Ok(v) => v,
@@ -92,7 +92,7 @@ pub fn decode(payload: &[u8], now_ms: u64) -> Result<Option<(Value, Data)>, Stri
         Err(_) => Value::String(text.to_string()),
     };
     let data = point(&v, now_ms, true);
-    Ok(Some((v, data)))
+    Ok(Some((v, data, now_ms)))
 }
 
 #[cfg(test)]
@@ -115,13 +115,14 @@ mod tests {
 
     #[test]
     fn mqtt_payloads_decode_to_points() {
-        let v = |p: &str| decode(p.as_bytes(), 7).map(|o| o.map(|(_, d)| d.get().to_string()));
+        let v = |p: &str| decode(p.as_bytes(), 7).map(|o| o.map(|(_, d, _)| d.get().to_string()));
         assert_eq!(v("21.5").unwrap().unwrap(), r#"{"q":"good","t":7,"v":21.5}"#);
         assert_eq!(v("true").unwrap().unwrap(), r#"{"q":"good","t":7,"v":true}"#);
         assert_eq!(v(" RUNNING ").unwrap().unwrap(), r#"{"q":"good","t":7,"v":"RUNNING"}"#);
         assert_eq!(v("[1,2]").unwrap().unwrap(), r#"{"q":"good","t":7,"v":[1,2]}"#);
         let full = r#"{"v":1,"t":5,"q":"uncertain"}"#;
         assert_eq!(v(full).unwrap().unwrap(), full, "a full point passes through");
+        assert_eq!(decode(full.as_bytes(), 7).unwrap().unwrap().2, 5, "with its own time");
         assert_eq!(v(r#"{"v":1}"#).unwrap().unwrap(), r#"{"q":"good","t":7,"v":1}"#);
         assert_eq!(v("").unwrap(), None);
         for bad in [r#"{"x":1}"#, r#"{"v":1,"q":"meh"}"#, r#"{"v":1,"t":-3}"#, "{oops", "[1,", "\"open"] {
