@@ -379,3 +379,43 @@ test('sparkplug: a stale NDEATH (an earlier bdSeq) leaves the node alive, its ow
   assert.match(r.body, /NDEATH/);
   edge.close();
 });
+
+test('sparkplug: an NDEATH numbered one ahead of its NBIRTH (255 wrapping to 0) ends the session, one behind does not',
+  async () => {
+    // bdSeq counts 0 to 255 and wraps: after a birth of 255, a death of 0 is one ahead (as an edge
+    // node that numbers its clean disconnect's NDEATH for its next connection sends it) and 254 one
+    // behind (an earlier session's will). Encoded by Tahu, bdSeq as the Int64 the specification names.
+    const g = `K${process.pid}`;
+    const edge = await Mqtt.connect(mqttPort, `tahu-edge3-${process.pid}`);
+    const bdSeq = (value) => ({ name: 'bdSeq', type: 'Int64', value });
+    await edge.publish(`spBv1.0/${g}/NBIRTH/E1`, sparkplug.encodePayload({
+      timestamp: Date.now(), seq: 0, metrics: [
+        bdSeq(255),
+        { name: 'Level', alias: 1, type: 'Double', value: 1.5 },
+        { name: 'Count', alias: 2, type: 'Int32', value: 0 },
+      ],
+    }));
+    const death = (value) => sparkplug.encodePayload({ timestamp: Date.now(), metrics: [bdSeq(value)] });
+    assert.match(await lastData(`pt:${g}.E1.Level`, '1.5'), /"q":"good"/);
+
+    await edge.publish(`spBv1.0/${g}/NDEATH/E1`, death(254));
+    await edge.publish(`spBv1.0/${g}/NDATA/E1`, sparkplug.encodePayload({
+      timestamp: Date.now(), seq: 1, metrics: [{ alias: 2, type: 'Int32', value: -3 }],
+    }));
+    // The NDATA came after the stale NDEATH: once it shows, the NDEATH was read and ignored.
+    assert.match(await lastData(`pt:${g}.E1.Count`, '-3'), /"q":"good"/);
+    assert.match(await lastData(`pt:${g}.E1.Level`, '1.5'), /"q":"good"/);
+    assert.equal((await write(`pt:${g}.E1.Level`, 3)).status, 200);
+
+    await edge.publish(`spBv1.0/${g}/NDEATH/E1`, death(0));
+    const deadline = Date.now() + 10000;
+    while (!/"q":"bad"/.test(await lastData(`pt:${g}.E1.Level`))) {
+      assert.ok(Date.now() < deadline, 'the NDEATH one ahead never marked the metric bad');
+      await sleep(50);
+    }
+    assert.match(await lastData(`pt:${g}.E1.Count`), /"q":"bad"/);
+    const r = await write(`pt:${g}.E1.Level`, 4);
+    assert.equal(r.status, 503, r.body);
+    assert.match(r.body, /NDEATH/);
+    edge.close();
+  });

@@ -378,3 +378,69 @@ def test_source_sparkplug_stale_ndeath_is_ignored_by_bdseq(pysparkplug, node, mo
     time.sleep(0.3)
     assert len(spb.received(f"spBv1.0/{g}/NCMD/E1")) == 1
     pub.close()
+
+
+def test_source_sparkplug_ndeath_numbered_ahead_ends_the_session_a_stale_one_does_not(pysparkplug, node, mosquitto,
+                                                                                         spb):
+    # pysparkplug 0.6.1's EdgeNode numbers its clean disconnect's NDEATH with the bdSeq it set up
+    # for its next connection (its NBIRTH's + 1), as an Int64, and sends no MQTT will then: that
+    # death must still take the edge node offline. One behind the NBIRTH's is an earlier session's
+    # will, and is ignored.
+    g = uniq("G")
+    level, other = f"pt:{g}.E1.Level", f"pt:{g}.E1.Other"
+    pub = Publisher(mosquitto.port, uniq("edge-"))
+
+    def bd_seq_int64(n: int):
+        """The bdSeq metric as pysparkplug's EdgeNode makes it (`_setup_will`)."""
+        return spb_lib.Metric(timestamp=int(time.time() * 1000), name="bdSeq", datatype=spb_lib.DataType.INT64,
+                              value=n)
+
+    def birth(bd: int, v: float) -> bytes:
+        metrics = (lib_metric("Level", DOUBLE, v, alias=1), lib_metric("Other", INT32, 0, alias=2), bd_seq_int64(bd))
+        return spb_lib.NBirth(timestamp=int(time.time() * 1000), seq=0, metrics=metrics).encode(include_dtypes=True)
+
+    def death(bd: int) -> bytes:
+        # What EdgeNode.disconnect() publishes (it encodes NDEATH without datatypes).
+        return spb_lib.NDeath(timestamp=int(time.time() * 1000), bd_seq_metric=bd_seq_int64(bd)).encode()
+
+    with WS(node.ws_url) as ws:
+        ws.subscribe([level, other])
+        pub.publish(f"spBv1.0/{g}/NBIRTH/E1", birth(4, 1.0))
+        wait_value(ws, level, 1.0)
+
+        # One behind (the will of the session before, delivered late): ignored.
+        pub.publish(f"spBv1.0/{g}/NDEATH/E1", death(3))
+        data = spb_lib.NData(timestamp=int(time.time() * 1000), seq=1, metrics=(
+            spb_lib.Metric(timestamp=None, name=None, alias=2, datatype=spb_lib.DataType(INT32), value=-3),))
+        pub.publish(f"spBv1.0/{g}/NDATA/E1", data.encode(include_dtypes=True))
+        # The NDATA was sent after the stale NDEATH, so once it shows, the NDEATH was read.
+        seen, deadline = [], time.monotonic() + 10
+        while not seen or seen[-1]["v"] != -3:
+            seen.append(ws.pubs(other, 1, timeout=max(0.01, deadline - time.monotonic()))[0]["data"])
+        assert all(d["q"] == "good" for d in seen), seen
+        assert [m for m in ws.drain() if m.get("pub", {}).get("data", {}).get("q") == "bad"] == []
+        assert channel_last(node, level)["q"] == "good"
+        assert write(node, level, 5.5).status == 200
+        spb.wait_for(f"spBv1.0/{g}/NCMD/E1")
+
+        # One ahead, exactly as pysparkplug's clean disconnect sends it: the edge node is offline.
+        errors = metric_value(node, "source_decode_errors_total")
+        pub.publish(f"spBv1.0/{g}/NDEATH/E1", death(5))
+        deadline = time.monotonic() + 10
+        while ws.pubs(level, 1, timeout=max(0.01, deadline - time.monotonic()))[0]["data"]["q"] != "bad":
+            pass
+    assert (channel_last(node, level)["q"], channel_last(node, other)["q"]) == ("bad", "bad")
+    r = write(node, level, 6.5)
+    assert r.status == 503 and "NDEATH" in r.text, r.body
+    time.sleep(0.3)
+    assert len(spb.received(f"spBv1.0/{g}/NCMD/E1")) == 1, "a dead edge node is sent no command"
+    # Counted (with seq gaps, as a numbering fault of the edge node).
+    assert metric_value(node, "source_decode_errors_total") == errors + 1
+    # Its next connection's birth (bdSeq 6, pysparkplug's next) brings it back.
+    pub.publish(f"spBv1.0/{g}/NBIRTH/E1", birth(6, 7.0))
+    deadline = time.monotonic() + 10
+    while (last := channel_last(node, level))["q"] != "good" or last["v"] != 7.0:
+        assert time.monotonic() < deadline, last
+        time.sleep(0.05)
+    assert write(node, level, 8.5).status == 200
+    pub.close()

@@ -613,6 +613,19 @@ impl Conn {
                 "Sparkplug NDEATH of an earlier session (bdSeq) ignored: the edge node stays alive"
             );
         }
+        if let Some((ended, current)) = decoded.death_ahead {
+            // Counted like a seq gap: the edge node does not number its messages as Sparkplug
+            // says, though nothing is lost (its death is taken).
+            self.stats.decode_errors.fetch_add(1, Relaxed);
+            tracing::warn!(
+                source = %self.cfg.name,
+                topic,
+                ended,
+                current,
+                "Sparkplug NDEATH numbered ahead of its session's NBIRTH (bdSeq): the edge node is offline; it \
+                 should send its birth's bdSeq"
+            );
+        }
         if let Some(cmd) = decoded.rebirth {
             self.rebirth(cmd);
         }

@@ -19,11 +19,15 @@
 //! `seq` is not the one expected reports the gap: a message was lost (or came out of order), so
 //! values may be missing.
 //!
-//! Sessions: an `NBIRTH` carries the metric `bdSeq`, and the `NDEATH` that ends that session
-//! (the MQTT will the edge node registered with it) carries the same number. An `NDEATH` whose
-//! `bdSeq` is not the current session's is the late will of an earlier session and is ignored
-//! ([`Decoded::stale_death`]); one without `bdSeq`, or after an `NBIRTH` without it, ends the
-//! current session.
+//! Sessions ([`death_session`]): an `NBIRTH` carries the metric `bdSeq`, and the `NDEATH` that
+//! ends that session (the MQTT will the edge node registered with it, or the one it publishes
+//! before a clean disconnect) carries the same number.
+//! `bdSeq` counts 0 to 255 and wraps, one step per MQTT connection, so an `NDEATH`'s is read
+//! against the current birth's modulo 256: the same number ends the session; one up to 127
+//! ahead ends it too, and is reported ([`Decoded::death_ahead`]: an edge node that numbers its
+//! death ahead of its birth, whose death must still never be missed); one behind (128 to 255
+//! ahead) is the late will of an earlier session and is ignored ([`Decoded::stale_death`]). An
+//! `NDEATH` without `bdSeq`, or after an `NBIRTH` without it, ends the current session.
 //!
 //! Values ([`value`]): each datatype is read from and written to the protobuf field and width
 //! Sparkplug gives it; a Float is published in its shortest decimal form.
@@ -246,6 +250,9 @@ pub struct Decoded {
     /// An `NDEATH` ignored because it ends an earlier session: its `bdSeq` and the current
     /// session's.
     pub stale_death: Option<(u64, u64)>,
+    /// An `NDEATH` that ended the current session though its `bdSeq` is ahead of the session's
+    /// (the edge node does not number its death as its birth): its `bdSeq` and the session's.
+    pub death_ahead: Option<(u64, u64)>,
 }
 
 impl Decoded {
@@ -401,16 +408,13 @@ impl Sparkplug {
                 let Some(edge) = self.edges.get_mut(&key) else { return Ok(out) };
                 let ended = <proto::Payload as prost::Message>::decode(payload).ok().and_then(|p| bd_seq(&p));
                 if let (Some(ended), Some(current)) = (ended, edge.bd_seq) {
-                    if ended != current {
-                        tracing::debug!(
-                            group = topic.group,
-                            edge = topic.edge,
-                            bd_seq = ended,
-                            current,
-                            "Sparkplug NDEATH of an earlier session ignored"
-                        );
-                        out.stale_death = Some((ended, current));
-                        return Ok(out);
+                    match death_session(ended, current) {
+                        DeathSession::Current => {}
+                        DeathSession::Ahead => out.death_ahead = Some((ended, current)),
+                        DeathSession::Earlier => {
+                            out.stale_death = Some((ended, current));
+                            return Ok(out);
+                        }
                     }
                 }
                 (edge.born, edge.dead, edge.next_seq) = (false, true, None);
@@ -646,6 +650,32 @@ fn dead(base: &str, device: Option<&str>, scope: &Scope, now_ms: u64) -> Vec<Poi
         .collect();
     points.sort_by(|a, b| a.path.cmp(&b.path));
     points
+}
+
+/// Which session an `NDEATH` ends, by its `bdSeq` against the current `NBIRTH`'s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeathSession {
+    /// The same number: the current session's death, as Sparkplug 3.0 pairs them.
+    Current,
+    /// 1 to 127 ahead: a death numbered after the birth it ends (some edge nodes send their
+    /// clean disconnect's `NDEATH` with the `bdSeq` of their next connection), or the death of
+    /// a later session whose birth was not seen. The session held is over either way.
+    Ahead,
+    /// 128 to 255 ahead, that is 1 to 128 behind: the will of an earlier session, delivered
+    /// after the edge node connected again and was born.
+    Earlier,
+}
+
+/// The rule that pairs an `NDEATH` with a session: `bdSeq` counts 0 to 255 and wraps (255 is
+/// followed by 0), so the two are compared modulo 256, the nearer way round deciding whether
+/// the death is ahead or behind. Values above 255 are taken modulo 256 too.
+pub fn death_session(death: u64, birth: u64) -> DeathSession {
+    // 2^64 is a multiple of 256: the wrapped difference modulo 256 is the difference modulo 256.
+    match death.wrapping_sub(birth) % 256 {
+        0 => DeathSession::Current,
+        1..=127 => DeathSession::Ahead,
+        _ => DeathSession::Earlier,
+    }
 }
 
 /// The `bdSeq` metric's value in a payload (an `NBIRTH`, or the `NDEATH` of its session).

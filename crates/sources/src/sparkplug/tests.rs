@@ -284,6 +284,64 @@ fn sparkplug_ndeath_of_an_earlier_session_is_ignored_by_its_bdseq() {
 }
 
 #[test]
+fn sparkplug_ndeath_numbered_ahead_of_its_birth_ends_the_session_modulo_256() {
+    let mut sp = Sparkplug::default();
+    let bd = |n: u64| metric(Some("bdSeq"), None, datatype::INT64, Some(mv::LongValue(n)));
+    let birth =
+        |n: u64| encode_seq(1, 0, vec![bd(n), metric(Some("a"), Some(1), datatype::INT32, Some(mv::IntValue(7)))]);
+    let death = |n: u64| encode(2, vec![bd(n)]);
+    let alive = |sp: &Sparkplug| sp.command("G/E/a", false, &serde_json::json!(1), 9).is_ok();
+    fn bad(d: &Decoded) -> Vec<(&str, bool)> {
+        d.points.iter().map(|p| (p.path.as_str(), p.good)).collect()
+    }
+    // Every metric of the birth, bdSeq included, goes bad.
+    let ended = vec![("G/E/a", false), ("G/E/bdSeq", false)];
+    // The birth's bdSeq plus one (a clean disconnect numbered for the next connection): the
+    // session ends as for its own death, and the numbering is reported.
+    run(&mut sp, "spBv1.0/G/NBIRTH/E", &birth(5));
+    let d = run(&mut sp, "spBv1.0/G/NDEATH/E", &death(6));
+    assert_eq!((bad(&d), d.death_ahead, d.stale_death), (ended.clone(), Some((6, 5)), None));
+    let e = sp.command("G/E/a", false, &serde_json::json!(1), 9).unwrap_err();
+    assert!(matches!(&e, WriteError::Unavailable(m) if m.contains("NDEATH")), "{e}");
+    // 255 wraps to 0: a death of 0 is one ahead of a birth of 255.
+    run(&mut sp, "spBv1.0/G/NBIRTH/E", &birth(255));
+    assert!(alive(&sp));
+    let d = run(&mut sp, "spBv1.0/G/NDEATH/E", &death(0));
+    assert_eq!((bad(&d), d.death_ahead), (ended.clone(), Some((0, 255))));
+    assert!(!alive(&sp));
+    // ... and a death of 255 is one behind a birth of 0: an earlier session's will, ignored.
+    run(&mut sp, "spBv1.0/G/NBIRTH/E", &birth(0));
+    let d = run(&mut sp, "spBv1.0/G/NDEATH/E", &death(255));
+    assert_eq!((d.points.len(), d.stale_death, d.death_ahead), (0, Some((255, 0)), None));
+    assert!(alive(&sp));
+    // The same number ends the session and is not reported.
+    let d = run(&mut sp, "spBv1.0/G/NDEATH/E", &death(0));
+    assert_eq!((bad(&d), d.stale_death, d.death_ahead), (ended, None, None));
+    // Up to 127 ahead ends the session; 128 ahead is 128 behind, an earlier session's.
+    run(&mut sp, "spBv1.0/G/NBIRTH/E", &birth(200));
+    assert_eq!(run(&mut sp, "spBv1.0/G/NDEATH/E", &death(72)).stale_death, Some((72, 200)));
+    assert!(alive(&sp));
+    assert_eq!(run(&mut sp, "spBv1.0/G/NDEATH/E", &death(71)).death_ahead, Some((71, 200)));
+    assert!(!alive(&sp));
+    // A bdSeq above 255 counts modulo 256 (256 is 0).
+    run(&mut sp, "spBv1.0/G/NBIRTH/E", &birth(256));
+    assert_eq!(run(&mut sp, "spBv1.0/G/NDEATH/E", &death(255)).stale_death, Some((255, 256)));
+    assert_eq!(run(&mut sp, "spBv1.0/G/NDEATH/E", &death(1)).death_ahead, Some((1, 256)));
+    assert_eq!(
+        [(0, 0), (1, 0), (127, 0), (128, 0), (255, 0), (0, 255), (3, 258)].map(|(d, b)| death_session(d, b)),
+        [
+            DeathSession::Current,
+            DeathSession::Ahead,
+            DeathSession::Ahead,
+            DeathSession::Earlier,
+            DeathSession::Earlier,
+            DeathSession::Ahead,
+            DeathSession::Ahead,
+        ]
+    );
+}
+
+#[test]
 fn sparkplug_values_are_read_by_datatype_width_and_floats_are_shortest() {
     let mut sp = Sparkplug::default();
     let m = |name: &str, dt: u32, v: mv| metric(Some(name), None, dt, Some(v));
