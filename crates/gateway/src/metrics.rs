@@ -269,7 +269,8 @@ pub fn render_sources(sources: &[switchboard_sources::SourceHandle]) -> String {
     );
     for h in sources {
         let age = h.stats.backlog_age_s(now);
-        let _ = writeln!(out, "switchboard_source_backlog_age_seconds{{source=\"{}\",kind=\"{}\"}} {age}", h.name, h.kind);
+        let _ =
+            writeln!(out, "switchboard_source_backlog_age_seconds{{source=\"{}\",kind=\"{}\"}} {age}", h.name, h.kind);
     }
     let _ = writeln!(
         out,

@@ -13,7 +13,10 @@ use super::{who, CallerExt};
 use crate::auth::Method;
 use crate::node::{ApiError, Node};
 
-pub(super) async fn list(State(node): State<Arc<Node>>, caller: CallerExt) -> Result<Json<serde_json::Value>, ApiError> {
+pub(super) async fn list(
+    State(node): State<Arc<Node>>,
+    caller: CallerExt,
+) -> Result<Json<serde_json::Value>, ApiError> {
     match who(&caller).method {
         Method::ApiKey(_) => {}
         Method::Anonymous if !node.config.security.auth.http_enabled() => {}

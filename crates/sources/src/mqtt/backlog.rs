@@ -438,7 +438,10 @@ mod tests {
         assert!(b.committed_before(11) && !b.committed_before(12));
         b.buffer(vec![point("pt:q", 4)]);
         b.put_back(back.len(), back);
-        assert_eq!(values(&b.take_now(100).unwrap()), [("pt:a", 2), ("pt:q", 3), ("pt:q", 4)].map(|(c, v)| (c.to_string(), v)));
+        assert_eq!(
+            values(&b.take_now(100).unwrap()),
+            [("pt:a", 2), ("pt:q", 3), ("pt:q", 4)].map(|(c, v)| (c.to_string(), v))
+        );
         // A new connection: held messages of the old one not committed leave (the MQTT broker
         // delivers them again); QoS 0 values stay.
         let b = Backlog::new(stats.clone(), 1 << 20, true);
