@@ -133,6 +133,9 @@ pub struct SourceStats {
     refusals: parking_lot::Mutex<std::collections::BTreeMap<&'static str, u64>>,
     /// Sparkplug B rebirth requests sent (MQTT).
     pub rebirths: AtomicU64,
+    /// Values back-filled from the server's history after a connection loss (OPC UA), sent
+    /// as historical items (not counted in `points`).
+    pub backfilled: AtomicU64,
 }
 
 impl SourceStats {
