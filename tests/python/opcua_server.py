@@ -1,7 +1,7 @@
 """A real OPC UA server for the OPC UA source's tests, built on the third-party `asyncua` package.
 
-    .venv/bin/python tests/python/opcua_server.py --port 4840 [--cert server.der --key server.pem]
-        [--points 1000 --hz 10] [--blob] [--mute]
+    .venv/bin/python tests/python/opcua_server.py --port 4840 [--host 127.0.0.1]
+        [--cert server.der --key server.pem] [--points 1000 --hz 10] [--blob] [--mute] [--history]
 
 Address space (namespace `urn:switchboard:test`, its index is printed at start):
 
@@ -16,11 +16,17 @@ Address space (namespace `urn:switchboard:test`, its index is printed at start):
     Objects/Plant/Line1/BlobSize  (--blob) Int32 16, writable: writing N sets Blob and BlobBytes
     Objects/Plant/Line1/Blob      (--blob) String of BlobSize bytes ("x" repeated)
     Objects/Plant/Line1/BlobBytes (--blob) ByteString of BlobSize bytes
+    Objects/Plant/Line1/Flow      (--history) Double, 10 + tick % 10, written every 100 ms, no history
+
+With --history the server keeps the history of Temp (the last 10 minutes, in memory) and
+answers HistoryRead for it; the other variables, Flow among them, keep none.
 
 With --mute the server accepts sessions, subscriptions and monitored items but never sends a
 data change (keep-alives only): a server that goes away before its first notification.
 
-Node ids are strings named after the path below Plant: `ns=<idx>;s=Line1.Temp`. With --cert and
+Node ids are strings named after the path below Plant: `ns=<idx>;s=Line1.Temp`. The server listens
+on --host (a loopback address: a test proxy may then listen on 127.0.0.1 at the same port, so
+the endpoint the server advertises, with its host replaced by the client's, leads through it). With --cert and
 --key the server offers Basic256Sha256 SignAndEncrypt beside None. It prints one line
 `ready <port> <namespace index>` on stdout once it listens, and runs until killed; with
 --points, `wrote <values> in <seconds>` every 5 s.
@@ -33,7 +39,7 @@ import asyncio
 import logging
 import math
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from asyncua import Server, ua
 
@@ -43,12 +49,14 @@ NAMESPACE = "urn:switchboard:test"
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on")
     ap.add_argument("--cert", help="server certificate (DER) for Basic256Sha256")
     ap.add_argument("--key", help="server private key (PEM) for Basic256Sha256")
     ap.add_argument("--points", type=int, default=0, help="extra Double variables under Plant/Bench")
     ap.add_argument("--hz", type=float, default=10.0, help="update rate of the --points variables")
     ap.add_argument("--blob", action="store_true", help="add Blob, BlobBytes and BlobSize to Line1")
     ap.add_argument("--mute", action="store_true", help="never send data changes")
+    ap.add_argument("--history", action="store_true", help="keep the history of Temp")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.mute:
@@ -62,7 +70,7 @@ async def main() -> None:
 
     server = Server()
     await server.init()
-    server.set_endpoint(f"opc.tcp://127.0.0.1:{args.port}/switchboard/")
+    server.set_endpoint(f"opc.tcp://{args.host}:{args.port}/switchboard/")
     server.set_server_name("Switchboard test server")
     await server.set_application_uri("urn:switchboard:test-server")
     if args.cert:
@@ -92,6 +100,7 @@ async def main() -> None:
     await var("Serial", "SN-0001", ua.VariantType.String)
     await setpoint.set_writable()
     await count.set_writable()
+    flow = await var("Flow", 10.0, ua.VariantType.Double) if args.history else None
     blob = blob_bytes = blob_size = None
     blob_len = 16
     if args.blob:
@@ -139,6 +148,8 @@ async def main() -> None:
                 await asyncio.sleep(0)
 
     async with server:
+        if args.history:
+            await server.historize_node_data_change(temp, period=timedelta(minutes=10))
         await level.write_value(dv(42.5, ua.VariantType.Double, ua.StatusCodes.UncertainLastUsableValue))
         print(f"ready {args.port} {idx}", flush=True)
         # Held in a variable: the event loop keeps only a weak reference to tasks.
@@ -148,6 +159,8 @@ async def main() -> None:
             await asyncio.sleep(0.1)
             tick += 1
             await temp.write_value(dv(20.0 + 5.0 * math.sin(tick / 10.0), ua.VariantType.Double))
+            if flow is not None:
+                await flow.write_value(dv(10.0 + tick % 10, ua.VariantType.Double))
             if tick % 20 == 0:
                 await running.write_value(dv(tick % 40 == 0, ua.VariantType.Boolean))
             if blob_size is not None:

@@ -226,7 +226,7 @@ pub fn render_sources(sources: &[switchboard_sources::SourceHandle]) -> String {
         return out;
     }
     type Field = fn(&switchboard_sources::SourceStats) -> u64;
-    let series: [(&str, &str, &str, Field); 10] = [
+    let series: [(&str, &str, &str, Field); 11] = [
         ("source_messages_total", "counter", "Messages (MQTT) or value changes (OPC UA) a source received.", |s| {
             s.messages.load(Relaxed)
         }),
@@ -243,6 +243,9 @@ pub fn render_sources(sources: &[switchboard_sources::SourceHandle]) -> String {
         }),
         ("source_rebirths_total", "counter", "Sparkplug B rebirth requests a source sent.", |s| {
             s.rebirths.load(Relaxed)
+        }),
+        ("source_backfilled_total", "counter", "Values an OPC UA source back-filled from the server's history.", |s| {
+            s.backfilled.load(Relaxed)
         }),
         ("source_connected", "gauge", "1 while a source is connected to its upstream system.", |s| {
             s.connected.load(Relaxed) as u64

@@ -155,6 +155,9 @@ pub struct SourceStats {
     /// value replaced by a newer one of its channel while the buffer was full). Read with
     /// [`SourceStats::dropped`].
     dropped: parking_lot::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// Values back-filled from the server's history after a connection loss (OPC UA), sent
+    /// as historical items (not counted in `points`).
+    pub backfilled: AtomicU64,
 }
 
 impl SourceStats {

@@ -9,6 +9,8 @@
 //! - `browse`: which variables to subscribe (node ids, or a walk below a browse path).
 //! - `convert`: status → `q`, timestamps, variants ↔ JSON, node names → channel names.
 //! - `queue`: the queue between the session and the publisher, bounded in bytes.
+//! - `backfill`: after a reconnect, the gap of each point read from the server's history and
+//!   sent as historical values.
 //!
 //! # Contract
 //! Values of one variable are published in the order the server sent them. When the connection
@@ -17,7 +19,10 @@
 //! resumes: a monitored item's first notification is its current value. A point's last value
 //! outlives connections, so a connection lost again before its first notification leaves the
 //! points as they were (bad, with their value); a point the source never had a value for is
-//! not marked (a point always carries a value, never `null`).
+//! not marked (a point always carries a value, never `null`). With `backfill` on, the values a
+//! point missed between its last value before the loss and its first after the reconnect are
+//! read from the server's history, when the server keeps one for the node, and sent as
+//! historical values (see `backfill`); otherwise the gap stays as the bad marker left it.
 //!
 //! One node's value never costs the session: a value too large for the node (its JSON over
 //! `max_value_bytes`) or that cannot be a point (a structure) is refused, counted
@@ -40,6 +45,7 @@ use tracing::{error, info, warn};
 
 use crate::{SourceCtx, Write, WriteError};
 
+mod backfill;
 mod browse;
 mod convert;
 mod queue;
@@ -103,6 +109,13 @@ pub struct OpcuaConfig {
     /// arrays may be as long as a message. Default: 16 MiB, or four times the node's
     /// `limits.max_publication_bytes` when that is more.
     pub max_message_bytes: Option<usize>,
+    /// After a reconnect, read each point's gap from the server's history (nodes whose
+    /// AccessLevel allows HistoryRead) and send it as historical values.
+    #[serde(default = "default_backfill")]
+    pub backfill: bool,
+    /// The longest stretch back from a gap's end that is back-filled (seconds).
+    #[serde(default = "default_backfill_max_s")]
+    pub backfill_max_s: u64,
 }
 
 /// `max_value_bytes` when the node did not fill it: the node's default largest publication.
@@ -120,6 +133,14 @@ fn default_sampling_ms() -> u64 {
 fn default_channel() -> String {
     "pt:{name}".into()
 }
+fn default_backfill() -> bool {
+    true
+}
+fn default_backfill_max_s() -> u64 {
+    3600
+}
+/// `backfill_max_s` range: a second to a week.
+const BACKFILL_MAX_S_RANGE: std::ops::RangeInclusive<u64> = 1..=7 * 86_400;
 
 // By hand: the password never reaches a log line.
 impl std::fmt::Debug for OpcuaConfig {
@@ -142,6 +163,8 @@ impl std::fmt::Debug for OpcuaConfig {
             .field("channel", &self.channel)
             .field("max_value_bytes", &self.max_value_bytes)
             .field("max_message_bytes", &self.max_message_bytes)
+            .field("backfill", &self.backfill)
+            .field("backfill_max_s", &self.backfill_max_s)
             .finish()
     }
 }
@@ -173,6 +196,10 @@ impl OpcuaConfig {
         if self.max_message_bytes.is_some_and(|n| !MESSAGE_BYTES_RANGE.contains(&n)) {
             let (lo, hi) = (MESSAGE_BYTES_RANGE.start(), MESSAGE_BYTES_RANGE.end());
             return Err(format!("max_message_bytes: {lo} to {hi}"));
+        }
+        if !BACKFILL_MAX_S_RANGE.contains(&self.backfill_max_s) {
+            let (lo, hi) = (BACKFILL_MAX_S_RANGE.start(), BACKFILL_MAX_S_RANGE.end());
+            return Err(format!("backfill_max_s: {lo} to {hi}"));
         }
         if self.username.is_some() != self.password.is_some() {
             return Err("username and password go together".into());
@@ -244,6 +271,7 @@ pub async fn run(cfg: OpcuaConfig, mut ctx: SourceCtx) {
     let mut connected_before = false;
     // What the source knows of each point (by channel), across connections.
     let mut kept: HashMap<String, Kept> = HashMap::new();
+    let told = backfill::Told::default();
     loop {
         let stats = ctx.stats.clone();
         let attempt = async {
@@ -273,7 +301,7 @@ pub async fn run(cfg: OpcuaConfig, mut ctx: SourceCtx) {
         }
         connected_before = true;
         let since = Instant::now();
-        let outcome = live.serve(&mut ctx, &cfg, &mut kept).await;
+        let outcome = live.serve(&mut ctx, &cfg, &mut kept, &told).await;
         ctx.stats.connected.store(false, Ordering::Relaxed);
         match outcome {
             Outcome::Stopped => break,
@@ -324,6 +352,8 @@ struct Kept {
     /// Its last accepted value (`v`), published again with `q: "bad"` when the point can no
     /// longer be vouched for.
     last: Option<Box<RawValue>>,
+    /// The time (`t`) of its last accepted value: where a gap in its values starts.
+    last_t: Option<i64>,
     /// Its latest publication is such a bad marker: no second one until a value comes.
     marked: bool,
 }
@@ -335,6 +365,10 @@ struct PointState {
     /// Monitoring started on the server (else it refused the node and nothing arrives).
     monitored: bool,
     kept: Kept,
+    /// The time its values stopped at before this connection (its last value's `t`), while its
+    /// first value on this connection, which ends the gap, has not come; `None` without
+    /// back-fill.
+    gap_from: Option<i64>,
 }
 
 impl PointState {
@@ -364,6 +398,8 @@ struct Live {
     /// The server ended the subscription.
     lost: mpsc::Receiver<String>,
     max_value_bytes: usize,
+    /// Reads the points' gaps from the server's history; started by the first gap.
+    backfill: Option<backfill::Worker>,
 }
 
 impl Live {
@@ -397,7 +433,7 @@ impl Live {
                 continue;
             }
             by_channel.insert(channel.clone(), points.len());
-            points.push(PointState { channel, node, monitored: false, kept: Kept::default() });
+            points.push(PointState { channel, node, monitored: false, kept: Kept::default(), gap_from: None });
         }
         let changes = Arc::new(ChangeQueue::new(cfg.queue_bytes()));
         let (lost_tx, lost) = mpsc::channel(1);
@@ -415,16 +451,28 @@ impl Live {
         }
         for p in &mut points {
             p.kept = kept.remove(&p.channel).unwrap_or_default();
+            p.gap_from = if cfg.backfill && p.monitored { p.kept.last_t } else { None };
         }
         kept.clear();
-        Ok(Live { conn, points, by_channel, changes, lost, max_value_bytes })
+        Ok(Live { conn, points, by_channel, changes, lost, max_value_bytes, backfill: None })
     }
 
     /// Publishes value changes and serves writes until the connection is lost or the source
     /// stops; on loss every point is marked bad (its last value kept). What the points know
     /// goes back to `kept` for the next connection.
-    async fn serve(mut self, ctx: &mut SourceCtx, cfg: &OpcuaConfig, kept: &mut HashMap<String, Kept>) -> Outcome {
+    async fn serve(
+        mut self,
+        ctx: &mut SourceCtx,
+        cfg: &OpcuaConfig,
+        kept: &mut HashMap<String, Kept>,
+        told: &backfill::Told,
+    ) -> Outcome {
+        if self.points.iter().any(|p| p.gap_from.is_some()) {
+            self.backfill = Some(backfill::Worker::start(&self.conn, ctx, cfg, told.clone()));
+        }
         let outcome = self.serve_inner(ctx, cfg).await;
+        // A back-fill under way ends with the connection it reads through.
+        self.backfill = None;
         kept.extend(self.points.into_iter().map(|p| (p.channel, p.kept)));
         outcome
     }
@@ -482,6 +530,9 @@ impl Live {
             };
             let dv = &change.value;
             let t = convert::point_time(dv, now);
+            if let (Some(from), Some(worker)) = (point.gap_from.take(), &self.backfill) {
+                worker.fill(backfill::Gap { node: point.node.clone(), channel: point.channel.clone(), from, to: t });
+            }
             let accepted = match (change.refused, &dv.value) {
                 (Some(Refusal::Oversized(floor)), _) => Err(("oversized", floor)),
                 (Some(Refusal::QueueFull), _) => Err(("queue_full", 0)),
@@ -508,7 +559,7 @@ impl Live {
             };
             match accepted {
                 Ok((v, data)) => {
-                    point.kept = Kept { last: Some(v), marked: false };
+                    point.kept = Kept { last: Some(v), last_t: Some(t), marked: false };
                     items.push((point.channel.clone(), Arc::new(data)));
                 }
                 Err((reason, bytes)) => {
@@ -539,17 +590,9 @@ impl Live {
     }
 
     async fn send(&self, ctx: &SourceCtx, items: Vec<(String, switchboard_broker::Data)>) {
-        if items.is_empty() {
-            return;
-        }
         let items = items.into_iter().map(|(ch, data)| crate::Item::live(ch, data)).collect();
-        let results = ctx.sink.publish_batch(items).await;
-        let ok = results.iter().filter(|r| r.is_ok()).count();
-        ctx.stats.points.fetch_add(ok as u64, Ordering::Relaxed);
-        ctx.stats.refuse("node", (results.len() - ok) as u64);
-        if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-            warn!(source = %ctx.name, refused = results.len() - ok, "the node refused OPC UA points: {e}");
-        }
+        let ok = deliver(&*ctx.sink, &ctx.stats, &ctx.name, items).await;
+        ctx.stats.points.fetch_add(ok, Ordering::Relaxed);
     }
 
     /// Starts a write to the channel's node in its own task (a slow device must not hold up
@@ -580,6 +623,21 @@ impl Live {
             let _ = w.reply.send(result);
         });
     }
+}
+
+/// Hands `items` to the sink; the node's refusals are counted (`node`) and logged. Returns how
+/// many it took.
+async fn deliver(sink: &dyn crate::Sink, stats: &crate::SourceStats, source: &str, items: Vec<crate::Item>) -> u64 {
+    if items.is_empty() {
+        return 0;
+    }
+    let results = sink.publish_batch(items).await;
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    stats.refuse("node", (results.len() - ok) as u64);
+    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+        warn!(%source, refused = results.len() - ok, "the node refused OPC UA points: {e}");
+    }
+    ok as u64
 }
 
 /// A value ready to publish: its `v` and the whole point.
@@ -671,6 +729,11 @@ mod tests {
         );
         assert!(bad(serde_json::json!({"name": "p", "url": "opc.tcp://h", "browse": "O", "max_message_bytes": 1000}))
             .contains("max_message_bytes"));
+        assert_eq!((cfg.backfill, cfg.backfill_max_s), (true, 3600));
+        for n in [0, 7 * 86_400 + 1] {
+            assert!(bad(serde_json::json!({"name": "p", "url": "opc.tcp://h", "browse": "O", "backfill_max_s": n}))
+                .contains("backfill_max_s"));
+        }
     }
 
     #[test]

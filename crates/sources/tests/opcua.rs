@@ -99,19 +99,22 @@ impl Drop for OpcServer {
     }
 }
 
-/// Collects every publication; accepts all.
+/// Collects every publication, live ones in `items` and historical ones in `historical`;
+/// accepts all.
 #[derive(Default)]
 struct VecSink {
     items: Mutex<Vec<(String, Value)>>,
+    historical: Mutex<Vec<(String, Value)>>,
 }
 
 #[async_trait::async_trait]
 impl Sink for VecSink {
     async fn publish_batch(&self, items: Vec<Item>) -> Vec<Result<(), SinkError>> {
-        let mut all = self.items.lock().expect("lock");
+        let (mut live, mut historical) = (self.items.lock().expect("lock"), self.historical.lock().expect("lock"));
         let n = items.len();
         for i in items {
-            all.push((i.channel, serde_json::from_str(i.data.get()).expect("points are JSON")));
+            let to = if i.historical { &mut historical } else { &mut live };
+            to.push((i.channel, serde_json::from_str(i.data.get()).expect("points are JSON")));
         }
         vec![Ok(()); n]
     }
@@ -124,6 +127,10 @@ impl VecSink {
     }
     fn len(&self) -> usize {
         self.items.lock().expect("lock").len()
+    }
+    fn historical_on(&self, channel: &str) -> Vec<Value> {
+        let all = self.historical.lock().expect("lock");
+        all.iter().filter(|(c, _)| c == channel).map(|(_, v)| v.clone()).collect()
     }
 }
 
@@ -428,6 +435,126 @@ async fn opcua_a_session_lost_before_its_first_notification_keeps_the_last_value
     let _server = OpcServer::start(port, &[]);
     wait_for("good values", 40, || src.sink.on("pt:Mode").last().is_some_and(|p| p["q"] == "good")).await;
     assert_no_null_values(&src.sink);
+    src.shutdown().await;
+}
+
+/// A TCP relay from 127.0.0.1:`port` to a server listening on another loopback address at the
+/// same port (the endpoint the server advertises, its host replaced by the client's, then leads
+/// through the relay). [`Relay::cut`] closes every relayed connection and refuses new ones
+/// until [`Relay::restore`]: the server goes on while the source is cut off.
+struct Relay {
+    port: u16,
+    upstream: &'static str,
+    accept: Option<tokio::task::JoinHandle<()>>,
+    relayed: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Relay {
+    async fn start(port: u16, upstream: &'static str) -> Relay {
+        let mut relay = Relay { port, upstream, accept: None, relayed: Arc::default() };
+        relay.restore().await;
+        relay
+    }
+
+    async fn restore(&mut self) {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await.expect("relay binds");
+        let (upstream, port, relayed) = (self.upstream, self.port, self.relayed.clone());
+        self.accept = Some(tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let task = tokio::spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect((upstream, port)).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                relayed.lock().expect("lock").push(task.abort_handle());
+            }
+        }));
+    }
+
+    fn cut(&mut self) {
+        if let Some(accept) = self.accept.take() {
+            accept.abort();
+        }
+        for task in self.relayed.lock().expect("lock").drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opcua_a_gap_is_back_filled_from_the_server_history_as_historical_values() {
+    let port = free_port();
+    // Temp is historized (a value every 100 ms, with source timestamps); Running (toggled
+    // every 2 s) is not.
+    let _server = OpcServer::start(port, &["--host", "127.0.0.2", "--history"]);
+    let mut relay = Relay::start(port, "127.0.0.2").await;
+    let src = start(serde_json::json!({
+        "name": "plc", "url": format!("opc.tcp://127.0.0.1:{port}/switchboard/"), "browse": "Objects/Plant/Line1",
+        "sampling_ms": 50, "publishing_ms": 100,
+    }));
+    wait_for("temperatures", 20, || src.sink.on("pt:Temp").len() >= 5).await;
+    wait_for("running", 20, || !src.sink.on("pt:Running").is_empty()).await;
+    relay.cut();
+    wait_for("bad marks", 20, || src.sink.on("pt:Temp").last().is_some_and(|p| p["q"] == "bad")).await;
+    let before = src.sink.on("pt:Temp");
+    let last_good = before.iter().rev().find(|p| p["q"] == "good").expect("a good value")["t"].as_i64().expect("t");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    relay.restore().await;
+    wait_for("the reconnect", 40, || src.stats.reconnects.load(Ordering::Relaxed) == 1).await;
+    wait_for("a live value after the reconnect", 20, || src.sink.on("pt:Temp").len() > before.len()).await;
+    let first_live = src.sink.on("pt:Temp")[before.len()]["t"].as_i64().expect("t");
+    wait_for("back-filled values", 20, || src.stats.backfilled.load(Ordering::Relaxed) > 0).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // The gap's values, historical, each at its own time strictly inside the gap, in order;
+    // about one per 100 ms of the gap.
+    let filled = src.sink.historical_on("pt:Temp");
+    let times: Vec<i64> = filled.iter().map(|p| p["t"].as_i64().expect("t")).collect();
+    assert!(
+        times.iter().all(|t| (last_good + 1..first_live).contains(t)),
+        "{times:?} outside ({last_good}, {first_live})"
+    );
+    assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
+    let gap_ms = first_live - last_good;
+    assert!(gap_ms >= 6000, "gap {gap_ms} ms");
+    assert!(times.len() as i64 >= gap_ms / 100 * 8 / 10, "{} values for a gap of {gap_ms} ms", times.len());
+    assert!(filled.iter().all(|p| p["q"] == "good" && p["v"].as_f64().is_some_and(|v| (14.9..=25.1).contains(&v))));
+    assert_eq!(src.stats.backfilled.load(Ordering::Relaxed), filled.len() as u64);
+    // Live values go on as live ones; nothing historical for the variables without history,
+    // whose gap stays as the bad marker left it.
+    assert!(src.sink.on("pt:Temp")[before.len()..].iter().all(|p| p["q"] == "good"));
+    let historical_channels: std::collections::BTreeSet<String> =
+        src.sink.historical.lock().expect("lock").iter().map(|(c, _)| c.clone()).collect();
+    assert_eq!(historical_channels.into_iter().collect::<Vec<_>>(), ["pt:Temp"]);
+    assert!(src.sink.on("pt:Running").iter().any(|p| p["q"] == "bad"));
+    src.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opcua_backfill_off_leaves_the_gap_marked() {
+    let port = free_port();
+    let _server = OpcServer::start(port, &["--host", "127.0.0.2", "--history"]);
+    let mut relay = Relay::start(port, "127.0.0.2").await;
+    let src = start(serde_json::json!({
+        "name": "plc", "url": format!("opc.tcp://127.0.0.1:{port}/switchboard/"), "nodes": ["ns=2;s=Line1.Temp"],
+        "sampling_ms": 50, "publishing_ms": 100, "backfill": false,
+    }));
+    wait_for("temperatures", 20, || src.sink.on("pt:Line1.Temp").len() >= 5).await;
+    relay.cut();
+    wait_for("bad marks", 20, || src.sink.on("pt:Line1.Temp").last().is_some_and(|p| p["q"] == "bad")).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    relay.restore().await;
+    wait_for("the reconnect", 40, || src.stats.reconnects.load(Ordering::Relaxed) == 1).await;
+    let marked = src.sink.on("pt:Line1.Temp").len();
+    wait_for("live values", 20, || src.sink.on("pt:Line1.Temp").len() >= marked + 5).await;
+    assert!(src.sink.historical.lock().expect("lock").is_empty());
+    assert_eq!(src.stats.backfilled.load(Ordering::Relaxed), 0);
     src.shutdown().await;
 }
 

@@ -34,6 +34,14 @@ pub fn unix_ms(t: &DateTime) -> Option<i64> {
     Some(t.checked_ticks().checked_sub(TICKS_TO_UNIX_EPOCH)? / 10_000)
 }
 
+/// Latest unix millisecond a DateTime holds (9999-12-31T23:59:59Z, its end of times).
+const MAX_UNIX_MS: i64 = 253_402_300_799_000;
+
+/// Unix milliseconds as a DateTime (the inverse of [`unix_ms`]), clamped to 1970 ..= 9999.
+pub fn date_time(unix_ms: i64) -> DateTime {
+    DateTime::from(unix_ms.clamp(0, MAX_UNIX_MS) * 10_000 + TICKS_TO_UNIX_EPOCH)
+}
+
 /// The time a value is stamped with: its source timestamp, else the server's, else `now_ms`.
 pub fn point_time(dv: &DataValue, now_ms: i64) -> i64 {
     dv.source_timestamp
@@ -276,6 +284,16 @@ mod tests {
         assert_eq!(point_time(&dv, 7), 1_714_564_801_000);
         dv.source_timestamp = Some(t);
         assert_eq!(point_time(&dv, 7), 1_714_564_800_250);
+    }
+
+    #[test]
+    fn opcua_unix_ms_and_date_time_are_inverses() {
+        for ms in [0, 1_714_564_800_250, MAX_UNIX_MS] {
+            assert_eq!(unix_ms(&date_time(ms)), Some(ms));
+        }
+        let t = DateTime::parse_from_rfc3339("2024-05-01T12:00:00.250Z").expect("parses");
+        assert_eq!(date_time(1_714_564_800_250), t);
+        assert_eq!(unix_ms(&date_time(-5)), Some(0), "clamped");
     }
 
     #[test]
