@@ -29,7 +29,6 @@ use rumqttc::Publish;
 use serde_json::Value;
 use switchboard_broker::Data;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use crate::SourceStats;
 
@@ -69,7 +68,8 @@ pub struct Message {
     pub conn: u64,
     /// Its topic and payload, hashed (QoS 1/2).
     pub key: Option<u64>,
-    pub arrived: Instant,
+    /// When it came (unix ms).
+    pub arrived: u64,
     bytes: usize,
 }
 
@@ -149,7 +149,8 @@ impl Backlog {
                     let conn = inner.conn;
                     inner.held += 1;
                     inner.points += points.len();
-                    let m = Message { points, ack: Some(ack), conn, key: Some(key), arrived: Instant::now(), bytes };
+                    let arrived = switchboard_broker::now_ms();
+                    let m = Message { points, ack: Some(ack), conn, key: Some(key), arrived, bytes };
                     inner.queue.push_back(m);
                     break;
                 }
@@ -165,12 +166,12 @@ impl Backlog {
         if points.is_empty() {
             return;
         }
-        let mut dropped = 0;
+        let (mut dropped, now) = (0, switchboard_broker::now_ms());
         {
             let mut inner = self.inner.lock();
             for p in points {
                 let bytes = p.data.get().len();
-                if inner.buffered + bytes > self.budget && inner.replace(&p, bytes) {
+                if inner.buffered + bytes > self.budget && inner.replace(&p, bytes, now) {
                     dropped += 1;
                     continue;
                 }
@@ -184,7 +185,7 @@ impl Backlog {
                     ack: None,
                     conn,
                     key: None,
-                    arrived: Instant::now(),
+                    arrived: now,
                     bytes,
                 });
             }
@@ -324,10 +325,9 @@ impl Backlog {
     /// Updates the source's backlog gauges.
     fn changed(&self) {
         let inner = self.inner.lock();
-        let (points, oldest) = (inner.points, inner.queue.front().map(|m| m.arrived));
+        let (points, since) = (inner.points, inner.queue.front().map_or(0, |m| m.arrived));
         drop(inner);
         self.stats.backlog.store(points as u64, Relaxed);
-        let since = oldest.map_or(0, |t| switchboard_broker::now_ms().saturating_sub(t.elapsed().as_millis() as u64));
         self.stats.backlog_since_ms.store(since, Relaxed);
         self.added.notify_one();
     }
@@ -351,14 +351,14 @@ impl Inner {
     }
 
     /// Puts `p` in the place of the point its channel has waiting: false when it has none.
-    fn replace(&mut self, p: &Queued, bytes: usize) -> bool {
+    fn replace(&mut self, p: &Queued, bytes: usize, now: u64) -> bool {
         let Some(&seq) = self.latest.get(&p.channel) else { return false };
         let Some(m) = seq.checked_sub(self.front).and_then(|i| self.queue.get_mut(i as usize)) else { return false };
         let old = std::mem::replace(&mut m.points[0], p.clone());
         debug_assert_eq!(old.channel, p.channel);
         self.buffered = self.buffered + bytes - m.bytes;
         m.bytes = bytes;
-        m.arrived = Instant::now();
+        m.arrived = now;
         true
     }
 
