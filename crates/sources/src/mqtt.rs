@@ -276,9 +276,10 @@ fn qos(level: u8) -> QoS {
     }
 }
 
-/// A decoded point on its way to the node: channel, data, and its value `v` (recorded as the
-/// channel's last accepted value once the node takes it).
-type Queued = (String, Data, Value);
+/// A decoded point on its way to the node: channel, data, its value `v` (recorded as the
+/// channel's last accepted value once the node takes it) and whether it is historical (a
+/// Sparkplug B `is_historical` metric: for the trend only, never the last accepted value).
+type Queued = (String, Data, Value, bool);
 
 /// The connection task's state.
 struct Conn {
@@ -480,7 +481,7 @@ impl Conn {
                 };
                 match decode(payload, now) {
                     Ok(Some((v, data))) => match self.feed(&ch, &Path::Topic(topic.to_string()), topic, size) {
-                        true => vec![(ch, data, v)],
+                        true => vec![(ch, data, v, false)],
                         false => Vec::new(),
                     },
                     Ok(None) => Vec::new(),
@@ -534,7 +535,7 @@ impl Conn {
                 true => p.v,
                 false => self.accepted.get(&ch).unwrap_or(p.v),
             };
-            items.push((ch, point(&v, p.t, p.good), v));
+            items.push((ch, point(&v, p.t, p.good), v, p.historical));
         }
         items
     }
@@ -573,8 +574,12 @@ impl Conn {
     /// with `q: "bad"`.
     async fn lost(&mut self) {
         let now = now_ms();
-        let mut bad: Vec<Queued> =
-            self.accepted.of(self.fed.channels()).into_iter().map(|(ch, v)| (ch, point(&v, now, false), v)).collect();
+        let mut bad: Vec<Queued> = self
+            .accepted
+            .of(self.fed.channels())
+            .into_iter()
+            .map(|(ch, v)| (ch, point(&v, now, false), v, false))
+            .collect();
         bad.sort_by(|a, b| a.0.cmp(&b.0));
         for item in bad {
             if self.points.send(item).await.is_err() {
@@ -703,12 +708,20 @@ async fn publish_batches(
                 },
             }
         }
-        let (items, values): (Vec<crate::Item>, Vec<Value>) =
-            batch.into_iter().map(|(ch, data, v)| (crate::Item::live(ch, data), v)).unzip();
-        let channels: Vec<String> = items.iter().map(|i| i.channel.clone()).collect();
+        let (items, values): (Vec<crate::Item>, Vec<Value>) = batch
+            .into_iter()
+            .map(|(channel, data, v, historical)| (crate::Item { channel, data, historical }, v))
+            .unzip();
+        let channels: Vec<(String, bool)> = items.iter().map(|i| (i.channel.clone(), i.historical)).collect();
         let results = sink.publish_batch(items).await;
+        // A historical value is never the channel's last accepted one.
         accepted.record(
-            channels.iter().zip(&values).zip(&results).filter(|(_, r)| r.is_ok()).map(|((ch, v), _)| (ch.as_str(), v)),
+            channels
+                .iter()
+                .zip(&values)
+                .zip(&results)
+                .filter(|(((_, historical), _), r)| r.is_ok() && !historical)
+                .map(|(((ch, _), v), _)| (ch.as_str(), v)),
         );
         let ok = results.iter().filter(|r| r.is_ok()).count();
         stats.points.fetch_add(ok as u64, Relaxed);
