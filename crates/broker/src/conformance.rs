@@ -95,6 +95,7 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     paging_lists_each_channel_once_while_channels_are_created(make()).await;
     a_trend_keeps_numeric_values_in_buckets(make()).await;
     a_trend_keeps_a_tier_per_step(make()).await;
+    a_backfill_merges_values_into_trends_without_publishing(make()).await;
     a_zero_history_ttl_keeps_history_by_size_only(make()).await;
     a_zero_history_limit_reads_no_publications(make()).await;
     internal_channels_are_delivered_but_never_listed(make()).await;
@@ -271,6 +272,46 @@ async fn a_trend_keeps_a_tier_per_step(b: Arc<dyn Broker>) {
     assert_eq!(c.len(), 30, "five minutes of 10 s buckets: {c:?}");
     assert!(c.iter().all(|x| x.t % 10_000 == 0 && x.n == 2), "{c:?}");
     assert_eq!((c[0].t, c[0].min, c[0].max, c[0].last), (start, 0.0, 1.0, 1.0));
+}
+
+/// Historical values go into the buckets of their own time in the tiers that reach back to
+/// them, with `last` the last by time; nothing is published, and one out of every reach is
+/// dropped.
+async fn a_backfill_merges_values_into_trends_without_publishing(b: Arc<dyn Broker>) {
+    let h = Arc::new(RecordingHandler::default());
+    b.set_handler(h.clone());
+    let fine = crate::TrendPolicy { step_ms: 1000, len: 60 };
+    let coarse = crate::TrendPolicy { step_ms: 10_000, len: 60 };
+    let tiers = crate::TrendTiers::new(&[fine, coarse]).unwrap();
+    let policy = HistoryPolicy { trend: Some(tiers), ..KEEP };
+    b.subscribe("pt:bf").await.unwrap();
+    let now = crate::now_ms();
+    let live = format!(r#"{{"v": 100, "t": {now}}}"#);
+    b.publish("pt:bf", data(&live), policy).await.unwrap();
+    let s30 = now - 30_000 - (now - 30_000) % 1000;
+    let old = now - 300_000;
+    let values = vec![(s30 + 100, 1.0), (s30 + 900, 3.0), (s30 + 500, 2.0), (old, 7.0), (now - 7_200_000, 9.0)];
+    assert_eq!(b.backfill("pt:bf", values, tiers).await.unwrap(), 4, "one older than every reach");
+    let f = b.trend("pt:bf", fine, 0).await.unwrap();
+    let at = |t: u64, bs: &[crate::TrendBucket]| bs.iter().find(|x| x.t == t).map(|x| (x.n, x.min, x.max, x.last));
+    assert_eq!(at(s30, &f), Some((3, 1.0, 3.0, 3.0)), "last by time, not by arrival: {f:?}");
+    assert_eq!(f.len(), 2, "the live bucket and the merged one: {f:?}");
+    let c = b.trend("pt:bf", coarse, 0).await.unwrap();
+    assert_eq!(at(old - old % 10_000, &c), Some((1, 7.0, 7.0, 7.0)), "past the fine reach, in the coarse: {c:?}");
+    assert_eq!(c.iter().map(|x| x.n).sum::<u64>(), 5);
+    // A second part of the backlog: an earlier value leaves last, a later one takes it.
+    let more = vec![(s30 + 50, -1.0), (s30 + 950, 4.0), (s30 + 940, 0.5)];
+    assert_eq!(b.backfill("pt:bf", more, tiers).await.unwrap(), 3);
+    let f = b.trend("pt:bf", fine, 0).await.unwrap();
+    assert_eq!(at(s30, &f), Some((6, -1.0, 4.0, 4.0)), "{f:?}");
+    // Nothing was published: one offset, the live value last, one delivery.
+    let (pos, last) = b.last_or_start("pt:bf").await.unwrap();
+    assert_eq!((pos.offset, last.unwrap().data.get()), (1, live.as_str()));
+    assert_eq!(b.history("pt:bf", None, 10).await.unwrap().publications.len(), 1);
+    h.wait_for("the live publication", |h| !h.offsets("pt:bf").is_empty()).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.offsets("pt:bf"), vec![1], "historical values are never delivered");
+    assert_eq!(b.backfill("pt:bf", vec![(now - 7_200_000, 1.0)], tiers).await.unwrap(), 0);
 }
 
 async fn paging_lists_each_channel_once_while_channels_are_created(b: Arc<dyn Broker>) {

@@ -371,6 +371,21 @@ pub trait Broker: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
+    /// Merges historical values of `channel` — `(t, v)`: a numeric value `v` of its own time
+    /// `t` (unix ms), from before the channel's newest — into the trend buckets of their time,
+    /// in every tier of `tiers` that reaches back to `t` ([`TrendTiers::backfill_placements`]).
+    /// Each joins its bucket's min, max and count, and becomes its `last` only when later than
+    /// the bucket's `last` ([`trend`], "Historical values"). Nothing is published: no offset,
+    /// no delivery, no history entry, the channel's last value unchanged.
+    ///
+    /// Answers how many values were kept (in at least one tier); the others were older than
+    /// every tier's reach (or ahead of the broker's clock) and were dropped. Merges and
+    /// publications of a channel never lose each other's values: the memory broker merges
+    /// under the channel's lock, Redis in one script per call (of up to 500 values), as it
+    /// writes a publication's trend values. An error after part of a call was merged is
+    /// [`BrokerError::Unknown`].
+    async fn backfill(&self, channel: &str, values: Vec<(u64, f64)>, tiers: TrendTiers) -> Result<usize, BrokerError>;
+
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError>;
     async fn presence_remove(&self, channel: &str, client: &str) -> Result<(), BrokerError>;
     async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError>;

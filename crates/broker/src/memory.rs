@@ -21,7 +21,7 @@ use crate::trend::{sample, TrendRing};
 use crate::{
     now_ms, Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelSummary, ClientInfo, Data,
     HistoryPolicy, HistoryResult, LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket,
-    TrendPolicy, UNPUBLISHED_KEEP,
+    TrendPolicy, TrendTiers, UNPUBLISHED_KEEP,
 };
 use keys::RecentKeys;
 
@@ -62,6 +62,17 @@ impl Stream {
 
     fn position(&self) -> Position {
         Position { epoch: self.epoch.clone(), offset: self.offset }
+    }
+
+    /// The trend ring of `tier` (made on first use).
+    fn ring(&mut self, tier: TrendPolicy) -> &mut TrendRing {
+        match self.trends.iter().position(|(p, _)| p.step_ms == tier.step_ms) {
+            Some(i) => &mut self.trends[i].1,
+            None => {
+                self.trends.push((tier, TrendRing::default()));
+                &mut self.trends.last_mut().expect("just pushed").1
+            }
+        }
     }
 
     fn expire(&mut self, policy_ttl_ms: u64, now: u64) {
@@ -232,14 +243,7 @@ impl MemoryBroker {
             if let Some((v, t)) = sample(publication.data.get()) {
                 for (tier, at) in tiers.placements(now, t) {
                     let Some(at) = at else { continue };
-                    let ring = match s.trends.iter().position(|(p, _)| p.step_ms == tier.step_ms) {
-                        Some(i) => &mut s.trends[i].1,
-                        None => {
-                            s.trends.push((tier, TrendRing::default()));
-                            &mut s.trends.last_mut().expect("just pushed").1
-                        }
-                    };
-                    ring.record(tier, at, v);
+                    s.ring(tier).record(tier, at, v);
                 }
             }
         }
@@ -334,6 +338,24 @@ impl Broker for MemoryBroker {
         let s = stream.lock();
         let ring = s.trends.iter().find(|(p, _)| p.step_ms == policy.step_ms).map(|(_, r)| r);
         Ok(ring.map(|r| r.since(since_ms).collect()).unwrap_or_default())
+    }
+
+    /// Under the stream's lock, as a publication's trend values: the rings see one writer at a
+    /// time.
+    async fn backfill(&self, channel: &str, values: Vec<(u64, f64)>, tiers: TrendTiers) -> Result<usize, BrokerError> {
+        let now = now_ms();
+        self.with_stream(channel, |s| {
+            let mut kept = 0;
+            for (t, v) in values {
+                let mut placed = false;
+                for tier in tiers.backfill_placements(now, t) {
+                    s.ring(tier).record(tier, t, v);
+                    placed = true;
+                }
+                kept += usize::from(placed);
+            }
+            kept
+        })
     }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {

@@ -57,6 +57,7 @@ use tokio::sync::{watch, Notify};
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
     HistoryResult, LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
+    TrendTiers,
 };
 pub use endpoint::{client_for, take_tls_ca};
 use endpoint::{Commands, Endpoint};
@@ -475,6 +476,10 @@ impl Broker for RedisBroker {
 
     async fn trend(&self, channel: &str, policy: TrendPolicy, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
         trend_store::read(&self.inner, channel, policy, since_ms).await
+    }
+
+    async fn backfill(&self, channel: &str, values: Vec<(u64, f64)>, tiers: TrendTiers) -> Result<usize, BrokerError> {
+        trend_store::backfill(&self.inner, channel, &values, tiers).await
     }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use crate::redis::{link_down, may_retry, page_over, RedisBroker};
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, HistoryResult,
-    LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
+    LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy, TrendTiers,
 };
 
 /// How long a call keeps retrying while a router's routes change (slots moving, a failover
@@ -369,6 +369,13 @@ impl<R: Router> Broker for RoutedBroker<R> {
 
     async fn trend(&self, channel: &str, policy: TrendPolicy, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
         self.on_owner(channel, |t| async move { t.trend(channel, policy, since_ms).await }).await
+    }
+
+    /// On the channel's target, retried while routes change: a merge that failed before the
+    /// script ran changed nothing.
+    async fn backfill(&self, channel: &str, values: Vec<(u64, f64)>, tiers: TrendTiers) -> Result<usize, BrokerError> {
+        let values = &values;
+        self.on_owner(channel, |t| async move { t.backfill(channel, values.clone(), tiers).await }).await
     }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {

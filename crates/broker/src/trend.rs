@@ -7,9 +7,23 @@
 //! the buckets are kept in chunks beside the channel's keys: the newest raw, closed ones
 //! compressed by the nodes (`redis::trend_store`).
 //!
+//! # Historical values
+//! A source's values from before the channel's newest (a Sparkplug B `is_historical` metric, a
+//! back-fill) are merged into the buckets of their own time ([`crate::Broker::backfill`])
+//! without being published. Values therefore arrive in any order, and a bucket's `last` is the
+//! last *by time*, not by arrival: each bucket keeps the time of its `last` ([`TrendBucket`]'s
+//! `last_at`), and a value replaces `last` only when its time is at or after that one (at the
+//! same millisecond, the one that came later). Keeping the time is what makes the rule exact
+//! whatever the order of arrival — a backlog split over several messages, live values on
+//! both sides of a gap in one bucket — and it costs little: it is coded as its offset in the
+//! bucket, against the previous bucket's offset (one bit while a device's period holds).
+//! Publications follow the same rule; their time is their source time within reach, or the
+//! arrival time, so they mostly come in time order and the last to come is `last`.
+//!
 //! # Layout
-//! - this file: the policy, the bucket, what a publication contributes ([`sample`]) and reads
-//!   at a coarser step ([`resample`]).
+//! - this file: the policy, the bucket (and its `last` rule), what a publication contributes
+//!   ([`sample`]), where a historical value goes ([`TrendTiers::backfill_placements`]) and
+//!   reads at a coarser step ([`resample`]).
 //! - [`ring`]: [`TrendRing`], the memory broker's trend of one channel: closed chunks of
 //!   encoded buckets, an open chunk being appended to and the newest bucket raw.
 //! - `chunk`: the Gorilla-style encoding of a chunk of buckets (XOR-coded floats,
@@ -30,35 +44,51 @@ pub struct TrendPolicy {
     pub len: u32,
 }
 
-/// The values published in `[t, t + step)`.
+/// The values recorded in `[t, t + step)`.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct TrendBucket {
     /// Start of the bucket (unix ms).
     pub t: u64,
     pub min: f64,
     pub max: f64,
+    /// The value with the latest time in the bucket (see the module doc).
     pub last: f64,
     pub n: u64,
+    /// The time of `last` (unix ms, in `[t, t + step)`): what a value arriving later is
+    /// compared with. Not part of a trend reply.
+    #[serde(skip)]
+    pub last_at: u64,
 }
 
 impl TrendBucket {
-    pub fn new(t: u64, v: f64) -> TrendBucket {
-        TrendBucket { t, min: v, max: v, last: v, n: 1 }
+    /// The bucket starting at `t` holding one value `v` of time `at` (`at >= t`).
+    pub fn new(t: u64, at: u64, v: f64) -> TrendBucket {
+        TrendBucket { t, min: v, max: v, last: v, n: 1, last_at: at.max(t) }
     }
 
-    pub fn add(&mut self, v: f64) {
+    /// Adds `v` of time `at`: into min, max and count, and into `last` unless the bucket's
+    /// `last` is of a later time.
+    pub fn add(&mut self, at: u64, v: f64) {
         self.min = self.min.min(v);
         self.max = self.max.max(v);
-        self.last = v;
         self.n += 1;
+        if at >= self.last_at {
+            self.last = v;
+            self.last_at = at;
+        }
     }
 
-    /// Folds a later bucket into this one (for reads at a coarser step).
-    pub fn merge(&mut self, later: &TrendBucket) {
-        self.min = self.min.min(later.min);
-        self.max = self.max.max(later.max);
-        self.last = later.last;
-        self.n += later.n;
+    /// Folds `other` into this bucket: two records of one bucket (a stored and a raw form), or
+    /// a later bucket for a read at a coarser step. `last` is the later by time; at the same
+    /// time, `other`'s.
+    pub fn merge(&mut self, other: &TrendBucket) {
+        self.min = self.min.min(other.min);
+        self.max = self.max.max(other.max);
+        self.n += other.n;
+        if other.last_at >= self.last_at {
+            self.last = other.last;
+            self.last_at = other.last_at;
+        }
     }
 }
 
@@ -104,16 +134,27 @@ impl TrendTiers {
     /// it (`None`: late history for the coarse tiers only); when none does, at `now_ms`
     /// everywhere.
     pub fn placements(&self, now_ms: u64, t: Option<u64>) -> impl Iterator<Item = (TrendPolicy, Option<u64>)> + '_ {
-        let within = move |p: &TrendPolicy| t.is_some_and(|t| t <= now_ms && t + p.reach_ms() > now_ms);
-        let any = self.iter().any(|p| within(&p));
+        let any = t.is_some_and(|t| self.reaches(now_ms, t));
         self.iter().map(move |p| {
-            let at = match (any, within(&p)) {
-                (true, true) => t,
-                (true, false) => None,
+            let at = match (any, t.filter(|&t| p.reaches(now_ms, t))) {
+                (true, Some(t)) => Some(t),
+                (true, None) => None,
                 (false, _) => Some(now_ms),
             };
             (p, at)
         })
+    }
+
+    /// Whether some tier reaches back to `t` at `now_ms` (see [`TrendPolicy::reaches`]).
+    pub fn reaches(&self, now_ms: u64, t: u64) -> bool {
+        self.iter().any(|p| p.reaches(now_ms, t))
+    }
+
+    /// The tiers a historical value of time `t` goes to: those that reach back to it, at `t`.
+    /// Unlike a publication's ([`TrendTiers::placements`]), a historical value is never moved
+    /// to `now_ms`: one no tier reaches (or ahead of the node's clock) goes nowhere.
+    pub fn backfill_placements(&self, now_ms: u64, t: u64) -> impl Iterator<Item = TrendPolicy> + '_ {
+        self.iter().filter(move |p| p.reaches(now_ms, t))
     }
 
     /// The finest tier whose reach covers `window_ms`; the one reaching furthest when none does.
@@ -130,13 +171,19 @@ impl TrendPolicy {
         self.step_ms.max(1).saturating_mul(u64::from(self.len))
     }
 
+    /// Whether the trend holds a value of time `t` at `now_ms`: `t` lies within its reach and
+    /// not ahead of `now_ms`.
+    pub fn reaches(&self, now_ms: u64, t: u64) -> bool {
+        t <= now_ms && t.saturating_add(self.reach_ms()) > now_ms
+    }
+
     /// When a value counts for the trend: the point's own time `t` (a device's source
-    /// timestamp, values a source delivers late after a reconnect) when it lies within the
-    /// trend's reach and not ahead of `now_ms`, else `now_ms` (a device clock ahead of the
-    /// node's, or no `t`).
+    /// timestamp, values a source delivers late after a reconnect) when the trend reaches it
+    /// ([`TrendPolicy::reaches`]), else `now_ms` (a device clock ahead of the node's, or no
+    /// `t`).
     pub fn placement(&self, now_ms: u64, t: Option<u64>) -> u64 {
         match t {
-            Some(t) if t <= now_ms && t + self.reach_ms() > now_ms => t,
+            Some(t) if self.reaches(now_ms, t) => t,
             _ => now_ms,
         }
     }
@@ -190,20 +237,45 @@ mod tests {
             r.record(p, ms, v);
         }
         let all: Vec<TrendBucket> = r.since(0).collect();
-        assert_eq!(
-            all,
-            vec![
-                TrendBucket { t: 11_000, min: 2.0, max: 2.0, last: 2.0, n: 1 },
-                TrendBucket { t: 13_000, min: 5.0, max: 5.0, last: 5.0, n: 1 },
-            ]
-        );
+        assert_eq!(all, vec![TrendBucket::new(11_000, 11_000, 2.0), TrendBucket::new(13_000, 13_500, 5.0)]);
         r.record(p, 13_600, 4.0);
         let coarse = resample(r.since(0), 0, 5000);
-        assert_eq!(coarse, vec![TrendBucket { t: 10_000, min: 2.0, max: 5.0, last: 4.0, n: 3 },]);
+        assert_eq!(coarse, vec![TrendBucket { t: 10_000, min: 2.0, max: 5.0, last: 4.0, n: 3, last_at: 13_600 }]);
         // A late value lands in its own (earlier) bucket, in order.
         r.record(p, 12_200, 9.0);
         let ts: Vec<u64> = r.since(0).map(|b| b.t).collect();
         assert_eq!(ts, vec![11_000, 12_000, 13_000]);
+    }
+
+    #[test]
+    fn trend_bucket_last_is_the_last_by_time_whatever_the_order_of_arrival() {
+        let mut b = TrendBucket::new(10_000, 10_500, 5.0);
+        b.add(10_200, 1.0);
+        assert_eq!((b.min, b.max, b.last, b.n, b.last_at), (1.0, 5.0, 5.0, 2, 10_500), "an earlier value: not last");
+        b.add(10_500, 7.0);
+        assert_eq!((b.last, b.last_at), (7.0, 10_500), "the same time: the later arrival");
+        b.add(10_900, 3.0);
+        assert_eq!((b.min, b.max, b.last, b.n), (1.0, 7.0, 3.0, 4));
+        let mut earlier = TrendBucket::new(10_000, 10_100, 9.0);
+        earlier.merge(&b);
+        assert_eq!((earlier.max, earlier.last, earlier.n), (9.0, 3.0, 5));
+        let mut later = TrendBucket::new(10_000, 10_950, -1.0);
+        later.merge(&b);
+        assert_eq!((later.min, later.last, later.n, later.last_at), (-1.0, -1.0, 5, 10_950));
+    }
+
+    #[test]
+    fn trend_historical_values_go_to_the_tiers_that_reach_them_or_nowhere() {
+        let hour = TrendPolicy { step_ms: 1000, len: 3600 };
+        let day = TrendPolicy { step_ms: 10_000, len: 8640 };
+        let t = TrendTiers::new(&[hour, day]).unwrap();
+        let now = 10_000_000_000;
+        let at = |when: u64| t.backfill_placements(now, when).collect::<Vec<_>>();
+        assert_eq!(at(now - 60_000), vec![hour, day]);
+        assert_eq!(at(now - 7_200_000), vec![day], "past the hour: the day tier only");
+        assert!(at(now - 2 * 86_400_000).is_empty(), "out of every reach: dropped, never moved to now");
+        assert!(at(now + 1).is_empty(), "ahead of the clock: dropped");
+        assert!(t.reaches(now, now - 7_200_000) && !t.reaches(now, now - 86_400_000));
     }
 
     #[test]

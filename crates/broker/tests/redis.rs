@@ -527,7 +527,7 @@ async fn broker_redis_trend_chunks_are_compressed_once_closed_and_read_the_same(
     let items: Vec<Outgoing> = (0..300u64)
         .map(|i| {
             let (t, v) = (start + 20 * i, (i % 17) as f64 * 0.25 - 1.0);
-            expected.push(TrendBucket::new(t, v));
+            expected.push(TrendBucket::new(t, t, v));
             Outgoing::new("pt:z", data(&format!(r#"{{"v": {v}, "t": {t}}}"#)), policy)
         })
         .collect();
@@ -552,4 +552,23 @@ async fn broker_redis_trend_chunks_are_compressed_once_closed_and_read_the_same(
     let merged = after.iter().find(|x| x.t == late).unwrap();
     assert_eq!((merged.n, merged.max, merged.last), (2, 99.0, 99.0));
     assert_eq!(after.len(), expected.len());
+    // Historical values merge into compressed chunks too, last by time: a later value of a
+    // bucket becomes its last, an earlier one does not, and an empty bucket between two gets
+    // its own; the chunk is compressed again with them.
+    let (t5, between) = (expected[5].t, expected[5].t + 10);
+    let values = vec![(t5 + 5, 50.0), (t5 + 2, -7.0), (between + 3, -50.0)];
+    assert_eq!(b.backfill("pt:z", values, TrendTiers::one(trend)).await.unwrap(), 3);
+    let read = || async { b.trend("pt:z", trend, start).await.unwrap() };
+    let check = |got: Vec<TrendBucket>| {
+        let at = |t: u64| got.iter().find(|x| x.t == t).map(|x| (x.n, x.min, x.max, x.last));
+        assert_eq!(at(t5), Some((3, -7.0, 50.0, 50.0)), "{got:?}");
+        assert_eq!(at(between), Some((1, -50.0, -50.0, -50.0)));
+        assert_eq!(got.len(), expected.len() + 1);
+    };
+    check(read().await);
+    until("the merged chunk compressed again", Duration::from_secs(15), async || raw_keys().len() <= 1).await;
+    check(read().await);
+    let meta: Vec<Option<String>> = r.cmd(redis::cmd("HMGET").arg("sb:{pt:z}:m").arg("o").arg("d"));
+    let last = format!(r#"{{"v": 99, "t": {late}}}"#);
+    assert_eq!(meta, vec![Some("301".to_string()), Some(last)], "nothing published");
 }

@@ -50,7 +50,8 @@
 //!   namespaces; `sources::forward`, writes forwarded between nodes to the one running the
 //!   source (internal `$` channels, which the hub hands to it; the node's record of them in
 //!   `sources::forward::pending`); `sources::audit`, the record of every write attempt (a
-//!   log line, a bounded ring, counts by outcome); `sources::demo`, the demo's MQTT path and
+//!   log line, a bounded ring, counts by outcome); `sources::historical`, sources' historical
+//!   values merged into trends, never published; `sources::demo`, the demo's MQTT path and
 //!   simulated device (mosquitto when installed).
 //! - [`server`]: the accept loop and [`server::run`], the whole node as a blocking call.
 

@@ -39,6 +39,8 @@ pub struct Metrics {
     pub broker_unavailable: AtomicU64,
     /// Answers 504: a publish sent to the broker and not answered (outcome unknown).
     pub broker_unknown: AtomicU64,
+    /// Historical values from sources, by outcome.
+    pub historical: HistoricalCounts,
     lag_buckets: [AtomicU64; LAG_BOUNDS.len() + 1],
     lag_sum_us: AtomicU64,
 }
@@ -193,6 +195,39 @@ impl Metrics {
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
         let _ = writeln!(out, "{name}_sum {}", self.lag_sum_us.load(Relaxed) as f64 / 1e6);
         let _ = writeln!(out, "{name}_count {cumulative}");
+        out
+    }
+}
+
+/// Historical values from sources by outcome, since the node started
+/// (`crate::sources::historical`).
+#[derive(Debug, Default)]
+pub struct HistoricalCounts {
+    /// Merged into at least one trend tier.
+    pub kept: AtomicU64,
+    /// Taken but not kept: older than every tier's reach (or ahead of the clock), not
+    /// numeric, or without a time of their own.
+    pub dropped: AtomicU64,
+    /// Refused: a check failed or the namespace keeps no trend.
+    pub refused: AtomicU64,
+    /// The broker could not merge them (unavailable, or no answer).
+    pub failed: AtomicU64,
+}
+
+impl HistoricalCounts {
+    /// Prometheus text of the counts.
+    pub fn render(&self) -> String {
+        let mut out = String::from(
+            "# HELP switchboard_source_historical_total Historical values from sources (before their channel's \
+             newest): kept in trends at their own time, dropped (older than every trend tier's reach, not \
+             numeric), refused (a check failed, a namespace without trend) or failed (the broker did not merge \
+             them).\n# TYPE switchboard_source_historical_total counter\n",
+        );
+        for (outcome, n) in
+            [("kept", &self.kept), ("dropped", &self.dropped), ("refused", &self.refused), ("failed", &self.failed)]
+        {
+            let _ = writeln!(out, "switchboard_source_historical_total{{outcome=\"{outcome}\"}} {}", n.load(Relaxed));
+        }
         out
     }
 }

@@ -50,6 +50,11 @@ impl Checked {
     pub fn data(&self) -> &Data {
         &self.0.data
     }
+
+    /// The history and trend its namespace keeps.
+    pub fn policy(&self) -> &switchboard_broker::HistoryPolicy {
+        &self.0.policy
+    }
 }
 
 /// One gateway node.

@@ -1,5 +1,6 @@
 //! The node's side of plant data sources (`[[sources]]`, docs/sources.md): the [`Sink`] they
-//! publish through, starting them under their leases, and write-back — a permitted publish to
+//! publish through (live values published, historical ones merged into trends:
+//! [`historical`]), starting them under their leases, and write-back — a permitted publish to
 //! a channel of a namespace with `write_source` goes to that source instead of the broker; in
 //! a cluster, to the node that runs it ([`forward`]).
 
@@ -17,9 +18,12 @@ use crate::node::{ApiError, Checked, Node, Target};
 pub mod audit;
 pub mod demo;
 pub mod forward;
+pub mod historical;
 
-/// Publishes a source's points through [`Node::publish_batch`], each checked as any
-/// publication is ([`Node::check_own`]): the same limits and broker as any publisher. Holds the node weakly: the node owns its sources.
+/// Publishes a source's live points through [`Node::publish_batch`], each checked as any
+/// publication is ([`Node::check_own`]): the same limits and broker as any publisher; merges
+/// its historical ones into their trends after the same checks ([`historical::merge`]), never
+/// publishing them. Holds the node weakly: the node owns its sources.
 struct NodeSink(Weak<Node>);
 
 #[async_trait::async_trait]
@@ -28,9 +32,17 @@ impl Sink for NodeSink {
         let Some(node) = self.0.upgrade() else {
             return items.iter().map(|_| Err(SinkError::Unavailable("the node stopped".to_string()))).collect();
         };
-        let checked = items.into_iter().map(|i| node.check_own(&i.channel, i.data));
-        let results = node.publish_batch(checked.collect()).await;
-        results.into_iter().map(|r| r.map(drop).map_err(sink_error)).collect()
+        let is_historical: Vec<bool> = items.iter().map(|i| i.historical).collect();
+        let (past, live): (Vec<Item>, Vec<Item>) = items.into_iter().partition(|i| i.historical);
+        let checked = live.into_iter().map(|i| node.check_own(&i.channel, i.data)).collect();
+        let (published, merged) = tokio::join!(node.publish_batch(checked), historical::merge(&node, past));
+        let mut published = published.into_iter().map(|r| r.map(drop).map_err(sink_error));
+        let mut merged = merged.into_iter();
+        let missing = || Err(SinkError::Unavailable("the node answered too few results".to_string()));
+        is_historical
+            .into_iter()
+            .map(|h| if h { merged.next() } else { published.next() }.unwrap_or_else(missing))
+            .collect()
     }
 
     /// Looks among the channel's last [`HOLDS_LOOK`] publications (its history, or its last
@@ -197,6 +209,7 @@ fn api_error(e: WriteError) -> ApiError {
 pub fn render_metrics(node: &Node) -> String {
     let Some(sources) = node.sources.get() else { return String::new() };
     crate::metrics::render_sources(&sources.handles())
+        + &node.metrics.historical.render()
         + &node.forwarded.render()
         + &node.writes.render(&written_sources(node))
 }

@@ -142,7 +142,10 @@ mod tests {
     use super::*;
 
     fn reply(buckets: usize) -> TrendReply {
-        let b = |i: usize| TrendBucket::new(1_700_000_000_000 + 1000 * i as u64, i as f64);
+        let b = |i: usize| {
+            let t = 1_700_000_000_000 + 1000 * i as u64;
+            TrendBucket::new(t, t, i as f64)
+        };
         TrendReply { step_s: 1, buckets: (0..buckets).map(b).collect(), tiers: Vec::new() }
     }
 

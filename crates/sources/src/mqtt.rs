@@ -643,7 +643,7 @@ impl Conn {
                 true => p.v,
                 false => self.accepted.get(&ch).unwrap_or(p.v),
             };
-            items.push(Queued::new(ch, point(&v, p.t, p.good), v));
+            items.push(Queued { historical: p.historical, ..Queued::new(ch, point(&v, p.t, p.good), v) });
         }
         items
     }

@@ -32,6 +32,11 @@
 //! Values ([`value`]): each datatype is read from and written to the protobuf field and width
 //! Sparkplug gives it; a Float is published in its shortest decimal form.
 //!
+//! Historical metrics (`is_historical`, an edge node's store-and-forward backlog) become points
+//! with [`Point::historical`] set: kept in their channel's trend at their own time, never the
+//! current value. They leave the metric's last value (what a null or a death carries) as it
+//! was.
+//!
 //! Commands ([`command`]): a write to a metric becomes an `NCMD` (node metric) or `DCMD`
 //! (device metric) naming the metric as its birth did, with the birth's datatype, only while
 //! its edge node (and device) is born and alive; an edge node
@@ -217,7 +222,8 @@ pub enum DecodeError {
 
 /// One value for a channel: `path` is `{group}/{edge}[/{device}]/{metric}` (see the module
 /// doc), `device` true for a device metric, `good` false for a null metric or a dead node or
-/// device.
+/// device, `historical` true for a metric flagged `is_historical` (a value from before the
+/// channel's newest: for its trend, never its current value).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
     pub path: String,
@@ -225,6 +231,7 @@ pub struct Point {
     pub v: serde_json::Value,
     pub t: u64,
     pub good: bool,
+    pub historical: bool,
 }
 
 /// What one message gave.
@@ -549,15 +556,18 @@ impl Sparkplug {
                 None => format!("{base}/{name}"),
             };
             let device = topic.device.is_some();
+            let historical = m.is_historical == Some(true);
             if m.is_null == Some(true) {
-                out.points.push(Point { path, device, v: known.last.clone(), t, good: false });
+                out.points.push(Point { path, device, v: known.last.clone(), t, good: false, historical });
                 continue;
             }
             let datatype = m.datatype.unwrap_or(known.datatype);
             match m.value.as_ref().and_then(|v| value::read(v, datatype)) {
                 Some(v) => {
-                    known.last = v.clone();
-                    out.points.push(Point { path, device, v, t, good: true });
+                    if !historical {
+                        known.last = v.clone();
+                    }
+                    out.points.push(Point { path, device, v, t, good: true, historical });
                 }
                 None => out.skipped += 1,
             }
@@ -646,6 +656,7 @@ fn dead(base: &str, device: Option<&str>, scope: &Scope, now_ms: u64) -> Vec<Poi
             v: k.last.clone(),
             t: now_ms,
             good: false,
+            historical: false,
         })
         .collect();
     points.sort_by(|a, b| a.path.cmp(&b.path));

@@ -75,14 +75,9 @@ if #KEYS == 0 then
   for i = 1, 2 * n do K[i] = ARGV[2 + i] end
   base = 2 + 2 * n
 end
--- The trends, beside the meta key, one per tier: the buckets of chunk `c` of the tier of
--- `step` (CHUNK_BUCKETS buckets from bucket c * CHUNK_BUCKETS) are a string
--- `P:{ch}:t:<step>:<c>` of 28-byte slots — min, max and last as big-endian doubles and the
--- count, 0 for a bucket without values — updated in place; nodes compress closed chunks into
--- the hash `P:{ch}:tz:<step>` (crate::redis::trend_store). `spec` is "value;step,len,t;..."
--- for the tiers the value goes to (t: where in that tier, 0 for now; used when within the
--- tier's reach and not ahead of now). A chunk string expires once its last bucket is out of
--- reach.
+-- The trends, beside the meta key, one per tier (TREND_BUCKET). `spec` is
+-- "value;step,len,t;..." for the tiers the value goes to (t: where in that tier, 0 for now;
+-- used when within the tier's reach and not ahead of now).
 local function trend(base, spec)
   local vs, tiers = string.match(spec, '^([^;]+)(.*)$')
   local v = tonumber(vs)
@@ -90,20 +85,8 @@ local function trend(base, spec)
     local step, len = tonumber(sstep), tonumber(slen)
     local at = tonumber(ts)
     if at == 0 or at > ms or at + step * len <= ms then at = ms end
-    local slot = math.floor(at / step)
-    local c = math.floor(slot / CHUNK_BUCKETS)
-    local off = (slot % CHUNK_BUCKETS) * 28
-    local key = base .. sstep .. ':' .. c
-    local cur = redis.call('GETRANGE', key, off, off + 27)
-    local mn, mx, n = v, v, 0
-    if #cur == 28 then
-      local a, b, _, k = struct.unpack('>dddI4', cur)
-      if k > 0 then mn, mx, n = math.min(a, v), math.max(b, v), k end
-    end
-    redis.call('SETRANGE', key, off, struct.pack('>dddI4', mn, mx, v, n + 1))
-    if n == 0 then
-      redis.call('PEXPIREAT', key, ((c + 1) * CHUNK_BUCKETS + len) * step)
-    end
+    local c = math.floor(math.floor(at / step) / CHUNK_BUCKETS)
+    add_to_bucket(base .. sstep .. ':' .. c, step, len, at, v)
   end
 end
 local function one(i, meta, hist, a)
@@ -193,6 +176,67 @@ for i = 1, #K / 2 do
   end
 end
 return out
+"#;
+
+/// Adds one value to its trend bucket, shared by [`PUBLISH`] and [`TREND_BACKFILL`]. The
+/// buckets of chunk `c` of the tier of `step` (CHUNK_BUCKETS buckets from bucket
+/// `c * CHUNK_BUCKETS`) are a string `P:{ch}:t:<step>:<c>`: CHUNK_BUCKETS 28-byte slots — min,
+/// max and last as big-endian doubles and the count, 0 for a bucket without values — then one
+/// 4-byte big-endian offset per slot, the time of its last from the bucket's start (a chunk
+/// written without the offsets reads them as 0). Both are updated in place; nodes compress
+/// closed chunks into the hash `P:{ch}:tz:<step>` (crate::redis::trend_store). A value becomes
+/// its bucket's last unless the last's time is later (crate::trend, "Historical values"). A
+/// chunk string expires once its last bucket is out of reach.
+const TREND_BUCKET: &str = r#"
+local function add_to_bucket(key, step, len, at, v)
+  local slot = math.floor(at / step)
+  local c = math.floor(slot / CHUNK_BUCKETS)
+  local i = slot % CHUNK_BUCKETS
+  local off, toff = i * 28, CHUNK_BUCKETS * 28 + i * 4
+  local dt = math.min(at - slot * step, 4294967295)
+  local cur = redis.call('GETRANGE', key, off, off + 27)
+  local mn, mx, last, n, later = v, v, v, 0, true
+  if #cur == 28 then
+    local a, b, l, k = struct.unpack('>dddI4', cur)
+    if k > 0 then
+      mn, mx, n = math.min(a, v), math.max(b, v), k
+      local was = redis.call('GETRANGE', key, toff, toff + 3)
+      if #was == 4 and struct.unpack('>I4', was) > dt then
+        last, later = l, false
+      end
+    end
+  end
+  redis.call('SETRANGE', key, off, struct.pack('>dddI4', mn, mx, last, n + 1))
+  if later then
+    redis.call('SETRANGE', key, toff, struct.pack('>I4', dt))
+  end
+  if n == 0 then
+    redis.call('PEXPIREAT', key, ((c + 1) * CHUNK_BUCKETS + len) * step)
+  end
+end
+"#;
+
+/// Merges historical values into a channel's trend without publishing: KEYS the raw chunks
+/// they go to (all in the channel's slot); ARGV per placement of a value in a tier: the
+/// value's number (1..), the chunk's key index, the value, its time (unix ms), the tier's step
+/// and length. A placement out of the tier's reach by Redis's clock (or ahead of it) is
+/// skipped. Returns how many values went into at least one tier.
+const TREND_BACKFILL: &str = r#"
+local now = redis.call('TIME')
+local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local kept, seen = 0, {}
+for j = 1, #ARGV, 6 do
+  local vi, ki, v, at = ARGV[j], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3])
+  local step, len = tonumber(ARGV[j + 4]), tonumber(ARGV[j + 5])
+  if at <= ms and at + step * len > ms then
+    add_to_bucket(KEYS[ki], step, len, at, v)
+    if not seen[vi] then
+      seen[vi] = true
+      kept = kept + 1
+    end
+  end
+end
+return kept
 "#;
 
 /// Replaces a closed raw trend chunk by its compressed form: KEYS raw chunk, compressed hash;
@@ -448,6 +492,7 @@ pub(super) struct Scripts {
     pub cluster: Script,
     pub epoch_bump: Script,
     pub trend_compact: Script,
+    pub trend_backfill: Script,
 }
 
 impl Scripts {
@@ -461,12 +506,11 @@ impl Scripts {
         let with_sweep = |body: &str| Script::new(&text(format!("{SWEEP}{body}")));
         let with_identity = |body: &str| Script::new(&text(format!("{IDENTITY}{body}")));
         let here = if cluster { HERE_CLUSTER } else { HERE_SINGLE };
+        let chunk = |body: String| body.replace("CHUNK_BUCKETS", &crate::trend::ring::CHUNK_BUCKETS.to_string());
         Scripts {
-            publish: Script::new(
-                &text(format!("{here}{IDENTITY}{PUBLISH}"))
-                    .replace("CHUNK_BUCKETS", &crate::trend::ring::CHUNK_BUCKETS.to_string()),
-            ),
+            publish: Script::new(&chunk(text(format!("{here}{IDENTITY}{TREND_BUCKET}{PUBLISH}")))),
             trend_compact: script(TREND_COMPACT),
+            trend_backfill: Script::new(&chunk(format!("{TREND_BUCKET}{TREND_BACKFILL}"))),
             position: with_identity(POSITION),
             peek: script(PEEK),
             history: with_identity(HISTORY),

@@ -4,10 +4,12 @@
 //! A channel's trend is cut into chunks of [`CHUNK_BUCKETS`] buckets (chunk `c` holds buckets
 //! `c * CHUNK_BUCKETS ..` of the namespace's step, counted from the Unix epoch):
 //! Each tier of a channel (its step) has chunks of its own, under keys that name the step.
-//! - **raw chunks**, `P:{ch}:t:<step>:<c>`: what the publish script updates in place, 28 bytes per
-//!   bucket (min, max, last as big-endian doubles, the count; 0 for a bucket without values).
-//!   Updating a slot is a `GETRANGE` and a `SETRANGE` — no dearer for Redis than a hash field
-//!   per bucket was — and the string expires by itself once its last bucket is out of reach.
+//! - **raw chunks**, `P:{ch}:t:<step>:<c>`: what the publish and backfill scripts update in
+//!   place, 28 bytes per bucket (min, max, last as big-endian doubles, the count; 0 for a
+//!   bucket without values), then 4 bytes per bucket: the time of its last, as an offset from
+//!   its start (`scripts::TREND_BUCKET`). Updating a slot is a few `GETRANGE`s and `SETRANGE`s
+//!   — no dearer for Redis than a hash field per bucket — and the string expires by itself
+//!   once its last bucket is out of reach.
 //! - **compressed chunks**, fields `<c>` of the hash `P:{ch}:tz:<step>`: a closed raw chunk encoded
 //!   by a node ([`Chunk`], Gorilla-style, a few bytes per bucket) and swapped in by the
 //!   `TREND_COMPACT` script, which does nothing when the raw chunk (or the field) changed since
@@ -22,6 +24,13 @@
 //!
 //! A read is one `MULTI`: `HGETALL` of the compressed hash and `MGET` of the raw chunks its
 //! window spans, so a chunk being swapped is seen in one form or the other, never neither.
+//!
+//! Historical values ([`backfill`]) go through the raw chunks of their own time, like a late
+//! value: a script (`TREND_BACKFILL`) adds them to their slots, so every write to a channel's
+//! trend — publications from any node, merges, the compactor's swap (which checks the raw
+//! chunk did not change) — is one atomic script in Redis, and concurrent writers never lose
+//! each other's values. A raw chunk so written for a closed chunk is queued for compression;
+//! until then a read merges it with the compressed form.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -33,12 +42,16 @@ use tokio::sync::watch;
 use super::Inner;
 use crate::trend::chunk::Chunk;
 use crate::trend::ring::CHUNK_BUCKETS;
-use crate::trend::{TrendBucket, TrendPolicy};
+use crate::trend::{TrendBucket, TrendPolicy, TrendTiers};
 use crate::BrokerError;
 
 /// Bytes of one bucket of a raw chunk.
 const SLOT_BYTES: usize = 28;
 const CHUNK: u64 = CHUNK_BUCKETS as u64;
+/// Where a raw chunk's offsets of the times of last begin (4 bytes per bucket).
+const TIMES_AT: usize = SLOT_BYTES * CHUNK_BUCKETS as usize;
+/// Historical values per backfill script call: bounds how long one call holds Redis.
+const BACKFILL_CHUNK: usize = 500;
 /// Chunks compressed at once by the compactor.
 const COMPACT_BATCH: usize = 64;
 /// How often the compactor looks for due chunks.
@@ -59,23 +72,31 @@ fn chunk_expiry(c: u64, policy: TrendPolicy) -> u64 {
 /// The buckets with values of raw chunk `c`, oldest first.
 fn raw_buckets(raw: &[u8], c: u64, step_ms: u64) -> Vec<TrendBucket> {
     let f = |s: &[u8]| f64::from_be_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
-    raw.chunks_exact(SLOT_BYTES)
+    let (slots, times) = raw.split_at(raw.len().min(TIMES_AT));
+    // A bucket whose offset is missing (not written yet) has its last at its start.
+    let offset =
+        |i: usize| times.get(i * 4..i * 4 + 4).map_or(0, |b| u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]])));
+    slots
+        .chunks_exact(SLOT_BYTES)
         .enumerate()
         .filter_map(|(i, s)| {
             let n = u32::from_be_bytes([s[24], s[25], s[26], s[27]]);
+            let t = (c * CHUNK + i as u64) * step_ms.max(1);
             (n > 0).then(|| TrendBucket {
-                t: (c * CHUNK + i as u64) * step_ms.max(1),
+                t,
                 min: f(&s[0..8]),
                 max: f(&s[8..16]),
                 last: f(&s[16..24]),
                 n: u64::from(n),
+                last_at: t + offset(i),
             })
         })
         .collect()
 }
 
 /// `stored` (compressed) and `raw` buckets of one chunk as one list: a bucket in both got a
-/// late value after its chunk was compressed, and is merged.
+/// late or historical value after its chunk was compressed, and is merged (its `last` the
+/// later by time, [`TrendBucket::merge`]).
 fn merge(stored: Vec<TrendBucket>, raw: Vec<TrendBucket>) -> Vec<TrendBucket> {
     if stored.is_empty() {
         return raw;
@@ -130,6 +151,67 @@ pub(super) async fn read(
         out.extend(merge(from_store, from_raw).into_iter().filter(|b| b.t >= since_ms));
     }
     Ok(out)
+}
+
+/// Merges historical values of `channel` into its trend ([`crate::Broker::backfill`]): each
+/// value into the raw chunk of its time in every tier that reaches back to it, up to
+/// [`BACKFILL_CHUNK`] values per script call. Answers how many were kept. Raw chunks written
+/// for chunks already closed are queued for compression.
+pub(super) async fn backfill(
+    inner: &Inner,
+    channel: &str,
+    values: &[(u64, f64)],
+    tiers: TrendTiers,
+) -> Result<usize, BrokerError> {
+    let now = crate::now_ms();
+    let mut kept = 0;
+    // Whether an earlier part was merged: a failure after it leaves the call half done.
+    let mut merged = false;
+    for part in values.chunks(BACKFILL_CHUNK) {
+        let mut chunks: Vec<(TrendPolicy, u64)> = Vec::new();
+        let mut call = inner.scripts.trend_backfill.prepare_invoke();
+        for (i, &(t, v)) in part.iter().enumerate() {
+            for tier in tiers.backfill_placements(now, t) {
+                let step = tier.step_ms.max(1);
+                let c = chunk_of(t, step);
+                let k = match chunks.iter().position(|&(p, d)| p.step_ms.max(1) == step && d == c) {
+                    Some(k) => k,
+                    None => {
+                        chunks.push((tier, c));
+                        call.key(inner.keys.trend_raw(channel, step, c));
+                        chunks.len() - 1
+                    }
+                };
+                call.arg(i + 1).arg(k + 1).arg(format!("{v:?}")).arg(t).arg(step).arg(tier.len.max(1));
+            }
+        }
+        if chunks.is_empty() {
+            continue;
+        }
+        // As a publish: a script sent and not answered may have merged its values, and a
+        // failure after an earlier part was merged leaves some merged (the caller can count on
+        // neither: outcome unknown).
+        let unknown = |e: BrokerError| BrokerError::Unknown(e.to_string());
+        let answer = match inner.conn().await {
+            Ok(mut conn) => call.invoke_async::<usize>(&mut conn).await,
+            Err(e) => return Err(if merged { unknown(e) } else { e }),
+        };
+        let n = match answer {
+            Ok(n) => n,
+            Err(e) if merged || e.is_timeout() || e.is_io_error() || e.is_connection_dropped() => {
+                return Err(unknown(inner.failed(e)))
+            }
+            Err(e) => return Err(inner.failed(e)),
+        };
+        kept += n;
+        merged = true;
+        for (tier, c) in chunks {
+            if c < chunk_of(now, tier.step_ms.max(1)) {
+                inner.trends.queue(channel, tier, c, Instant::now() + grace(tier));
+            }
+        }
+    }
+    Ok(kept)
 }
 
 /// How long after a chunk closed it is compressed: values of a batch published at once may
@@ -312,27 +394,40 @@ mod tests {
         assert_eq!(
             b,
             vec![
-                TrendBucket { t: t0, min: 1.0, max: 3.0, last: 2.0, n: 4 },
-                TrendBucket { t: t0 + 2000, min: -1.5, max: -1.5, last: -1.5, n: 1 },
+                TrendBucket { t: t0, min: 1.0, max: 3.0, last: 2.0, n: 4, last_at: t0 },
+                TrendBucket { t: t0 + 2000, min: -1.5, max: -1.5, last: -1.5, n: 1, last_at: t0 + 2000 },
             ]
         );
         assert!(raw_buckets(&raw[..SLOT_BYTES - 1], 0, 1000).is_empty(), "a torn slot is not a bucket");
+        // The offsets of the times of last follow the slots.
+        raw.resize(TIMES_AT, 0);
+        raw.extend(250u32.to_be_bytes());
+        raw.extend(0u32.to_be_bytes());
+        raw.extend(999u32.to_be_bytes());
+        let timed: Vec<u64> = raw_buckets(&raw, 7, 1000).iter().map(|b| b.last_at).collect();
+        assert_eq!(timed, vec![t0 + 250, t0 + 2999]);
     }
 
     #[test]
     fn trend_store_merges_a_late_raw_value_into_its_compressed_bucket() {
-        let stored = vec![TrendBucket::new(1000, 5.0), TrendBucket::new(2000, 6.0)];
+        let stored = vec![TrendBucket::new(1000, 1500, 5.0), TrendBucket::new(2000, 2500, 6.0)];
         let chunk = Chunk::from_bytes(&Chunk::encode(&stored).to_bytes()).unwrap();
         let decoded: Vec<TrendBucket> = chunk.decode().collect();
         assert_eq!(decoded, stored);
-        let late = vec![TrendBucket::new(2000, 1.0), TrendBucket::new(3000, 2.0)];
+        // Raw values for a compressed bucket: the later by time is its last, whichever form
+        // holds it.
+        let late = vec![
+            TrendBucket::new(1000, 1700, 1.0),
+            TrendBucket::new(2000, 2100, 1.0),
+            TrendBucket::new(3000, 3000, 2.0),
+        ];
         let merged = merge(decoded, late);
         assert_eq!(
             merged,
             vec![
-                TrendBucket::new(1000, 5.0),
-                TrendBucket { t: 2000, min: 1.0, max: 6.0, last: 1.0, n: 2 },
-                TrendBucket::new(3000, 2.0),
+                TrendBucket { t: 1000, min: 1.0, max: 5.0, last: 1.0, n: 2, last_at: 1700 },
+                TrendBucket { t: 2000, min: 1.0, max: 6.0, last: 6.0, n: 2, last_at: 2500 },
+                TrendBucket::new(3000, 3000, 2.0),
             ]
         );
         assert!(Chunk::from_bytes(&[0u8; 10]).is_none(), "too short for a chunk");

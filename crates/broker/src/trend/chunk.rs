@@ -18,6 +18,9 @@
 //!   difference costs about 10 bits where the XOR costs 50 to 64.
 //! - **min** and **max**: only when `n` > 1 (a bucket of one value has min = max = last), each
 //!   coded the same way against this bucket's `last`, each with a state of its own.
+//! - **time of last** (`last_at`), as its offset from `t`: `0` when it is the previous
+//!   bucket's offset (0 before the first) — a device's period held, or values at whole steps
+//!   — else `1` and the zigzag difference from it ([`put_varint`]).
 //!
 //! Both codings are exact: decoding returns the buckets bit for bit (±0, subnormals and
 //! extreme magnitudes included).
@@ -175,6 +178,8 @@ struct Context {
     prev_gap: u64,
     prev_n: u64,
     prev_last: f64,
+    /// The previous bucket's offset of `last_at` from its `t`.
+    prev_offset: u64,
     last: FloatState,
     min: FloatState,
     max: FloatState,
@@ -187,6 +192,7 @@ impl Context {
             prev_gap: 0,
             prev_n: 1,
             prev_last: 0.0,
+            prev_offset: 0,
             last: FloatState::new(),
             min: FloatState::new(),
             max: FloatState::new(),
@@ -261,6 +267,14 @@ impl Encoder {
                 "one value: min = max = last"
             );
         }
+        let offset = b.last_at.saturating_sub(b.t);
+        if offset == c.prev_offset {
+            w.bit(false);
+        } else {
+            w.bit(true);
+            put_varint(w, zigzag(offset.wrapping_sub(c.prev_offset) as i64));
+            c.prev_offset = offset;
+        }
         self.last_t = b.t;
         self.count += 1;
     }
@@ -289,7 +303,13 @@ impl Encoder {
 
     /// Closes the chunk: the stream without spare capacity.
     pub fn seal(self) -> Chunk {
-        Chunk { first_t: self.first_t, last_t: self.last_t, count: self.count, bits: self.bits.into_boxed() }
+        Chunk {
+            first_t: self.first_t,
+            last_t: self.last_t,
+            count: self.count,
+            timed: true,
+            bits: self.bits.into_boxed(),
+        }
     }
 }
 
@@ -305,6 +325,8 @@ pub struct Chunk {
     pub first_t: u64,
     pub last_t: u64,
     pub count: u32,
+    /// Whether the buckets carry the times of `last` (every chunk encoded here does).
+    timed: bool,
     bits: Box<[u8]>,
 }
 
@@ -319,7 +341,7 @@ impl Chunk {
     }
 
     pub fn decode(&self) -> Decoder<'_> {
-        Decoder::new(&self.bits, self.first_t, self.count)
+        Decoder { timed: self.timed, ..Decoder::new(&self.bits, self.first_t, self.count) }
     }
 
     /// Bytes of encoded buckets (without this header).
@@ -328,27 +350,34 @@ impl Chunk {
     }
 
     /// The chunk as stored outside the process (the Redis trend hash): `first_t`, `last_t`
-    /// (u64) and `count` (u32), big-endian, then the encoded buckets.
+    /// (u64) and `count` (u32, its top bit [`TIMED`] set), big-endian, then the encoded
+    /// buckets.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(STORED_HEADER + self.bits.len());
         out.extend_from_slice(&self.first_t.to_be_bytes());
         out.extend_from_slice(&self.last_t.to_be_bytes());
-        out.extend_from_slice(&self.count.to_be_bytes());
+        out.extend_from_slice(&(self.count | TIMED).to_be_bytes());
         out.extend_from_slice(&self.bits);
         out
     }
 
-    /// Reads [`Chunk::to_bytes`]; `None` for bytes too short to be one. Bits that end early
-    /// decode as zeros: a corrupted chunk yields wrong buckets, never a panic.
+    /// Reads [`Chunk::to_bytes`]; `None` for bytes too short to be one. A count without
+    /// [`TIMED`] is a chunk coded without the times of `last`: its buckets decode with
+    /// `last_at` at their start, so any value of the bucket recorded beside it is later. Bits
+    /// that end early decode as zeros: a corrupted chunk yields wrong buckets, never a panic.
     pub fn from_bytes(bytes: &[u8]) -> Option<Chunk> {
         let (head, bits) = bytes.split_at_checked(STORED_HEADER)?;
         let first_t = u64::from_be_bytes(head[0..8].try_into().ok()?);
         let last_t = u64::from_be_bytes(head[8..16].try_into().ok()?);
-        let count = u32::from_be_bytes(head[16..20].try_into().ok()?);
+        let stored = u32::from_be_bytes(head[16..20].try_into().ok()?);
+        let (count, timed) = (stored & !TIMED, stored & TIMED != 0);
         // Every bucket takes at least three bits.
-        (count as usize * 3 <= bits.len() * 8).then(|| Chunk { first_t, last_t, count, bits: bits.into() })
+        (count as usize * 3 <= bits.len() * 8).then(|| Chunk { first_t, last_t, count, timed, bits: bits.into() })
     }
 }
+
+/// The bit of a stored chunk's count that says its buckets carry the times of `last`.
+const TIMED: u32 = 1 << 31;
 
 /// Header bytes of a stored chunk ([`Chunk::to_bytes`]).
 const STORED_HEADER: usize = 20;
@@ -359,11 +388,13 @@ pub struct Decoder<'a> {
     r: BitReader<'a>,
     left: u32,
     ctx: Context,
+    /// Whether the times of `last` are coded ([`Chunk::from_bytes`]).
+    timed: bool,
 }
 
 impl<'a> Decoder<'a> {
     fn new(bytes: &'a [u8], first_t: u64, count: u32) -> Self {
-        Decoder { r: BitReader::new(bytes), left: count, ctx: Context::new(first_t) }
+        Decoder { r: BitReader::new(bytes), left: count, ctx: Context::new(first_t), timed: true }
     }
 }
 
@@ -400,7 +431,11 @@ impl Iterator for Decoder<'_> {
         let last = c.last.take(r, c.prev_last);
         c.prev_last = last;
         let (min, max) = if n > 1 { (c.min.take(r, last), c.max.take(r, last)) } else { (last, last) };
-        Some(TrendBucket { t, min, max, last, n })
+        if self.timed && r.bit() {
+            c.prev_offset = c.prev_offset.wrapping_add(unzigzag(take_varint(r)) as u64);
+        }
+        let last_at = if self.timed { t.wrapping_add(c.prev_offset) } else { t };
+        Some(TrendBucket { t, min, max, last, n, last_at })
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
@@ -418,20 +453,21 @@ mod tests {
         let mut buckets = Vec::new();
         let mut t = 1_700_000_000_000u64;
         for (i, &v) in odd.iter().enumerate() {
-            let mut b = TrendBucket::new(t, v);
-            for &w in odd.iter().skip(i).take(i % 4) {
-                b.add(w);
+            let mut b = TrendBucket::new(t, t + [0, 7, 7, 990, 3][i % 5], v);
+            for (k, &w) in odd.iter().skip(i).take(i % 4).enumerate() {
+                b.add(t + [500, 2, 999][k % 3], w);
             }
             buckets.push(b);
             t += [1000, 1000, 3000, 1, 1 << 40][i % 5];
         }
-        buckets.push(TrendBucket { t, min: 1.0, max: 2.0, last: 1.5, n: u64::MAX });
+        buckets.push(TrendBucket { t, min: 1.0, max: 2.0, last: 1.5, n: u64::MAX, last_at: t + (1 << 39) });
         let chunk = Chunk::encode(&buckets);
         let back: Vec<TrendBucket> = chunk.decode().collect();
         assert_eq!(back.len(), buckets.len());
         for (a, b) in back.iter().zip(&buckets) {
             assert_eq!(a.t, b.t);
             assert_eq!(a.n, b.n);
+            assert_eq!(a.last_at, b.last_at);
             assert_eq!(
                 (a.min.to_bits(), a.max.to_bits(), a.last.to_bits()),
                 (b.min.to_bits(), b.max.to_bits(), b.last.to_bits())
@@ -442,9 +478,23 @@ mod tests {
 
     #[test]
     fn trend_chunk_of_steady_seconds_costs_a_few_bits_a_bucket() {
-        // A value held for two minutes, one bucket a second: t, n and last cost a bit each.
-        let buckets: Vec<TrendBucket> = (0..120).map(|i| TrendBucket::new(i * 1000, 21.5)).collect();
+        // A value held for two minutes, one bucket a second at the same point of each: t, n,
+        // last and its time cost a bit each.
+        let buckets: Vec<TrendBucket> = (0..120).map(|i| TrendBucket::new(i * 1000, i * 1000 + 250, 21.5)).collect();
         let chunk = Chunk::encode(&buckets);
-        assert!(chunk.encoded_len() <= 64, "{} bytes", chunk.encoded_len());
+        assert!(chunk.encoded_len() <= 64 + 16, "{} bytes", chunk.encoded_len());
+    }
+
+    #[test]
+    fn trend_chunk_stored_without_times_of_last_reads_them_as_the_buckets_start() {
+        let buckets = vec![TrendBucket::new(1000, 1500, 2.0), TrendBucket::new(2000, 2900, 3.0)];
+        let bytes = Chunk::encode(&buckets).to_bytes();
+        assert_eq!(Chunk::from_bytes(&bytes).unwrap().decode().collect::<Vec<_>>(), buckets);
+        // A chunk of one bucket coded without times is the same stream without the last bit.
+        let one = Chunk::encode(&[TrendBucket::new(1000, 1000, 2.5)]);
+        let mut untimed = one.to_bytes();
+        untimed[16..20].copy_from_slice(&one.count.to_be_bytes());
+        let back: Vec<TrendBucket> = Chunk::from_bytes(&untimed).unwrap().decode().collect();
+        assert_eq!(back, vec![TrendBucket::new(1000, 1000, 2.5)]);
     }
 }

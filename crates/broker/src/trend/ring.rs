@@ -11,7 +11,10 @@
 //! A value for a step in the tail updates or inserts its bucket there; a value for a later step
 //! starts a new bucket, and the tail's oldest moves into the open chunk (sealing it once it
 //! holds [`CHUNK_BUCKETS`]). Both are O(1). A value for a step older than the tail (a source
-//! delivering late) re-encodes the one chunk that holds that step, as the rare case it is.
+//! delivering late, a historical value merged by [`crate::Broker::backfill`]) re-encodes the
+//! one chunk that holds that step — or falls between its buckets, and is inserted there — as
+//! the rare case it is. Wherever it lands, it joins min, max and count, and becomes `last`
+//! only when its time is at or after the bucket's `last` ([`TrendBucket::add`]).
 //!
 //! Buckets out of reach are dropped a whole chunk at a time; until then the ring hides them
 //! behind `min_t`, so reads see exactly the buckets a ring of raw buckets would keep.
@@ -44,9 +47,11 @@ pub struct TrendRing {
 }
 
 impl TrendRing {
-    /// Records `v` at `at_ms` (see [`TrendPolicy::placement`]) and drops buckets older than
-    /// the policy's reach from the newest. A value for an earlier bucket (a late source value)
-    /// goes into that bucket, in order; appending stays the common, O(1) case.
+    /// Records `v` of time `at_ms` (see [`TrendPolicy::placement`]) and drops buckets older
+    /// than the policy's reach from the newest. A value for an earlier bucket (a late source
+    /// value, a historical one) goes into that bucket, in order; appending stays the common,
+    /// O(1) case. A value older than the reach from the newest bucket is ignored (the caller
+    /// places values within reach of now, which is at least as far).
     pub fn record(&mut self, policy: TrendPolicy, at_ms: u64, v: f64) {
         let step = policy.step_ms.max(1);
         let t = at_ms - at_ms % step;
@@ -56,14 +61,14 @@ impl TrendRing {
             return;
         }
         match (self.tail.front().map(|b| b.t), self.tail.back_mut()) {
-            (_, Some(last)) if last.t == t => last.add(v),
-            (Some(first), _) if t < first => self.record_late(t, v),
-            (_, Some(last)) if last.t > t => add_at_tail(&mut self.tail, t, v),
+            (_, Some(last)) if last.t == t => last.add(at_ms, v),
+            (Some(first), _) if t < first => self.record_late(t, at_ms, v),
+            (_, Some(last)) if last.t > t => add_at_tail(&mut self.tail, t, at_ms, v),
             _ => {
                 if self.tail.capacity() == 0 {
                     self.tail.reserve_exact(TAIL_BUCKETS + 1);
                 }
-                self.tail.push_back(TrendBucket::new(t, v));
+                self.tail.push_back(TrendBucket::new(t, at_ms, v));
             }
         }
         while self.tail.len() > TAIL_BUCKETS {
@@ -104,13 +109,13 @@ impl TrendRing {
         }
     }
 
-    /// Adds `v` to the bucket at `t`, earlier than the tail (and not out of reach): into the
-    /// open chunk when `t` falls after the closed ones, else into the closed chunk whose range
-    /// holds `t` (the first one when `t` precedes them all).
-    fn record_late(&mut self, t: u64, v: f64) {
+    /// Adds `v` of time `at` to the bucket at `t`, earlier than the tail (and not out of
+    /// reach): into the open chunk when `t` falls after the closed ones, else into the closed
+    /// chunk whose range holds `t` (the first one when `t` precedes them all).
+    fn record_late(&mut self, t: u64, at: u64, v: f64) {
         if self.closed.back().is_none_or(|c| t > c.last_t) {
             let mut buckets: Vec<TrendBucket> = self.open.decode().collect();
-            add_at(&mut buckets, t, v);
+            add_at(&mut buckets, t, at, v);
             let mut e = Encoder::new();
             for b in &buckets {
                 e.push(b);
@@ -121,7 +126,7 @@ impl TrendRing {
         let i = self.closed.partition_point(|c| c.first_t <= t).saturating_sub(1);
         if let Some(chunk) = self.closed.get_mut(i) {
             let mut buckets: Vec<TrendBucket> = chunk.decode().collect();
-            add_at(&mut buckets, t, v);
+            add_at(&mut buckets, t, at, v);
             *chunk = Chunk::encode(&buckets);
         }
     }
@@ -168,25 +173,27 @@ impl TrendRing {
     }
 }
 
-/// Adds `v` to the bucket at `t` in `buckets` (increasing `t`), inserting it in order.
-fn add_at(buckets: &mut Vec<TrendBucket>, t: u64, v: f64) {
+/// Adds `v` of time `at` to the bucket at `t` in `buckets` (increasing `t`), inserting it in
+/// order.
+fn add_at(buckets: &mut Vec<TrendBucket>, t: u64, at: u64, v: f64) {
     match buckets.binary_search_by_key(&t, |b| b.t) {
-        Ok(i) => buckets[i].add(v),
-        Err(i) => buckets.insert(i, TrendBucket::new(t, v)),
+        Ok(i) => buckets[i].add(at, v),
+        Err(i) => buckets.insert(i, TrendBucket::new(t, at, v)),
     }
 }
 
 /// The same for the raw tail.
-fn add_at_tail(tail: &mut VecDeque<TrendBucket>, t: u64, v: f64) {
+fn add_at_tail(tail: &mut VecDeque<TrendBucket>, t: u64, at: u64, v: f64) {
     match tail.binary_search_by_key(&t, |b| b.t) {
-        Ok(i) => tail[i].add(v),
-        Err(i) => tail.insert(i, TrendBucket::new(t, v)),
+        Ok(i) => tail[i].add(at, v),
+        Err(i) => tail.insert(i, TrendBucket::new(t, at, v)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trend::resample;
 
     /// A ring of raw buckets: the behaviour the compressed ring must match.
     #[derive(Default)]
@@ -199,9 +206,9 @@ mod tests {
             let step = policy.step_ms.max(1);
             let t = at_ms - at_ms % step;
             match self.buckets.back_mut() {
-                Some(last) if last.t == t => last.add(v),
-                Some(last) if last.t > t => add_at_deque(&mut self.buckets, t, v),
-                _ => self.buckets.push_back(TrendBucket::new(t, v)),
+                Some(last) if last.t == t => last.add(at_ms, v),
+                Some(last) if last.t > t => add_at_deque(&mut self.buckets, t, at_ms, v),
+                _ => self.buckets.push_back(TrendBucket::new(t, at_ms, v)),
             }
             let newest = self.buckets.back().map_or(t, |b| b.t);
             let reach = policy.reach_ms();
@@ -215,16 +222,16 @@ mod tests {
         }
     }
 
-    fn add_at_deque(buckets: &mut VecDeque<TrendBucket>, t: u64, v: f64) {
+    fn add_at_deque(buckets: &mut VecDeque<TrendBucket>, t: u64, at: u64, v: f64) {
         match buckets.binary_search_by_key(&t, |b| b.t) {
-            Ok(i) => buckets[i].add(v),
-            Err(i) => buckets.insert(i, TrendBucket::new(t, v)),
+            Ok(i) => buckets[i].add(at, v),
+            Err(i) => buckets.insert(i, TrendBucket::new(t, at, v)),
         }
     }
 
     /// Buckets compared bit for bit (`==` on f64 would equate 0.0 and -0.0).
-    fn bits(buckets: &[TrendBucket]) -> Vec<(u64, u64, u64, u64, u64)> {
-        buckets.iter().map(|b| (b.t, b.min.to_bits(), b.max.to_bits(), b.last.to_bits(), b.n)).collect()
+    fn bits(buckets: &[TrendBucket]) -> Vec<(u64, u64, u64, u64, u64, u64)> {
+        buckets.iter().map(|b| (b.t, b.min.to_bits(), b.max.to_bits(), b.last.to_bits(), b.n, b.last_at)).collect()
     }
 
     /// A value from a mix that stresses the float coding: extremes, ±0, subnormals, repeats,
@@ -313,6 +320,90 @@ mod tests {
                 assert_eq!(bits(&got), bits(&plain.since(since)), "seed {seed}, since {since}");
             }
         }
+    }
+
+    /// A ring of one value a second, at 250 ms into each second, from `start` for `secs`
+    /// seconds (value = the second's number).
+    fn live(policy: TrendPolicy, start: u64, secs: u64) -> TrendRing {
+        let mut r = TrendRing::default();
+        for s in 0..secs {
+            r.record(policy, start + s * 1000 + 250, s as f64);
+        }
+        r
+    }
+
+    fn bucket_at(r: &TrendRing, t: u64) -> Option<TrendBucket> {
+        r.since(t).next().filter(|b| b.t == t)
+    }
+
+    #[test]
+    fn trend_ring_merges_a_historical_value_into_the_open_chunk() {
+        let p = TrendPolicy { step_ms: 1000, len: 3600 };
+        let start = 1_000_000;
+        // 130 s: one closed chunk, 2 buckets in the open one, 8 in the tail.
+        let mut r = live(p, start, 130);
+        assert_eq!((r.closed.len(), r.open.count(), r.tail.len()), (1, 2, TAIL_BUCKETS));
+        let second = start + 120_000;
+        // Earlier in its bucket than the live value: min, max and n, not last.
+        r.record(p, second + 100, -5.0);
+        assert_eq!(
+            bucket_at(&r, second),
+            Some(TrendBucket { t: second, min: -5.0, max: 120.0, last: 120.0, n: 2, last_at: second + 250 })
+        );
+        // Later in its bucket: also last.
+        r.record(p, second + 900, 50.0);
+        assert_eq!(
+            bucket_at(&r, second),
+            Some(TrendBucket { t: second, min: -5.0, max: 120.0, last: 50.0, n: 3, last_at: second + 900 })
+        );
+        assert_eq!(r.since(0).count(), 130, "no bucket made or lost");
+    }
+
+    #[test]
+    fn trend_ring_merges_a_historical_value_into_a_closed_chunk() {
+        let p = TrendPolicy { step_ms: 1000, len: 3600 };
+        let start = 1_000_000;
+        let mut r = live(p, start, 400);
+        assert_eq!(r.closed.len(), 3);
+        let t = start + 130_000; // in the second closed chunk
+        r.record(p, t + 999, 1000.0);
+        r.record(p, t + 1, -1000.0);
+        assert_eq!(
+            bucket_at(&r, t),
+            Some(TrendBucket { t, min: -1000.0, max: 1000.0, last: 1000.0, n: 3, last_at: t + 999 })
+        );
+        let all: Vec<TrendBucket> = r.since(0).collect();
+        assert_eq!(all.len(), 400);
+        assert!(all.iter().filter(|b| b.t != t).all(|b| b.n == 1 && b.last_at == b.t + 250), "the others unchanged");
+    }
+
+    #[test]
+    fn trend_ring_inserts_a_historical_bucket_between_existing_ones() {
+        let p = TrendPolicy { step_ms: 1000, len: 3600 };
+        // Minutes begin 50 s after `start`: both edges of the gap fall inside a minute.
+        let start = 1_030_000;
+        // Live values on both sides of a ten-minute gap, then the gap's backlog, in two parts.
+        let mut r = TrendRing::default();
+        for s in (0..200).chain(800..1000u64) {
+            r.record(p, start + s * 1000 + 250, s as f64);
+        }
+        for s in (500..800).chain(200..500u64) {
+            r.record(p, start + s * 1000 + 500, -(s as f64));
+        }
+        let all: Vec<TrendBucket> = r.since(0).collect();
+        assert_eq!(all.len(), 1000);
+        assert!(all.windows(2).all(|w| w[1].t == w[0].t + 1000), "one bucket a second, in order");
+        let gap = &all[200..800];
+        assert!(gap
+            .iter()
+            .enumerate()
+            .all(|(i, b)| b.last == -((i + 200) as f64) && b.n == 1 && b.last_at == b.t + 500));
+        // A coarser read across the gap's edges: last by time across the merged buckets.
+        let coarse = resample(r.since(0), 0, 60_000);
+        let minute =
+            |s: u64| *coarse.iter().find(|b| b.t <= start + s * 1000 && start + s * 1000 < b.t + 60_000).unwrap();
+        assert_eq!((minute(200).last, minute(200).n), (-229.0, 60), "the backlog after live values is later");
+        assert_eq!((minute(799).last, minute(799).n), (829.0, 60), "the live values after the backlog are later");
     }
 
     #[test]

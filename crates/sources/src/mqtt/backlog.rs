@@ -180,14 +180,7 @@ impl Backlog {
                 inner.buffered += bytes;
                 inner.points += 1;
                 let conn = inner.conn;
-                inner.queue.push_back(Message {
-                    points: vec![p],
-                    ack: None,
-                    conn,
-                    key: None,
-                    arrived: now,
-                    bytes,
-                });
+                inner.queue.push_back(Message { points: vec![p], ack: None, conn, key: None, arrived: now, bytes });
             }
         }
         if dropped > 0 {

@@ -71,7 +71,14 @@ fn sparkplug_birth_names_aliases_that_data_resolves() {
     by_alias.datatype = None;
     by_alias.timestamp = Some(2000);
     let d = run(&mut sp, "spBv1.0/G1/NDATA/E1", &encode(1500, vec![by_alias]));
-    let want = Point { path: "G1/E1/Inputs/Temp_1".into(), device: false, v: 21.0.into(), t: 2000, good: true };
+    let want = Point {
+        path: "G1/E1/Inputs/Temp_1".into(),
+        device: false,
+        v: 21.0.into(),
+        t: 2000,
+        good: true,
+        historical: false,
+    };
     assert_eq!(d.points, vec![want]);
     // An alias no birth declared is skipped and counted, never a crash.
     let d = run(&mut sp, "spBv1.0/G1/NDATA/E1", &encode(1500, vec![metric(None, Some(77), 0, None)]));
@@ -95,7 +102,10 @@ fn sparkplug_null_and_death_mark_every_metric_bad() {
     let mut null = metric(None, Some(2), 0, None);
     null.is_null = Some(true);
     let d = run(&mut sp, "spBv1.0/G/DDATA/E/D", &encode(5, vec![null]));
-    assert_eq!(d.points, vec![Point { path: "G/E/D/s".into(), device: true, v: "on".into(), t: 5, good: false }]);
+    assert_eq!(
+        d.points,
+        vec![Point { path: "G/E/D/s".into(), device: true, v: "on".into(), t: 5, good: false, historical: false }]
+    );
     let d = run(&mut sp, "spBv1.0/G/DDEATH/E/D", &encode(6, vec![]));
     assert_eq!(d.points.iter().map(|p| (p.path.as_str(), p.good)).collect::<Vec<_>>(), vec![("G/E/D/s", false)]);
     let d = run(&mut sp, "spBv1.0/G/NDEATH/E", &[]);
@@ -379,4 +389,28 @@ fn sparkplug_commands_need_the_edge_nodes_birth_too() {
     let cmd = sp.command("G/E/D/m", true, &serde_json::json!(-5), 9).expect("born: a command");
     let m = Payload::decode(cmd.payload.as_slice()).expect("decodes").metrics.remove(0);
     assert_eq!((m.datatype, m.value), (Some(datatype::INT8), Some(mv::IntValue(0xfb))), "Int8 -5 in 8 bits");
+}
+
+#[test]
+fn sparkplug_historical_metrics_are_marked_and_leave_the_last_value() {
+    let mut sp = Sparkplug::default();
+    let temp = |v: f64| metric(None, Some(1), 0, Some(mv::DoubleValue(v)));
+    run(
+        &mut sp,
+        "spBv1.0/G/NBIRTH/E",
+        &encode(1000, vec![metric(Some("T"), Some(1), datatype::DOUBLE, Some(mv::DoubleValue(20.0)))]),
+    );
+    let d = run(&mut sp, "spBv1.0/G/NDATA/E", &encode_seq(5000, 1, vec![temp(21.0)]));
+    assert!(!d.points[0].historical);
+    let backlog: Vec<Metric> = (0..3)
+        .map(|i| Metric { timestamp: Some(2000 + i * 100), is_historical: Some(true), ..temp(10.0 + i as f64) })
+        .collect();
+    let d = run(&mut sp, "spBv1.0/G/NDATA/E", &encode_seq(5100, 2, backlog));
+    let got: Vec<(u64, bool)> = d.points.iter().map(|p| (p.t, p.historical)).collect();
+    assert_eq!(got, vec![(2000, true), (2100, true), (2200, true)], "each at its own time");
+    // A null (and a death) carries the newest live value, not the backlog's.
+    let mut null = metric(None, Some(1), 0, None);
+    null.is_null = Some(true);
+    let d = run(&mut sp, "spBv1.0/G/NDATA/E", &encode_seq(5200, 3, vec![null]));
+    assert_eq!((d.points[0].v.clone(), d.points[0].historical), (21.0.into(), false));
 }
