@@ -226,6 +226,7 @@ def test_source_mqtt_write_back_accepted_and_refused_without_permission(start_se
     flowing(srv, mosquitto, "?token=" + token([]))
     sub = subprocess.Popen(["mosquitto_sub", "-h", "127.0.0.1", "-p", str(mosquitto.port), "-t", f"plant/{u}/#",
                             "-v", "-q", "1", "-W", "20"], stdout=subprocess.PIPE, text=True)
+    now = 0
     try:
         time.sleep(1.0)  # mosquitto_sub subscribed
         # Refused without permission: nothing reaches the MQTT broker.
@@ -239,7 +240,11 @@ def test_source_mqtt_write_back_accepted_and_refused_without_permission(start_se
             # Accepted: the broker acknowledged the QoS 1 publish.
             r = http("POST", srv.http_url + "/api/publish", {"channel": ch, "data": 42}, headers=allowed)
             assert r.status == 200 and r.json() == {"written": True, "source": "plant"}, r.body
-            reply = ws.request("publish", {"channel": ch, "data": {"v": 43, "t": 1, "q": "good"}})
+            # The source heard 42 back; 43 comes with a later time of its own (a value older than
+            # the channel's newest would be historical: the trend's, not sent live).
+            assert [d["data"]["v"] for d in ws.pubs(ch, 1, timeout=10)] == [42]
+            now = int(time.time() * 1000) + 1
+            reply = ws.request("publish", {"channel": ch, "data": {"v": 43, "t": now, "q": "good"}})
             assert reply["ok"] == {"written": True, "source": "plant"}, reply
             # The source hears its own write back from the broker: the channel shows it.
             seen = []
@@ -255,7 +260,7 @@ def test_source_mqtt_write_back_accepted_and_refused_without_permission(start_se
         sub.send_signal(signal.SIGTERM)
         out, _ = sub.communicate(timeout=10)
     lines = [line for line in out.splitlines() if line]
-    assert lines == [f"{topic} 42", f'{topic} {{"v":43,"t":1,"q":"good"}}'], lines
+    assert lines == [f"{topic} 42", f'{topic} {{"v":43,"t":{now},"q":"good"}}'], lines
     assert metric_value(srv, "source_writes_total") == 2
 
 
