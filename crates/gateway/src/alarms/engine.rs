@@ -174,7 +174,13 @@ impl Alarms {
         let Some(hub) = &self.hub else { return };
         let _one = self.syncing.lock();
         let list = self.held.read().by_channel.get(channel).filter(|l| !l.is_empty()).cloned();
-        hub.set_tap_slot(channel, list.map(|l| Arc::new(l) as TapSlot));
+        // A channel's only alarm is its slot itself: one pointer less to follow, and each
+        // publication finds its alarm cold (docs/benchmarks.md, "Alarms").
+        let slot = list.map(|l| match &l[..] {
+            [one] => one.clone() as TapSlot,
+            _ => Arc::new(l) as TapSlot,
+        });
+        hub.set_tap_slot(channel, slot);
     }
 
     pub(super) fn emit(&self, t: Option<Transition>) {
@@ -224,7 +230,7 @@ impl Alarms {
     }
 
     /// A value of `channel`, evaluated by each of its alarms.
-    fn evaluate(&self, alarms: &[Arc<Mutex<Alarm>>], data: &str, now: u64) {
+    fn evaluate<'a>(&self, alarms: impl IntoIterator<Item = &'a Mutex<Alarm>>, data: &str, now: u64) {
         // The alarms of a channel mostly read `v`: one parse for them.
         let mut of_v: Option<Point> = None;
         for a in alarms {
@@ -256,14 +262,20 @@ impl Alarms {
         if !self.holding.load(Relaxed) {
             return;
         }
-        if let Some(list) = slot.and_then(|s| s.downcast_ref::<ChannelAlarms>()) {
-            self.evaluate(list, p.data.get(), p.time_ms);
-            return;
+        if let Some(slot) = slot {
+            if let Some(one) = slot.downcast_ref::<Mutex<Alarm>>() {
+                self.evaluate([one], p.data.get(), p.time_ms);
+                return;
+            }
+            if let Some(list) = slot.downcast_ref::<ChannelAlarms>() {
+                self.evaluate(list.iter().map(|a| &**a), p.data.get(), p.time_ms);
+                return;
+            }
         }
         {
             let held = self.held.read();
             if let Some(list) = held.by_channel.get(channel) {
-                self.evaluate(list, p.data.get(), p.time_ms);
+                self.evaluate(list.iter().map(|a| &**a), p.data.get(), p.time_ms);
                 return;
             }
         }
@@ -272,7 +284,7 @@ impl Alarms {
         }
         let made = self.ensure(channel, p.time_ms);
         if !made.is_empty() {
-            self.evaluate(&made, p.data.get(), p.time_ms);
+            self.evaluate(made.iter().map(|a| &**a), p.data.get(), p.time_ms);
             let _ = self.queue.send(Job::Follow(channel.to_string()));
         }
     }
