@@ -16,6 +16,7 @@ use switchboard_protocol::{code, validate_channel, Format};
 use crate::auth::http::{allow, allow_publish, Caller};
 use crate::auth::{Action, Identity};
 use crate::node::{ApiError, Node, Target};
+use crate::publish::{self, Asked, Publisher};
 
 mod alarms;
 mod bodies;
@@ -87,12 +88,6 @@ fn http_pub<'a>(channel: &'a str, p: &'a Publication) -> HttpPub<'a> {
     HttpPub { channel, offset: p.offset, data: &p.data }
 }
 
-#[derive(Serialize)]
-struct Published<'a> {
-    offset: u64,
-    epoch: &'a str,
-}
-
 async fn publish(
     State(node): State<Arc<Node>>,
     caller: CallerExt,
@@ -100,80 +95,51 @@ async fn publish(
 ) -> Result<Response, ApiError> {
     let body: PublishBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError::new(400, format!("expected {{\"channel\", \"data\"}} or {{\"batch\": [...]}}: {e}")))?;
+    let mut by = HttpPublisher { node: &node, caller: &caller, who: who(&caller) };
     match body {
         PublishBody { channel: Some(channel), data: Some(data), idempotency_key, batch: None } => {
-            let permitted = permitted(&node, &caller, &channel);
-            if let Some(source) = crate::sources::write_source(&node, &channel) {
-                let writer = who(&caller);
-                let reply = crate::sources::write(&node, &writer, source, &channel, Arc::new(data), permitted).await?;
-                return Ok(Json(reply).into_response());
-            }
-            let publisher = who(&caller);
-            let key = idempotency_key.as_deref().map(|k| (k, &publisher));
-            let checked = node.check_publication(permitted?, Arc::new(data), key)?;
-            let pos = node.publish(checked).await?;
-            Ok(Json(Published { offset: pos.offset, epoch: &pos.epoch }).into_response())
+            let outcome = publish::one(&node, &mut by, Asked { channel, data, idempotency_key }).await?;
+            Ok(Json(outcome.into_json()).into_response())
         }
         PublishBody { channel: None, data: None, idempotency_key: None, batch: Some(batch) } => {
-            let items: Vec<(String, switchboard_broker::Data, Option<String>)> =
-                batch.into_iter().map(|p| (p.channel, Arc::new(p.data), p.idempotency_key)).collect();
-            // Items of namespaces written to a source are writes, one after the other.
-            let (writes, publishes): (Vec<_>, Vec<_>) = items
+            let items = batch
                 .into_iter()
-                .enumerate()
-                .partition(|(_, (ch, _, _))| crate::sources::write_source(&node, ch).is_some());
-            let mut results: Vec<Option<serde_json::Value>> = vec![None; writes.len() + publishes.len()];
-            let error = |e: ApiError| serde_json::json!({"error": {"code": e.code, "message": e.message}});
-            let writer = who(&caller);
-            for (i, (channel, data, _)) in writes {
-                let source = crate::sources::write_source(&node, &channel).unwrap_or_default();
-                let permitted = permitted(&node, &caller, &channel);
-                let written = crate::sources::write(&node, &writer, source, &channel, data, permitted).await;
-                results[i] = Some(written.unwrap_or_else(error));
-            }
-            let (at, items): (Vec<usize>, Vec<_>) = publishes.into_iter().unzip();
-            let published = publish_batch(&node, &caller, items).await;
-            for (i, r) in at.into_iter().zip(published) {
-                results[i] = Some(match r {
-                    Ok(pos) => serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}),
-                    Err(e) => error(e),
-                });
-            }
-            let results: Vec<serde_json::Value> = results.into_iter().map(Option::unwrap_or_default).collect();
+                .map(|p| Asked { channel: p.channel, data: p.data, idempotency_key: p.idempotency_key })
+                .collect();
+            let results: Vec<serde_json::Value> = publish::batch(&node, &mut by, items)
+                .await
+                .into_iter()
+                .map(|r| match r {
+                    Ok(outcome) => outcome.into_json(),
+                    Err(e) => serde_json::json!({"error": {"code": e.code, "message": e.message}}),
+                })
+                .collect();
             Ok(Json(serde_json::json!({ "results": results })).into_response())
         }
         _ => Err(ApiError::new(400, "expected {\"channel\", \"data\"} or {\"batch\": [...]}")),
     }
 }
 
-/// Where the caller's publication to `channel` goes, if it may publish there: a valid
-/// channel name (400, whoever asks), then the caller's permission and rate.
-fn permitted<'a>(node: &Node, caller: &CallerExt, channel: &'a str) -> Result<Target<'a>, ApiError> {
-    let target = node.target(channel)?;
-    allow_publish(node, caller, target)?;
-    Ok(target)
+/// An HTTP API caller as a publisher: its namespace permissions, then its user's or its API
+/// key's publish rate (`auth::http`).
+struct HttpPublisher<'a> {
+    node: &'a Node,
+    caller: &'a CallerExt,
+    who: Identity,
 }
 
-/// Publishes a batch on behalf of the caller: each item's target ([`Node::target`]), the
-/// caller's permission and rate for the valid ones (`auth::http::allow_publish_batch`), then
-/// the checks of the data ([`Node::check_publication`]); what passed goes to the node as one
-/// batch. One result per item.
-async fn publish_batch(
-    node: &Node,
-    caller: &CallerExt,
-    items: Vec<(String, switchboard_broker::Data, Option<String>)>,
-) -> Vec<Result<Position, ApiError>> {
-    let (channels, rest): (Vec<String>, Vec<_>) = items.into_iter().map(|(ch, data, key)| (ch, (data, key))).unzip();
-    let verdicts = crate::auth::http::allow_publish_batch(node, caller, channels.iter().map(|ch| node.target(ch)));
-    let publisher = who(caller);
-    let checked = verdicts
-        .into_iter()
-        .zip(rest)
-        .map(|(verdict, (data, key))| {
-            verdict.and_then(|t| node.check_publication(t, data, key.as_deref().map(|k| (k, &publisher))))
-        })
-        .collect();
-    node.publish_batch(checked).await
+impl Publisher for HttpPublisher<'_> {
+    fn identity(&self) -> &Identity {
+        &self.who
+    }
+
+    fn permit(&mut self, target: Target<'_>) -> Result<(), ApiError> {
+        allow_publish(self.node, self.caller, target)
+    }
+
+    fn permit_batch<'a>(&mut self, targets: Vec<Result<Target<'a>, ApiError>>) -> Vec<Result<Target<'a>, ApiError>> {
+        crate::auth::http::allow_publish_batch(self.node, self.caller, targets)
+    }
 }
 
 #[derive(Serialize)]

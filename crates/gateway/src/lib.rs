@@ -28,6 +28,8 @@
 //!   command bodies in `transport::poll_wire`, their state in `transport::poll_store`, taken
 //!   over from it in `transport::poll_takeover`, streamed as events by
 //!   `transport::session_stream`), which take their messages from the outbox.
+//! - [`publish`]: the publish sequence every caller goes through (name, permission and rate,
+//!   write-back, publish hook, checks of the data, broker); a caller says only who publishes.
 //! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`;
 //!   `api::sources`: the sources and their backlogs at `/api/sources`;
 //!   `api::query`: query strings, a malformed one answered with the JSON 400).
@@ -69,6 +71,7 @@ pub mod metrics;
 pub mod node;
 pub mod outbox;
 pub mod proxy;
+pub(crate) mod publish;
 pub mod sampling;
 pub mod server;
 pub mod session;

@@ -32,6 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 use switchboard_broker::{Position, Publication};
 use switchboard_protocol::code::{self, close};
 use switchboard_protocol::command::{AlarmAction, AlarmRequest, HistoryRequest, PublishRequest};
@@ -44,6 +45,7 @@ use crate::auth::limits::Bucket;
 use crate::auth::{Action, Auth, AuthFailure, Identity, Method};
 use crate::node::{ApiError, Node, Target};
 use crate::outbox::{Outbox, Pushed};
+use crate::publish::{self, Asked, Publisher};
 use reply::pub_of;
 
 /// Why a connection must close (sent as `disconnect` + close frame).
@@ -414,40 +416,10 @@ impl Session {
     }
 
     async fn publish(&mut self, id: Option<u32>, req: PublishRequest) -> Result<(), ApiError> {
-        let target = self.node.target(&req.channel)?;
-        let permitted = self.may_publish(target).map(|()| target);
-        // A namespace written to a plant data source: the reply is the device's answer, and
-        // the attempt is audited whatever the checks said.
-        if let Some(source) = crate::sources::write_source(&self.node, &req.channel) {
-            let data = Arc::new(req.data);
-            let reply =
-                crate::sources::write(&self.node, &self.identity, source, &req.channel, data, permitted).await?;
-            self.ok(id, &reply);
-            return Ok(());
-        }
-        permitted?;
-        let data = self.publish_hook(&req.channel, req.data).await?;
-        let key = req.idempotency_key.as_deref().map(|k| (k, &self.identity));
-        let checked = self.node.check_publication(target, Arc::new(data), key)?;
-        let pos = self.node.publish(checked).await?;
-        self.ok(id, &serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}));
-        Ok(())
-    }
-
-    /// Whether this client may publish to `channel` now: its namespace takes client
-    /// publications, its permissions allow it, and it is within its publish rate.
-    fn may_publish(&mut self, target: Target<'_>) -> Result<(), ApiError> {
-        let channel = target.channel();
-        if !self.node.config.namespace(namespace_of(channel)).client_publish {
-            return Err(ApiError::new(code::FORBIDDEN, "clients may not publish in this namespace"));
-        }
-        self.allow(Action::Publish, channel)?;
-        let rate = self.node.config.limits.publishes_per_connection_per_s;
-        if let Some(bucket) = &mut self.publish_rate {
-            if !bucket.take(rate as f64, Instant::now()) {
-                return Err(ApiError::new(code::LIMIT, format!("more than {rate} publishes per second")));
-            }
-        }
+        let node = self.node.clone();
+        let asked = Asked { channel: req.channel, data: req.data, idempotency_key: req.idempotency_key };
+        let outcome = publish::one(&node, self, asked).await?;
+        self.ok(id, &outcome.into_json());
         Ok(())
     }
 
@@ -514,6 +486,34 @@ impl Session {
         for ch in subs {
             self.unsubscribe(&ch).await;
         }
+    }
+}
+
+/// A connection as a publisher (its `publish` command, SPEC §3).
+impl Publisher for Session {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// Whether this client may publish to `channel` now: its namespace takes client
+    /// publications, its permissions allow it, and it is within its publish rate.
+    fn permit(&mut self, target: Target<'_>) -> Result<(), ApiError> {
+        let channel = target.channel();
+        if !self.node.config.namespace(namespace_of(channel)).client_publish {
+            return Err(ApiError::new(code::FORBIDDEN, "clients may not publish in this namespace"));
+        }
+        self.allow(Action::Publish, channel)?;
+        let rate = self.node.config.limits.publishes_per_connection_per_s;
+        if let Some(bucket) = &mut self.publish_rate {
+            if !bucket.take(rate as f64, Instant::now()) {
+                return Err(ApiError::new(code::LIMIT, format!("more than {rate} publishes per second")));
+            }
+        }
+        Ok(())
+    }
+
+    async fn hook(&self, channel: &str, data: Box<RawValue>) -> Result<Box<RawValue>, ApiError> {
+        self.publish_hook(channel, data).await
     }
 }
 
