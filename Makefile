@@ -7,7 +7,7 @@ BIN := target/release/switchboard
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo build test fmt-check lint rust-test black-box py-deps client-deps node-deps python-test node-test bench clean redis-deps fuzz-build web-deps web-build web-test browser-deps browser-test bench-dashboard mqtt-deps failpoints-build suite-deps rust-build rust-run python-run node-run web-run browser-run
+.PHONY: demo build test fmt-check lint lint-deps rust-test black-box py-deps client-deps node-deps python-test node-test bench clean redis-deps fuzz-build web-deps web-build web-test browser-deps browser-test bench-dashboard mqtt-deps failpoints-build suite-deps rust-build rust-run python-run node-run web-run browser-run
 
 build: web-build
 	$(CARGO) build --release --locked -p switchboard
@@ -30,10 +30,22 @@ suite-deps: redis-deps py-deps client-deps node-deps mqtt-deps browser-deps web-
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
-# Clippy, and no import cycle between the modules of any crate (scripts/check-cycles.py).
-lint:
+# Clippy, and no import cycle in any language: between the modules of a crate or the Python
+# scripts (scripts/check-cycles.py), of the Python client (import-linter; its contracts are in
+# clients/python/pyproject.toml, read from src/ rather than the installed copy), and of the
+# TypeScript SDK and dashboard (dpdm, `npm run cycles` in web/).
+lint: lint-deps
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	python3 scripts/check-cycles.py
+	cd clients/python && PYTHONPATH=src $(CURDIR)/$(VENV)/bin/lint-imports --no-cache --no-logo
+	cd web && npm run --silent cycles
+
+# The lint's tools: import-linter in the test virtualenv, dpdm in web/node_modules.
+$(VENV)/.lint-installed: $(VENV)/.installed scripts/lint-requirements.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r scripts/lint-requirements.txt
+	touch $@
+
+lint-deps: $(VENV)/.lint-installed web-deps
 
 # The Redis broker tests and the cluster tests start a real redis-server on a spare loopback
 # port (the TLS tests sign its certificate with `openssl`); install them when missing.

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Reports import cycles between the modules of each crate under crates/.
+"""Reports import cycles between the modules of each crate under crates/, and between the Python
+scripts under scripts/.
 
     scripts/check-cycles.py [--crate NAME]... [--root DIR]
 
-Exit status 0 when no crate has a cycle, 1 when one has, 2 on a usage error.
+Exit status 0 when nothing has a cycle, 1 when something has, 2 on a usage error. With --crate,
+only the crates named are checked.
 
 The graph, per crate (its src/ tree):
 - A module is a file: src/a.rs and src/a/mod.rs are module `a`, src/a/b.rs is `a::b`, the crate
@@ -22,9 +24,16 @@ The graph, per crate (its src/ tree):
 
 Paths through re-exports at the crate root (`crate::CommonArgs`) name the root and so no edge;
 macros and `#[path]` attributes are not followed.
+
+The Python scripts under scripts/ are top-level modules that import one another by name once
+their folder is on sys.path (`from bench_dashboards import Dashboards`). import-linter, which
+checks the Python client's package in `make lint`, builds graphs of packages only and cannot read
+them. Here a module is a file, and every `import x` / `from x import ...` of a sibling is an edge
+wherever it stands (in a function, under `if TYPE_CHECKING:`): a deferred import is still a cycle.
 """
 
 import argparse
+import ast
 import os
 import re
 import sys
@@ -259,8 +268,44 @@ def check_crate(crate_dir):
     return modules, edges, comps
 
 
+def check_scripts(script_dir):
+    """Returns (modules, edges {a: {b: (file, line)}}, cycles) for a folder of Python scripts."""
+    files = {os.path.join(script_dir, f): (f[:-3],) for f in os.listdir(script_dir) if f.endswith(".py")}
+    modules = set(files.values())
+    edges = {}
+    for full, here in sorted(files.items()):
+        with open(full, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), full)
+        imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        for node in sorted(imports, key=lambda n: n.lineno):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                names = [node.module] if node.level == 0 and node.module else []
+            for target in {(n.split(".")[0],) for n in names}:
+                if target in modules and target != here:
+                    edges.setdefault(here, {}).setdefault(target, (os.path.relpath(full), node.lineno))
+    comps = [c for c in scc(modules, edges) if len(c) > 1]
+    return modules, edges, comps
+
+
+def report(label, modules, edges, comps):
+    """Prints one graph's verdict; returns how many cycles it has."""
+    if not comps:
+        print(f"{label}: {len(modules)} modules, no cycles")
+        return 0
+    for comp in comps:
+        members = set(comp)
+        print(f"{label}: cycle between {', '.join(name(m) for m in comp)}")
+        for a in comp:
+            for b, (f, line) in sorted(edges.get(a, {}).items()):
+                if b in members:
+                    print(f"    {name(a)} -> {name(b)}  ({f}:{line})")
+    return len(comps)
+
+
 def main():
-    ap = argparse.ArgumentParser(description="Reports import cycles between the modules of each crate.")
+    ap = argparse.ArgumentParser(description="Reports import cycles between the modules of each crate and between the Python scripts.")
     ap.add_argument("--crate", action="append", default=[], help="only this crate (directory name under crates/); repeatable")
     ap.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."), help="the workspace")
     args = ap.parse_args()
@@ -273,18 +318,9 @@ def main():
     os.chdir(args.root)
     found = 0
     for crate in args.crate or all_crates:
-        modules, edges, comps = check_crate(os.path.join("crates", crate))
-        if not comps:
-            print(f"{crate}: {len(modules)} modules, no cycles")
-            continue
-        for comp in comps:
-            found += 1
-            members = set(comp)
-            print(f"{crate}: cycle between {', '.join(name(m) for m in comp)}")
-            for a in comp:
-                for b, (f, line) in sorted(edges.get(a, {}).items()):
-                    if b in members:
-                        print(f"    {name(a)} -> {name(b)}  ({f}:{line})")
+        found += report(crate, *check_crate(os.path.join("crates", crate)))
+    if not args.crate:
+        found += report("scripts (Python)", *check_scripts("scripts"))
     if found:
         print(f"{found} cycle(s)")
     return 1 if found else 0
