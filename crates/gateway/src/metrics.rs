@@ -310,33 +310,31 @@ pub fn render_sources(sources: &[switchboard_sources::SourceHandle]) -> String {
         let _ =
             writeln!(out, "switchboard_source_backlog_age_seconds{{source=\"{}\",kind=\"{}\"}} {age}", h.name, h.kind);
     }
-    let _ = writeln!(
-        out,
-        "# HELP switchboard_source_dropped_total Values a source received and dropped before the node saw them, \
-         by reason (buffer: a QoS 0 value replaced by a newer one while the buffer was full; duplicate: a \
-         message delivered again that was committed already).\n# TYPE switchboard_source_dropped_total counter"
-    );
-    for h in sources {
-        for (reason, n) in h.stats.dropped() {
-            let _ = writeln!(
-                out,
-                "switchboard_source_dropped_total{{source=\"{}\",kind=\"{}\",reason=\"{reason}\"}} {n}",
-                h.name, h.kind
-            );
-        }
-    }
-    let _ = writeln!(
-        out,
-        "# HELP switchboard_source_refused_total Messages or values a source refused, by reason (node: the node \
-         refused the point).\n# TYPE switchboard_source_refused_total counter"
-    );
-    for h in sources {
-        for (reason, n) in h.stats.refusals() {
-            let _ = writeln!(
-                out,
-                "switchboard_source_refused_total{{source=\"{}\",kind=\"{}\",reason=\"{reason}\"}} {n}",
-                h.name, h.kind
-            );
+    type Reasons = fn(&switchboard_sources::SourceStats) -> &switchboard_sources::ByReason;
+    let by_reason: [(&str, &str, Reasons); 2] = [
+        (
+            "source_dropped_total",
+            "Values a source received and dropped before the node saw them, by reason (buffer: a QoS 0 value \
+             replaced by a newer one while the buffer was full; duplicate: a message delivered again that was \
+             committed already).",
+            |s| &s.dropped,
+        ),
+        (
+            "source_refused_total",
+            "Messages or values a source refused, by reason (node: the node refused the point).",
+            |s| &s.refusals,
+        ),
+    ];
+    for (name, help, counts) in by_reason {
+        let _ = writeln!(out, "# HELP switchboard_{name} {help}\n# TYPE switchboard_{name} counter");
+        for h in sources {
+            for (reason, n) in counts(&h.stats).list() {
+                let _ = writeln!(
+                    out,
+                    "switchboard_{name}{{source=\"{}\",kind=\"{}\",reason=\"{reason}\"}} {n}",
+                    h.name, h.kind
+                );
+            }
         }
     }
     out

@@ -124,6 +124,22 @@ pub enum WriteError {
 /// `max_channels` says otherwise.
 pub const DEFAULT_MAX_CHANNELS: usize = 100_000;
 
+/// Counts by a short, fixed reason label (`refused`, `dropped`), listed in reason order.
+#[derive(Debug, Default)]
+pub struct ByReason(parking_lot::Mutex<std::collections::BTreeMap<&'static str, u64>>);
+
+impl ByReason {
+    /// Counts `n` for `reason`.
+    pub fn add(&self, reason: &'static str, n: u64) {
+        *self.0.lock().entry(reason).or_insert(0) += n;
+    }
+
+    /// The counts, in reason order.
+    pub fn list(&self) -> Vec<(&'static str, u64)> {
+        self.0.lock().iter().map(|(r, n)| (*r, *n)).collect()
+    }
+}
+
 /// Counters of one source, rendered by the node's metrics.
 #[derive(Debug, Default)]
 pub struct SourceStats {
@@ -143,8 +159,8 @@ pub struct SourceStats {
     /// Messages or values refused, by reason: `node` (the node refused the point: a channel
     /// limit, a too-large value), and the source's own reasons (`oversized`, `decode`,
     /// `collision`, `bound`, ...). Refused input is counted and logged, never a reason to
-    /// reconnect. Read with [`SourceStats::refusals`].
-    refusals: parking_lot::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// reconnect.
+    pub refusals: ByReason,
     /// Sparkplug B rebirth requests sent (MQTT).
     pub rebirths: AtomicU64,
     /// Values received and not committed yet (the MQTT source's backlog).
@@ -152,35 +168,14 @@ pub struct SourceStats {
     /// When the oldest of them came (unix ms; 0 when none waits).
     pub backlog_since_ms: AtomicU64,
     /// Values received and dropped before the node saw them, by reason (`buffer`: a QoS 0
-    /// value replaced by a newer one of its channel while the buffer was full). Read with
-    /// [`SourceStats::dropped`].
-    dropped: parking_lot::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// value replaced by a newer one of its channel while the buffer was full).
+    pub dropped: ByReason,
     /// Values back-filled from the server's history after a connection loss (OPC UA), sent
     /// as historical items (not counted in `points`).
     pub backfilled: AtomicU64,
 }
 
 impl SourceStats {
-    /// Counts `n` refused messages or values for `reason` (a short, fixed label).
-    pub fn refuse(&self, reason: &'static str, n: u64) {
-        *self.refusals.lock().entry(reason).or_insert(0) += n;
-    }
-
-    /// Refusals by reason, in reason order.
-    pub fn refusals(&self) -> Vec<(&'static str, u64)> {
-        self.refusals.lock().iter().map(|(r, n)| (*r, *n)).collect()
-    }
-
-    /// Counts `n` values dropped for `reason` (a short, fixed label).
-    pub fn drop_values(&self, reason: &'static str, n: u64) {
-        *self.dropped.lock().entry(reason).or_insert(0) += n;
-    }
-
-    /// Drops by reason, in reason order.
-    pub fn dropped(&self) -> Vec<(&'static str, u64)> {
-        self.dropped.lock().iter().map(|(r, n)| (*r, *n)).collect()
-    }
-
     /// How long the oldest value of the backlog has waited (s; 0 when none waits).
     pub fn backlog_age_s(&self, now_ms: u64) -> f64 {
         match self.backlog_since_ms.load(std::sync::atomic::Ordering::Relaxed) {

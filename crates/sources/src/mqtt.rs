@@ -516,7 +516,7 @@ impl Conn {
         let key = held.then(|| self.backlog.key(&p.topic, &p.payload));
         if let Some(key) = key.filter(|k| p.dup && self.backlog.committed_before(*k)) {
             // Delivered again after its acknowledgement was lost: committed already.
-            self.stats.drop_values("duplicate", 1);
+            self.stats.dropped.add("duplicate", 1);
             return self.backlog.hold(Vec::new(), p, key).await;
         }
         let mut points = self.points_in(&p.topic, &p.payload, p.size());

@@ -505,7 +505,7 @@ impl Live {
                 }
                 taken = changes.take() => {
                     if taken.dropped > 0 {
-                        ctx.stats.refuse("queue_full", taken.dropped);
+                        ctx.stats.refusals.add("queue_full", taken.dropped);
                         warn!(source = %ctx.name, dropped = taken.dropped, queue_bytes = cfg.queue_bytes(), "OPC UA values dropped: the node publishes slower than the server sends (the latest value of each node is kept)");
                     }
                     self.publish(ctx, taken.changes).await;
@@ -565,7 +565,7 @@ impl Live {
                 Err((reason, bytes)) => {
                     // Counted once per value; the queue counted its own drops.
                     if reason != "queue_full" {
-                        ctx.stats.refuse(reason, 1);
+                        ctx.stats.refusals.add(reason, 1);
                     }
                     if reason == "decode" {
                         ctx.stats.decode_errors.fetch_add(1, Ordering::Relaxed);
@@ -633,7 +633,7 @@ async fn deliver(sink: &dyn crate::Sink, stats: &crate::SourceStats, source: &st
     }
     let results = sink.publish_batch(items).await;
     let ok = results.iter().filter(|r| r.is_ok()).count();
-    stats.refuse("node", (results.len() - ok) as u64);
+    stats.refusals.add("node", (results.len() - ok) as u64);
     if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
         warn!(%source, refused = results.len() - ok, "the node refused OPC UA points: {e}");
     }

@@ -316,7 +316,7 @@ async fn opcua_a_notification_of_thousands_of_values_is_taken_whole() {
 }
 
 fn refused(stats: &SourceStats, reason: &str) -> u64 {
-    stats.refusals().iter().find(|(r, _)| *r == reason).map_or(0, |(_, n)| *n)
+    stats.refusals.list().iter().find(|(r, _)| *r == reason).map_or(0, |(_, n)| *n)
 }
 
 fn assert_no_null_values(sink: &VecSink) {

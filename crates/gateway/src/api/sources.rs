@@ -38,8 +38,8 @@ pub(super) async fn list(
                 "points": s.points.load(Relaxed),
                 "backlog": s.backlog.load(Relaxed),
                 "backlog_age_s": s.backlog_age_s(now),
-                "refused": counts(s.refusals()),
-                "dropped": counts(s.dropped()),
+                "refused": counts(s.refusals.list()),
+                "dropped": counts(s.dropped.list()),
             })
         })
         .collect();

@@ -184,7 +184,7 @@ impl Backlog {
             }
         }
         if dropped > 0 {
-            self.stats.drop_values("buffer", dropped);
+            self.stats.dropped.add("buffer", dropped);
         }
         self.changed();
     }
@@ -303,7 +303,7 @@ impl Backlog {
         *inner = Inner::default();
         drop(inner);
         if lost > 0 {
-            self.stats.drop_values("stopped", lost as u64);
+            self.stats.dropped.add("stopped", lost as u64);
         }
         self.stats.backlog.store(0, Relaxed);
         self.stats.backlog_since_ms.store(0, Relaxed);
@@ -405,7 +405,7 @@ mod tests {
         b.buffer(vec![point("pt:a", 1), point("pt:b", 1), point("pt:a", 2)]);
         // Full: a new value of a channel with one waiting takes its place; a new channel gets in.
         b.buffer(vec![point("pt:a", 3), point("pt:b", 4), point("pt:c", 5)]);
-        assert_eq!(stats.dropped(), vec![("buffer", 2)]);
+        assert_eq!(stats.dropped.list(), vec![("buffer", 2)]);
         assert_eq!(stats.backlog.load(Relaxed), 4);
         let batch = b.take_now(100).unwrap();
         let got = values(&batch);
@@ -461,7 +461,7 @@ mod tests {
         b.buffer(vec![point("pt:q", 2), point("pt:r", 3)]);
         assert!(stats.backlog_age_s(switchboard_broker::now_ms() + 1500) >= 1.4);
         b.abandon();
-        assert_eq!(stats.dropped(), vec![("stopped", 2)], "held messages are the MQTT broker's to keep");
+        assert_eq!(stats.dropped.list(), vec![("stopped", 2)], "held messages are the MQTT broker's to keep");
         assert_eq!((stats.backlog.load(Relaxed), stats.backlog_age_s(switchboard_broker::now_ms())), (0, 0.0));
     }
 }

@@ -167,7 +167,7 @@ impl Committer {
         }
         self.stats.points.fetch_add(ok, Relaxed);
         if let Some(why) = first_refusal {
-            self.stats.refuse("node", refused);
+            self.stats.refusals.add("node", refused);
             tracing::warn!(source = %self.name, refused, "the node refused MQTT points: {why}");
         }
         kept

@@ -34,7 +34,7 @@ impl Refusals {
     /// `switchboard_source_refused_total`) of a message of `topic` and `size` bytes, and logs
     /// `why`.
     pub fn refuse(&mut self, reason: &'static str, n: u64, topic: &str, size: usize, why: &str) {
-        self.stats.refuse(reason, n);
+        self.stats.refusals.add(reason, n);
         let topic: String = topic.chars().take(TOPIC_LOG_CHARS).collect();
         if self.warn_now(reason, n, Instant::now()) {
             let (_, quiet) = self.warned.get(reason).copied().unwrap_or((Instant::now(), 0));
@@ -79,7 +79,7 @@ mod tests {
         }
         r.refuse("oversized", 1, "big", 2_000_000, "too large");
         r.refuse("bound", 7, "spBv1.0/G/NBIRTH/E", 10, "full");
-        assert_eq!(stats.refusals(), vec![("bound", 7), ("oversized", 1), ("topic", 1000)]);
+        assert_eq!(stats.refusals.list(), vec![("bound", 7), ("oversized", 1), ("topic", 1000)]);
         // One warning per reason so far; the rest were held back and are reported.
         assert_eq!(r.warned.get("topic").map(|w| w.1), Some(999));
         assert_eq!(r.warned.get("oversized").map(|w| w.1), Some(0));

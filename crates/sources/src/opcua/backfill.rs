@@ -295,7 +295,7 @@ impl Reader {
                     items.push(Item { channel: gap.channel.clone(), data: Arc::new(data), historical: true })
                 }
                 Err((reason, _)) => {
-                    self.stats.refuse(reason, 1);
+                    self.stats.refusals.add(reason, 1);
                     if reason == "decode" {
                         self.stats.decode_errors.fetch_add(1, Ordering::Relaxed);
                     }

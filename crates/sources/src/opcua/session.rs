@@ -156,7 +156,7 @@ impl Connection {
                     )))) => {
                         // A publish response over max_message_bytes: the library dropped it
                         // unread (its values are lost) and the session goes on.
-                        stats.refuse("oversized", 1);
+                        stats.refusals.add("oversized", 1);
                         warn!(%source, max_message_bytes, "OPC UA publish response larger than max_message_bytes refused; its values are lost");
                     }
                     Some(Ok(_)) => {}
