@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import pathlib
+import re
 import select
 import signal
 import socket
@@ -306,6 +307,48 @@ def api_batch(server: Server, items: list) -> list:
 
 def api_get(server: Server, path: str) -> HttpResponse:
     return http("GET", server.http_url + path)
+
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def metric(server: Server, name: str, required: bool = False, **labels) -> float:
+    """One sample of the node's `/metrics`: the series `name` (as the node writes it) whose
+    labels are exactly `labels`. 0 when the node has no such sample, unless `required` (then
+    it is a failure: a series the node must write)."""
+    for line in api_get(server, "/metrics").text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and m.group(1) == name and dict(_LABEL.findall(m.group(2) or "")) == labels:
+            return float(m.group(3))
+    assert not required, f"{name}{labels or ''} not in /metrics"
+    return 0.0
+
+
+def history_all(server: Server, channel: str) -> list[dict]:
+    """The data of every publication the channel keeps, read page by page; empty while the
+    channel is unknown or the broker does not answer."""
+    out: list[dict] = []
+    query = "limit=2000"
+    while True:
+        r = api_get(server, f"/api/channels/{ch_path(channel)}/history?{query}")
+        if r.status != 200:
+            return []
+        body = r.json()
+        out += [p["data"] for p in body["publications"]]
+        if not body["more"] or not body["publications"]:
+            return out
+        last = body["publications"][-1]["offset"]
+        query = f"limit=2000&since_offset={last}&epoch={body['epoch']}"
+
+
+def trend(server: Server, channel: str, window_s: int, step_s: int | None = None) -> dict:
+    """The channel's trend over the last `window_s` seconds (buckets of `step_s`, or the
+    node's choice)."""
+    step = f"&step_s={step_s}" if step_s else ""
+    r = api_get(server, f"/api/channels/{ch_path(channel)}/trend?window_s={window_s}{step}")
+    assert r.status == 200, f"trend of {channel}: HTTP {r.status} {r.body[:300]!r}"
+    return r.json()
 
 
 class UnreadGets:

@@ -8,13 +8,8 @@ from __future__ import annotations
 
 import httpx
 
-from sb import WS, Bystander, http, uniq
-
-
-def metric(server, name: str) -> int:
-    text = http("GET", server.http_url + "/metrics").body.decode()
-    line = next(l for l in text.splitlines() if l.startswith(name + " "))
-    return int(line.split()[1])
+import sb
+from sb import WS, Bystander, uniq
 
 
 def test_channel_ceiling_refuses_new_channels_but_keeps_existing_ones(start_server):
@@ -52,8 +47,8 @@ def test_channel_ceiling_refuses_new_channels_but_keeps_existing_ones(start_serv
         h = ws.ok("history", {"channel": accepted[0], "limit": 10})
         assert [p["data"] for p in h["publications"]] == [{"v": 0}, 1]
     bystander.check()
-    assert metric(server, "switchboard_channels_refused_total") == 3
-    assert metric(server, "switchboard_broker_channels") == 12
+    assert sb.metric(server, "switchboard_channels_refused_total", required=True) == 3
+    assert sb.metric(server, "switchboard_broker_channels", required=True) == 12
     bystander.close()
     c.close()
 

@@ -76,13 +76,8 @@ client_id = "{client_id}"
 
 def metric_value(srv: sb.Server, name: str, source: str = "plant", reason: str | None = None) -> float:
     """A source's series in /metrics; 0 for a refusal reason never counted."""
-    text = api_get(srv, "/metrics").text
-    labels = f'source="{source}",kind="mqtt"' + (f',reason="{reason}"' if reason else "")
-    m = re.search(rf"^switchboard_{name}{{{re.escape(labels)}}} (\S+)$", text, re.M)
-    if m is None:
-        assert reason is not None, f"{name} of {source} not in /metrics"
-        return 0.0
-    return float(m.group(1))
+    labels = {"reason": reason} if reason else {}
+    return sb.metric(srv, f"switchboard_{name}", required=reason is None, source=source, kind="mqtt", **labels)
 
 
 def refused(srv: sb.Server, reason: str, source: str = "plant") -> float:

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import time
 
 import pytest
 
 import sb
-from sb import WS, http
+from sb import WS
 from test_source_opcua import OpcServer, free_port
 
 # `x` repeated: the values the test server gives Blob (String) and BlobBytes (ByteString).
@@ -63,10 +62,9 @@ channel = "pt:{{name}}"
 
 
 def metric(srv: sb.Server, name: str, reason: str | None = None) -> float:
-    text = http("GET", srv.http_url + "/metrics").text
-    labels = 'source="plc",kind="opcua"' + (f',reason="{reason}"' if reason else "")
-    m = re.search(rf"^switchboard_{name}{{{re.escape(labels)}}} (\S+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
+    """The OPC UA source's series `name` (without `switchboard_`); 0 when never counted."""
+    labels = {"reason": reason} if reason else {}
+    return sb.metric(srv, f"switchboard_{name}", source="plc", kind="opcua", **labels)
 
 
 wait_until = functools.partial(sb.wait_until, limit=30.0, every=0.1)

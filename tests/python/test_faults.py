@@ -48,17 +48,6 @@ def info(srv: sb.Server) -> dict:
     return api_get(srv, "/api/info").json()
 
 
-def metric(srv: sb.Server, name: str, **labels) -> float:
-    """The value of one series of `/metrics` (0 when absent)."""
-    text = api_get(srv, "/metrics").text
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    series = f"{name}{{{want}}}" if labels else name
-    for line in text.splitlines():
-        if line.startswith(series + " "):
-            return float(line.split()[-1])
-    return 0.0
-
-
 def settle(read, want, timeout: float = 15.0):
     """Polls `read()` until it returns `want` (state the node reaches by itself)."""
     deadline = time.monotonic() + timeout
@@ -210,7 +199,7 @@ def test_faults_panic_delivering_to_one_subscriber_closes_only_it(fault_server):
         assert got == [first] + offsets
     closed = victim.wait_closed()
     assert closed.code == 4008, closed
-    assert metric(srv, "switchboard_panics_isolated_total", site="fanout") >= 1
+    assert sb.metric(srv, "switchboard_panics_isolated_total", site="fanout") >= 1
     # The victim reconnects and recovers exactly what it missed.
     with WS(srv.ws_url) as again:
         r = again.subscribe([ch], recover={ch: {"epoch": epoch, "offset": seen}})["channels"][ch]
@@ -245,7 +234,7 @@ def test_faults_panic_in_one_session_leaves_nothing_behind(fault_server):
     assert left["leave"]["ch"] == room
     members = settle(lambda: len(api_get(srv, f"/api/presence/{sb.ch_path(room)}").json()["clients"]), 1)
     assert members == 1
-    assert metric(srv, "switchboard_panics_isolated_total", site="session") >= 1
+    assert sb.metric(srv, "switchboard_panics_isolated_total", site="session") >= 1
     victim.close()
     at_baseline(srv, base)
     o = api_publish(srv, room, {"after": True})["offset"]
@@ -255,7 +244,7 @@ def test_faults_panic_in_one_session_leaves_nothing_behind(fault_server):
 
 def test_faults_simulator_panic_restarts_it_and_is_counted(fault_server):
     srv = fault_server("--simulate", "4@20")
-    assert metric(srv, "switchboard_task_restarts_total", task="simulator") == 0
+    assert sb.metric(srv, "switchboard_task_restarts_total", task="simulator") == 0
     with WS(srv.ws_url) as ws:
         start = ws.subscribe(["pt:sim.0"])["channels"]["pt:sim.0"]["offset"]
         before = [p["off"] for p in ws.pubs("pt:sim.0", 10)]
@@ -265,7 +254,7 @@ def test_faults_simulator_panic_restarts_it_and_is_counted(fault_server):
     # One stream going on: offsets only grow (a point channel may conflate under load, so a
     # skipped offset is allowed; a repeat or a step back is not).
     assert offs[0] > start and all(b > a for a, b in zip(offs, offs[1:])), offs
-    assert metric(srv, "switchboard_task_restarts_total", task="simulator") == 1
+    assert sb.metric(srv, "switchboard_task_restarts_total", task="simulator") == 1
     assert srv.alive()
 
 
@@ -283,7 +272,7 @@ def test_faults_redis_link_panic_restarts_it_and_its_clients_recover(fault_serve
     # The link's reader panicked on the publication: the task restarts (counted) and the
     # channel's subscribers are told to recover (an `unsubscribed` push, 4008), not left
     # silently behind; they subscribe it again on the same connection.
-    assert settle(lambda: metric(srv, "switchboard_task_restarts_total", task="redis-link"), 1) == 1
+    assert settle(lambda: sb.metric(srv, "switchboard_task_restarts_total", task="redis-link"), 1) == 1
     told = victim.recv_where(lambda m: "unsubscribed" in m or "pub" in m, timeout=20)
     assert told == {"unsubscribed": {"ch": hit, "code": 4008, "resubscribe": True,
                                      "reason": told["unsubscribed"]["reason"]}}, told
@@ -325,8 +314,8 @@ def test_faults_source_decode_panic_refuses_that_message_only(fault_server, tmp_
         poison, calm = f"plant/{u}/poison", f"plant/{u}/calm"
         ch = {t: "pt:" + t.replace("/", ".") for t in (poison, calm)}
         pub = Publisher(mq.port, uniq("pub-"))
-        reconnects = metric(srv, "switchboard_source_reconnects_total", source="plant", kind="mqtt")
-        refused = metric(srv, "switchboard_source_refused_total", source="plant", kind="mqtt", reason="decode")
+        reconnects = sb.metric(srv, "switchboard_source_reconnects_total", source="plant", kind="mqtt")
+        refused = sb.metric(srv, "switchboard_source_refused_total", source="plant", kind="mqtt", reason="decode")
         with WS(srv.ws_url) as ws:
             ws.subscribe(list(ch.values()))
             failpoint(srv, "source.decode", f"return({poison})")
@@ -341,12 +330,12 @@ def test_faults_source_decode_panic_refuses_that_message_only(fault_server, tmp_
             pub.publish(poison, "10")
             first = ws.pubs(ch[poison], 1)[0]
             assert (first["off"], first["data"]["v"]) == (1, 10), "the refused messages never reached the channel"
-        assert metric(srv, "switchboard_source_refused_total", source="plant", kind="mqtt",
+        assert sb.metric(srv, "switchboard_source_refused_total", source="plant", kind="mqtt",
                       reason="decode") == refused + 5
-        assert metric(srv, "switchboard_panics_isolated_total", site="source-decode") == 5
-        assert metric(srv, "switchboard_source_reconnects_total", source="plant", kind="mqtt") == reconnects
-        assert metric(srv, "switchboard_source_connected", source="plant", kind="mqtt") == 1
-        assert metric(srv, "switchboard_task_restarts_total", task="source") == 0
+        assert sb.metric(srv, "switchboard_panics_isolated_total", site="source-decode") == 5
+        assert sb.metric(srv, "switchboard_source_reconnects_total", source="plant", kind="mqtt") == reconnects
+        assert sb.metric(srv, "switchboard_source_connected", source="plant", kind="mqtt") == 1
+        assert sb.metric(srv, "switchboard_task_restarts_total", task="source") == 0
     finally:
         if pub is not None:
             pub.close()

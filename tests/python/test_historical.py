@@ -13,7 +13,6 @@ memory broker and on a real redis-server.
 
 from __future__ import annotations
 
-import re
 import time
 
 import paho.mqtt.client as paho
@@ -67,16 +66,7 @@ class EdgeNode:
 
 
 def historical_count(srv: sb.Server, outcome: str) -> float:
-    text = api_get(srv, "/metrics").text
-    m = re.search(rf'^switchboard_source_historical_total{{outcome="{outcome}"}} (\S+)$', text, re.M)
-    assert m, f"switchboard_source_historical_total{{outcome={outcome!r}}} not in /metrics"
-    return float(m.group(1))
-
-
-def trend(srv: sb.Server, channel: str, window_s: int, step_s: int) -> dict:
-    r = api_get(srv, f"/api/channels/{ch_path(channel)}/trend?window_s={window_s}&step_s={step_s}")
-    assert r.status == 200, r.text
-    return r.json()
+    return sb.metric(srv, "switchboard_source_historical_total", required=True, outcome=outcome)
 
 
 def has_last(srv: sb.Server, channel: str) -> bool:
@@ -161,7 +151,7 @@ trend_window_s = 0
         assert set(got) <= set(live), f"a live subscriber got a historical value: {got}"
 
     # The trend: the backlog at its own time, last by time (not by arrival), in both tiers.
-    fine = trend(srv, ch, 600, 1)
+    fine = sb.trend(srv, ch, 600, 1)
     assert fine["step_s"] == 1, fine
     buckets = {b["t"]: b for b in fine["buckets"]}
     assert (buckets[s]["n"], buckets[s]["min"], buckets[s]["max"], buckets[s]["last"]) == (5, -4.0, 3.0, 3.0), fine
@@ -170,7 +160,7 @@ trend_window_s = 0
     hist = [p["data"]["v"] for p in api_get(srv, f"/api/channels/{ch_path(ch)}/history?limit=100").json()[
         "publications"]]
     assert sum(b["n"] for b in fine["buckets"] if b["t"] >= now - 60_000) == len(hist), (fine, hist)
-    coarse = trend(srv, ch, 3600, 10)
+    coarse = sb.trend(srv, ch, 3600, 10)
     assert coarse["step_s"] == 10, coarse
     c = next(b for b in coarse["buckets"] if b["t"] == s)
     assert (c["n"], c["min"], c["max"], c["last"]) == (6, -4.0, 5.0, 5.0), coarse
@@ -189,8 +179,7 @@ trend_window_s = 0
     assert last_value(srv, nt)["last"]["data"]["v"] == 7.0
     untrended = api_get(srv, f"/api/channels/{ch_path(nt)}/history?limit=100").json()["publications"]
     assert {p["data"]["v"] for p in untrended} == {7.0}, untrended
-    refused = re.search(r'^switchboard_source_refused_total{source="untrended",kind="mqtt",reason="node"} (\S+)$',
-                        api_get(srv, "/metrics").text, re.M)
-    assert refused and float(refused.group(1)) == 1, "the source counts the refusal"
+    refused = sb.metric(srv, "switchboard_source_refused_total", source="untrended", kind="mqtt", reason="node")
+    assert refused == 1, "the source counts the refusal"
     edge.close()
     other.close()

@@ -53,14 +53,6 @@ def backend():
     b.close()
 
 
-def metric(node, line_start: str) -> float:
-    text = http("GET", node.http_url + "/metrics").body.decode()
-    for line in text.splitlines():
-        if line.startswith(line_start):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{line_start} not in /metrics")
-
-
 def test_hooks_node_wide_cap_holds_however_many_clients_subscribe(start_server, backend, tmp_path):
     cap, clients, per_client = 4, 12, 6
     backend.answers["connect"] = {"result": {"user": "ann"}}
@@ -113,7 +105,7 @@ def test_hooks_call_without_a_slot_in_time_fails_like_a_timed_out_hook(start_ser
         err = got[ch]["error"]
         assert err["code"] == 503 and err["message"] == "the application's backend is unavailable (subscribe hook)", err
     assert len(backend.calls_of("subscribe")) <= 2, backend.calls_of("subscribe")
-    assert metric(node, 'switchboard_hook_busy_total{hook="subscribe"}') >= 2
+    assert sb.metric(node, "switchboard_hook_busy_total", required=True, hook="subscribe") >= 2
     ws.close()
 
 
@@ -131,7 +123,7 @@ def test_hooks_failure_warnings_are_rate_limited_with_a_suppressed_count(start_s
     channels = ["app:" + uniq() for _ in range(200)]
     got = ws.request("subscribe", {"channels": channels}, timeout=30)["ok"]["channels"]
     assert all(v["error"]["code"] == 503 for v in got.values()), got
-    assert metric(node, 'switchboard_hook_errors_total{hook="subscribe"}') == 200
+    assert sb.metric(node, "switchboard_hook_errors_total", required=True, hook="subscribe") == 200
     lines = warning_lines(node)
     assert 1 <= len(lines) <= 3, lines
     # The next failure after the interval (log_limit::INTERVAL, 10 s) says how many were left out.

@@ -20,7 +20,7 @@ import time
 import pytest
 
 import sb
-from sb import WS, ch_path, http
+from sb import WS
 from test_fault_opcua import latest, metric, received
 from test_source_opcua import OpcServer, free_port
 
@@ -123,9 +123,7 @@ channel = "pt:{{name}}"
 
 def buckets(srv: sb.Server, channel: str) -> dict[int, dict]:
     """The channel's one-second trend buckets of the last 5 minutes, by start time."""
-    r = http("GET", srv.http_url + f"/api/channels/{ch_path(channel)}/trend?window_s=300&step_s=1")
-    assert r.status == 200, r.body
-    return {b["t"]: b for b in r.json()["buckets"]}
+    return {b["t"]: b for b in sb.trend(srv, channel, 300, 1)["buckets"]}
 
 
 @pytest.mark.timeout(180)

@@ -111,33 +111,13 @@ qos = 1
     return str(path)
 
 
-def history(srv: sb.Server, ch: str) -> list[dict]:
-    """Every publication the channel keeps, read page by page; none while it is unknown or
-    the broker does not answer."""
-    out: list[dict] = []
-    query = "limit=2000"
-    while True:
-        r = api_get(srv, f"/api/channels/{ch_path(ch)}/history?{query}")
-        if r.status != 200:
-            return []
-        body = r.json()
-        out += [p["data"] for p in body["publications"]]
-        if not body["more"] or not body["publications"]:
-            return out
-        last = body["publications"][-1]["offset"]
-        query = f"limit=2000&since_offset={last}&epoch={body['epoch']}"
-
-
 def trend_count(srv: sb.Server, ch: str) -> int:
-    body = api_get(srv, f"/api/channels/{ch_path(ch)}/trend?window_s=600").json()
-    return sum(b["n"] for b in body["buckets"])
+    return sum(b["n"] for b in sb.trend(srv, ch, 600)["buckets"])
 
 
-def metric(srv: sb.Server, series: str) -> float:
-    for line in api_get(srv, "/metrics").text.splitlines():
-        if line.startswith(series + " "):
-            return float(line.split()[-1])
-    return 0.0
+def metric(srv: sb.Server, name: str, **labels) -> float:
+    """The plant source's series `name`."""
+    return sb.metric(srv, name, source="plant", kind="mqtt", **labels)
 
 
 def channel_of(topic: str) -> str:
@@ -149,13 +129,13 @@ def assert_every_value_once(srv: sb.Server, dev: Devices, whole_history: bool = 
     once in order — all of them, or (`whole_history` false) those since its epoch began."""
     for topic, sent in dev.sent.items():
         ch = channel_of(topic)
-        sb.wait_until(f"{ch} has its last value", lambda: (history(srv, ch) or [{}])[-1].get("v") == sent[-1], 60,
+        sb.wait_until(f"{ch} has its last value", lambda: (sb.history_all(srv, ch) or [{}])[-1].get("v") == sent[-1], 60,
                       every=0.5)
-        got = [d["v"] for d in history(srv, ch)]
+        got = [d["v"] for d in sb.history_all(srv, ch)]
         tail = sent if whole_history else sent[len(sent) - len(got):]
         assert got == tail, f"{ch}: history is not every value once in order (got {len(got)}, sent {len(sent)})"
         assert whole_history or len(got) >= len(sent) // 3, f"{ch}: only {len(got)} of {len(sent)} since the restart"
-        times = [d["t"] for d in history(srv, ch)]
+        times = [d["t"] for d in sb.history_all(srv, ch)]
         assert times == sorted(times)
         sb.wait_until(f"{ch}: trend buckets count every value once", lambda: trend_count(srv, ch) == len(sent), 10)
 
@@ -215,8 +195,7 @@ def test_qos1_values_survive_a_redis_outage_once_each_in_order_with_a_primary_ho
         sent = dev.stop()
         assert sent >= 1500
         assert_every_value_once(srv, dev, whole_history=outage == "paused")
-        sb.wait_until("the backlog is empty", lambda: metric(
-            srv, 'switchboard_source_backlog{source="plant",kind="mqtt"}') == 0, 30)
+        sb.wait_until("the backlog is empty", lambda: metric(srv, "switchboard_source_backlog") == 0, 30)
         sources = api_get(srv, "/api/sources").json()["sources"]
         assert sources[0]["name"] == "plant" and sources[0]["backlog"] == 0 and sources[0]["backlog_age_s"] == 0
         # Every STATE of one connection carries its timestamp; a later connection's is later.
@@ -240,12 +219,12 @@ def test_qos1_values_survive_a_redis_outage_once_each_in_order_with_a_primary_ho
 def test_memory_broker_commits_every_qos1_value_at_once(start_server, tmp_path, mosquitto):
     prefix = uniq("plant")
     srv = start_server("--config", config(tmp_path, mosquitto, prefix))
-    sb.wait_until("the source runs", lambda: metric(srv, 'switchboard_source_connected{source="plant",kind="mqtt"}') == 1, 20)
+    sb.wait_until("the source runs", lambda: metric(srv, "switchboard_source_connected") == 1, 20)
     dev = Devices(mosquitto, prefix)
     time.sleep(4)
     dev.stop()
     assert_every_value_once(srv, dev)
-    assert metric(srv, 'switchboard_source_backlog{source="plant",kind="mqtt"}') == 0
+    assert metric(srv, "switchboard_source_backlog") == 0
 
 
 def test_qos0_values_keep_the_newest_per_channel_when_the_buffer_is_full(start_server, tmp_path, mosquitto):
@@ -255,8 +234,7 @@ def test_qos0_values_keep_the_newest_per_channel_when_the_buffer_is_full(start_s
     srv = start_server("--broker", redis.url, "--config",
                        config(tmp_path, mosquitto, prefix, "buffer_bytes = 65536", lease_ttl_s=30))
     try:
-        sb.wait_until("the source runs", lambda: metric(
-            srv, 'switchboard_source_connected{source="plant",kind="mqtt"}') == 1, 20)
+        sb.wait_until("the source runs", lambda: metric(srv, "switchboard_source_connected") == 1, 20)
         redis.kill()
         time.sleep(1)
         client = paho_client(mosquitto.port, uniq("dev0-"))
@@ -270,14 +248,13 @@ def test_qos0_values_keep_the_newest_per_channel_when_the_buffer_is_full(start_s
         time.sleep(1)
         client.disconnect()
         client.loop_stop()
-        sb.wait_until("values wait in the backlog", lambda: metric(
-            srv, 'switchboard_source_backlog{source="plant",kind="mqtt"}') > 0, 10)
+        sb.wait_until("values wait in the backlog", lambda: metric(srv, "switchboard_source_backlog") > 0, 10)
         redis.start()
         for topic, i in last.items():
             ch = channel_of(topic)
-            sb.wait_until(f"{ch} has its newest value", lambda: (history(srv, ch) or [{}])[-1].get("v") == i, 60, every=0.5)
-        dropped = metric(srv, 'switchboard_source_dropped_total{source="plant",kind="mqtt",reason="buffer"}')
-        kept = sum(len(history(srv, channel_of(t))) for t in topics)
+            sb.wait_until(f"{ch} has its newest value", lambda: (sb.history_all(srv, ch) or [{}])[-1].get("v") == i, 60, every=0.5)
+        dropped = metric(srv, "switchboard_source_dropped_total", reason="buffer")
+        kept = sum(len(sb.history_all(srv, channel_of(t))) for t in topics)
         assert dropped > 0 and kept + dropped == 1500, (dropped, kept)
     finally:
         redis.kill()

@@ -74,10 +74,7 @@ def spb(mosquitto):
 
 
 def metric_value(srv: sb.Server, name: str) -> float:
-    text = http("GET", srv.http_url + "/metrics").text
-    m = re.search(rf'^switchboard_{name}{{source="plant",kind="mqtt"}} (\S+)$', text, re.M)
-    assert m, f"{name} not in /metrics"
-    return float(m.group(1))
+    return sb.metric(srv, f"switchboard_{name}", required=True, source="plant", kind="mqtt")
 
 
 def write(srv: sb.Server, channel: str, data) -> sb.HttpResponse:

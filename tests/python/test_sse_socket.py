@@ -27,13 +27,6 @@ def sse_path(channels, **params) -> str:
     return "/sse?" + urllib.parse.urlencode({"channels": ",".join(channels), **params})
 
 
-def metric(srv, name: str) -> float:
-    for line in httpx.get(f"{srv.http_url}/metrics", trust_env=False).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
-
-
 def fds(srv) -> int:
     return len(os.listdir(f"/proc/{srv.pid}/fd"))
 
@@ -136,9 +129,9 @@ def test_sse_socket_clients_that_vanish_leave_nothing_behind(server):
     bystander_ch = uniq("bystander.")
     with SSE(f"{server.http_url}{sse_path([bystander_ch])}") as bystander:
         bystander.next_event("subscribed")
-        wait_for(lambda: metric(server, "switchboard_connections") >= 1, what="the bystander counted")
-        base_conns, base_fds = metric(server, "switchboard_connections"), fds(server)
-        base_subs = metric(server, "switchboard_subscriptions")
+        wait_for(lambda: sb.metric(server, "switchboard_connections") >= 1, what="the bystander counted")
+        base_conns, base_fds = sb.metric(server, "switchboard_connections"), fds(server)
+        base_subs = sb.metric(server, "switchboard_subscriptions")
         for round_, how in enumerate(("reset", "close", "half-close")):
             ch = uniq("flood.")
             victims = [RawSSE("127.0.0.1", server.port, sse_path([ch]), rcvbuf=4096) for _ in range(5)]
@@ -163,8 +156,8 @@ def test_sse_socket_clients_that_vanish_leave_nothing_behind(server):
                     while v.sock.recv(65536):
                         pass
                     v.close()
-            wait_for(lambda: metric(server, "switchboard_connections") == base_conns, what=f"{how}: connections")
-            wait_for(lambda: metric(server, "switchboard_subscriptions") == base_subs, what=f"{how}: subscriptions")
+            wait_for(lambda: sb.metric(server, "switchboard_connections") == base_conns, what=f"{how}: connections")
+            wait_for(lambda: sb.metric(server, "switchboard_subscriptions") == base_subs, what=f"{how}: subscriptions")
             wait_for(lambda: fds(server) <= base_fds, what=f"{how}: descriptors")
 
 
