@@ -330,6 +330,26 @@ def test_source_sparkplug_values_and_commands_round_trip_with_pysparkplug(pyspar
     pub.close()
 
 
+def nothing_went_bad(ws: WS, pub: Publisher, g: str, other: str) -> None:
+    """After a death the node must ignore: an NDATA of `other` (alias 2) follows it, so once its
+    value shows the death was read, and no value went bad."""
+    data = spb_lib.NData(timestamp=int(time.time() * 1000), seq=1, metrics=(
+        spb_lib.Metric(timestamp=None, name=None, alias=2, datatype=spb_lib.DataType(INT32), value=-3),))
+    pub.publish(f"spBv1.0/{g}/NDATA/E1", data.encode(include_dtypes=True))
+    seen, deadline = [], time.monotonic() + 10
+    while not seen or seen[-1]["v"] != -3:
+        seen.append(ws.pubs(other, 1, timeout=max(0.01, deadline - time.monotonic()))[0]["data"])
+    assert all(d["q"] == "good" for d in seen), seen
+    assert [m for m in ws.drain() if m.get("pub", {}).get("data", {}).get("q") == "bad"] == []
+
+
+def wait_bad(ws: WS, channel: str) -> None:
+    """Waits for `channel`'s value marked bad (the edge node died)."""
+    deadline = time.monotonic() + 10
+    while ws.pubs(channel, 1, timeout=max(0.01, deadline - time.monotonic()))[0]["data"]["q"] != "bad":
+        pass
+
+
 def test_source_sparkplug_stale_ndeath_is_ignored_by_bdseq(pysparkplug, node, mosquitto, spb):
     g = uniq("G")
     level, other = f"pt:{g}.E1.Level", f"pt:{g}.E1.Other"
@@ -349,15 +369,7 @@ def test_source_sparkplug_stale_ndeath_is_ignored_by_bdseq(pysparkplug, node, mo
         pub.publish(f"spBv1.0/{g}/NBIRTH/E1", birth(1, 2.0))
         wait_value(ws, level, 2.0)
         pub.publish(f"spBv1.0/{g}/NDEATH/E1", death(0))
-        data = spb_lib.NData(timestamp=int(time.time() * 1000), seq=1, metrics=(
-            spb_lib.Metric(timestamp=None, name=None, alias=2, datatype=spb_lib.DataType(INT32), value=-3),))
-        pub.publish(f"spBv1.0/{g}/NDATA/E1", data.encode(include_dtypes=True))
-        # The NDATA was sent after the stale NDEATH, so once it shows, the NDEATH was read.
-        seen, deadline = [], time.monotonic() + 10
-        while not seen or seen[-1]["v"] != -3:
-            seen.append(ws.pubs(other, 1, timeout=max(0.01, deadline - time.monotonic()))[0]["data"])
-        assert all(d["q"] == "good" for d in seen), seen
-        assert [m for m in ws.drain() if m.get("pub", {}).get("data", {}).get("q") == "bad"] == []
+        nothing_went_bad(ws, pub, g, other)
         last = channel_last(node, level)
         assert (last["v"], last["q"]) == (2.0, "good"), last
         # Still alive: takes commands.
@@ -365,9 +377,7 @@ def test_source_sparkplug_stale_ndeath_is_ignored_by_bdseq(pysparkplug, node, mo
         spb.wait_for(f"spBv1.0/{g}/NCMD/E1")
         # The current session's NDEATH ends it.
         pub.publish(f"spBv1.0/{g}/NDEATH/E1", death(1))
-        deadline = time.monotonic() + 10
-        while ws.pubs(level, 1, timeout=max(0.01, deadline - time.monotonic()))[0]["data"]["q"] != "bad":
-            pass
+        wait_bad(ws, level)
     assert channel_last(node, level)["q"] == "bad" and channel_last(node, other)["q"] == "bad"
     # Dead: 503, and nothing is published.
     r = write(node, level, 6.5)
@@ -407,15 +417,7 @@ def test_source_sparkplug_ndeath_numbered_ahead_ends_the_session_a_stale_one_doe
 
         # One behind (the will of the session before, delivered late): ignored.
         pub.publish(f"spBv1.0/{g}/NDEATH/E1", death(3))
-        data = spb_lib.NData(timestamp=int(time.time() * 1000), seq=1, metrics=(
-            spb_lib.Metric(timestamp=None, name=None, alias=2, datatype=spb_lib.DataType(INT32), value=-3),))
-        pub.publish(f"spBv1.0/{g}/NDATA/E1", data.encode(include_dtypes=True))
-        # The NDATA was sent after the stale NDEATH, so once it shows, the NDEATH was read.
-        seen, deadline = [], time.monotonic() + 10
-        while not seen or seen[-1]["v"] != -3:
-            seen.append(ws.pubs(other, 1, timeout=max(0.01, deadline - time.monotonic()))[0]["data"])
-        assert all(d["q"] == "good" for d in seen), seen
-        assert [m for m in ws.drain() if m.get("pub", {}).get("data", {}).get("q") == "bad"] == []
+        nothing_went_bad(ws, pub, g, other)
         assert channel_last(node, level)["q"] == "good"
         assert write(node, level, 5.5).status == 200
         spb.wait_for(f"spBv1.0/{g}/NCMD/E1")
@@ -423,9 +425,7 @@ def test_source_sparkplug_ndeath_numbered_ahead_ends_the_session_a_stale_one_doe
         # One ahead, exactly as pysparkplug's clean disconnect sends it: the edge node is offline.
         errors = metric_value(node, "source_decode_errors_total")
         pub.publish(f"spBv1.0/{g}/NDEATH/E1", death(5))
-        deadline = time.monotonic() + 10
-        while ws.pubs(level, 1, timeout=max(0.01, deadline - time.monotonic()))[0]["data"]["q"] != "bad":
-            pass
+        wait_bad(ws, level)
     assert (channel_last(node, level)["q"], channel_last(node, other)["q"]) == ("bad", "bad")
     r = write(node, level, 6.5)
     assert r.status == 503 and "NDEATH" in r.text, r.body
