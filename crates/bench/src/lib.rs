@@ -13,11 +13,13 @@
 //! # Layout
 //! Scenarios sit on top; the shared machinery below them never imports a scenario
 //! (`scripts/check-cycles.py --crate bench` shows the module graph has no cycle).
-//! - [`scenario`]: one file per scenario ([`scenario::limit`], [`scenario::broadcast`] (with
+//! - [`scenario`]: one file per scenario ([`scenario::limit`], [`scenario::broadcast`] (its
+//!   subscribers in `broadcast::worker`, the run in `broadcast::coordinator`, and
 //!   `broadcast::reference`, two transports' cost per delivery compared in one run),
 //!   [`scenario::echo`], [`scenario::rooms`], [`scenario::streams`] (with
-//!   `streams::feed`, the subscriber, its frame reader and the batched publisher it shares with
-//!   [`scenario::dashboard`], [`scenario::rooms`] and [`scenario::soak`]),
+//!   `streams::feed`, the subscriber it shares with [`scenario::dashboard`], its frame reader
+//!   and subscribe chunks in `feed::wire` (used by [`scenario::rooms`] and [`scenario::soak`]
+//!   too), and the batched tick publisher in `feed::ticks`),
 //!   [`scenario::connect`], [`scenario::sessions`] (with its table, `sessions::cells`, and the
 //!   servers it starts, `sessions::server`), [`scenario::soak`] (split into its load plan,
 //!   publishers, workers, server sampling and verdict)), [`scenario::trend`] (trend fill, memory

@@ -4,7 +4,9 @@
 //! # Layout
 //! - [`error`]: the errors every layer shares: `ApiError` (what a client is told) and
 //!   `ConfigError`; they depend on nothing else in the crate.
-//! - [`config`]: the TOML file, `SWITCHBOARD_*` variables and flags, merged and validated.
+//! - [`config`]: the TOML file, `SWITCHBOARD_*` variables and flags, merged and validated
+//!   (`config::load`: the merge; `config::validate`: the checks; `config::limits` and
+//!   `config::namespace`: `[limits]` and `[namespaces.<ns>]`; `config::trend`: trend tiers).
 //! - [`node`]: [`Node`], one process's lifecycle: connections, publish entry points, heartbeats,
 //!   shutdown.
 //! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out;
@@ -34,13 +36,17 @@
 //!   `api::sources`: the sources and their backlogs at `/api/sources`;
 //!   `api::query`: query strings, a malformed one answered with the JSON 400).
 //! - [`auth`]: authentication (JWT from files and a JWKS URL, Basic, API keys), revoked
-//!   tokens, namespace permissions, `Origin` checks and per-address / per-key abuse limits.
+//!   tokens, namespace permissions, `Origin` checks and per-address / per-key abuse limits
+//!   (`auth::config`: `[auth]`; `auth::identity`: who a client is; `auth::permissions`: what
+//!   it may do in a namespace; the rest listed in `auth`'s own `# Layout`).
 //! - [`proxy`]: the application's hooks (`[proxy]`): connect, subscribe and publish, over a
 //!   pooled HTTP client; the rule that a failing hook refuses.
 //! - [`control`]: `/api/disconnect` and `/api/revoke` across the cluster (internal `$`
 //!   channels); `control::owners`, the node's record of who each connection is.
 //! - [`dashboards`]: saved dashboards (`/api/dashboards`, files in the data directory) and the
-//!   built web app served at `/`.
+//!   built web app served at `/` (`dashboards::body`: a dashboard's types and validation;
+//!   `dashboards::store`: its files and who may change them; `dashboards::demo`: the demo's
+//!   dashboards).
 //! - [`metrics`]: counters and the delivery-lag histogram, rendered for Prometheus.
 //! - [`log_limit`]: warnings clients can cause in bulk, written once per kind per interval
 //!   with a count of those left out.

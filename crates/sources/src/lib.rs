@@ -8,11 +8,15 @@
 //!   [`Write`] requests it serves, its [`SourceStats`], and the running set.
 //! - `running`: [`Sources`], the running set: one supervisor per source that takes the
 //!   source's lease, runs it while the lease holds, and routes writes to it.
-//! - `mqtt`: the MQTT source (one file per source kind beside this interface); its
-//!   `backlog` and `commit` hold what it received until the node committed it (acknowledged
-//!   after commit), `host` is its Sparkplug B primary host STATE, `writes` its write-back.
-//! - `sparkplug`: Sparkplug B payloads of the MQTT source.
-//! - `opcua`: the OPC UA source.
+//! - `mqtt`: the MQTT source (one file per source kind beside this interface); its `config`
+//!   holds its settings and client options, `conn` the connection task's handling of what
+//!   arrives, `backlog` and `commit` hold what it received until the node committed it
+//!   (acknowledged after commit), `host` is its Sparkplug B primary host STATE, `writes` its
+//!   write-back.
+//! - `sparkplug`: Sparkplug B payloads of the MQTT source: `proto` and `datatype` the schema,
+//!   `topic` the topic namespace, `state` the per-edge-node state that turns messages into
+//!   points, `value` and `command` the values and commands of writes.
+//! - `opcua`: the OPC UA source (its own `# Layout` lists its files).
 //!
 //! # Contract
 //! A source publishes each value once, in the order it received them per channel, with the

@@ -5,6 +5,12 @@
 //! [`Auth::check`] from the channel's namespace permissions and the identity's patterns.
 //!
 //! # Layout
+//! - this file: [`Auth`], the loaded state built from the configuration, and authentication
+//!   (tokens, passwords, API keys) into an [`Identity`]; [`Security`].
+//! - `config`: `[auth]` ([`AuthConfig`], grants, [`Secret`], [`StringList`]) and [`AuthLimits`].
+//! - `identity`: [`Identity`], how it was established ([`Method`]), and [`AuthFailure`].
+//! - `permissions`: namespace permissions ([`Access`], [`Permissions`], [`Action`]) and
+//!   [`Auth::check`].
 //! - [`credentials`]: taking credentials and origins out of handshake headers (pure, fuzzed).
 //! - [`pattern`]: channel patterns with `*` and `**` (pure, fuzzed).
 //! - [`jwt`]: token verification (HS256 / RS256 / ES256, PEM and JWK sets).
@@ -25,12 +31,15 @@
 //! and nothing here logs above `debug` level or logs credentials at all.
 
 pub mod apikey;
+mod config;
 pub mod credentials;
 pub mod http;
+mod identity;
 pub mod jwks;
 pub mod jwt;
 pub mod limits;
 pub mod pattern;
+mod permissions;
 pub mod pool;
 pub mod revoke;
 pub mod users;
@@ -38,255 +47,20 @@ pub mod users;
 use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde::{Deserialize, Deserializer};
-use switchboard_protocol::code;
-
+pub use self::config::{
+    AuthConfig, AuthLimits, DashboardAccess, Grant, Secret, StringList, DEFAULT_JWKS_REFRESH_S,
+    DEFAULT_REVOCATION_KEEP_S,
+};
 use self::credentials::Credential;
+pub use self::identity::{AuthFailure, Identity, Method};
 use self::jwt::{JwtVerifier, TokenError};
 use self::limits::{Limiter, Net};
 use self::pattern::PatternSet;
+pub use self::permissions::{Access, Action, Permissions};
 use self::users::Users;
-use crate::error::{ApiError, ConfigError};
-
-/// A configuration value that must never be printed (`Debug` shows `<redacted>`).
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Secret(pub String);
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-impl<'de> Deserialize<'de> for Secret {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Secret, D::Error> {
-        String::deserialize(d).map(Secret)
-    }
-}
-
-/// A list of strings that may also be written as one comma-separated string (handy in
-/// `SWITCHBOARD_*` variables).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct StringList(pub Vec<String>);
-
-impl<'de> Deserialize<'de> for StringList {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<StringList, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Form {
-            One(String),
-            Many(Vec<String>),
-        }
-        Ok(StringList(match Form::deserialize(d)? {
-            Form::One(s) => s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect(),
-            Form::Many(v) => v,
-        }))
-    }
-}
-
-/// `[auth]` in the configuration file.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AuthConfig {
-    /// HS256 shared secret (at least 32 bytes).
-    pub jwt_secret: Option<Secret>,
-    /// PEM file with an RSA (RS256) or EC P-256 (ES256) public key.
-    pub jwt_public_key: Option<PathBuf>,
-    /// JWK set file (RS256, ES256 and HS256 keys, chosen by `kid`).
-    pub jwks: Option<PathBuf>,
-    /// JWK set URL of an identity provider: fetched at start, every `jwks_refresh_s` and on an
-    /// unknown `kid` (see [`jwks`]); combines with the other key sources.
-    pub jwks_url: Option<String>,
-    /// Seconds between two fetches of `jwks_url`; 300 when unset.
-    pub jwks_refresh_s: Option<u64>,
-    /// The longest token lifetime accepted (a token whose `exp` is further away is refused),
-    /// and so how long a revocation is kept when it does not say (a user's `issued_before`
-    /// plus this); 86400 when unset.
-    pub revocation_keep_s: Option<u64>,
-    /// Required `iss` claim, when set.
-    pub jwt_issuer: Option<String>,
-    /// Required `aud` claim, when set.
-    pub jwt_audience: Option<String>,
-    /// Clock skew tolerated on `exp` and `nbf`, in seconds.
-    pub jwt_leeway_s: u64,
-    /// Users file for Basic authentication (`switchboard user add`).
-    pub users: Option<PathBuf>,
-    /// SHA-256 digests (`sha256:<hex>`) of the HTTP API keys.
-    pub api_keys: StringList,
-    /// Origins allowed to open browser WebSockets and to send writes to the HTTP API; empty
-    /// means same-origin only, `*` any.
-    pub allowed_origins: StringList,
-    /// Host names of this node besides its listen address (`gw.example.com`; `*` any): a
-    /// request whose `Host` names anything else is refused 403 (DNS rebinding). Checked when
-    /// set, and always when `allowed_origins` is empty; see
-    /// [`credentials::host_allowed`].
-    pub hosts: StringList,
-    /// Proxies whose `X-Forwarded-For` / `X-Real-IP` give the client address (IPs or CIDR).
-    pub trusted_proxies: StringList,
-    /// Per user (Basic user name or token `sub`): patterns for users whose credentials carry
-    /// none (Basic users, tokens without `channels` / `publish` claims), and dashboard rights.
-    pub grants: HashMap<String, Grant>,
-}
-
-/// `[auth.grants.<user>]`: what a user may subscribe to and publish to, and what it may do
-/// with saved dashboards.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Grant {
-    pub channels: Option<Vec<String>>,
-    pub publish: Option<Vec<String>>,
-    /// `"own"` (the default), `"edit"` or `"read"`; another value is a configuration error
-    /// naming `auth.grants.<user>.dashboards`.
-    pub dashboards: DashboardAccess,
-}
-
-/// What a user may do with the saved dashboards (`[auth.grants.<user>] dashboards`). Everyone
-/// may read them; API keys may change any (see `crate::dashboards`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DashboardAccess {
-    /// Create dashboards, and replace or delete its own and those created without credentials.
-    #[default]
-    Own,
-    /// Also replace or delete anybody's (a dashboard keeps its owner).
-    Edit,
-    /// Read only: creating, replacing and deleting are refused (403).
-    Read,
-}
-
-/// Who may do something in a namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Access {
-    /// Everybody, with or without credentials.
-    Anonymous,
-    /// Any authenticated user whose patterns (if it has any) match the channel.
-    Authenticated,
-    /// Authenticated users whose patterns match the channel; no patterns, no access.
-    Claims,
-}
-
-/// `[namespaces.<ns>.allow]`: who may subscribe, publish, see presence and read history. An
-/// unset entry means `anonymous` on a node without authentication and `authenticated` on one
-/// with it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Permissions {
-    pub subscribe: Option<Access>,
-    pub publish: Option<Access>,
-    pub presence: Option<Access>,
-    pub history: Option<Access>,
-    /// Acknowledge and shelve the alarms of the namespace's channels (docs/alarms.md).
-    pub alarm_ack: Option<Access>,
-}
-
-impl Permissions {
-    pub const DEFAULT: Permissions =
-        Permissions { subscribe: None, publish: None, presence: None, history: None, alarm_ack: None };
-}
-
-/// What a command wants to do with a channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    Subscribe,
-    Publish,
-    Presence,
-    History,
-    /// Acknowledge or shelve the alarm of a channel.
-    AlarmAck,
-}
-
-/// How an identity was established.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Method {
-    /// No credentials.
-    Anonymous,
-    /// A verified JWT.
-    Token,
-    /// A users-file password.
-    Password,
-    /// An HTTP API key (index into the configured list); full access to the HTTP API.
-    ApiKey(usize),
-    /// Accepted by the connect hook (`[proxy] connect_url`) as the user it named.
-    Hook,
-}
-
-/// Who a client is.
-#[derive(Debug, Clone)]
-pub struct Identity {
-    pub method: Method,
-    /// `sub` or user name; empty for anonymous clients.
-    pub user: String,
-    /// Subscribe patterns (also used for presence and history), when restricted.
-    pub channels: Option<Arc<PatternSet>>,
-    /// Publish patterns, when restricted.
-    pub publish: Option<Arc<PatternSet>>,
-    /// Unix seconds when the token (or the connect hook's `expire_at`) expires.
-    pub expires: Option<u64>,
-    /// The token's `jti` and `iat`, matched by revocations.
-    pub jti: Option<Arc<str>>,
-    pub issued_at: Option<u64>,
-}
-
-impl Identity {
-    pub fn anonymous() -> Identity {
-        Identity {
-            method: Method::Anonymous,
-            user: String::new(),
-            channels: None,
-            publish: None,
-            expires: None,
-            jti: None,
-            issued_at: None,
-        }
-    }
-
-    pub fn is_anonymous(&self) -> bool {
-        self.method == Method::Anonymous
-    }
-
-    /// The caller with its kind, so that a name one kind chose cannot pass for another kind's
-    /// (a token whose `sub` is `api-key-0` is `user:api-key-0`, never the API key
-    /// `key:api-key-0`): `user:<name>` (a token's `sub`, a users-file name), `hook:<name>` (the
-    /// user the connect hook named), `key:api-key-<index>` (the API key at that place of the
-    /// configured list), or `anonymous`. The write audit names callers so, and idempotency
-    /// keys belong to it.
-    pub fn principal(&self) -> String {
-        let kind = match self.method {
-            Method::Anonymous => return "anonymous".into(),
-            Method::Token | Method::Password => "user",
-            Method::Hook => "hook",
-            Method::ApiKey(_) => "key",
-        };
-        format!("{kind}:{}", self.user)
-    }
-}
-
-/// Why credentials were refused; the text is safe for clients and logs.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AuthFailure {
-    #[error("{0}")]
-    Malformed(#[from] credentials::MalformedCredential),
-    #[error("{0}")]
-    Token(#[from] TokenError),
-    #[error("bad user name or password")]
-    Password,
-    #[error("unknown API key")]
-    ApiKey,
-    #[error("{0} is not configured on this node")]
-    NotConfigured(&'static str),
-    /// Too many password checks from this address (WebSocket 4029, HTTP 429).
-    #[error("too many password checks (from this address, or waiting at this node); retry later")]
-    RateLimited,
-}
-
-/// Seconds between two fetches of `auth.jwks_url` unless `jwks_refresh_s` says.
-pub const DEFAULT_JWKS_REFRESH_S: u64 = 300;
-/// How long a revocation is kept unless it or `auth.revocation_keep_s` says.
-pub const DEFAULT_REVOCATION_KEEP_S: u64 = 86_400;
+use crate::error::ConfigError;
 
 /// Subscribe and publish patterns of a grant; `None` leaves that side unrestricted.
 type Patterns = (Option<Arc<PatternSet>>, Option<Arc<PatternSet>>);
@@ -376,18 +150,6 @@ impl fmt::Debug for Auth {
             .field("allowed_origins", &self.allowed_origins)
             .finish_non_exhaustive()
     }
-}
-
-/// The limits of `[limits]` that authentication enforces (its defaults are `[limits]`'s, see
-/// `config::Limits::auth`).
-#[derive(Debug, Clone, Copy)]
-pub struct AuthLimits {
-    pub max_connections_per_ip: usize,
-    pub handshakes_per_ip_per_s: usize,
-    pub publishes_per_api_key_per_s: usize,
-    pub publishes_per_user_per_s: usize,
-    pub password_checks_per_ip_per_s: usize,
-    pub exempt_loopback: bool,
 }
 
 impl Default for Auth {
@@ -686,49 +448,6 @@ impl Auth {
                 self.verify_token(&token).await
             }
             basic => self.authenticate_from(basic, ip).await,
-        }
-    }
-
-    /// Whether `who` may do `action` on `channel` of namespace `ns`. `Err` is 401 for
-    /// anonymous clients that need credentials, 403 otherwise.
-    pub fn check(&self, who: &Identity, allow: &Permissions, action: Action, channel: &str) -> Result<(), ApiError> {
-        if let Method::ApiKey(_) = who.method {
-            return Ok(());
-        }
-        let set = match action {
-            Action::Subscribe => allow.subscribe,
-            Action::Publish => allow.publish,
-            Action::Presence => allow.presence,
-            Action::History => allow.history,
-            Action::AlarmAck => allow.alarm_ack,
-        };
-        let level = set.unwrap_or(if self.enabled() { Access::Authenticated } else { Access::Anonymous });
-        if level == Access::Anonymous {
-            return Ok(());
-        }
-        if who.is_anonymous() {
-            return Err(ApiError::new(code::UNAUTHORIZED, "authentication required"));
-        }
-        let patterns = match action {
-            Action::Publish => &who.publish,
-            _ => &who.channels,
-        };
-        let allowed = match (level, patterns) {
-            (_, Some(p)) => p.matches(channel),
-            (Access::Authenticated, None) => true,
-            _ => false,
-        };
-        if allowed {
-            Ok(())
-        } else {
-            let what = match action {
-                Action::Subscribe => "subscribe to",
-                Action::Publish => "publish to",
-                Action::Presence => "see presence of",
-                Action::History => "read history of",
-                Action::AlarmAck => "acknowledge or shelve the alarms of",
-            };
-            Err(ApiError::new(code::FORBIDDEN, format!("not allowed to {what} this channel")))
         }
     }
 }

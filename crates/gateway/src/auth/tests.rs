@@ -1,6 +1,7 @@
 //! Unit tests of `Auth`: levels and patterns, grants, secrets kept out of `Debug`.
 
 use super::*;
+use serde::Deserialize;
 
 fn user(channels: Option<&[&str]>) -> Identity {
     Identity {

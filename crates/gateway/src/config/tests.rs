@@ -1,5 +1,7 @@
 //! Unit tests of the configuration: files, environment, flags and their errors.
 
+use std::time::Duration;
+
 use super::*;
 
 fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {

@@ -1,6 +1,8 @@
 //! Unit tests of the dashboard store and its validation.
 
+use super::body::validate;
 use super::*;
+use switchboard_protocol::code;
 
 fn body(json: &str) -> Result<DashboardBody, ApiError> {
     parse_body("d1", json.as_bytes())

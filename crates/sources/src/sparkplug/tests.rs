@@ -2,6 +2,7 @@
 
 use super::proto::{Metric, Payload, Value as mv};
 use super::*;
+use crate::WriteError;
 use prost::Message;
 
 fn metric(name: Option<&str>, alias: Option<u64>, datatype: u32, value: Option<proto::Value>) -> Metric {

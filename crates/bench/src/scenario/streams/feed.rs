@@ -4,12 +4,21 @@
 //! range of them on one connection ([`subscriber`]); the coordinator updates every point once
 //! per tick through batched `POST /api/publish` calls ([`TickPublisher`], [`run_ticks`]).
 //!
+//! # Layout
+//! - this file: the feed's channels ([`Points`]) and its subscribers (worker processes).
+//! - `wire`: the server messages the bench reads, frames, subscribe chunks and replies (used by
+//!   `rooms` and `soak` too).
+//! - `ticks`: the coordinator's publisher, tick schedule and per-tick completion.
+//!
 //! Every update follows the point convention (`{"v", "t": <unix ms>, "q"}`) and adds two keys
 //! of its own: `us`, the tick's *scheduled* time in unix µs, and `seq`, the tick number.
 //! Latency is arrival − `us`, so a publisher that falls behind its schedule, or a server slow
 //! to accept a batch, shows up as latency instead of as fewer samples (no coordinated
 //! omission). `t` keeps its conventional meaning (milliseconds) for anything else that
 //! watches the channels, such as the dashboard.
+
+mod ticks;
+mod wire;
 
 use std::cell::Cell;
 use std::net::IpAddr;
@@ -19,206 +28,27 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 use switchboard_client::connect::ConnectOptions;
-use switchboard_client::frame::for_each_message;
-use switchboard_client::HttpApi;
-use switchboard_protocol::message::ErrorBody;
-use switchboard_protocol::Format;
 use tokio::time::Instant;
-use tokio_tungstenite::tungstenite::Message;
+
+#[cfg(test)]
+pub(crate) use ticks::TickLog;
+pub(crate) use ticks::{completion, run_ticks, TickPublisher, Ticks};
+use wire::PubIn;
+pub use wire::DEFAULT_SUBSCRIBE_CHUNK;
+pub(crate) use wire::{
+    encode, next_payload, parse_subscribe_ok, payload, read_frame, subscribe_chunks, Incoming, Subscribed,
+};
 
 use crate::accounting::{BurstTally, Delivery, OffsetSet, Tally};
 use crate::common::{unix_micros, WireFormat};
 use crate::histogram::Latency;
-use crate::progress::{Progress, Rate};
-use crate::worker::{Pool, WorkerCtx};
+use crate::worker::WorkerCtx;
 
-/// Most channels one subscribe command names unless `--subscribe-chunk` says otherwise; the
-/// server refuses commands naming more than its `limits.max_channels_per_subscribe` (10,000
-/// by default).
-pub const DEFAULT_SUBSCRIBE_CHUNK: usize = 1000;
-/// Most bytes of channel names in one subscribe command, so that its frame stays under the
-/// server's default `limits.max_frame_bytes` (64 KiB) whatever the chunk size.
-const MAX_SUBSCRIBE_NAME_BYTES: usize = 48 * 1024;
 /// How long a connection may take from its first subscribe command until every subscription
 /// is confirmed (and, with `initial`, holds a value).
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(60);
-
-// ---------------------------------------------------------------------------------------------
-// Wire helpers.
-
-/// The keys the bench reads from a server message; anything else (presence events) is skipped
-/// without allocating. `P` is the publication as the reader wants it (the soak reads points'
-/// own data).
-#[derive(Deserialize)]
-pub(crate) struct Incoming<P = PubIn> {
-    #[serde(default)]
-    pub id: Option<u32>,
-    #[serde(default)]
-    pub ok: Option<Value>,
-    #[serde(default)]
-    pub error: Option<ErrorBody>,
-    #[serde(default = "Option::default", rename = "pub")]
-    pub publication: Option<P>,
-    #[serde(default)]
-    pub disconnect: Option<serde::de::IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct PubIn {
-    pub ch: String,
-    pub off: u64,
-    pub data: Stamp,
-}
-
-/// What the load generator stamps into every publication.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub(crate) struct Stamp {
-    /// Scheduled (feeds) or actual (rooms) publish time, unix µs.
-    pub us: u64,
-    /// Tick or iteration number.
-    pub seq: u64,
-}
-
-/// A command as one frame in `format`.
-pub(crate) fn encode(format: Format, cmd: &Value) -> Message {
-    match format {
-        Format::Json => Message::text(cmd.to_string()),
-        Format::Msgpack => Message::binary(rmp_serde::to_vec_named(cmd).unwrap_or_default()),
-    }
-}
-
-/// The payload of a data frame (`None` for control frames), or why the connection ended.
-pub(crate) fn payload(msg: &Message) -> Result<Option<(Format, &[u8])>, String> {
-    match msg {
-        Message::Text(t) => Ok(Some((Format::Json, t.as_bytes()))),
-        Message::Binary(b) => Ok(Some((Format::Msgpack, b))),
-        Message::Close(f) => {
-            Err(format!("closed by the server with code {}", f.as_ref().map(|f| u16::from(f.code)).unwrap_or(1005)))
-        }
-        _ => Ok(None),
-    }
-}
-
-/// The payload of what a subscriber's connection gave next: as [`payload`], and the reason
-/// when the stream failed or ended.
-pub(crate) fn next_payload<E: std::fmt::Display>(
-    next: &Option<Result<Message, E>>,
-) -> Result<Option<(Format, &[u8])>, String> {
-    match next {
-        Some(Ok(m)) => payload(m),
-        Some(Err(e)) => Err(format!("read: {e}")),
-        None => Err("connection ended".into()),
-    }
-}
-
-/// What one frame brought a subscriber that sent `chunks` subscribe commands (ids `1..=chunks`).
-#[derive(Debug, Default)]
-pub(crate) struct FrameRead {
-    /// `deliver` took at least one publication as new.
-    pub got: bool,
-    /// The server refused a subscription: the connection does not hold its share.
-    pub fail: Option<String>,
-}
-
-/// Reads the messages of one frame of a subscriber whose subscriptions are `held`:
-/// publications go to `deliver` (which says whether one was new), the channels of each reply
-/// to a subscribe command to `confirm`; disconnects and other server errors are noted in
-/// `tally`.
-pub(crate) fn read_frame<P: serde::de::DeserializeOwned, H>(
-    (fmt, bytes): (Format, &[u8]),
-    chunks: usize,
-    held: &mut H,
-    tally: &mut Tally,
-    mut deliver: impl FnMut(&mut H, &P, &mut Tally) -> bool,
-    confirm: impl Fn(&mut H, &str, Subscribed) -> Result<(), String>,
-) -> FrameRead {
-    let mut read = FrameRead::default();
-    for_each_message::<Incoming<P>, _>(fmt, bytes, |m| {
-        let Ok(m) = m else {
-            tally.unexpected += 1;
-            return;
-        };
-        if let Some(p) = &m.publication {
-            read.got |= deliver(held, p, tally);
-        } else if m.id.is_some_and(|id| (1..=chunks as u32).contains(&id)) {
-            if let Some(e) = &m.error {
-                read.fail = Some(format!("subscribe: error {}: {}", e.code, e.message));
-            } else if let Some(ok) = &m.ok {
-                let confirmed = parse_subscribe_ok(ok)
-                    .and_then(|chs| chs.into_iter().try_for_each(|(name, o)| confirm(held, &name, o)));
-                if let Err(e) = confirmed {
-                    read.fail = Some(e);
-                }
-            }
-        } else if m.disconnect.is_some() {
-            tally.note_error("server sent disconnect");
-        } else if let Some(e) = &m.error {
-            tally.note_error(&format!("server error {}: {}", e.code, e.message));
-        }
-    });
-    read
-}
-
-/// One channel's part of a subscribe reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Subscribed {
-    /// Subscribed at `offset`; `last` is the initial value (`initial: true`): its offset and,
-    /// when it carries one, its stamp.
-    Ok {
-        offset: u64,
-        last: Option<(u64, Option<Stamp>)>,
-    },
-    Err(String),
-}
-
-/// The per-channel results of a subscribe `ok` body, `{"channels": {name: result}}`.
-pub(crate) fn parse_subscribe_ok(ok: &Value) -> Result<Vec<(String, Subscribed)>, String> {
-    let Some(channels) = ok.get("channels").and_then(Value::as_object) else {
-        return Err(format!("subscribe reply without channels: {ok}"));
-    };
-    Ok(channels
-        .iter()
-        .map(|(name, v)| {
-            let outcome = if let Some(e) = v.get("error") {
-                Subscribed::Err(format!("subscribe {name}: {e}"))
-            } else if let Some(offset) = v.get("offset").and_then(Value::as_u64) {
-                let last = v.get("last").filter(|l| l.is_object()).and_then(|l| {
-                    let off = l.get("off").and_then(Value::as_u64)?;
-                    Some((off, l.get("data").and_then(|d| serde_json::from_value::<Stamp>(d.clone()).ok())))
-                });
-                Subscribed::Ok { offset, last }
-            } else {
-                Subscribed::Err(format!("subscribe {name}: no offset in {v}"))
-            };
-            (name.clone(), outcome)
-        })
-        .collect())
-}
-
-/// Splits `names` into subscribe commands of at most `max_count` channels and at most
-/// [`MAX_SUBSCRIBE_NAME_BYTES`] of names each.
-pub(crate) fn subscribe_chunks(names: &[String], max_count: usize) -> Vec<Range<usize>> {
-    let max_count = max_count.max(1);
-    let mut out = Vec::new();
-    let (mut start, mut bytes) = (0, 0);
-    for (i, n) in names.iter().enumerate() {
-        // The name, its quotes and a comma.
-        let cost = n.len() + 3;
-        if i > start && (i - start >= max_count || bytes + cost > MAX_SUBSCRIBE_NAME_BYTES) {
-            out.push(start..i);
-            start = i;
-            bytes = 0;
-        }
-        bytes += cost;
-    }
-    if start < names.len() {
-        out.push(start..names.len());
-    }
-    out
-}
-
 // ---------------------------------------------------------------------------------------------
 // Channels.
 
@@ -445,196 +275,12 @@ pub(crate) async fn subscriber(w: Rc<FeedWorker>, range: Range<usize>, bind: Opt
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Publisher side (the coordinator).
-
-/// Updates every point of a feed once per call, in batches, over one kept-alive connection.
-pub(crate) struct TickPublisher {
-    pub api: HttpApi,
-    pub points: Points,
-    /// Items per `POST /api/publish`.
-    pub batch: usize,
-}
-
-/// What one tick's publishing achieved.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(crate) struct TickOutcome {
-    pub accepted: u64,
-    pub rejected: u64,
-    pub errors: Vec<String>,
-}
-
-impl TickPublisher {
-    /// The update of point `i` at tick `seq`, scheduled for `us`.
-    pub fn update(i: usize, seq: u64, us: u64) -> Value {
-        // Some motion so a watching dashboard shows change; the value itself is not checked.
-        let v = ((seq.wrapping_mul(7) + i as u64) % 1000) as f64 / 10.0;
-        json!({"v": v, "t": us / 1000, "q": "good", "us": us, "seq": seq})
-    }
-
-    /// Publishes tick `seq` of every point, stamped `us`.
-    pub async fn publish(&self, seq: u64, us: u64) -> TickOutcome {
-        let mut out = TickOutcome::default();
-        let batch = self.batch.max(1);
-        let mut i = 0;
-        while i < self.points.count {
-            let end = (i + batch).min(self.points.count);
-            let items: Vec<(String, Value)> =
-                (i..end).map(|p| (self.points.name(p), Self::update(p, seq, us))).collect();
-            match self.api.publish_batch(&items).await {
-                Ok(results) => {
-                    for r in &results {
-                        match r {
-                            Ok(_) => out.accepted += 1,
-                            Err(e) => {
-                                out.rejected += 1;
-                                note(&mut out.errors, format!("publish: error {}: {}", e.code, e.message));
-                            }
-                        }
-                    }
-                    // A reply with fewer results than items leaves the rest unconfirmed.
-                    let missing = (end - i).saturating_sub(results.len()) as u64;
-                    if missing > 0 {
-                        out.rejected += missing;
-                        note(&mut out.errors, format!("publish: {missing} items without a result"));
-                    }
-                }
-                Err(e) => {
-                    out.rejected += (end - i) as u64;
-                    note(&mut out.errors, format!("publish: {e}"));
-                }
-            }
-            i = end;
-        }
-        out
-    }
-}
-
-fn note(errors: &mut Vec<String>, e: String) {
-    if errors.len() < crate::accounting::MAX_ERRORS && !errors.contains(&e) {
-        errors.push(e);
-    }
-}
-
-/// The ticks of a measured phase.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Ticks {
-    /// `seq` of the first tick.
-    pub first_seq: u64,
-    pub count: u64,
-    pub hz: f64,
-}
-
-/// What the coordinator did over the measured phase.
-#[derive(Debug, Default)]
-pub(crate) struct TickLog {
-    /// Scheduled time of the first tick, unix µs.
-    pub start_us: u64,
-    /// Per tick: scheduled time (unix µs) and accepted updates.
-    pub scheduled_us: Vec<u64>,
-    pub accepted: Vec<u64>,
-    pub rejected: u64,
-    /// Largest delay between a tick's scheduled time and the start of its publishing.
-    pub late_max_us: u64,
-    pub errors: Vec<String>,
-}
-
-impl TickLog {
-    pub fn accepted_total(&self) -> u64 {
-        self.accepted.iter().sum()
-    }
-}
-
-/// Publishes `ticks` at their schedule, handling worker messages (and the progress line) in
-/// between. Tick `k` is scheduled `k / hz` seconds after the first; a tick that cannot start
-/// on time starts as soon as the previous one is done, still stamped with its schedule.
-pub(crate) async fn run_ticks(
-    pool: &mut Pool,
-    progress: &mut Progress,
-    publisher: &TickPublisher,
-    ticks: Ticks,
-    scenario: &str,
-) -> TickLog {
-    let period_us = 1e6 / ticks.hz;
-    let phase_start = Instant::now();
-    let mut log = TickLog { start_us: unix_micros(), ..TickLog::default() };
-    let mut rate = Rate::default();
-    for k in 0..ticks.count {
-        let offset_us = (k as f64 * period_us) as u64;
-        let at = phase_start + Duration::from_micros(offset_us);
-        let done = k;
-        pool.run_until(
-            at,
-            progress,
-            |p| {
-                let t = p.totals();
-                format!(
-                    "{scenario}: tick {done}/{}, {} updates delivered ({:.0}/s), {} dropped",
-                    ticks.count,
-                    t.received,
-                    rate.per_s(t.received),
-                    t.dropped
-                )
-            },
-            |_| false,
-        )
-        .await;
-        let us = log.start_us + offset_us;
-        log.late_max_us = log.late_max_us.max(unix_micros().saturating_sub(us));
-        let o = publisher.publish(ticks.first_seq + k, us).await;
-        log.scheduled_us.push(us);
-        log.accepted.push(o.accepted);
-        log.rejected += o.rejected;
-        for e in o.errors {
-            note(&mut log.errors, e);
-        }
-    }
-    log
-}
-
-/// Per-tick completion: how many ticks reached every subscriber, and how late the last
-/// delivery of each complete tick was after its scheduled time.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Completion {
-    pub incomplete: u64,
-    /// Complete ticks whose last delivery came more than one period after their schedule.
-    pub late: u64,
-    pub max_ms: Option<f64>,
-    pub mean_ms: Option<f64>,
-}
-
-/// `bursts[first_seq + k]` against `log.accepted[k] × subscribers_per_point`.
-pub(crate) fn completion(
-    log: &TickLog,
-    bursts: &[BurstTally],
-    first_seq: u64,
-    subscribers: u64,
-    hz: f64,
-) -> Completion {
-    let mut c = Completion::default();
-    let mut times = Vec::new();
-    for (k, (&us, &accepted)) in log.scheduled_us.iter().zip(&log.accepted).enumerate() {
-        let b = bursts.get(first_seq as usize + k).copied().unwrap_or_default();
-        let want = accepted * subscribers;
-        if want == 0 || b.count < want {
-            c.incomplete += 1;
-            continue;
-        }
-        let ms = b.last_us.saturating_sub(us) as f64 / 1000.0;
-        if ms > 1000.0 / hz {
-            c.late += 1;
-        }
-        times.push(ms);
-    }
-    c.max_ms = times.iter().copied().reduce(f64::max);
-    c.mean_ms = (!times.is_empty()).then(|| times.iter().sum::<f64>() / times.len() as f64);
-    c
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testutil;
+    use serde_json::Value;
+    use tokio_tungstenite::tungstenite::Message;
 
     #[test]
     fn feed_point_names_round_trip_and_reject_lookalikes() {
@@ -646,63 +292,6 @@ mod tests {
         for bad in ["bench:s.12", "bench:s.07", "bench:s.", "bench:s.1x", "other.1", "bench:s.-1"] {
             assert_eq!(p.index(bad), None, "{bad}");
         }
-    }
-
-    #[test]
-    fn feed_subscribe_chunks_respect_count_and_bytes() {
-        let names: Vec<String> = (0..2500).map(|i| format!("bench:streams.{i}")).collect();
-        let c = subscribe_chunks(&names, 1000);
-        assert_eq!(c, vec![0..1000, 1000..2000, 2000..2500]);
-        // Long names: the byte bound splits before the count bound.
-        let long: Vec<String> = (0..100).map(|i| format!("{}{i}", "x".repeat(1000))).collect();
-        let c = subscribe_chunks(&long, 1000);
-        assert!(c.len() > 1);
-        assert!(c
-            .iter()
-            .all(|r| long[r.clone()].iter().map(|n| n.len() + 3).sum::<usize>() <= MAX_SUBSCRIBE_NAME_BYTES));
-        assert_eq!(c.iter().map(|r| r.len()).sum::<usize>(), 100, "every name once");
-        assert_eq!(subscribe_chunks(&names[..1], 0), vec![0..1], "a zero chunk still makes progress");
-        assert!(subscribe_chunks(&[], 10).is_empty());
-    }
-
-    #[test]
-    fn feed_parses_subscribe_replies_with_and_without_values() {
-        let ok = json!({"channels": {
-            "a": {"epoch": "e", "offset": 4, "last": {"ch": "a", "off": 4, "data": {"v": 1, "us": 9, "seq": 0}}},
-            "b": {"epoch": "e", "offset": 0, "last": null},
-            "c": {"error": {"code": 403, "message": "no"}},
-        }});
-        let mut got = parse_subscribe_ok(&ok).unwrap();
-        got.sort_by(|x, y| x.0.cmp(&y.0));
-        assert_eq!(got[0].1, Subscribed::Ok { offset: 4, last: Some((4, Some(Stamp { us: 9, seq: 0 }))) });
-        assert_eq!(got[1].1, Subscribed::Ok { offset: 0, last: None });
-        assert!(matches!(&got[2].1, Subscribed::Err(e) if e.contains("403")));
-        assert!(parse_subscribe_ok(&json!({})).is_err());
-    }
-
-    #[test]
-    fn feed_completion_counts_incomplete_and_late_ticks() {
-        let log = TickLog {
-            start_us: 1_000_000,
-            scheduled_us: vec![1_000_000, 2_000_000, 3_000_000],
-            accepted: vec![10, 10, 9],
-            ..TickLog::default()
-        };
-        // Two subscribers per point: tick 0 complete in 5 ms, tick 1 complete but 1.5 s late,
-        // tick 2 had 9 accepted updates and 17 of 18 deliveries.
-        let bursts = vec![
-            BurstTally { count: 20, last_us: 1_005_000 },
-            BurstTally { count: 20, last_us: 3_500_000 },
-            BurstTally { count: 17, last_us: 3_100_000 },
-        ];
-        let c = completion(&log, &bursts, 0, 2, 1.0);
-        assert_eq!((c.incomplete, c.late), (1, 1));
-        assert_eq!(c.max_ms, Some(1500.0));
-        assert_eq!(c.mean_ms, Some(752.5));
-        // Tick numbers that start at 1 (the dashboard's): `bursts[0]` is not a tick.
-        let on_time = BurstTally { count: 20, last_us: 2_900_000 };
-        let c = completion(&log, &[BurstTally::default(), on_time, on_time, on_time], 1, 2, 1.0);
-        assert_eq!((c.incomplete, c.late), (0, 1), "only tick 0 ends more than a period after its schedule");
     }
 
     #[test]
