@@ -8,7 +8,9 @@
 //!   presence table, indexed per channel and client; `memory/keys.rs`: its bounded
 //!   idempotency keys).
 //! - [`redis`]: [`RedisBroker`], the cluster broker: every node shares one Redis, publications
-//!   reach the other nodes over Redis pub/sub, history and presence live in Redis.
+//!   reach the other nodes over Redis pub/sub, history and presence live in Redis
+//!   (`redis/heartbeat.rs`: the node's registration there and the refresh of what it keeps
+//!   alive, its clients' presence and its subscribed channels).
 //! - [`routed`]: [`RoutedBroker`], one broker over several [`RedisBroker`]s, each channel on the
 //!   one its [`routed::Router`] names: batches split by target, settings fanned out, calls
 //!   retried while routes change, figures merged — once for every topology.
