@@ -24,6 +24,7 @@
 //! - Leases (`redis::lease`): which node runs each plant data source.
 //! - Record sets (`redis::records`): shared entries each kept until its own expiry.
 //! - Tables and logs (`redis::kept`): hashes and streams a node keeps for the cluster.
+//! - Long-poll sessions (`redis::sessions`): their records, queued commands, locks and notices.
 //! - A heartbeat (`redis::heartbeat`) registers the node (`/api/info` node count) and its
 //!   subscription counts (cluster-wide subscriber figures in `/api/channels`).
 //!
@@ -42,6 +43,7 @@ mod publishing;
 mod records;
 mod round_trip;
 mod scripts;
+mod sessions;
 mod subscriber;
 mod trend_store;
 
@@ -55,6 +57,7 @@ use parking_lot::Mutex;
 use serde_json::value::RawValue;
 use tokio::sync::{watch, Notify};
 
+use crate::sessions::SessionStore;
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
     HistoryResult, LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
@@ -67,6 +70,7 @@ use link::Link;
 pub(crate) use listing::page_over;
 pub(crate) use publishing::may_retry;
 use scripts::Scripts;
+pub(crate) use sessions::{listen_with, notice_channel};
 
 /// How long a subscribe waits for Redis to confirm before failing.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -195,6 +199,7 @@ pub(crate) struct Inner {
     scripts: Scripts,
     leases: lease::Leases,
     records: records::RecordScripts,
+    sessions: sessions::SessionScripts,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
     /// The id this node is registered under; nothing is registered until it is set, so the
     /// cluster figures never list an id that is not a node's own.
@@ -292,6 +297,7 @@ impl RedisBroker {
             scripts: Scripts::new(cluster),
             leases: lease::Leases::new(),
             records: records::RecordScripts::new(),
+            sessions: sessions::SessionScripts::new(),
             handler: OnceLock::new(),
             node_id: OnceLock::new(),
             id_set: Notify::new(),
@@ -407,6 +413,10 @@ impl Broker for RedisBroker {
 
     fn set_channel_ttl(&self, keep: ChannelTtl) {
         let _ = self.inner.keep.set(keep);
+    }
+
+    fn sessions(&self) -> &dyn SessionStore {
+        self
     }
 
     /// Hands nothing to the handler: publications come back through the pub/sub link, which
