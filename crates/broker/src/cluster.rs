@@ -171,13 +171,6 @@ pub fn check_url(url: &str) -> Result<(), String> {
     parse(url).map(drop)
 }
 
-/// The seed nodes of a `redis+cluster://` URL as plain Redis URLs (for other clients of the
-/// same cluster, such as the long-poll session store), and the broker options.
-pub fn seed_urls(url: &str) -> Result<(Vec<String>, RedisOptions), String> {
-    let target = parse(url)?;
-    Ok((target.seeds.iter().map(|s| target.node_url(s)).collect(), target.options))
-}
-
 impl RoutedBroker<ClusterSlots> {
     /// Starts from the seeds of `url`; the slot map is read in the background and kept fresh.
     /// Call inside a Tokio runtime.

@@ -63,7 +63,7 @@ use crate::{
     HistoryResult, LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
     TrendTiers,
 };
-pub use endpoint::{client_for, take_tls_ca};
+pub use endpoint::client_for;
 use endpoint::{Commands, Endpoint};
 pub(crate) use link::link_down;
 use link::Link;

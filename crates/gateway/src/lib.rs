@@ -24,10 +24,11 @@
 //!   (`transport::ws`; the socket, frame reader and closing it shares with `transport::echo`,
 //!   the `switchboard echo` server, in `transport::ws::socket`), Server-Sent Events
 //!   (`transport::sse`: events in `sse/events.rs`) and
-//!   long-poll sessions (`transport::poll`, `transport::poll_session`, their batches and
-//!   command bodies in `transport::poll_wire`, their state in `transport::poll_store`, taken
-//!   over from it in `transport::poll_takeover`, streamed as events by
-//!   `transport::session_stream`), which take their messages from the outbox.
+//!   long-poll sessions (`transport::poll`, all in `transport/poll/`: the routes in
+//!   `poll/mod.rs`, live copies in `poll/session.rs`, batches and command bodies in
+//!   `poll/wire.rs`, the record kept in the broker's session store in `poll/record.rs`, taken
+//!   over from it in `poll/takeover.rs`, streamed as events by `poll/stream.rs`), which take
+//!   their messages from the outbox.
 //! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`;
 //!   `api::sources`: the sources and their backlogs at `/api/sources`;
 //!   `api::query`: query strings, a malformed one answered with the JSON 400).
