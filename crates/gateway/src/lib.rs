@@ -21,8 +21,8 @@
 //!   subscribe and unsubscribe; `session/reply.rs`: replies within the connection's budget).
 //! - [`transport`]: the accepted connection (`transport::conn`: every request parsed by hyper,
 //!   the `Host` rules; TLS in `transport::tls`), the WebSocket handshake and connection task
-//!   (`transport::ws`; the socket, frame reader and closing it shares with `transport::echo`,
-//!   the `switchboard echo` server, in `transport::ws::socket`), Server-Sent Events
+//!   (`transport::ws`; the socket, frame reader and closing it shares with [`echo`] in
+//!   `transport::ws::socket`), Server-Sent Events
 //!   (`transport::sse`: events in `sse/events.rs`) and
 //!   long-poll sessions (`transport::poll`, all in `transport/poll/`: the routes in
 //!   `poll/mod.rs`, live copies in `poll/session.rs`, batches and command bodies in
@@ -55,6 +55,8 @@
 //!   values merged into trends, never published; `sources::demo`, the demo's MQTT path and
 //!   simulated device (mosquitto when installed).
 //! - [`server`]: the accept loop and [`server::run`], the whole node as a blocking call.
+//! - [`echo`]: the `switchboard echo` server, a WebSocket echo made of the node's own
+//!   WebSocket code (`transport::ws`) for the Autobahn TestSuite; it serves no session.
 
 pub mod alarms;
 pub mod api;
@@ -62,6 +64,7 @@ pub mod auth;
 pub mod config;
 pub mod control;
 pub mod dashboards;
+pub mod echo;
 pub mod error;
 pub mod history;
 pub mod hub;

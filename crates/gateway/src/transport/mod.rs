@@ -2,8 +2,8 @@
 //! accepted TCP connection (TLS, then HTTP/1.1 parsed by hyper, the `Host` rules, the peer
 //! address); `tls` holds the TLS configuration and the TLS wire a WebSocket connection writes
 //! through; `ws` is the WebSocket transport (`ws::socket`: its frame reader and closing,
-//! shared with `echo`, the `switchboard echo` server for the Autobahn TestSuite); `owned`
-//! holds what a transport that owns its socket (a WebSocket after the upgrade) needs
+//! shared with `crate::echo`, the `switchboard echo` server for the Autobahn TestSuite);
+//! `owned` holds what a transport that owns its socket (a WebSocket after the upgrade) needs
 //! (deadlines, closing).
 //! The HTTP transports write through hyper's response bodies and share the session and outbox
 //! machinery and `http` (admission, CORS): `sse` streams Server-Sent Events, `poll` serves
@@ -13,7 +13,6 @@
 //! messages streamed as events in `poll::stream`).
 
 pub mod conn;
-pub mod echo;
 pub mod http;
 pub mod owned;
 pub mod poll;
