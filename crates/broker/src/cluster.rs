@@ -28,7 +28,8 @@
 //!   starts a new epoch on its next publication (see [`crate::redis`]), never reuses offsets.
 //! - Node registry (`/api/info` node count, cluster-wide subscriber counts): every primary
 //!   keeps its own, under a hash tag in one of its slots; the figures are their union.
-//! - Long-poll sessions ([`crate::sessions`]): each on the primary serving the slot of its id.
+//! - Long-poll sessions ([`crate::sessions`]): each on the primary serving the slot of its keys
+//!   (their hash tag is the session id).
 //!   Notices between nodes go by plain `PUBLISH`, which the cluster delivers on every node, so a
 //!   node listens for its own on any primary, the next one after a lost connection.
 

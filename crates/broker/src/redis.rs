@@ -70,7 +70,7 @@ use link::Link;
 pub(crate) use listing::page_over;
 pub(crate) use publishing::may_retry;
 use scripts::Scripts;
-pub(crate) use sessions::{listen_with, notice_channel};
+pub(crate) use sessions::{listen_with, notice_channel, session_name};
 
 /// How long a subscribe waits for Redis to confirm before failing.
 const SUBSCRIBE_TIMEOUT: Duration = Duration::from_secs(5);

@@ -32,7 +32,7 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::redis::{link_down, may_retry, page_over, RedisBroker};
+use crate::redis::{link_down, may_retry, page_over, session_name, RedisBroker};
 use crate::sessions::{SessionNotice, SessionStore};
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, HistoryResult,
@@ -77,10 +77,10 @@ pub trait Router: Send + Sync + 'static {
     fn refresh(&self) -> impl Future<Output = ()> + Send;
 
     /// The target that keeps long-poll session `id`, and the notices sent to the node named
-    /// `id` ([`crate::sessions`]): by default the one the name routes to, as a channel of that
-    /// name would be.
+    /// `id` ([`crate::sessions`]): by default the one that serves the slot of the session's
+    /// keys (`P:poll:{<id>}…`), as it would a channel of that name.
     fn session_route(&self, id: &str) -> Result<Route<'_>, BrokerError> {
-        self.route(id)
+        self.route(&session_name(id))
     }
 
     /// Starts delivering the session notices sent to `node` ([`SessionStore::listen`]), from

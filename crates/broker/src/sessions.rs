@@ -72,7 +72,8 @@ pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
 /// Long-poll session state shared by the nodes that may serve a session. All methods are safe
 /// to call concurrently; the memory broker and every Redis broker behave alike (the
 /// conformance suite holds them to it), except that notices cross nodes only where nodes share
-/// the store ([`SessionStore::shared`]).
+/// the store ([`SessionStore::shared`]). A session id holds neither `{` nor `}`: in Redis it is
+/// the hash tag of the session's keys.
 #[async_trait::async_trait]
 pub trait SessionStore: Send + Sync {
     /// Whether other nodes share this store (sessions may move between nodes).

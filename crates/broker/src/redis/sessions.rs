@@ -67,17 +67,24 @@ pub(crate) fn notice_channel(prefix: &str, node: &str) -> String {
     format!("{prefix}:poll:node:{node}")
 }
 
+/// Session `id`'s keys after the prefix, without their suffix: `poll:{<id>}`. A router routes
+/// the session by it ([`crate::routed::Router::session_route`]), so that it reaches the server
+/// of its keys' slot whatever the id holds (a client may send any id, `{` and `}` included).
+pub(crate) fn session_name(id: &str) -> String {
+    format!("poll:{{{id}}}")
+}
+
 impl Inner {
     fn session_key(&self, id: &str) -> String {
-        format!("{}:poll:{{{id}}}", self.keys.prefix)
+        format!("{}:{}", self.keys.prefix, session_name(id))
     }
 
     fn commands_key(&self, id: &str) -> String {
-        format!("{}:poll:{{{id}}}:c", self.keys.prefix)
+        format!("{}:{}:c", self.keys.prefix, session_name(id))
     }
 
     fn lock_key(&self, id: &str) -> String {
-        format!("{}:poll:{{{id}}}:l", self.keys.prefix)
+        format!("{}:{}:l", self.keys.prefix, session_name(id))
     }
 }
 

@@ -121,6 +121,13 @@ impl Record {
     }
 }
 
+/// Whether `id` has the form of a session id ([`random_id`]). Clients name sessions in URLs;
+/// an id of another form names no session and never reaches the store, whose keys take the id
+/// as their hash tag.
+pub fn is_session_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
 /// 128 random bits in hex: session ids.
 pub fn random_id() -> String {
     let mut b = [0u8; 16];
@@ -156,6 +163,8 @@ mod tests {
         assert!(!back.channels.as_ref().unwrap().matches("other"));
         assert!(back.publish.is_none());
         assert!(random_id().len() == 32 && random_id() != random_id());
+        assert!(is_session_id(&random_id()));
+        assert!(!is_session_id("}0123456789abcdef0123456789abcde") && !is_session_id("abc"));
     }
 
     #[test]

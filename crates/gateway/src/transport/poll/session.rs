@@ -35,7 +35,7 @@ use crate::outbox::{Kind, Message, Outbox, PullOptions};
 use crate::session::Session;
 use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error};
-use crate::transport::poll::record::{Record, StoreError, StoredIdentity, StoredSub};
+use crate::transport::poll::record::{is_session_id, Record, StoreError, StoredIdentity, StoredSub};
 use crate::transport::poll::wire::{batch_body, rewrite_commands, silent_reply, RESUBSCRIBE_ID, SILENT_ID};
 use crate::transport::sse::{ChannelPos, ReplyIn};
 
@@ -172,8 +172,11 @@ impl Polls {
         self.node.broker.sessions()
     }
 
-    /// The session's stored record.
+    /// The session's stored record (none for an id no session can have).
     pub(crate) async fn load_record(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        if !is_session_id(id) {
+            return Ok(None);
+        }
         self.store().load(id).await?.map(Record::from_stored).transpose()
     }
 
@@ -319,6 +322,9 @@ impl Polls {
         headers: &HeaderMap,
         peer: Option<&Peer>,
     ) -> Result<Found, Response> {
+        if !is_session_id(id) {
+            return Err(error(code::NOT_FOUND, "unknown or expired session"));
+        }
         if let Some(s) = self.local(id) {
             // A client ahead of this copy was served by another node since: the copy is stale
             // (its notice may still be on the way). Only a shared store has other nodes.
