@@ -28,17 +28,24 @@
 //!   starts a new epoch on its next publication (see [`crate::redis`]), never reuses offsets.
 //! - Node registry (`/api/info` node count, cluster-wide subscriber counts): every primary
 //!   keeps its own, under a hash tag in one of its slots; the figures are their union.
+//! - Long-poll sessions ([`crate::sessions`]): each on the primary serving the slot of its keys
+//!   (their hash tag is the session id).
+//!   Notices between nodes go by plain `PUBLISH`, which the cluster delivers on every node, so a
+//!   node listens for its own on any primary, the next one after a lost connection.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::redis::{RedisBroker, RedisOptions};
+use crate::redis::{listen_with, notice_channel, RedisBroker, RedisOptions};
 use crate::routed::{Route, RoutedBroker, Router, Settings};
+use crate::sessions::SessionNotice;
 use crate::BrokerError;
 
 /// Slots of a Redis Cluster.
@@ -163,13 +170,6 @@ fn parse(url: &str) -> Result<Target, String> {
 /// Checks a `redis+cluster://` URL without connecting.
 pub fn check_url(url: &str) -> Result<(), String> {
     parse(url).map(drop)
-}
-
-/// The seed nodes of a `redis+cluster://` URL as plain Redis URLs (for other clients of the
-/// same cluster, such as the long-poll session store), and the broker options.
-pub fn seed_urls(url: &str) -> Result<(Vec<String>, RedisOptions), String> {
-    let target = parse(url)?;
-    Ok((target.seeds.iter().map(|s| target.node_url(s)).collect(), target.options))
 }
 
 impl RoutedBroker<ClusterSlots> {
@@ -337,6 +337,23 @@ impl Router for ClusterSlots {
 
     async fn refresh(&self) {
         self.shared.refresh(false).await;
+    }
+
+    /// On the primaries in turn, one after each lost connection (see the module docs); ends
+    /// when the broker is dropped.
+    fn listen(&self, node: &str) -> mpsc::UnboundedReceiver<SessionNotice> {
+        let shared = Arc::downgrade(&self.shared);
+        let turn = Arc::new(AtomicUsize::new(0));
+        listen_with(notice_channel(&self.shared.target.options.prefix, node), move || {
+            let (shared, turn) = (shared.clone(), turn.clone());
+            async move {
+                let primaries: Vec<Arc<RedisBroker>> = shared.upgrade()?.nodes.lock().values().cloned().collect();
+                let Some(primary) = primaries.get(turn.fetch_add(1, Relaxed) % primaries.len().max(1)) else {
+                    return Some(Err(BrokerError::Unavailable("redis cluster: no primary known yet".into())));
+                };
+                Some(primary.client().await)
+            }
+        })
     }
 }
 

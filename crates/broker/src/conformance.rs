@@ -4,6 +4,9 @@
 //!
 //! Deliveries may be asynchronous (a shared broker hands them over from another connection),
 //! so the cases subscribe before they expect any and wait for them with a bounded deadline.
+//! The session store's cases are in `conformance/sessions.rs`.
+
+mod sessions;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -101,6 +104,7 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     internal_channels_are_delivered_but_never_listed(make()).await;
     an_idempotency_key_publishes_once_per_channel(make()).await;
     a_record_set_keeps_each_key_once_until_its_expiry(make()).await;
+    sessions::run_all(&make).await;
 }
 
 /// A record set keeps one entry per key with its latest expiry, reads only live entries, makes

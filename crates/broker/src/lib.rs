@@ -8,7 +8,9 @@
 //!   presence table, indexed per channel and client; `memory/keys.rs`: its bounded
 //!   idempotency keys).
 //! - [`redis`]: [`RedisBroker`], the cluster broker: every node shares one Redis, publications
-//!   reach the other nodes over Redis pub/sub, history and presence live in Redis.
+//!   reach the other nodes over Redis pub/sub, history and presence live in Redis
+//!   (`redis/heartbeat.rs`: the node's registration there and the refresh of what it keeps
+//!   alive, its clients' presence and its subscribed channels).
 //! - [`routed`]: [`RoutedBroker`], one broker over several [`RedisBroker`]s, each channel on the
 //!   one its [`routed::Router`] names: batches split by target, settings fanned out, calls
 //!   retried while routes change, figures merged — once for every topology.
@@ -22,7 +24,13 @@
 //! - [`kept`]: tables and logs a node keeps for the cluster (alarm states, definitions and
 //!   journal): their shared types; Redis keeps them as hashes and streams
 //!   (`redis/kept.rs`), the memory broker in its directory (`memory/kept.rs`).
-//! - [`conformance`]: the suite every broker must pass (run from each implementation's tests).
+//! - [`sessions`]: the [`SessionStore`] every broker is, where long-poll sessions keep what lets
+//!   any node continue them (records by compare-and-set, queued commands, a lock, notices
+//!   between nodes); the memory broker's tables in `memory/sessions.rs`, the Redis keys and
+//!   the notice listener in `redis/sessions.rs`, a session kept whole on one server of a
+//!   routed broker in `routed/sessions.rs`.
+//! - [`conformance`]: the suite every broker must pass (run from each implementation's tests;
+//!   `conformance/sessions.rs`: the session store's cases).
 //!
 //! # Delivery contract
 //! For one channel, a broker assigns offsets 1, 2, 3, … within an epoch and calls
@@ -49,6 +57,7 @@ pub mod memory;
 pub mod records;
 pub mod redis;
 pub mod routed;
+pub mod sessions;
 pub mod sharded;
 pub mod trend;
 
@@ -58,6 +67,7 @@ pub use kept::{LogEntry, LogKeep};
 pub use memory::MemoryBroker;
 pub use records::{Record, RecordPut};
 pub use routed::RoutedBroker;
+pub use sessions::{SessionLock, SessionNotice, SessionStore, StoredSession};
 pub use sharded::ShardedRedisBroker;
 pub use trend::{TrendBucket, TrendPolicy, TrendTiers};
 
@@ -434,6 +444,10 @@ pub trait Broker: Send + Sync + 'static {
     fn set_channel_ttl(&self, keep: ChannelTtl) {
         let _ = keep;
     }
+
+    /// The store of long-poll sessions' shared state ([`sessions`]): in the process for the
+    /// memory broker, in Redis (where every node finds it) for the others.
+    fn sessions(&self) -> &dyn SessionStore;
 
     /// Cluster-wide figures, or `None` when the broker serves a single node (the default).
     async fn cluster(&self) -> Result<Option<ClusterInfo>, BrokerError> {

@@ -6,6 +6,7 @@
 mod kept;
 mod keys;
 mod presence;
+mod sessions;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
@@ -117,6 +118,7 @@ pub struct MemoryBroker {
     kept: kept::Kept,
     /// Idempotency keys held over all channels (bounded by [`crate::MAX_KEYS`]).
     keys_held: AtomicUsize,
+    sessions: sessions::MemorySessions,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
 }
 
@@ -141,6 +143,7 @@ impl MemoryBroker {
             records: RecordSets::default(),
             kept: kept::Kept::default(),
             keys_held: AtomicUsize::new(0),
+            sessions: sessions::MemorySessions::default(),
             handler: OnceLock::new(),
         }
     }
@@ -263,6 +266,10 @@ impl Broker for MemoryBroker {
 
     fn set_handler(&self, handler: Arc<dyn BrokerHandler>) {
         let _ = self.handler.set(handler);
+    }
+
+    fn sessions(&self) -> &dyn crate::SessionStore {
+        &self.sessions
     }
 
     /// Every item is handed to the handler under its stream's lock; the handler flushes once,

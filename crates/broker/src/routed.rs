@@ -13,11 +13,14 @@
 //!   [`crate::PUBLISH_WAIT`] has passed.
 //! - Reads, presence and leases go to the channel's target; on an error a topology change would
 //!   explain (`MOVED`, `CLUSTERDOWN`, a dead connection) a router whose routes can change is
-//!   refreshed and the call tried again, for up to [`RETRY_FOR`].
+//!   refreshed and the call tried again, for up to [`RETRY_FOR`]. Long-poll sessions go whole
+//!   to the target [`Router::session_route`] names, the same way (`routed/sessions.rs`).
 //! - What the node tells the broker once (handler, node id, channel keep) is kept in
 //!   [`Settings`] and fanned out to every target, including those a router makes later.
 //! - Node-wide figures are the union over all targets: ready when every channel has a target
 //!   and every target is ready, the slowest round trip, the merged cluster figures.
+
+mod sessions;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -26,9 +29,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::redis::{link_down, may_retry, page_over, RedisBroker};
+use crate::redis::{link_down, may_retry, page_over, session_name, RedisBroker};
+use crate::sessions::{SessionNotice, SessionStore};
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, HistoryResult,
     LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy, TrendTiers,
@@ -70,6 +75,17 @@ pub trait Router: Send + Sync + 'static {
     /// Follows a topology change after an error one would explain (reads the routes again, at
     /// most so often). Routers that never move do nothing.
     fn refresh(&self) -> impl Future<Output = ()> + Send;
+
+    /// The target that keeps long-poll session `id`, and the notices sent to the node named
+    /// `id` ([`crate::sessions`]): by default the one that serves the slot of the session's
+    /// keys (`P:poll:{<id>}…`), as it would a channel of that name.
+    fn session_route(&self, id: &str) -> Result<Route<'_>, BrokerError> {
+        self.route(&session_name(id))
+    }
+
+    /// Starts delivering the session notices sent to `node` ([`SessionStore::listen`]), from
+    /// wherever [`Router::session_route`] sends them.
+    fn listen(&self, node: &str) -> mpsc::UnboundedReceiver<SessionNotice>;
 }
 
 /// What the node tells the broker once, kept for the targets a router makes later.
@@ -131,14 +147,29 @@ impl<R: Router> RoutedBroker<R> {
         F: Fn(Route<'s>) -> Fut,
         Fut: Future<Output = Result<T, BrokerError>>,
     {
+        self.on_route(|| self.router.route(channel), retriable, call).await
+    }
+
+    /// [`RoutedBroker::on_owner`] on the target `route` names at each attempt, trying again
+    /// after the errors `again` accepts.
+    async fn on_route<'s, T, F, Fut>(
+        &'s self,
+        route: impl Fn() -> Result<Route<'s>, BrokerError>,
+        again: fn(&BrokerError) -> bool,
+        call: F,
+    ) -> Result<T, BrokerError>
+    where
+        F: Fn(Route<'s>) -> Fut,
+        Fut: Future<Output = Result<T, BrokerError>>,
+    {
         let deadline = Instant::now() + RETRY_FOR;
         loop {
-            let result = match self.router.route(channel) {
+            let result = match route() {
                 Ok(target) => call(target).await,
                 Err(e) => Err(e),
             };
             match result {
-                Err(e) if R::MOVES && retriable(&e) && Instant::now() < deadline => {
+                Err(e) if R::MOVES && again(&e) && Instant::now() < deadline => {
                     self.router.refresh().await;
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
@@ -443,6 +474,10 @@ impl<R: Router> Broker for RoutedBroker<R> {
     /// The slowest target's.
     fn round_trip(&self) -> Option<Duration> {
         self.router.targets().iter().filter_map(|t| t.round_trip()).max()
+    }
+
+    fn sessions(&self) -> &dyn SessionStore {
+        self
     }
 
     /// On the target of the lease's name, as a channel of that name would be.

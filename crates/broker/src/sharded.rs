@@ -16,12 +16,19 @@
 //! A shard that goes down takes only its channels with it: `/readyz` turns 503, the subscribers
 //! of its channels are told to recover (4008) and publishing to them fails, while channels on
 //! the other shards keep streaming.
+//!
+//! Long-poll sessions and the notices between nodes about them ([`crate::sessions`]) all live on
+//! the first shard: sessions are few and small, and that is where every node of the cluster
+//! looks for them.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use tokio::sync::mpsc;
+
 use crate::redis::RedisBroker;
 use crate::routed::{Route, RoutedBroker, Router, Settings};
+use crate::sessions::{SessionNotice, SessionStore};
 use crate::BrokerError;
 
 /// The shard (0..`shards`) of a channel: jump consistent hash of the FNV-1a hash of its name.
@@ -72,6 +79,16 @@ impl Router for HashShards {
 
     /// A shard's channels stay with it: nothing to follow.
     async fn refresh(&self) {}
+
+    /// The first shard (a list names at least one).
+    fn session_route(&self, _id: &str) -> Result<Route<'_>, BrokerError> {
+        Ok(Cow::Borrowed(&self.shards[0]))
+    }
+
+    /// On the first shard, where notices are sent.
+    fn listen(&self, node: &str) -> mpsc::UnboundedReceiver<SessionNotice> {
+        self.shards[0].listen(node)
+    }
 }
 
 #[cfg(test)]

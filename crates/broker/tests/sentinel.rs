@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
 use switchboard_broker::conformance::RecordingHandler;
-use switchboard_broker::{Broker, HistoryPolicy, RedisBroker};
+use switchboard_broker::{Broker, HistoryPolicy, RedisBroker, SessionNotice, StoredSession};
 use switchboard_testkit::{RedisServer, Sentinels};
 
 const KEEP: HistoryPolicy = HistoryPolicy { size: 2000, ttl: Duration::from_secs(300), trend: None };
@@ -104,5 +104,66 @@ async fn broker_sentinel_failover_under_load_never_reuses_an_offset_and_tells_of
     assert!(!r.complete);
     let (pos, value) = subscriber.last_or_start("pt:f").await.unwrap();
     assert_eq!((pos, value.unwrap().data.get()), (last, "1000"));
+    drop(set);
+}
+
+/// Sends a probe notice from `from` to node `to` until one reaches `rx` (a listener subscribes
+/// in the background; what is sent before is lost), then drops what else arrived.
+async fn until_listening(from: &RedisBroker, to: &str, rx: &mut tokio::sync::mpsc::UnboundedReceiver<SessionNotice>) {
+    let probe = SessionNotice::Moved("probe".into());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let _ = from.sessions().notify(to, &probe).await;
+        if let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(200), rx.recv()).await {
+            break;
+        }
+        assert!(Instant::now() < deadline, "node {to} never received a notice");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while rx.try_recv().is_ok() {}
+}
+
+/// Long-poll sessions behind Sentinel live on the primary: one node's record is the other's,
+/// notices cross between them, and after a failover both follow the promoted replica (the
+/// command connection and the notice listener ask the sentinels again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_sentinel_keeps_poll_sessions_on_the_primary_and_follows_a_failover() {
+    let mut set = tokio::task::spawn_blocking(|| Sentinels::start(RedisServer::start(), 1, 3, "main")).await.unwrap();
+    let url = set.url("main");
+    let (a, b) = (RedisBroker::new(&url).unwrap(), RedisBroker::new(&url).unwrap());
+    until("both nodes ready", Duration::from_secs(10), async || a.ready().await && b.ready().await).await;
+    let ttl = Duration::from_secs(60);
+    let record = |version: u64| StoredSession { version, data: format!("{{\"v\":{version}}}") };
+    assert!(a.sessions().save("s1", 0, &record(1), ttl).await.unwrap());
+    assert_eq!(b.sessions().load("s1").await.unwrap(), Some(record(1)), "one store for both nodes");
+    assert!(!b.sessions().save("s1", 0, &record(1), ttl).await.unwrap());
+    let mut notices = b.sessions().listen("node-b");
+    until_listening(&a, "node-b", &mut notices).await;
+    a.sessions().notify("node-b", &SessionNotice::Commands("s1".into())).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), notices.recv()).await.unwrap();
+    assert_eq!(got, Some(SessionNotice::Commands("s1".into())));
+
+    let old = set.kill_primary();
+    let set = tokio::task::spawn_blocking(move || {
+        set.wait_failover(old, Duration::from_secs(30));
+        set
+    })
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while a.sessions().save("s2", 0, &record(1), ttl).await.is_err() {
+        assert!(Instant::now() < deadline, "no session written on the promoted replica");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    until(
+        "the other node to read the promoted replica",
+        Duration::from_secs(30),
+        async || matches!(b.sessions().load("s2").await, Ok(Some(r)) if r == record(1)),
+    )
+    .await;
+    until_listening(&a, "node-b", &mut notices).await;
+    a.sessions().notify("node-b", &SessionNotice::Moved("s2".into())).await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), notices.recv()).await.unwrap();
+    assert_eq!(got, Some(SessionNotice::Moved("s2".into())));
     drop(set);
 }

@@ -23,13 +23,14 @@
 //!   subscribe and unsubscribe; `session/reply.rs`: replies within the connection's budget).
 //! - [`transport`]: the accepted connection (`transport::conn`: every request parsed by hyper,
 //!   the `Host` rules; TLS in `transport::tls`), the WebSocket handshake and connection task
-//!   (`transport::ws`; the socket, frame reader and closing it shares with `transport::echo`,
-//!   the `switchboard echo` server, in `transport::ws::socket`), Server-Sent Events
+//!   (`transport::ws`; the socket, frame reader and closing it shares with [`echo`] in
+//!   `transport::ws::socket`), Server-Sent Events
 //!   (`transport::sse`: events in `sse/events.rs`) and
-//!   long-poll sessions (`transport::poll`, `transport::poll_session`, their batches and
-//!   command bodies in `transport::poll_wire`, their state in `transport::poll_store`, taken
-//!   over from it in `transport::poll_takeover`, streamed as events by
-//!   `transport::session_stream`), which take their messages from the outbox.
+//!   long-poll sessions (`transport::poll`, all in `transport/poll/`: the routes in
+//!   `poll/mod.rs`, live copies in `poll/session.rs`, batches and command bodies in
+//!   `poll/wire.rs`, the record kept in the broker's session store in `poll/record.rs`, taken
+//!   over from it in `poll/takeover.rs`, streamed as events by `poll/stream.rs`), which take
+//!   their messages from the outbox.
 //! - [`publish`]: the publish sequence every caller goes through (name, permission and rate,
 //!   write-back, publish hook, checks of the data, broker); a caller says only who publishes.
 //! - [`api`]: the HTTP API and route table (`api::writes`: the write audit at `/api/writes`;
@@ -62,6 +63,8 @@
 //!   values merged into trends, never published; `sources::demo`, the demo's MQTT path and
 //!   simulated device (mosquitto when installed).
 //! - [`server`]: the accept loop and [`server::run`], the whole node as a blocking call.
+//! - [`echo`]: the `switchboard echo` server, a WebSocket echo made of the node's own
+//!   WebSocket code (`transport::ws`) for the Autobahn TestSuite; it serves no session.
 
 pub mod alarms;
 pub mod api;
@@ -69,6 +72,7 @@ pub mod auth;
 pub mod config;
 pub mod control;
 pub mod dashboards;
+pub mod echo;
 pub mod error;
 pub mod history;
 pub mod hub;

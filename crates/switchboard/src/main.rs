@@ -239,7 +239,7 @@ fn echo(args: &EchoArgs) -> anyhow::Result<()> {
         .into());
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    switchboard_gateway::transport::echo::run(switchboard_gateway::transport::echo::EchoOptions {
+    switchboard_gateway::echo::run(switchboard_gateway::echo::EchoOptions {
         listen,
         max_message_bytes: args.max_message_bytes,
         workers: args.workers.unwrap_or(cores).min(cores),

@@ -15,7 +15,7 @@ use std::net::IpAddr;
 use std::sync::atomic::Ordering::Relaxed;
 
 use axum::body::Body;
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use switchboard_protocol::code;
 
@@ -164,9 +164,4 @@ pub fn query_param(query: Option<&str>, key: &str) -> Option<String> {
 pub fn query_flag(query: Option<&str>, key: &str) -> Option<bool> {
     let v = query_param(query, key)?;
     Some(matches!(v.as_str(), "" | "1" | "true" | "yes" | "on"))
-}
-
-/// Whether the method is a read (GET / HEAD).
-pub fn is_read(m: &Method) -> bool {
-    matches!(*m, Method::GET | Method::HEAD)
 }

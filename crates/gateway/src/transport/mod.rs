@@ -2,26 +2,20 @@
 //! accepted TCP connection (TLS, then HTTP/1.1 parsed by hyper, the `Host` rules, the peer
 //! address); `tls` holds the TLS configuration and the TLS wire a WebSocket connection writes
 //! through; `ws` is the WebSocket transport (`ws::socket`: its frame reader and closing,
-//! shared with `echo`, the `switchboard echo` server for the Autobahn TestSuite); `owned`
-//! holds what a transport that owns its socket (a WebSocket after the upgrade) needs
+//! shared with `crate::echo`, the `switchboard echo` server for the Autobahn TestSuite);
+//! `owned` holds what a transport that owns its socket (a WebSocket after the upgrade) needs
 //! (deadlines, closing).
 //! The HTTP transports write through hyper's response bodies and share the session and outbox
 //! machinery and `http` (admission, CORS): `sse` streams Server-Sent Events, `poll` serves
-//! long-poll sessions over HTTP, `poll_session` holds their live copies, `poll_wire` what their
-//! requests and answers carry (batches, command bodies), `poll_store` keeps their state where
-//! any node can continue them, `poll_takeover` continues one there, and `session_stream`
-//! streams a session's messages as events.
+//! long-poll sessions over HTTP (`poll/`: their live copies in `poll::session`, what the
+//! broker's session store keeps of them in `poll::record`, taken over from it in
+//! `poll::takeover`, what their requests and answers carry in `poll::wire`, and a session's
+//! messages streamed as events in `poll::stream`).
 
 pub mod conn;
-pub mod echo;
 pub mod http;
 pub mod owned;
 pub mod poll;
-pub mod poll_session;
-pub mod poll_store;
-pub mod poll_takeover;
-pub mod poll_wire;
-pub mod session_stream;
 pub mod sse;
 pub mod tls;
 pub mod ws;

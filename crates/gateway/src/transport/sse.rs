@@ -21,7 +21,7 @@
 //! would pay for long ids on every event, so their ids name only the event's own channel: a
 //! reconnect recovers the channels the id names and starts the others afresh (`initial`). A
 //! client that needs exact recovery for many channels uses a session (long-polling, or SSE
-//! attached to one: `GET /sse?session=<id>`, see `transport::session_stream`).
+//! attached to one: `GET /sse?session=<id>`, see `transport::poll::stream`).
 //!
 //! **Layout.** [`open`] admits, checks and subscribes a stream; its outbox frames the events
 //! (`events`: the ids, `subscribed`, the recovered and initial publications), which hyper

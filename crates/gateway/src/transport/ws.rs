@@ -19,7 +19,7 @@
 //! outbox: under 4 KiB of server memory per idle subscribed connection (docs/benchmarks.md).
 //!
 //! Frames are judged by RFC 6455 (`socket`: the reader, the socket taken from hyper, the
-//! closing; shared with the echo server, `transport::echo`): a violation fails the connection
+//! closing; shared with the echo server, `crate::echo`): a violation fails the connection
 //! with close 1002, 1007 or 1009 and no `disconnect` message. A valid frame that carries no
 //! valid command is the application's concern: `disconnect` and close 4010.
 

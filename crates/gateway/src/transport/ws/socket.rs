@@ -1,5 +1,5 @@
 //! What a WebSocket connection does with its socket, the same for `/ws` and for the echo
-//! server (`transport::echo`): the socket taken out of hyper after the upgrade (plain TCP or
+//! server (`crate::echo`): the socket taken out of hyper after the upgrade (plain TCP or
 //! TLS), its frames read ([`FrameReader`], judged by
 //! [`MessageReader`](switchboard_protocol::websocket::MessageReader)), and its closing
 //! ([`finish`]).

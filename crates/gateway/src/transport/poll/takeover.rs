@@ -2,7 +2,7 @@
 //! holds no live copy of claims its [`Record`] (compare-and-set), tells the old holder to drop
 //! its copy, and builds the live copy from the record — its replies not yet sent, every channel
 //! resubscribed with `recover` from its stored position, the commands queued for it run. The
-//! rules are in `transport::poll`'s module docs; the live copy is `transport::poll_session`'s.
+//! rules are in `transport::poll`'s module docs; the live copy is `transport::poll::session`'s.
 
 // Refusals are the response itself (status, body, headers), returned on the cold path of a
 // request that answers with it anyway; boxing them would buy nothing.
@@ -10,14 +10,15 @@
 
 use axum::response::Response;
 use bytes::Bytes;
+use switchboard_broker::SessionNotice;
 use switchboard_protocol::code::{self, close};
 use switchboard_protocol::message::encode_disconnect;
 use switchboard_protocol::Format;
 
 use crate::transport::http::error;
-use crate::transport::poll_session::{store_error, Found, Polls, LOCK_WAIT};
-use crate::transport::poll_store::{Notice, Record, StoredSub};
-use crate::transport::poll_wire::{batch_body, RESUBSCRIBE_ID};
+use crate::transport::poll::record::{Record, StoredSub};
+use crate::transport::poll::session::{store_error, Found, Polls, LOCK_WAIT};
+use crate::transport::poll::wire::{batch_body, RESUBSCRIBE_ID};
 use crate::transport::sse::{ChannelPos, ReplyIn};
 
 impl Polls {
@@ -29,12 +30,12 @@ impl Polls {
         exempt: bool,
         ip: Option<std::net::IpAddr>,
     ) -> Result<Found, Response> {
-        let token = match self.store.lock(id, LOCK_WAIT).await.map_err(store_error)? {
+        let token = match self.store().lock(id, LOCK_WAIT).await.map_err(store_error)? {
             Some(t) => t,
             None => return Err(error(503, "session busy; retry")),
         };
         let r = self.take_over_locked(id, ack, exempt, ip).await;
-        let _ = self.store.unlock(id, token).await;
+        let _ = self.store().unlock(id, token).await;
         r
     }
 
@@ -51,14 +52,14 @@ impl Polls {
         }
         let mut rec = None;
         for _ in 0..5 {
-            let Some(r) = self.store.load(id).await.map_err(store_error)? else {
+            let Some(r) = self.load_record(id).await.map_err(store_error)? else {
                 return Err(error(code::NOT_FOUND, "unknown or expired session"));
             };
             if let Some(a) = ack.filter(|a| *a != r.seq) {
                 tracing::debug!(session = %id, ack = a, seq = r.seq, "poll session moved with a batch lost");
-                let _ = self.store.remove(id).await;
+                let _ = self.store().remove(id).await;
                 if !r.owner.is_empty() && r.owner != self.node.id {
-                    let _ = self.store.notify(&r.owner, Notice::Moved(id.to_string())).await;
+                    let _ = self.store().notify(&r.owner, &SessionNotice::Moved(id.to_string())).await;
                 }
                 let bye = Bytes::from(encode_disconnect(
                     Format::Json,
@@ -69,9 +70,9 @@ impl Polls {
             }
             // Claim it first, so the old node's next write fails instead of racing this one.
             let claim = Record { version: r.version + 1, owner: self.node.id.clone(), ..r.clone() };
-            if self.store.save(id, r.version, &claim, self.ttl).await.map_err(store_error)? {
+            if self.save_record(id, r.version, &claim).await.map_err(store_error)? {
                 if !r.owner.is_empty() && r.owner != self.node.id {
-                    let _ = self.store.notify(&r.owner, Notice::Moved(id.to_string())).await;
+                    let _ = self.store().notify(&r.owner, &SessionNotice::Moved(id.to_string())).await;
                 }
                 rec = Some(claim);
                 break;
@@ -98,7 +99,7 @@ impl Polls {
             // The token expired while the session was stored: it ends (4001, for the next
             // poll) before anything — resubscribing, queued commands — runs on its behalf.
             s.outbox.close(reason.code, &reason.reason, true);
-            let _ = self.store.take_commands(id).await;
+            let _ = self.store().take_commands(id).await;
             self.sessions.lock().insert(id.to_string(), s.clone());
             drop(live);
             return Ok(Found::Session(s));
@@ -136,7 +137,7 @@ impl Polls {
         let _ = s.outbox.take_replies();
         self.sessions.lock().insert(id.to_string(), s.clone());
         tracing::debug!(session = %id, from = %rec.owner, channels = rec.subs.len(), "poll session taken over");
-        let pending = self.store.take_commands(id).await.unwrap_or_default();
+        let pending = self.store().take_commands(id).await.unwrap_or_default();
         for body in pending {
             if let Err(e) = self.run(&s, &mut live, &body).await {
                 tracing::debug!(session = %id, error = %e.message, "queued poll commands refused");

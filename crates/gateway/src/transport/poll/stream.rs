@@ -19,7 +19,7 @@ use bytes::Bytes;
 use switchboard_protocol::code;
 
 use crate::transport::http::{self as transport_http, error, Peer};
-use crate::transport::poll_session::{Busy, Found, Live, PollSession, Polls, STREAM_SAVE_EVERY};
+use crate::transport::poll::session::{Busy, Found, Live, PollSession, Polls, STREAM_SAVE_EVERY};
 use crate::transport::sse;
 
 /// One attached stream: which session, and where its framing stands.
@@ -59,7 +59,7 @@ impl SessionStream {
             if taken {
                 // The record is where another node continues the session from; a store that
                 // no other node reads (one node, the memory broker) needs no positions.
-                self.unsaved = self.polls.store.shared();
+                self.unsaved = self.polls.store().shared();
             }
             if closed {
                 break;

@@ -2,7 +2,7 @@
 //! one session's live copy — its [`Session`] and the outbox its polls take from — with what makes it
 //! movable: writing its [`Record`] after every batch and command, running commands as its
 //! holder, and turning pending messages into batches. Taking a session over from the store is
-//! `transport::poll_takeover`; `transport::poll` has the HTTP side (routes, requests, the
+//! `transport::poll::takeover`; `transport::poll` has the HTTP side (routes, requests, the
 //! sweeper); the protocol and the rules for moving between nodes are in its module docs.
 //!
 //! Locks: a session's `live` (Tokio) mutex, then the store's session lock, then the outbox's
@@ -22,6 +22,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use indexmap::IndexMap;
 use parking_lot::Mutex;
+use switchboard_broker::SessionStore;
 use switchboard_protocol::code::{self, close};
 use switchboard_protocol::message::{encode_error, encode_publication};
 use switchboard_protocol::{namespace_of, Format};
@@ -34,8 +35,8 @@ use crate::outbox::{Kind, Message, Outbox, PullOptions};
 use crate::session::Session;
 use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error};
-use crate::transport::poll_store::{self, PollStore, Record, StoredIdentity, StoredSub};
-use crate::transport::poll_wire::{batch_body, rewrite_commands, silent_reply, RESUBSCRIBE_ID, SILENT_ID};
+use crate::transport::poll::record::{is_session_id, Record, StoreError, StoredIdentity, StoredSub};
+use crate::transport::poll::wire::{batch_body, rewrite_commands, silent_reply, RESUBSCRIBE_ID, SILENT_ID};
 use crate::transport::sse::{ChannelPos, ReplyIn};
 
 /// How long a request waits for a session's lock held by another node.
@@ -107,14 +108,13 @@ pub(crate) struct Live {
 /// The node's poll sessions.
 pub struct Polls {
     pub(crate) node: Arc<Node>,
-    pub(crate) store: Arc<dyn PollStore>,
     pub(crate) sessions: Mutex<HashMap<String, Arc<PollSession>>>,
     pub(crate) ttl: Duration,
 }
 
 /// A failure of the session store, as the request's answer: 500 with what the store said.
-pub(crate) fn store_error(e: poll_store::StoreError) -> Response {
-    error(code::INTERNAL, e.to_string())
+pub(crate) fn store_error(e: impl Into<StoreError>) -> Response {
+    error(code::INTERNAL, e.into().to_string())
 }
 
 pub(crate) fn json_response(status: StatusCode, body: impl Into<Body>) -> Response {
@@ -161,9 +161,29 @@ pub(crate) enum Found {
 impl Polls {
     /// The node's sessions; the transport starts their notice and sweep tasks
     /// (`poll::notice_task`, `poll::sweep_task`).
-    pub(crate) fn new(node: Arc<Node>, store: Arc<dyn PollStore>) -> Arc<Polls> {
+    pub(crate) fn new(node: Arc<Node>) -> Arc<Polls> {
         let ttl = Duration::from_secs(node.config.transports.poll_session_ttl_s);
-        Arc::new(Polls { node, store, sessions: Mutex::new(HashMap::new()), ttl })
+        Arc::new(Polls { node, sessions: Mutex::new(HashMap::new()), ttl })
+    }
+
+    /// Where sessions keep their state: the broker's session store
+    /// ([`switchboard_broker::sessions`]; Redis with the Redis brokers).
+    pub(crate) fn store(&self) -> &dyn SessionStore {
+        self.node.broker.sessions()
+    }
+
+    /// The session's stored record (none for an id no session can have).
+    pub(crate) async fn load_record(&self, id: &str) -> Result<Option<Record>, StoreError> {
+        if !is_session_id(id) {
+            return Ok(None);
+        }
+        self.store().load(id).await?.map(Record::from_stored).transpose()
+    }
+
+    /// Writes `rec` if the stored version is still `expected` ([`SessionStore::save`], with
+    /// the sessions' ttl). `Ok(false)`: another node wrote it since, and nothing was written.
+    pub(crate) async fn save_record(&self, id: &str, expected: u64, rec: &Record) -> Result<bool, StoreError> {
+        Ok(self.store().save(id, expected, &rec.stored()?, self.ttl).await?)
     }
 
     pub(crate) fn local(&self, id: &str) -> Option<Arc<PollSession>> {
@@ -180,7 +200,7 @@ impl Polls {
     ) -> Result<Arc<PollSession>, Response> {
         let node = &self.node;
         let options =
-            PullOptions { record_replies: true, survive_shutdown: self.store.shared(), expires_with_session: true };
+            PullOptions { record_replies: true, survive_shutdown: self.store().shared(), expires_with_session: true };
         let outbox = match node.register_pull(options) {
             Ok(ob) => ob,
             Err(ob) => {
@@ -234,7 +254,7 @@ impl Polls {
     /// dropped.
     pub(crate) async fn save(&self, s: &Arc<PollSession>, live: &mut Live) -> bool {
         let rec = self.record_of(live);
-        match self.store.save(&s.id, live.version, &rec, self.ttl).await {
+        match self.save_record(&s.id, live.version, &rec).await {
             Ok(true) => {
                 live.version = rec.version;
                 s.leased.store(crate::unix_s(), Relaxed);
@@ -266,7 +286,7 @@ impl Polls {
     /// Sets the record's lease to a full `ttl` from now, and notes when.
     pub(crate) async fn lease(&self, s: &PollSession) {
         s.leased.store(crate::unix_s(), Relaxed);
-        let _ = self.store.touch(&s.id, self.ttl).await;
+        let _ = self.store().touch(&s.id, self.ttl).await;
     }
 
     /// Drops the live copy: leaves the hub and the broker, frees the connection.
@@ -302,10 +322,13 @@ impl Polls {
         headers: &HeaderMap,
         peer: Option<&Peer>,
     ) -> Result<Found, Response> {
+        if !is_session_id(id) {
+            return Err(error(code::NOT_FOUND, "unknown or expired session"));
+        }
         if let Some(s) = self.local(id) {
             // A client ahead of this copy was served by another node since: the copy is stale
             // (its notice may still be on the way). Only a shared store has other nodes.
-            if !self.store.shared() || ack.is_none() {
+            if !self.store().shared() || ack.is_none() {
                 return Ok(Found::Session(s));
             }
             let mut live = s.live.lock().await;
@@ -388,14 +411,14 @@ impl Polls {
             // commands would subscribe and join presence again with nothing left to undo it.
             return Err(error(code::NOT_FOUND, "unknown or expired session"));
         }
-        let token = if self.store.shared() {
-            let Some(t) = self.store.lock(&s.id, LOCK_WAIT).await.map_err(store_error)? else {
+        let token = if self.store().shared() {
+            let Some(t) = self.store().lock(&s.id, LOCK_WAIT).await.map_err(store_error)? else {
                 return Err(error(503, "session busy; retry"));
             };
-            let current = self.store.load(&s.id).await;
+            let current = self.load_record(&s.id).await;
             let ours = matches!(&current, Ok(Some(r)) if r.owner == self.node.id && r.version == live.version);
             if !ours {
-                let _ = self.store.unlock(&s.id, t).await;
+                let _ = self.store().unlock(&s.id, t).await;
                 self.drop_local(s, MOVED, &mut live).await;
                 return Ok(false);
             }
@@ -410,14 +433,14 @@ impl Polls {
             }
         }
         // Commands queued by other nodes run here too, after this body.
-        if self.store.shared() {
-            for queued in self.store.take_commands(&s.id).await.unwrap_or_default() {
+        if self.store().shared() {
+            for queued in self.store().take_commands(&s.id).await.unwrap_or_default() {
                 let _ = self.run(s, &mut live, &queued).await;
             }
         }
         self.save(s, &mut live).await;
         if let Some(t) = token {
-            let _ = self.store.unlock(&s.id, t).await;
+            let _ = self.store().unlock(&s.id, t).await;
         }
         result
     }
@@ -512,12 +535,12 @@ impl Polls {
     /// The session closed (`code`): the record goes, or — on a node shutdown with a shared
     /// store — stays for another node to continue.
     pub(crate) async fn finish(&self, s: &Arc<PollSession>, live: &mut Live, code: u16) {
-        if code == close::SHUTDOWN && self.store.shared() {
+        if code == close::SHUTDOWN && self.store().shared() {
             let mut rec = self.record_of(live);
             rec.owner = String::new();
-            let _ = self.store.save(&s.id, live.version, &rec, self.ttl).await;
+            let _ = self.save_record(&s.id, live.version, &rec).await;
         } else {
-            let _ = self.store.remove(&s.id).await;
+            let _ = self.store().remove(&s.id).await;
         }
         self.drop_local(s, ENDED, live).await;
     }
@@ -589,7 +612,7 @@ impl Polls {
         }
         // The record is where another node continues the session from. A store no other node
         // reads needs it only to last as long as the live copy, and the sweep renews its lease.
-        let shared = self.store.shared();
+        let shared = self.store().shared();
         let (messages, closed) = self.take_messages(s, &mut live);
         if messages.is_empty() && closed.is_none() {
             if shared {
@@ -611,32 +634,5 @@ impl Polls {
             return json_response(StatusCode::OK, batch_body(seq, &[]));
         }
         json_response(StatusCode::OK, body)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::auth::pattern::PatternSet;
-    use crate::auth::Method;
-
-    #[test]
-    pub(crate) fn poll_identities_survive_the_store() {
-        let i = Identity {
-            method: Method::Token,
-            user: "ann".into(),
-            channels: Some(Arc::new(PatternSet::parse(&["room:*", "pt:**"]).unwrap())),
-            publish: None,
-            expires: Some(99),
-            ..Identity::anonymous()
-        };
-        let back = StoredIdentity::of(&i).identity();
-        assert_eq!(back.method, Method::Token);
-        assert_eq!(back.user, "ann");
-        assert_eq!(back.expires, Some(99));
-        assert!(back.channels.as_ref().unwrap().matches("room:7"));
-        assert!(!back.channels.as_ref().unwrap().matches("other"));
-        assert!(back.publish.is_none());
-        assert!(poll_store::random_id().len() == 32 && poll_store::random_id() != poll_store::random_id());
     }
 }

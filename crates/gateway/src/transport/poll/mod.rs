@@ -14,7 +14,7 @@
 //! - `DELETE /poll/{session}` ends the session. Sessions also expire after
 //!   `transports.poll_session_ttl_s` seconds without a request.
 //! - `GET /sse?session=<id>` streams the session's messages as SSE events instead (the SDK's
-//!   SSE transport: commands still go by `POST /poll/{session}`; `transport::session_stream`).
+//!   SSE transport: commands still go by `POST /poll/{session}`; `transport::poll::stream`).
 //!
 //! A session is a [`Session`](crate::session::Session) with an outbox like any connection,
 //! one its polls take from (`outbox::pull`): the same commands, limits, permissions, conflation (a slow poller gets the latest value per
@@ -22,26 +22,36 @@
 //! whoever holds it may poll and send commands.
 //!
 //! **Moving between nodes.** The node that serves a session keeps a live copy and writes its
-//! [`Record`](poll_store::Record) to the [`PollStore`](poll_store::PollStore) (Redis with the
-//! Redis broker) after every batch and every
-//! command: subscriptions with positions, replies not yet sent, the batch number. A poll
-//! arriving at another node takes the session over: under the session's lock it claims the
+//! [`Record`](record::Record) to the broker's session store
+//! ([`SessionStore`](switchboard_broker::SessionStore); Redis with the Redis brokers) after every
+//! batch and every command: subscriptions with positions, replies not yet sent, the batch number. A
+//! poll arriving at another node takes the session over: under the session's lock it claims the
 //! record (compare-and-set), tells the old node to drop its copy, queues the stored replies,
-//! resubscribes every channel with `recover` from its stored position and runs commands that
-//! were queued for it. Nothing is lost: what the old node had not delivered is recovered from
-//! history (a point channel whose history does not reach back gets its latest value; any
-//! other such channel gets 4008 so the client recovers itself). Commands posted to a node that
-//! does not hold the session are queued in the store and the holder is told to run them, so
-//! replies still travel in order with the publications. No sticky sessions are needed; a load
-//! balancer that hashes on the session id merely saves the moves.
+//! resubscribes every channel with `recover` from its stored position and runs commands that were
+//! queued for it. Nothing is lost: what the old node had not delivered is recovered from history (a
+//! point channel whose history does not reach back gets its latest value; any other such channel
+//! gets 4008 so the client recovers itself). Commands posted to a node that does not hold the
+//! session are queued in the store and the holder is told to run them, so replies still travel in
+//! order with the publications. No sticky sessions are needed; a load balancer that hashes on the
+//! session id merely saves the moves.
 //!
-//! The live sessions and everything that changes them are in `transport::poll_session`; this
-//! file is the HTTP side: routes, requests (each parsed by hyper, answered whole through its
-//! body), and the tasks that expire sessions and act on what other nodes say.
+//! **Layout.** This file is the HTTP side: routes, requests (each parsed by hyper, answered
+//! whole through its body), and the tasks that expire sessions and act on what other nodes say.
+//! `session`: the live sessions and everything that changes them; `takeover`: continuing a
+//! session from its record; `record`: what the store keeps of a session; `wire`: what requests
+//! and answers carry (batches, command bodies); `stream`: a session's messages as an SSE
+//! stream.
 
 // Refusals are the response itself (status, body, headers), returned on the cold path of a
 // request that answers with it anyway; boxing them would buy nothing.
 #![allow(clippy::result_large_err)]
+
+pub mod record;
+pub mod session;
+pub mod stream;
+pub mod takeover;
+pub mod wire;
+
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,24 +62,21 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use bytes::Bytes;
+use switchboard_broker::SessionNotice;
 use switchboard_protocol::code::{self, close};
 
 use crate::node::Node;
 use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error, query_param};
-use crate::transport::poll_session::*;
-use crate::transport::poll_store::{self, Notice};
-use crate::transport::{session_stream, sse};
+use crate::transport::sse;
+use record::random_id;
+use session::*;
 
 /// The routes of the HTTP transports: `/sse`, `/poll`, `/poll/{session}`.
 pub fn router<S: Clone + Send + Sync + 'static>(node: Arc<Node>) -> Router<S> {
-    let store = poll_store::for_broker(&node.config.broker).unwrap_or_else(|e| {
-        tracing::error!(error = %e, "poll session store unavailable; sessions stay on their node");
-        Arc::new(poll_store::MemoryPollStore::new())
-    });
-    let polls = Polls::new(node, store);
+    let polls = Polls::new(node);
     // The receiver outlives a restart of its task: notices keep arriving in the same queue.
-    let notices = Arc::new(tokio::sync::Mutex::new(polls.store.listen(&polls.node.id)));
+    let notices = Arc::new(tokio::sync::Mutex::new(polls.store().listen(&polls.node.id)));
     let weak = Arc::downgrade(&polls);
     switchboard_supervisor::spawn("poll-notices", move |_| {
         let (polls, notices) = (weak.clone(), notices.clone());
@@ -87,7 +94,7 @@ pub fn router<S: Clone + Send + Sync + 'static>(node: Arc<Node>) -> Router<S> {
 async fn sse_route(State(polls): State<Arc<Polls>>, req: Request) -> Response {
     let query = req.uri().query().map(str::to_string);
     if let Some(id) = query_param(query.as_deref(), "session") {
-        return session_stream::attach(polls, req, id).await;
+        return stream::attach(polls, req, id).await;
     }
     sse::handle(State(polls.node.clone()), req).await
 }
@@ -131,7 +138,7 @@ async fn open_inner(polls: &Arc<Polls>, req: Request) -> Response {
         Ok(b) => b,
         Err(r) => return r,
     };
-    let id = poll_store::random_id();
+    let id = random_id();
     let s = match polls.create(&id, admitted.identity.clone(), admitted.exempt(), slot) {
         Ok(s) => s,
         Err(r) => return r,
@@ -142,7 +149,7 @@ async fn open_inner(polls: &Arc<Polls>, req: Request) -> Response {
             live.session.await_connect_hook(crate::session::ConnectContext { transport: "poll", headers });
         }
         let rec = polls.record_of(&live);
-        match polls.store.save(&id, 0, &rec, polls.ttl).await {
+        match polls.save_record(&id, 0, &rec).await {
             Ok(true) => live.version = rec.version,
             Ok(false) => {
                 polls.release(&s, &mut live).await;
@@ -263,7 +270,7 @@ async fn command_inner(
                 Err(r) => return r,
             }
         }
-        let rec = match polls.store.load(id).await {
+        let rec = match polls.load_record(id).await {
             Ok(Some(r)) => r,
             Ok(None) => return error(code::NOT_FOUND, "unknown or expired session"),
             Err(e) => return store_error(e),
@@ -279,10 +286,10 @@ async fn command_inner(
         if let Err(r) = transport_http::admit(node, headers, peer.as_ref(), None, false).await {
             return r;
         }
-        if let Err(e) = polls.store.push_commands(id, &body, polls.ttl).await {
+        if let Err(e) = polls.store().push_commands(id, &body, polls.ttl).await {
             return store_error(e);
         }
-        let _ = polls.store.notify(&rec.owner, Notice::Commands(id.to_string())).await;
+        let _ = polls.store().notify(&rec.owner, &SessionNotice::Commands(id.to_string())).await;
         return accepted();
     }
     error(503, "session busy; retry")
@@ -298,11 +305,11 @@ async fn end(State(polls): State<Arc<Polls>>, Path(id): Path<String>, headers: H
         let mut live = s.live.lock().await;
         polls.finish(&s, &mut live, close::NORMAL).await;
     } else {
-        match polls.store.load(&id).await {
+        match polls.load_record(&id).await {
             Ok(Some(rec)) => {
-                let _ = polls.store.remove(&id).await;
+                let _ = polls.store().remove(&id).await;
                 if !rec.owner.is_empty() && rec.owner != polls.node.id {
-                    let _ = polls.store.notify(&rec.owner, Notice::Moved(id.clone())).await;
+                    let _ = polls.store().notify(&rec.owner, &SessionNotice::Moved(id.clone())).await;
                 }
             }
             Ok(None) => return error(code::NOT_FOUND, "unknown or expired session"),
@@ -315,11 +322,11 @@ async fn end(State(polls): State<Arc<Polls>>, Path(id): Path<String>, headers: H
 }
 
 /// Acts on what other nodes say: drop moved sessions, run commands queued for ours.
-async fn notice_task(polls: std::sync::Weak<Polls>, rx: &mut tokio::sync::mpsc::UnboundedReceiver<Notice>) {
+async fn notice_task(polls: std::sync::Weak<Polls>, rx: &mut tokio::sync::mpsc::UnboundedReceiver<SessionNotice>) {
     while let Some(n) = rx.recv().await {
         let Some(polls) = polls.upgrade() else { return };
         match n {
-            Notice::Moved(id) => {
+            SessionNotice::Moved(id) => {
                 if let Some(s) = polls.local(&id) {
                     tokio::spawn(async move {
                         let mut live = s.live.lock().await;
@@ -327,7 +334,7 @@ async fn notice_task(polls: std::sync::Weak<Polls>, rx: &mut tokio::sync::mpsc::
                     });
                 }
             }
-            Notice::Commands(id) => {
+            SessionNotice::Commands(id) => {
                 if let Some(s) = polls.local(&id) {
                     tokio::spawn(async move {
                         let _ = polls.run_as_owner(&s, &[]).await;
@@ -364,7 +371,7 @@ async fn sweep_task(polls: std::sync::Weak<Polls>) {
         // only a session with something due is taken out (a lease a quarter spent, a deadline
         // that may have passed, nobody polling) and dealt with after the lock is released.
         let now = crate::unix_s();
-        let shared = polls.store.shared();
+        let shared = polls.store().shared();
         let due: Vec<Arc<PollSession>> = polls
             .sessions
             .lock()
@@ -395,7 +402,7 @@ async fn sweep_task(polls: std::sync::Weak<Polls>) {
             if let Some(code) = s.outbox.closed() {
                 // Nobody is polling: release what the session holds now; the disconnect waits
                 // for the client's next poll (a shutdown's record stays for another node).
-                if code == close::SHUTDOWN && polls.store.shared() {
+                if code == close::SHUTDOWN && polls.store().shared() {
                     if let Ok(mut live) = s.live.try_lock() {
                         polls.finish(&s, &mut live, code).await;
                     }
@@ -403,7 +410,7 @@ async fn sweep_task(polls: std::sync::Weak<Polls>) {
                     if !s.cleaned.load(Relaxed) {
                         // Released for good: no node may take the record over (and subscribe
                         // again); the live copy stays only to hand the disconnect to a poll.
-                        let _ = polls.store.remove(&s.id).await;
+                        let _ = polls.store().remove(&s.id).await;
                     }
                     polls.release(&s, &mut live).await;
                     if idle >= polls.ttl.as_secs() {
