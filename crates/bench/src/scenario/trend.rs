@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::{json, Map};
-use switchboard_client::{ChannelResult, Client, ErrorBody, HttpApi, SubscribeAll, SubscribeOptions};
+use switchboard_client::{ChannelResult, Client, HttpApi, SubscribeAll, SubscribeOptions};
 
 use crate::accounting::MessageCounts;
 use crate::common::{unix_micros, CommonArgs, WireFormat};
@@ -314,17 +314,12 @@ async fn read_ws(args: &TrendArgs, channels: &[String], fill_start_ms: u64) -> a
         }
         all.accept(reply);
     }
-    let mut refused: Vec<(String, ErrorBody)> = all
-        .finish()
-        .channels
-        .into_iter()
-        .filter_map(|(ch, res)| match res {
-            ChannelResult::Error { error } => Some((ch, error)),
-            ChannelResult::Subscribed(_) => None,
-        })
-        .collect();
-    refused.sort_by(|a, b| a.0.cmp(&b.0));
-    r.short.extend(refused.into_iter().map(|(ch, e)| format!("{ch}: error {}: {}", e.code, e.message)));
+    // Refused for good: by a reply that took no channel, or for another reason.
+    let reply = all.finish();
+    let mut refused: Vec<String> =
+        reply.errors().map(|(ch, e)| format!("{ch}: error {}: {}", e.code, e.message)).collect();
+    refused.sort();
+    r.short.extend(refused);
     r.ms = started.elapsed().as_secs_f64() * 1000.0;
     let _ = client.close().await;
     Ok(r)
