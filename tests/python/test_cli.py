@@ -273,3 +273,31 @@ def test_cli_sub_reconnects_after_its_node_restarts_and_prints_each_publication_
         proc.terminate()
         proc.wait(timeout=10)
         a.kill()
+
+
+def test_cli_sub_subscribes_channels_past_one_replys_budget_in_further_commands(server, switchboard_bin):
+    """`switchboard sub --initial` of more latest values than one subscribe reply carries (512 KiB):
+    the channels refused with 413 are subscribed again in further commands, so every channel's
+    latest value is printed and none is reported refused."""
+    import json
+    import threading
+
+    channels = [f"big:{uniq()}" for _ in range(20)]
+    for i, c in enumerate(channels):
+        sb.api_publish(server, c, {"i": i, "pad": "x" * 60_000})
+    proc = subprocess.Popen([switchboard_bin, "sub", "--initial", *channels, "--url", server.ws_url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list = []
+    errors: list = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    threading.Thread(target=lambda: errors.extend(proc.stderr), daemon=True).start()
+    try:
+        sb.wait_until("every channel's latest value", lambda: len(lines) >= len(channels), 20)
+        got = [json.loads(line) for line in list(lines)]
+        assert [p["ch"] for p in got] == channels, [p["ch"] for p in got]
+        assert [p["data"]["i"] for p in got] == list(range(len(channels)))
+        assert proc.poll() is None
+        assert not any("413" in e for e in errors), errors
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -23,8 +23,9 @@ use crate::endpoint::Endpoint;
 use crate::error::Error;
 use crate::event::Event;
 use crate::http::HttpApi;
-use crate::reply::{ChannelResult, SubscribeOptions};
-use crate::resume::{Delivery, Streams};
+use crate::reply::SubscribeOptions;
+use crate::resubscribe::{Subscriber, Update, RETRY_FIRST, RETRY_MOST};
+use crate::resume::Delivery;
 use crate::tls::TlsConfig;
 
 /// The environment variable a `--user`'s password is read from.
@@ -267,72 +268,35 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The first delay before subscribing a channel refused for now (503) again, and the longest.
-const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
-const RETRY_MOST: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// Subscribes and prints publications as JSON lines `{"ch", "epoch", "off", "data"}` until
 /// Ctrl-C (returns `Ok`) or until the server ends the connection for good (an error naming the
-/// close code, unless it was a normal close). A connection dropped or closed with a code that
-/// asks to reconnect (a node restarting, 4000; a slow consumer, 4008) is made again, and every
-/// channel resumes from its last printed offset by the client's rule ([`Streams`]): nothing is
-/// printed twice, and a gap history no longer covers is said on stderr and followed by the
-/// channel's latest value.
+/// close code, unless it was a normal close). The client library's [`Subscriber`] keeps the
+/// subscribe-again rule: channels past a reply's budget (413) go again in further commands,
+/// channels refused for now (503) or ended by the server (`unsubscribed`) are subscribed again
+/// after a growing delay, and every channel resumes from its last printed offset
+/// ([`crate::Streams`]): nothing is printed twice, and a gap history no longer covers is said on
+/// stderr and followed by the channel's latest value. A connection dropped or closed with a
+/// code that asks to reconnect (a node restarting, 4000; a slow consumer, 4008) is made again
+/// and every channel resubscribed the same way.
 pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
     let node = Node::resolve(&args.node)?;
     let opts = node.connect_options();
     let ws_url = node.endpoint.websocket();
     let mut client =
         node.connect(&opts).await.map_err(|e| node.explain(e)).with_context(|| format!("connect to {ws_url}"))?;
-    let mut reply = client
-        .subscribe(SubscribeOptions::new(args.channels.iter().cloned()).initial(args.initial))
-        .await
-        .map_err(|e| node.explain(e))
-        .context("subscribe")?;
-    // Channels past the server's reply budget (413) are subscribed again in another command,
-    // while replies take some.
-    let mut asked = reply.channels.len();
-    loop {
-        let again: Vec<String> = reply.errors().filter(|(_, e)| e.code == 413).map(|(ch, _)| ch.to_string()).collect();
-        if again.is_empty() || again.len() >= asked {
-            break;
-        }
-        asked = again.len();
-        let more = client
-            .subscribe(SubscribeOptions::new(again.iter().cloned()).initial(args.initial))
-            .await
-            .map_err(|e| node.explain(e))
-            .context("subscribe")?;
-        reply.channels.extend(more.channels);
-    }
-    // Where each channel's stream is, to subscribe it again with `recover` after a reconnect
-    // or after the server ended its subscription (`unsubscribed`: its broker shard may have
-    // lost publications).
-    let mut streams = Streams::new(args.initial);
-    let mut refusals = Refusals::default();
-    let mut first = Vec::new();
-    // Channels to subscribe again: refused for now (503: their shard is failing over) or
-    // ended by the server; asked again at `retry_at`, with a growing delay, while the others
-    // stream.
-    let mut waiting = Vec::new();
-    for ch in &args.channels {
-        match reply.channels.get(ch) {
-            Some(ChannelResult::Subscribed(s)) => first.extend(streams.accept(ch, s).deliveries),
-            Some(ChannelResult::Error { error }) if error.code == 503 => {
-                eprintln!("{ch}: {}; subscribing again", error.message);
-                waiting.push(ch.clone());
+    let mut subscriber = Subscriber::new(SubscribeOptions::new(args.channels.iter().cloned()).initial(args.initial));
+    subscriber.subscribe_due(&client).await.map_err(|e| node.explain(e)).context("subscribe")?;
+    if subscriber.streams().channels().next().is_none() && subscriber.waiting().is_empty() {
+        // Say why each channel was refused before failing.
+        let mut refusals = Refusals::default();
+        while let Some(u) = subscriber.try_next() {
+            if let Update::Refused { ch, error } = u {
+                refusals.say(&node, &ch, &error);
             }
-            Some(ChannelResult::Error { error }) => {
-                refusals.say(&node, ch, error);
-            }
-            None => eprintln!("{ch}: missing from the subscribe reply"),
         }
-    }
-    if streams.channels().next().is_none() && waiting.is_empty() {
         bail!("no channel could be subscribed");
     }
-    let mut retry_in = RETRY_FIRST;
-    let mut retry_at = tokio::time::Instant::now() + retry_in;
+    let mut refusals = Refusals::default();
     let stdout = std::io::stdout();
     let print = |d: &Delivery| -> anyhow::Result<bool> {
         let mut out = stdout.lock();
@@ -343,105 +307,66 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
             Err(e) => Err(e.into()),
         }
     };
-    for d in &first {
-        if !print(d)? {
-            return Ok(());
-        }
-    }
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     // The reason of the server's last `disconnect` push, for a close frame without one.
     let mut said = String::new();
     loop {
-        tokio::select! {
+        let update = tokio::select! {
             _ = &mut ctrl_c => {
                 let _ = client.close().await;
                 return Ok(());
             }
-            _ = tokio::time::sleep_until(retry_at), if !waiting.is_empty() => {
-                let again = streams.subscribe_options(waiting.drain(..));
-                let reply = client.subscribe(again).await.map_err(|e| node.explain(e)).context("subscribe")?;
-                for (ch, result) in reply.channels {
-                    match result {
-                        ChannelResult::Subscribed(s) => {
-                            let resumed = streams.accept(&ch, &s);
-                            if let Some(gap) = &resumed.gap {
-                                let then = if resumed.deliveries.is_empty() { "" } else { "; the latest value follows" };
-                                eprintln!("{gap}{then}");
-                            }
-                            for d in &resumed.deliveries {
-                                if !print(d)? {
-                                    return Ok(());
-                                }
-                            }
-                        }
-                        // 503: its shard is failing over; 413: past this reply's budget.
-                        ChannelResult::Error { error } if error.code == 503 || error.code == 413 => waiting.push(ch),
-                        ChannelResult::Error { error } => refusals.say(&node, &ch, &error),
-                    }
-                }
-                retry_in = (retry_in * 2).min(RETRY_MOST);
-                retry_at = tokio::time::Instant::now() + retry_in;
-            }
-            ev = client.next_event() => match ev {
-                Some(Event::Publication(p)) => {
-                    if let Some(d) = streams.live(p) {
-                        if !print(&d)? {
-                            return Ok(());
-                        }
-                    }
-                }
-                Some(Event::Unsubscribed { ch, reason, .. }) => {
-                    eprintln!("{ch}: {reason}; subscribing again");
-                    if waiting.is_empty() {
-                        retry_in = RETRY_FIRST;
-                        retry_at = tokio::time::Instant::now();
-                    }
-                    waiting.push(ch);
-                }
-                // The close that follows carries the same code; its reason is said then.
-                Some(Event::Disconnect { reason, .. }) => said = reason,
-                Some(Event::Error(e)) => eprintln!("error {}: {}", e.code, e.message),
-                Some(Event::Join(_) | Event::Leave(_) | Event::Subscribed(_)) => {}
-                Some(Event::Closed { code: 1000, .. }) | None => return Ok(()),
-                // A node shutting down, restarting or dropping the connection: connect again
-                // and resubscribe every channel, recovering from where its stream was.
-                Some(Event::Closed { code, mut reason }) if code == ABNORMAL_CLOSE || close::reconnect(code) => {
-                    if reason.is_empty() {
-                        reason = std::mem::take(&mut said);
-                    }
-                    let why = if reason.is_empty() { String::new() } else { format!(": {reason}") };
-                    eprintln!("connection closed (code {code}{why}); reconnecting and recovering");
-                    let mut pause = RETRY_FIRST;
-                    client = loop {
-                        tokio::select! {
-                            _ = &mut ctrl_c => return Ok(()),
-                            c = node.connect(&opts) => match c {
-                                Ok(c) => break c,
-                                Err(e) => eprintln!("connect to {ws_url}: {e}; again in {pause:?}"),
-                            },
-                        }
-                        tokio::select! {
-                            _ = &mut ctrl_c => return Ok(()),
-                            _ = tokio::time::sleep(pause) => {}
-                        }
-                        pause = (pause * 2).min(RETRY_MOST);
-                    };
-                    for ch in streams.channels() {
-                        if !waiting.iter().any(|w| w == ch) {
-                            waiting.push(ch.to_string());
-                        }
-                    }
-                    retry_in = RETRY_FIRST;
-                    retry_at = tokio::time::Instant::now();
-                }
-                Some(Event::Closed { code, mut reason }) => {
-                    if reason.is_empty() {
-                        reason = said;
-                    }
-                    return Err(node.explain(Error::Closed { code, reason })).context("the node ended the subscription");
+            u = subscriber.next(&mut client) => u.map_err(|e| node.explain(e)).context("subscribe")?,
+        };
+        match update {
+            Update::Delivery(d) => {
+                if !print(&d)? {
+                    return Ok(());
                 }
             }
+            Update::Gap { gap, followed } => {
+                let then = if followed { "; the latest value follows" } else { "" };
+                eprintln!("{gap}{then}");
+            }
+            Update::Waiting { ch, reason } => eprintln!("{ch}: {reason}; subscribing again"),
+            Update::Refused { ch, error } => refusals.say(&node, &ch, &error),
+            // The close that follows carries the same code; its reason is said then.
+            Update::Event(Event::Disconnect { reason, .. }) => said = reason,
+            Update::Event(Event::Error(e)) => eprintln!("error {}: {}", e.code, e.message),
+            Update::Event(Event::Closed { code: 1000, .. }) => return Ok(()),
+            // A node shutting down, restarting or dropping the connection: connect again and
+            // resubscribe every channel, recovering from where its stream was.
+            Update::Event(Event::Closed { code, mut reason }) if code == ABNORMAL_CLOSE || close::reconnect(code) => {
+                if reason.is_empty() {
+                    reason = std::mem::take(&mut said);
+                }
+                let why = if reason.is_empty() { String::new() } else { format!(": {reason}") };
+                eprintln!("connection closed (code {code}{why}); reconnecting and recovering");
+                let mut pause = RETRY_FIRST;
+                client = loop {
+                    tokio::select! {
+                        _ = &mut ctrl_c => return Ok(()),
+                        c = node.connect(&opts) => match c {
+                            Ok(c) => break c,
+                            Err(e) => eprintln!("connect to {ws_url}: {e}; again in {pause:?}"),
+                        },
+                    }
+                    tokio::select! {
+                        _ = &mut ctrl_c => return Ok(()),
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    pause = (pause * 2).min(RETRY_MOST);
+                };
+                subscriber.reconnected();
+            }
+            Update::Event(Event::Closed { code, mut reason }) => {
+                if reason.is_empty() {
+                    reason = said;
+                }
+                return Err(node.explain(Error::Closed { code, reason })).context("the node ended the subscription");
+            }
+            Update::Event(_) => {}
         }
     }
 }

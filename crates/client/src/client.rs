@@ -246,8 +246,10 @@ impl Client {
         self.request_typed("connect", &body).await
     }
 
-    /// `subscribe`. Per-channel failures are in the reply ([`SubscribeReply::errors`]), not an
-    /// `Err`.
+    /// `subscribe`: one command. Per-channel failures are in the reply
+    /// ([`SubscribeReply::errors`]), not an `Err`; channels refused past the reply's byte
+    /// budget (413) are subscribed by [`Client::subscribe_all`] (in `resubscribe`, beside the
+    /// rule it follows).
     pub async fn subscribe(&self, options: SubscribeOptions) -> Result<SubscribeReply> {
         self.request_typed("subscribe", &options).await
     }

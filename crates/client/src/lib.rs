@@ -33,6 +33,13 @@
 //! - [`resume`]: [`Streams`], each channel's stream position and the rule for a channel
 //!   subscribed again: recovered publications once and in order, and a gap ([`Gap`]) followed
 //!   by the channel's latest value; [`Delivery`], a publication with its epoch.
+//! - [`resubscribe`]: the subscribe-again rule, owned here for every Rust caller (the `sub`
+//!   tool, the bench, the tests): [`SubscribeAll`] asks channels refused past a reply's byte
+//!   budget (413) again in further commands while replies take some
+//!   ([`Client::subscribe_all`]); [`Subscriber`] is a subscriber's whole loop on a connection,
+//!   keeping channels refused for now (503) or ended by the server (`unsubscribed`) waiting
+//!   with a doubling delay and subscribing them again with `recover` from their [`Streams`]
+//!   position, and handing back what to report ([`Update`]).
 //! - [`http`]: a minimal HTTP/1.1 client for the HTTP API ([`HttpApi`], [`http_publish`]).
 //! - [`cli`]: the `publish` and `sub` command-line tools.
 //! - [`error`]: [`Error`], what every call here can fail with.
@@ -49,6 +56,7 @@ pub mod event;
 pub mod frame;
 pub mod http;
 pub mod reply;
+pub mod resubscribe;
 pub mod resume;
 pub mod tls;
 
@@ -62,6 +70,7 @@ pub use reply::{
     ChannelResult, ConnectReply, HistoryReply, PresenceClient, PresenceReply, PublishReply, RefreshReply,
     SubscribeOptions, SubscribeReply, Subscribed,
 };
+pub use resubscribe::{SubscribeAll, Subscriber, Update, RETRY_FIRST, RETRY_MOST};
 pub use resume::{Delivery, Gap, Resumed, Streams};
 pub use switchboard_protocol::message::ErrorBody;
 pub use switchboard_protocol::{Format, StreamPosition};

@@ -25,6 +25,9 @@ pub struct SubscribeOptions {
     /// `{"abs": X}` or `{"pct": P}`: numeric values that moved less are not sent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadband: Option<serde_json::Value>,
+    /// `{"window_s": S, "step_s": T}`: each channel's trend in the reply (docs/protocol.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trend: Option<serde_json::Value>,
 }
 
 impl SubscribeOptions {
@@ -61,6 +64,17 @@ impl SubscribeOptions {
     /// Values that moved less than `pct` percent of the last one sent are not sent.
     pub fn deadband_pct(mut self, pct: f64) -> Self {
         self.deadband = Some(serde_json::json!({ "pct": pct }));
+        self
+    }
+
+    /// Each channel's trend over the last `window_s` seconds, in buckets of `step_s` (the
+    /// namespace's stored step when `None`).
+    pub fn trend(mut self, window_s: u64, step_s: Option<u64>) -> Self {
+        let mut t = serde_json::json!({ "window_s": window_s });
+        if let Some(step) = step_s {
+            t["step_s"] = step.into();
+        }
+        self.trend = Some(t);
         self
     }
 }
@@ -106,6 +120,9 @@ pub struct Subscribed {
     /// is gone).
     #[serde(default = "yes")]
     pub complete: bool,
+    /// With `trend`: `{"step_s", "buckets", "tiers"}`.
+    #[serde(default)]
+    pub trend: Option<serde_json::Value>,
 }
 
 fn yes() -> bool {

@@ -95,6 +95,11 @@ impl Streams {
         self.positions.keys().map(String::as_str)
     }
 
+    /// Stops following `ch` (refused for good): it is no longer resubscribed.
+    pub fn forget(&mut self, ch: &str) {
+        self.positions.remove(ch);
+    }
+
     /// The position of `ch`, if it has been subscribed.
     pub fn position(&self, ch: &str) -> Option<&StreamPosition> {
         self.positions.get(ch)
@@ -194,6 +199,7 @@ mod tests {
             last: last.map(publication),
             recovered: recovered.iter().copied().map(publication).collect(),
             complete,
+            trend: None,
         }
     }
 

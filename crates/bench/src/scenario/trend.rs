@@ -16,7 +16,8 @@
 //! Reported: the server's RSS growth per stored bucket (`--server-pid`, from `/proc`), the fill
 //! rate, and the time to read the trends each way. A subscribe reply carries only as many trends
 //! as its byte bound allows (docs/protocol.md, "Reply bound"); the refused channels (413) are
-//! asked again in the next command on the same connection, as a dashboard does. The run fails
+//! asked again in the next command on the same connection, as a dashboard does, by the client
+//! library's rule ([`SubscribeAll`]). The run fails
 //! when a publication is refused or any read is short.
 
 use std::cell::{Cell, RefCell};
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde_json::{json, Map};
-use switchboard_client::{Client, HttpApi};
+use switchboard_client::{ChannelResult, Client, HttpApi, SubscribeAll, SubscribeOptions};
 
 use crate::accounting::MessageCounts;
 use crate::common::{unix_micros, CommonArgs, WireFormat};
@@ -284,8 +285,9 @@ async fn read_http(args: &TrendArgs, channels: &[String], fill_start_ms: u64) ->
     Ok(r)
 }
 
-/// One connection, `subscribe` with `trend` for every channel; channels a reply had no room
-/// for (413) are asked again in the next command.
+/// One connection, `subscribe` with `trend` for every channel, in as many commands as the
+/// replies' byte budget needs: the client's [`SubscribeAll`] says which channels go again (413)
+/// and when to stop; each command is timed here.
 async fn read_ws(args: &TrendArgs, channels: &[String], fill_start_ms: u64) -> anyhow::Result<Reads> {
     let mut url = args.common.target.clone();
     if let Some(t) = &args.token {
@@ -295,37 +297,29 @@ async fn read_ws(args: &TrendArgs, channels: &[String], fill_start_ms: u64) -> a
     client.set_request_timeout(Duration::from_secs(60));
     let started = Instant::now();
     let mut r = Reads::default();
-    let mut left: Vec<String> = channels.to_vec();
-    let mut commands = 0u32;
-    while !left.is_empty() && commands < 10_000 {
-        commands += 1;
+    let mut all = SubscribeAll::new(SubscribeOptions::new(channels.iter().cloned()).trend(args.window, None));
+    while let Some(command) = all.next_command() {
         let t0 = Instant::now();
         let asked_ms = now_ms();
-        let ok = client.request("subscribe", &json!({"channels": left, "trend": {"window_s": args.window}})).await?;
-        let mut again = Vec::new();
-        for ch in &left {
-            let res = &ok["channels"][ch.as_str()];
-            if let Some(b) = res["trend"]["buckets"].as_array() {
-                r.latency.record(t0.elapsed().as_micros() as u64);
-                let n = b.len() as u64;
-                r.buckets += n;
-                let want = expected_buckets(args.window, fill_start_ms, asked_ms);
-                if n + 2 < want {
-                    r.short.push(format!("{ch}: {n} of {want} buckets"));
-                }
-            } else if res["error"]["code"] == 413 && res["error"]["message"].as_str().unwrap_or("").contains("is full")
-            {
-                again.push(ch.clone());
-            } else {
-                r.short.push(format!("{ch}: {res}"));
+        let reply = client.subscribe(command).await?;
+        for (ch, res) in &reply.channels {
+            let ChannelResult::Subscribed(s) = res else { continue };
+            r.latency.record(t0.elapsed().as_micros() as u64);
+            let n = s.trend.as_ref().and_then(|t| t["buckets"].as_array()).map_or(0, Vec::len) as u64;
+            r.buckets += n;
+            let want = expected_buckets(args.window, fill_start_ms, asked_ms);
+            if n + 2 < want {
+                r.short.push(format!("{ch}: {n} of {want} buckets"));
             }
         }
-        if again.len() == left.len() {
-            r.short.push(format!("{} channels refused by a reply that took none", again.len()));
-            break;
-        }
-        left = again;
+        all.accept(reply);
     }
+    // Refused for good: by a reply that took no channel, or for another reason.
+    let reply = all.finish();
+    let mut refused: Vec<String> =
+        reply.errors().map(|(ch, e)| format!("{ch}: error {}: {}", e.code, e.message)).collect();
+    refused.sort();
+    r.short.extend(refused);
     r.ms = started.elapsed().as_secs_f64() * 1000.0;
     let _ = client.close().await;
     Ok(r)
