@@ -43,7 +43,7 @@
 //!   `DCMD` instead ([`Sparkplug::command`]), also QoS 1 and accepted on PUBACK. A write whose
 //!   message would pass `max_packet_bytes` is not writable.
 //! - Sparkplug B rebirth requests ([`crate::sparkplug`] says when) are published with QoS 0, as
-//!   the specification wants commands, and counted in [`SourceStats::rebirths`].
+//!   the specification wants commands, and counted in [`crate::SourceStats::rebirths`].
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;

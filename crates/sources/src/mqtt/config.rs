@@ -52,7 +52,7 @@ pub struct MqttConfig {
     /// Bytes of QoS 0 values that may wait while the node cannot commit ([`backlog`]); unset:
     /// [`backlog::DEFAULT_BUFFER_BYTES`].
     pub buffer_bytes: Option<usize>,
-    /// Be a Sparkplug B primary host application with this host id ([`host`]).
+    /// Be a Sparkplug B primary host application with this host id ([`super::host`]).
     pub sparkplug_host_id: Option<String>,
     #[serde(default = "default_keep_alive_s")]
     pub keep_alive_s: u64,

@@ -32,7 +32,7 @@ pub(super) struct Conn {
     /// The last value the node accepted per channel.
     pub(super) accepted: Accepted,
     pub(super) backlog: Arc<Backlog>,
-    /// A Sparkplug B primary host's STATE ([`host`]).
+    /// A Sparkplug B primary host's STATE ([`super::host`]).
     pub(super) host: Option<Host>,
     pub(super) refusals: Refusals,
     /// `cfg.max_packet()`.
