@@ -55,21 +55,7 @@ pub const INTERNAL_CHANNEL_TTL_S: u64 = 60;
 
 impl Default for Namespace {
     fn default() -> Namespace {
-        Namespace {
-            history_size: 100,
-            history_ttl_s: 300,
-            conflate: false,
-            client_publish: false,
-            presence: false,
-            allow: crate::auth::Permissions::DEFAULT,
-            channel_ttl_s: None,
-            trend_window_s: None,
-            trend_step_s: 1,
-            trend_tiers: Vec::new(),
-            write_source: None,
-            proxy_subscribe: false,
-            proxy_publish: false,
-        }
+        DEFAULT_NAMESPACE.clone()
     }
 }
 
@@ -110,6 +96,7 @@ impl Config {
     }
 }
 
+/// What a namespace is unless the configuration says otherwise.
 pub(super) static DEFAULT_NAMESPACE: Namespace = Namespace {
     history_size: 100,
     history_ttl_s: 300,
