@@ -99,7 +99,7 @@ async fn publish(
     match body {
         PublishBody { channel: Some(channel), data: Some(data), idempotency_key, batch: None } => {
             let outcome = publish::one(&node, &mut by, Asked { channel, data, idempotency_key }).await?;
-            Ok(Json(outcome.into_json()).into_response())
+            Ok(Json(outcome).into_response())
         }
         PublishBody { channel: None, data: None, idempotency_key: None, batch: Some(batch) } => {
             let items = batch
@@ -110,7 +110,7 @@ async fn publish(
                 .await
                 .into_iter()
                 .map(|r| match r {
-                    Ok(outcome) => outcome.into_json(),
+                    Ok(outcome) => serde_json::to_value(outcome).unwrap_or_default(),
                     Err(e) => serde_json::json!({"error": {"code": e.code, "message": e.message}}),
                 })
                 .collect();

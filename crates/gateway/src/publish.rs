@@ -43,12 +43,17 @@ pub enum Outcome {
     Written(serde_json::Value),
 }
 
-impl Outcome {
-    /// The answer's body: `{"offset", "epoch"}`, or the source's answer.
-    pub fn into_json(self) -> serde_json::Value {
+/// The answer's body: `{"offset", "epoch"}`, or the source's answer.
+impl serde::Serialize for Outcome {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct Published<'a> {
+            offset: u64,
+            epoch: &'a str,
+        }
         match self {
-            Outcome::Published(pos) => serde_json::json!({"offset": pos.offset, "epoch": &*pos.epoch}),
-            Outcome::Written(reply) => reply,
+            Outcome::Published(pos) => Published { offset: pos.offset, epoch: &pos.epoch }.serialize(s),
+            Outcome::Written(reply) => reply.serialize(s),
         }
     }
 }

@@ -419,7 +419,7 @@ impl Session {
         let node = self.node.clone();
         let asked = Asked { channel: req.channel, data: req.data, idempotency_key: req.idempotency_key };
         let outcome = publish::one(&node, self, asked).await?;
-        self.ok(id, &outcome.into_json());
+        self.ok(id, &outcome);
         Ok(())
     }
 
