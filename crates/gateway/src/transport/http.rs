@@ -57,6 +57,15 @@ pub fn error(code: u16, message: impl Into<String>) -> Response {
     r
 }
 
+/// The answer to an HTTP stream or session the node would not register (`Node::register_*`):
+/// 503 while the node shuts down, else the connection limit.
+pub fn not_registered(refused: &crate::outbox::Outbox) -> Response {
+    match refused.closed() {
+        Some(switchboard_protocol::code::close::SHUTDOWN) => error(503, "server shutting down"),
+        _ => error(code::LIMIT, "too many connections"),
+    }
+}
+
 /// Admits a request that opens a stream or a session: rate, origin, credentials.
 /// `counts_as_handshake`: it opens something (an SSE stream, a poll session) rather than
 /// continuing one, so it is counted against `limits.handshakes_per_ip_per_s`.

@@ -330,15 +330,7 @@ pub(crate) async fn open(
     }
     let cmd = serde_json::json!({ "id": SUBSCRIBE_ID, "subscribe": body }).to_string();
     let events = StreamEvents::new(channels.clone(), initial, recover, SUBSCRIBE_ID);
-    let outbox = match node.register_framed(Box::new(events)) {
-        Ok(ob) => ob,
-        Err(ob) => {
-            return Err(match ob.closed() {
-                Some(close::SHUTDOWN) => error(503, "server shutting down"),
-                _ => error(code::LIMIT, "too many connections"),
-            })
-        }
-    };
+    let outbox = node.register_framed(Box::new(events)).map_err(|ob| crate::transport::http::not_registered(&ob))?;
     let mut session = Session::new(node.clone(), outbox.clone());
     session.set_identity(admitted.identity.clone());
     session.set_rate_exempt(admitted.exempt());

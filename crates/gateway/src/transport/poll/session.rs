@@ -201,15 +201,7 @@ impl Polls {
         let node = &self.node;
         let options =
             PullOptions { record_replies: true, survive_shutdown: self.store().shared(), expires_with_session: true };
-        let outbox = match node.register_pull(options) {
-            Ok(ob) => ob,
-            Err(ob) => {
-                return Err(match ob.closed() {
-                    Some(close::SHUTDOWN) => error(503, "server shutting down"),
-                    _ => error(code::LIMIT, "too many connections"),
-                })
-            }
-        };
+        let outbox = node.register_pull(options).map_err(|ob| crate::transport::http::not_registered(&ob))?;
         let mut session = Session::new(node.clone(), outbox.clone());
         session.set_identity(identity);
         session.set_rate_exempt(exempt);
