@@ -11,8 +11,11 @@
 //!   ([`BrokerError::Unknown`]); an item's idempotency key is kept beside its channel by the
 //!   publish script (`publishing`).
 //! - The epoch lives in Redis beside the offset. When the channel's keys are gone (Redis
-//!   restarted without persistence, or was flushed), the next use creates a new random epoch, so
-//!   a client recovering from an old position learns `complete: false`.
+//!   restarted without persistence, or was flushed), or the server's data may lack what
+//!   clients saw (a promoted replica; a restart without `appendfsync always`), the next use
+//!   creates a new random epoch, so a client recovering from an old position learns
+//!   `complete: false`. A restart of a server that fsyncs every write keeps every epoch (the
+//!   lineage record, see [`scripts`]).
 //! - Each node holds one Redis subscription per channel with local subscribers, on one pub/sub
 //!   connection ([`link`]; `round_trip`: its keepalive PING's round trip); a publication costs one Redis message per subscribed node, however
 //!   many clients it has there. Commands from all tasks share one multiplexed connection, which
@@ -176,6 +179,10 @@ impl Keys {
     fn node_subs(&self, id: &str) -> String {
         format!("{}:node:{id}:subs", self.registry)
     }
+    /// The server's lineage record: what its data's identity is (see [`scripts`]).
+    fn lineage(&self) -> String {
+        format!("{}:lineage", self.registry)
+    }
     /// The channel a pub/sub channel name belongs to.
     fn channel_of_pubsub<'a>(&self, name: &'a str) -> Option<&'a str> {
         name.strip_prefix(self.prefix.as_str())?.strip_prefix(":{")?.strip_suffix("}:p")
@@ -289,12 +296,14 @@ impl RedisBroker {
             None => options.prefix.clone(),
         };
         let cluster = cluster_node.is_some();
+        let keys = Keys { prefix: options.prefix, registry };
+        let scripts = Scripts::new(cluster, &keys.lineage());
         let inner = Arc::new(Inner {
-            keys: Keys { prefix: options.prefix, registry },
+            keys,
             cluster,
             endpoint,
             commands: Commands::new(),
-            scripts: Scripts::new(cluster),
+            scripts,
             leases: lease::Leases::new(),
             records: records::RecordScripts::new(),
             sessions: sessions::SessionScripts::new(),

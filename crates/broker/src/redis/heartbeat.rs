@@ -1,7 +1,8 @@
 //! The node's heartbeat to Redis (the `redis-heartbeat` task): it registers the node in the
 //! cluster figures (`/api/info` node count, subscriber counts per channel), refreshes the
-//! presence entries of its clients, sweeps those of dead nodes, and keeps the channels it has
-//! subscribers for from expiring.
+//! presence entries of its clients, sweeps those of dead nodes, keeps the channels it has
+//! subscribers for from expiring, and notes whether the server is durable in its lineage
+//! record (see [`super::scripts`]: a durable server's restart keeps every epoch).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
@@ -57,6 +58,7 @@ async fn beat(inner: &Inner, full: bool, id: Option<(&str, bool)>) -> Result<(),
     if let Some((id, whole)) = id {
         register(inner, id, whole, ttl_ms).await?;
     }
+    note_lineage(inner).await?;
     // A snapshot: the lock is not held across the awaits below.
     let present: Vec<(Arc<str>, HashMap<String, String>)> =
         inner.presence.lock().iter().map(|(ch, m)| (ch.clone(), m.clone())).collect();
@@ -96,6 +98,34 @@ async fn register(inner: &Inner, id: &str, whole: bool, ttl_ms: u64) -> Result<(
         inner.link.counts_changed.store(true, Relaxed);
     }
     r.map(drop)
+}
+
+/// Confirms the server's data identity and records whether the server is durable: every write
+/// fsynced to its append-only file (`appendonly yes`, `appendfsync always`), so a restart
+/// loses nothing acknowledged. A server that does not allow `CONFIG` leaves the record as it
+/// was (a restart then starts new epochs, unless another node could tell).
+async fn note_lineage(inner: &Inner) -> Result<(), BrokerError> {
+    let mut conn = inner.conn().await?;
+    let config: Result<HashMap<String, String>, _> =
+        redis::cmd("CONFIG").arg("GET").arg("appendonly").arg("appendfsync").query_async(&mut conn).await;
+    let durable = match config {
+        Ok(c) => {
+            let yes =
+                c.get("appendonly").is_some_and(|v| v == "yes") && c.get("appendfsync").is_some_and(|v| v == "always");
+            if yes {
+                "1"
+            } else {
+                "0"
+            }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "redis: CONFIG GET refused; durability not noted");
+            ""
+        }
+    };
+    let mut note = inner.scripts.lineage_note.prepare_invoke();
+    note.arg(durable);
+    note.invoke_async::<String>(&mut conn).await.map(drop).map_err(|e| inner.failed(e))
 }
 
 /// Channels this node has subscribers for stay alive: their keys' expiry is pushed to twice

@@ -20,13 +20,38 @@
 
 use redis::Script;
 
-/// The identity of the Redis server's data: its replication id, which a restart and the
-/// promotion of a replica both change. A channel whose meta hash was written under another id
-/// may lack publications its subscribers saw (a replica promoted before it caught up), so its
+/// The identity of the Redis server's data, which a channel's meta hash records (`r`): a
+/// channel written under another identity may lack publications its subscribers saw, so its
 /// next use starts a new epoch instead of reusing offsets. Shared by the scripts below.
+///
+/// The identity is the replication id (`master_replid`), which a restart and the promotion of
+/// a replica both change, carried across a restart that kept every write. The server's
+/// lineage record (`LINEAGE_KEY`, a hash: `id` the identity, `at` the replication id it was
+/// last confirmed under, `durable` `1` when the server fsyncs every write to its append-only
+/// file, noted by the nodes' heartbeat from `CONFIG GET`, see [`LINEAGE_NOTE`]) decides:
+/// - the same replication id: the recorded identity;
+/// - another one, with no previous replication id (`master_replid2` all zeros: a restart, not a
+///   promotion) and a record saying the server was durable: the data is exactly what was
+///   acknowledged, so the recorded identity stays, and with it every channel's epoch;
+/// - otherwise (a promoted replica, which may not have caught up; a restart without
+///   `appendfsync always`, which may have lost its last writes; no record): the new
+///   replication id, so every channel starts a new epoch at its next use.
+///
+/// A record that cannot be read (on a Redis Cluster node whose registry slot moved away)
+/// gives the replication id alone.
 const IDENTITY: &str = r#"
+local LINEAGE = LINEAGE_KEY
 local function data_id()
-  return string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
+  local info = redis.call('INFO', 'replication')
+  local rid = string.match(info, 'master_replid:(%w+)') or ''
+  local rec = redis.pcall('HMGET', LINEAGE, 'id', 'at', 'durable')
+  if type(rec) ~= 'table' or rec.err then return rid end
+  if rec[1] and rec[2] == rid then return rec[1] end
+  local id = rid
+  local before = string.match(info, 'master_replid2:(%w+)') or ''
+  if rec[1] and rec[3] == '1' and not string.find(before, '[^0]') then id = rec[1] end
+  redis.pcall('HSET', LINEAGE, 'id', id, 'at', rid)
+  return id
 end
 -- A channel's keys made by a reader (a subscriber's starting point): kept `keep` ms (0:
 -- forever) unless used, as by a publication.
@@ -478,6 +503,16 @@ end
 return 0
 "#;
 
+/// The heartbeat's lineage note (see [`IDENTITY`]): confirms the identity (so a promotion is
+/// recorded within one heartbeat even when nothing is published), then records ARGV[1], `1`
+/// when the server is durable, `0` when not, `''` when the node could not tell (`CONFIG` not
+/// allowed), which leaves the record as it was. Returns the identity.
+const LINEAGE_NOTE: &str = r#"
+local id = data_id()
+if ARGV[1] ~= '' then redis.pcall('HSET', LINEAGE, 'durable', ARGV[1]) end
+return id
+"#;
+
 /// The compiled scripts; Redis caches them by SHA1 (`EVALSHA`, reloaded after a restart).
 pub(super) struct Scripts {
     pub publish: Script,
@@ -491,6 +526,7 @@ pub(super) struct Scripts {
     pub node_beat: Script,
     pub cluster: Script,
     pub epoch_bump: Script,
+    pub lineage_note: Script,
     pub trend_compact: Script,
     pub trend_backfill: Script,
 }
@@ -498,17 +534,19 @@ pub(super) struct Scripts {
 impl Scripts {
     /// `cluster`: for a Redis Cluster node, where publications go out with sharded pub/sub
     /// (`SPUBLISH`, delivered only by the nodes serving the channel's slot) and the publish
-    /// script takes its keys in ARGV (see [`PUBLISH`]).
-    pub fn new(cluster: bool) -> Scripts {
+    /// script takes its keys in ARGV (see [`PUBLISH`]). `lineage`: the key of the server's
+    /// lineage record (see [`IDENTITY`]).
+    pub fn new(cluster: bool, lineage: &str) -> Scripts {
         let text =
             |body: String| if cluster { body.replace("redis.call('PUBLISH'", "redis.call('SPUBLISH'") } else { body };
         let script = |body: &str| Script::new(&text(body.to_string()));
         let with_sweep = |body: &str| Script::new(&text(format!("{SWEEP}{body}")));
-        let with_identity = |body: &str| Script::new(&text(format!("{IDENTITY}{body}")));
+        let identity = IDENTITY.replace("LINEAGE_KEY", &lua_string(lineage));
+        let with_identity = |body: &str| Script::new(&text(format!("{identity}{body}")));
         let here = if cluster { HERE_CLUSTER } else { HERE_SINGLE };
         let chunk = |body: String| body.replace("CHUNK_BUCKETS", &crate::trend::ring::CHUNK_BUCKETS.to_string());
         Scripts {
-            publish: Script::new(&chunk(text(format!("{here}{IDENTITY}{TREND_BUCKET}{PUBLISH}")))),
+            publish: Script::new(&chunk(text(format!("{here}{identity}{TREND_BUCKET}{PUBLISH}")))),
             trend_compact: script(TREND_COMPACT),
             trend_backfill: Script::new(&chunk(format!("{TREND_BUCKET}{TREND_BACKFILL}"))),
             position: with_identity(POSITION),
@@ -521,6 +559,32 @@ impl Scripts {
             node_beat: script(NODE_BEAT),
             cluster: script(CLUSTER),
             epoch_bump: script(EPOCH_BUMP),
+            lineage_note: with_identity(LINEAGE_NOTE),
         }
+    }
+}
+
+/// `s` as a Lua string literal: every byte but letters, digits and `:{}_.-` as a `\ddd` escape.
+fn lua_string(s: &str) -> String {
+    let mut out = String::from("'");
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b":{}_.-".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("\\{b:03}"));
+        }
+    }
+    out.push('\'');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lua_string;
+
+    #[test]
+    fn broker_redis_lua_strings_escape_what_could_end_them() {
+        assert_eq!(lua_string("sb:{a-1}:lineage"), "'sb:{a-1}:lineage'");
+        assert_eq!(lua_string("a'b\\c d"), "'a\\039b\\092c\\032d'");
     }
 }
