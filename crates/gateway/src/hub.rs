@@ -28,6 +28,7 @@ use switchboard_protocol::message::{encode_presence, encode_publication, encode_
 use switchboard_protocol::Format;
 use switchboard_supervisor::{fault, isolate};
 
+use crate::message::Kind;
 use crate::metrics::Metrics;
 use crate::outbox::{Delivery, Frame, Outbox, Pushed};
 use crate::sampling::{Offer, PointView, Sampler, Sampling};
@@ -334,7 +335,8 @@ impl BrokerHandler for Hub {
                 (Format::Msgpack, Some(f)) => f,
                 _ => &json,
             };
-            if ob.push_frame(frame) == Pushed::Schedule {
+            let kind = if joined { Kind::Join } else { Kind::Leave };
+            if ob.push_frame(frame, kind) == Pushed::Schedule {
                 scheduled.push(ob.clone());
             }
         }

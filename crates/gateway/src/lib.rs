@@ -12,9 +12,12 @@
 //! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out;
 //!   internal channels (`$…`, messages between nodes) go to the internal handler registered
 //!   for their prefix instead.
+//! - [`message`]: what a connection is sent, as data: each queued message's kind, said by
+//!   whoever queued it, and a subscribe's typed results, so no transport reads back what the
+//!   node encoded.
 //! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes; an SSE
 //!   stream's events framed by the stream (`outbox::framed`); for the HTTP transports whose
-//!   socket hyper holds, the same queue taken as structured messages (`outbox::pull`).
+//!   socket hyper holds, the same queue taken as typed messages (`outbox::pull`).
 //! - [`sampling`]: per-subscription `max_rate_hz` and deadbands, beside the hub's fan-out.
 //! - [`history`]: history reads (the `history` command, `/api/channels/{ch}/history`), paged
 //!   within the budget of one reply.
@@ -77,6 +80,7 @@ pub mod error;
 pub mod history;
 pub mod hub;
 pub mod log_limit;
+pub mod message;
 pub mod metrics;
 pub mod node;
 pub mod outbox;

@@ -39,13 +39,14 @@ use switchboard_protocol::websocket::{self, Opcode};
 use switchboard_protocol::Format;
 use tokio::sync::Notify;
 
+use crate::message::Kind;
 use crate::metrics::Metrics;
 
 pub mod framed;
 pub mod pull;
 
 pub use framed::Framer;
-pub use pull::{Kind, Message, PullOptions};
+pub use pull::PullOptions;
 
 /// Where an outbox writes: a socket, or a buffer in tests.
 pub trait Wire: Send + Sync + 'static {
@@ -110,8 +111,8 @@ pub struct Delivery {
 }
 
 enum Item {
-    /// A message frame that may be merged with its neighbours.
-    Message { frame: Frame, channel: Option<Arc<str>>, offset: u64, born: Option<Instant> },
+    /// A message frame that may be merged with its neighbours; `born` for a publication.
+    Message { frame: Frame, kind: Kind, born: Option<Instant> },
     /// The pending latest value of a conflated channel, kept in `OutState::latest`.
     Latest(Arc<str>),
     /// A control frame (ping, close), written as is.
@@ -139,7 +140,7 @@ struct OutState {
     /// forgets them before its next subscribe ([`Outbox::take_lost`]).
     lost: Vec<Arc<str>>,
     /// Replies recorded for [`Outbox::take_replies`] (taking outboxes that record them).
-    replies: Vec<Bytes>,
+    replies: Vec<crate::message::Message>,
     /// The close code, once closing: nothing more is accepted, and the connection task
     /// closes once everything is written out.
     close_code: Option<u16>,
@@ -258,8 +259,7 @@ impl Outbox {
             st.pending += len;
             st.queue.push_back(Item::Message {
                 frame: d.frame,
-                channel: Some(d.channel),
-                offset: d.offset,
+                kind: Kind::Pub { ch: d.channel, off: d.offset },
                 born: Some(d.born),
             });
         }
@@ -286,7 +286,7 @@ impl Outbox {
         }
         st.lost.push(channel.clone());
         drop(st);
-        self.push_item(Item::Message { frame: notice.clone(), channel: None, offset: 0, born: None }, true)
+        self.push_item(Item::Message { frame: notice.clone(), kind: Kind::Unsubscribed, born: None }, true)
     }
 
     /// Channels ended by [`Outbox::end_subscription`] since the last call.
@@ -296,18 +296,19 @@ impl Outbox {
 
     /// Queues a reply or other message that belongs to no channel (may exceed the bound
     /// alone, on an empty queue).
-    pub fn push_message(&self, payload: &[u8]) -> Pushed {
+    pub fn push_message(&self, payload: &[u8], kind: Kind) -> Pushed {
         let frame = Frame::message(self.format, payload);
-        let pushed = self.push_item(Item::Message { frame: frame.clone(), channel: None, offset: 0, born: None }, true);
-        if pushed != Pushed::Dropped {
-            self.record_reply(&mut self.state.lock(), &frame);
+        let recorded = self.records(&kind).then(|| (frame.clone(), kind.clone()));
+        let pushed = self.push_item(Item::Message { frame, kind, born: None }, true);
+        if let (false, Some((frame, kind))) = (pushed == Pushed::Dropped, recorded) {
+            self.state.lock().replies.push(crate::message::Message { text: frame.payload_bytes(), kind });
         }
         pushed
     }
 
     /// Queues a pre-built frame shared by many connections (presence events).
-    pub fn push_frame(&self, frame: &Frame) -> Pushed {
-        self.push_item(Item::Message { frame: frame.clone(), channel: None, offset: 0, born: None }, false)
+    pub fn push_frame(&self, frame: &Frame, kind: Kind) -> Pushed {
+        self.push_item(Item::Message { frame: frame.clone(), kind, born: None }, false)
     }
 
     /// Queues a control frame (ping, pong).
@@ -535,8 +536,8 @@ impl Outbox {
     /// channel → offset in the reply), puts the reply where the queue ended when the subscribe
     /// began (so replies keep the order of their commands and come before any publication
     /// queued meanwhile) and writes.
-    pub fn release(&self, reply: &[u8], covered: &HashMap<Arc<str>, u64>) {
-        self.release_inner(Some(Frame::message(self.format, reply)), covered)
+    pub fn release(&self, reply: &[u8], kind: Kind, covered: &HashMap<Arc<str>, u64>) {
+        self.release_inner(Some((Frame::message(self.format, reply), kind)), covered)
     }
 
     /// Ends a subscribe that has no reply (a command without id that succeeded).
@@ -544,7 +545,7 @@ impl Outbox {
         self.release_inner(None, covered)
     }
 
-    fn release_inner(&self, reply: Option<Frame>, covered: &HashMap<Arc<str>, u64>) {
+    fn release_inner(&self, reply: Option<(Frame, Kind)>, covered: &HashMap<Arc<str>, u64>) {
         let mut st = self.state.lock();
         st.hold = st.hold.saturating_sub(1);
         let mut mark = st.hold_marks.pop().unwrap_or(0);
@@ -555,8 +556,8 @@ impl Outbox {
             let (mut freed, mut index, mut removed_before_mark) = (0, 0, 0);
             st.queue.retain(|item| {
                 let keep = match item {
-                    Item::Message { channel: Some(ch), offset, frame, .. } => {
-                        let keep = covered.get(ch).is_none_or(|c| offset > c);
+                    Item::Message { kind: Kind::Pub { ch, off }, frame, .. } => {
+                        let keep = covered.get(ch).is_none_or(|c| off > c);
                         if !keep {
                             freed += frame.bytes.len();
                         }
@@ -582,16 +583,18 @@ impl Outbox {
                 st.latest.remove(&ch);
             }
         }
-        if let Some(frame) = reply {
+        if let Some((frame, kind)) = reply {
             if st.pending > 0 && st.pending + frame.bytes.len() > self.max_pending {
                 drop(st);
                 self.slow_consumer();
                 return;
             }
-            self.record_reply(&mut st, &frame);
+            if self.records(&kind) {
+                st.replies.push(crate::message::Message { text: frame.payload_bytes(), kind: kind.clone() });
+            }
             st.pending += frame.bytes.len();
             let at = mark.min(st.queue.len());
-            st.queue.insert(at, Item::Message { frame, channel: None, offset: 0, born: None });
+            st.queue.insert(at, Item::Message { frame, kind, born: None });
         }
         if st.hold == 0 && !st.blocked {
             st.scheduled = false;
@@ -617,7 +620,7 @@ impl Outbox {
             self.drop_held(&mut st);
         }
         let frame = Frame::message(self.format, &msg);
-        st.queue.push_back(Item::Message { frame, channel: None, offset: 0, born: None });
+        st.queue.push_back(Item::Message { frame, kind: Kind::Disconnect { code }, born: None });
         if self.websocket() {
             st.queue.push_back(Item::Control(Bytes::from(websocket::encode_close(code, reason))));
         }

@@ -43,6 +43,7 @@ use switchboard_protocol::{
 
 use crate::auth::limits::Bucket;
 use crate::auth::{Action, Auth, AuthFailure, Identity, Method};
+use crate::message::Kind;
 use crate::node::{ApiError, Node, Target};
 use crate::outbox::{Outbox, Pushed};
 use crate::publish::{self, Asked, Publisher};
@@ -221,6 +222,19 @@ impl Session {
         }
     }
 
+    /// Runs one command a transport made itself (an SSE stream's subscribe, a moved poll
+    /// session's resubscribe) as a client's decoded command runs, a panic caught the same way.
+    pub async fn command(&mut self, cmd: Command) -> Result<(), CloseReason> {
+        let run = async {
+            self.connect_hook_first(std::slice::from_ref(&cmd)).await?;
+            self.dispatch(cmd).await
+        };
+        match switchboard_supervisor::catch("session", run).await {
+            Ok(handled) => handled,
+            Err(_) => Err(CloseReason::new(close::SLOW_CONSUMER, "internal error; reconnect and recover")),
+        }
+    }
+
     async fn handle_commands(&mut self, payload: &[u8]) -> Result<(), CloseReason> {
         self.first_message_by = None;
         self.node.metrics.messages_in.fetch_add(1, Relaxed);
@@ -246,8 +260,8 @@ impl Session {
         }
     }
 
-    fn send(&mut self, bytes: Vec<u8>) {
-        if self.outbox.push_message(&bytes) == Pushed::Schedule {
+    fn send(&mut self, bytes: Vec<u8>, kind: Kind) {
+        if self.outbox.push_message(&bytes, kind) == Pushed::Schedule {
             self.needs_flush = true;
         }
     }
@@ -255,13 +269,14 @@ impl Session {
     fn ok<T: Serialize>(&mut self, id: Option<u32>, body: &T) {
         if let Some(id) = id {
             let bytes = encode_ok(self.outbox.format, id, body);
-            self.send(bytes);
+            self.send(bytes, Kind::reply(id));
         }
     }
 
     fn err(&mut self, id: Option<u32>, e: ApiError) {
-        let bytes = encode_error(self.outbox.format, id.unwrap_or(0), e.code, &e.message);
-        self.send(bytes);
+        let id = id.unwrap_or(0);
+        let bytes = encode_error(self.outbox.format, id, e.code, &e.message);
+        self.send(bytes, Kind::Reply { id, error: Some(e.code), outcomes: None });
     }
 
     async fn dispatch(&mut self, cmd: Command) -> Result<(), CloseReason> {
@@ -324,9 +339,9 @@ impl Session {
                     user: &self.identity.user,
                     expires: self.identity.expires,
                 };
-                let bytes = id.map(|id| encode_ok(self.outbox.format, id, &body));
-                if let Some(b) = bytes {
-                    self.send(b);
+                if let Some(id) = id {
+                    let bytes = encode_ok(self.outbox.format, id, &body);
+                    self.send(bytes, Kind::reply(id));
                 }
                 return Ok(());
             }

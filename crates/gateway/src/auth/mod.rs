@@ -20,6 +20,8 @@
 //! - [`users`]: the Argon2 users file for Basic authentication, and `switchboard user add`.
 //! - [`pool`]: the threads that run Argon2 checks, with a bounded queue (429 when full).
 //! - [`apikey`]: hashed API keys for the HTTP API.
+//! - `stored`: [`StoredIdentity`], who a client is without secrets, as shared stores keep it
+//!   (a moved long-poll session's client).
 //! - [`limits`]: per-address connection and handshake limits, per-key and per-user publish
 //!   rates, and the client address behind trusted proxies.
 //! - `tests.rs`: unit tests of [`Auth`].
@@ -42,6 +44,7 @@ pub mod pattern;
 mod permissions;
 pub mod pool;
 pub mod revoke;
+mod stored;
 pub mod users;
 
 use std::collections::HashMap;
@@ -59,6 +62,7 @@ use self::jwt::{JwtVerifier, TokenError};
 use self::limits::{Limiter, Net};
 use self::pattern::PatternSet;
 pub use self::permissions::{Access, Action, Permissions};
+pub use self::stored::StoredIdentity;
 use self::users::Users;
 use crate::error::ConfigError;
 

@@ -16,8 +16,8 @@ use switchboard_protocol::code::close;
 use switchboard_protocol::Format;
 
 use super::{Item, OutState, Outbox, PullOptions, Sink};
+use crate::message::{Kind, Message};
 use crate::metrics::Metrics;
-use crate::outbox::{Kind, Message};
 
 /// Turns taken messages into a transport's bytes.
 pub trait Framer: Send + 'static {
@@ -79,19 +79,15 @@ impl Outbox {
         while size < limit {
             let Some(item) = st.queue.pop_front() else { break };
             let taken = match item {
-                Item::Message { frame, channel, offset, born } => {
+                Item::Message { frame, kind, born } => {
                     st.pending = st.pending.saturating_sub(frame.bytes.len());
                     if let Some(b) = born {
                         self.metrics.observe_lag(now.saturating_duration_since(b));
                     }
-                    let text = frame.into_payload();
-                    Taken::Message(match channel {
-                        Some(ch) => {
-                            delivered += 1;
-                            Message { text, kind: Kind::Pub { ch, off: offset } }
-                        }
-                        None => Message::new(text),
-                    })
+                    if matches!(kind, Kind::Pub { .. }) {
+                        delivered += 1;
+                    }
+                    Taken::Message(Message { text: frame.into_payload(), kind })
                 }
                 Item::Latest(ch) => {
                     let Some(d) = st.latest.remove(&ch) else { continue };
@@ -105,7 +101,7 @@ impl Outbox {
                 }
             };
             if let Taken::Message(m) = &taken {
-                if survive && m.kind == (Kind::Disconnect { code: close::SHUTDOWN }) {
+                if survive && matches!(m.kind, Kind::Disconnect { code: close::SHUTDOWN }) {
                     continue;
                 }
             }

@@ -8,45 +8,16 @@
 //! queue, applied in one place: a conflated channel keeps only its latest value, and the
 //! `max_pending_bytes` bound closes a client that does not take its messages with 4008.
 //!
-//! The transport gets structured messages: a publication comes with the channel and offset
-//! the hub delivered it with, and its text is a slice of the frame every subscriber shares
-//! (no copy, no parse). Replies, presence events and notices are told apart by their first
-//! bytes ([`classify`]); there are few of them.
-
-use std::sync::Arc;
+//! The transport gets typed messages ([`crate::message`]): a publication comes with the
+//! channel and offset the hub delivered it with, and its text is a slice of the frame every
+//! subscriber shares (no copy, no parse); a reply, a presence event or a notice with the kind
+//! its sender gave it, a subscribe's reply with what each channel came to.
 
 use bytes::Bytes;
-use switchboard_protocol::code::close;
 
 use super::framed::Taken;
-use super::{Frame, OutState, Outbox, Sink};
-
-/// What a taken message is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Kind {
-    /// `{"pub": {"ch", "off", "data"}}`.
-    Pub { ch: Arc<str>, off: u64 },
-    /// `{"id": n, "ok" | "error": ...}`.
-    Reply { id: u32 },
-    /// `{"disconnect": {"code", ...}}`.
-    Disconnect { code: u16 },
-    /// Presence events and anything else.
-    Other,
-}
-
-/// One protocol message (JSON text, no trailing newline).
-#[derive(Debug, Clone)]
-pub struct Message {
-    pub text: Bytes,
-    pub kind: Kind,
-}
-
-impl Message {
-    pub fn new(text: Bytes) -> Message {
-        let kind = classify(&text);
-        Message { text, kind }
-    }
-}
+use super::{Outbox, Sink};
+use crate::message::{Kind, Message};
 
 /// How a taking outbox treats what its transport needs beyond the queue.
 #[derive(Debug, Clone, Copy, Default)]
@@ -75,11 +46,10 @@ impl Outbox {
         }
     }
 
-    /// Keeps a copy of `frame` when it is a reply and replies are recorded.
-    pub(super) fn record_reply(&self, st: &mut OutState, frame: &Frame) {
-        if self.pull_options().record_replies && matches!(classify(frame.payload()), Kind::Reply { .. }) {
-            st.replies.push(frame.payload_bytes());
-        }
+    /// Whether a message of `kind` is kept for [`Outbox::take_replies`]: a reply, in an
+    /// outbox that records them.
+    pub(super) fn records(&self, kind: &Kind) -> bool {
+        matches!(kind, Kind::Reply { .. }) && self.pull_options().record_replies
     }
 
     /// Takes every queued message, oldest first, and the close code once the outbox closed.
@@ -100,17 +70,17 @@ impl Outbox {
         (out, st.close_code)
     }
 
-    /// Replies queued since the last call (with [`PullOptions::record_replies`]; they are
-    /// taken with the other messages too).
-    pub fn take_replies(&self) -> Vec<Bytes> {
+    /// Replies queued since the last call, with what they are (with
+    /// [`PullOptions::record_replies`]; they are taken with the other messages too).
+    pub fn take_replies(&self) -> Vec<Message> {
         std::mem::take(&mut self.state.lock().replies)
     }
 
     /// Queues messages that did not come from this node's session (a moved session's stored
-    /// replies), after what is already queued.
+    /// replies, as the client is to get them), after what is already queued.
     pub fn push_raw(&self, texts: impl IntoIterator<Item = Bytes>) {
         for t in texts {
-            let _ = self.push_message(&t);
+            let _ = self.push_message(&t, Kind::Other);
         }
         self.flush();
     }
@@ -132,38 +102,6 @@ impl Outbox {
     }
 }
 
-/// Finds what a message is from its first bytes. The server's own encoders write these
-/// prefixes (no whitespace, fixed key order), so no JSON parse is needed.
-pub fn classify(text: &[u8]) -> Kind {
-    if let Some(rest) = text.strip_prefix(b"{\"pub\":{\"ch\":\"") {
-        if let Some(q) = rest.iter().position(|b| *b == b'"') {
-            let ch = &rest[..q];
-            if let (Ok(ch), Some(digits)) = (std::str::from_utf8(ch), rest[q..].strip_prefix(b"\",\"off\":")) {
-                if let Some(off) = leading_number(digits) {
-                    return Kind::Pub { ch: Arc::from(ch), off };
-                }
-            }
-        }
-        return Kind::Other;
-    }
-    if let Some(rest) = text.strip_prefix(b"{\"id\":") {
-        if let Some(id) = leading_number(rest) {
-            return Kind::Reply { id: u32::try_from(id).unwrap_or(0) };
-        }
-    }
-    if let Some(rest) = text.strip_prefix(b"{\"disconnect\":{\"code\":") {
-        if let Some(code) = leading_number(rest) {
-            return Kind::Disconnect { code: u16::try_from(code).unwrap_or(close::BAD_COMMAND) };
-        }
-    }
-    Kind::Other
-}
-
-fn leading_number(b: &[u8]) -> Option<u64> {
-    let n = b.iter().take_while(|c| c.is_ascii_digit()).count();
-    std::str::from_utf8(&b[..n]).ok()?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -171,8 +109,8 @@ mod tests {
     use super::*;
     use crate::metrics::Metrics;
     use crate::outbox::tests::delivery;
-    use crate::outbox::Pushed;
-    use switchboard_protocol::message::encode_disconnect;
+    use crate::outbox::{Frame, Pushed};
+    use std::sync::Arc;
     use switchboard_protocol::Format;
 
     fn taking(max: usize, opts: PullOptions) -> Outbox {
@@ -189,20 +127,6 @@ mod tests {
     }
 
     #[test]
-    fn pull_classify_knows_the_server_encodings() {
-        let p = switchboard_protocol::message::encode_publication(
-            Format::Json,
-            "pt:a.b",
-            42,
-            &serde_json::value::RawValue::from_string("{\"v\":1}".into()).unwrap(),
-        );
-        assert_eq!(classify(&p), Kind::Pub { ch: "pt:a.b".into(), off: 42 });
-        assert_eq!(classify(br#"{"id":7,"ok":{}}"#), Kind::Reply { id: 7 });
-        assert_eq!(classify(&encode_disconnect(Format::Json, 4008, "x")), Kind::Disconnect { code: 4008 });
-        assert_eq!(classify(br#"{"join":{"ch":"room:1","client":"c","user":""}}"#), Kind::Other);
-    }
-
-    #[test]
     fn pull_publications_come_with_their_channel_and_offset_and_the_shared_text() {
         let ob = taking(1 << 20, PullOptions::default());
         let d = delivery("a", 1, "1");
@@ -211,12 +135,12 @@ mod tests {
         for i in 2..=5 {
             let _ = ob.push(delivery("a", i, "\"x\""), false);
         }
-        ob.push_message(br#"{"id":3,"ok":{}}"#);
+        ob.push_message(br#"{"id":3,"ok":{}}"#, Kind::reply(3));
         ob.flush();
         let (msgs, closed) = ob.take_messages();
         assert_eq!(closed, None);
         assert_eq!(offs(&msgs), (1..=5).map(|i| ("a".to_string(), i)).collect::<Vec<_>>());
-        assert_eq!(msgs[5].kind, Kind::Reply { id: 3 });
+        assert!(matches!(msgs[5].kind, Kind::Reply { id: 3, .. }));
         // The text is the frame's payload, not a copy of it.
         assert_eq!(msgs[0].text.as_ptr(), shared[shared.len() - msgs[0].text.len()..].as_ptr());
         assert!(ob.take_messages().0.is_empty());
@@ -258,7 +182,7 @@ mod tests {
         let (msgs, closed) = ob.take_messages();
         assert_eq!(closed, Some(4008));
         assert_eq!(msgs.len(), 1);
-        assert_eq!(msgs[0].kind, Kind::Disconnect { code: 4008 });
+        assert!(matches!(msgs[0].kind, Kind::Disconnect { code: 4008 }));
         assert_eq!(ob.closed(), Some(4008));
     }
 
@@ -269,7 +193,7 @@ mod tests {
         let (msgs, closed) = ob.take_messages();
         assert_eq!(closed, Some(4000));
         assert_eq!(msgs.len(), 1);
-        assert_eq!(msgs[0].kind, Kind::Disconnect { code: 4000 });
+        assert!(matches!(msgs[0].kind, Kind::Disconnect { code: 4000 }));
         assert!(ob.finished());
         let ob = taking(1 << 20, PullOptions { survive_shutdown: true, ..Default::default() });
         ob.close(4000, "server shutting down", false);
@@ -281,19 +205,23 @@ mod tests {
     #[test]
     fn pull_recorded_replies_are_copies_and_held_messages_wait_for_the_reply() {
         let ob = taking(1 << 20, PullOptions { record_replies: true, ..Default::default() });
-        ob.push_message(br#"{"id":1,"ok":{}}"#);
-        let _ = ob.push_frame(&Frame::message(Format::Json, br#"{"join":{"ch":"r","client":"c","user":""}}"#));
+        ob.push_message(br#"{"id":1,"ok":{}}"#, Kind::reply(1));
+        let _ =
+            ob.push_frame(&Frame::message(Format::Json, br#"{"join":{"ch":"r","client":"c","user":""}}"#), Kind::Join);
         ob.flush();
-        assert_eq!(ob.take_replies(), vec![Bytes::from_static(br#"{"id":1,"ok":{}}"#)]);
+        let replies = ob.take_replies();
+        assert_eq!(replies.len(), 1);
+        assert_eq!(replies[0].text, Bytes::from_static(br#"{"id":1,"ok":{}}"#));
+        assert!(matches!(replies[0].kind, Kind::Reply { id: 1, .. }));
         assert_eq!(ob.take_messages().0.len(), 2);
         // A subscribe in progress: its channel's publication waits, and comes after the reply.
         ob.hold();
         let _ = ob.push(delivery("a", 9, "1"), false);
         assert!(!ob.has_pending());
         assert!(ob.take_messages().0.is_empty());
-        ob.release(br#"{"id":2,"ok":{}}"#, &std::collections::HashMap::new());
+        ob.release(br#"{"id":2,"ok":{}}"#, Kind::reply(2), &std::collections::HashMap::new());
         let (msgs, _) = ob.take_messages();
-        assert_eq!(msgs[0].kind, Kind::Reply { id: 2 });
+        assert!(matches!(msgs[0].kind, Kind::Reply { id: 2, .. }));
         assert_eq!(offs(&msgs), vec![("a".to_string(), 9)]);
         assert_eq!(ob.take_replies().len(), 1);
     }

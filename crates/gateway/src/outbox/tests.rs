@@ -156,15 +156,15 @@ fn outbox_replies_pongs_and_presence_count_against_the_bound() {
         let wire = TestWire::open(0);
         let ob = outbox(&wire, 10_000);
         // One large reply on an empty queue is taken whatever its size.
-        let _ = ob.push_message(big.as_bytes());
+        let _ = ob.push_message(big.as_bytes(), Kind::reply(1));
         ob.flush();
         assert!(!ob.is_closing() && ob.is_full());
         let presence = Frame::message(Format::Json, br#"{"join":{"ch":"a","client":"c","user":""}}"#);
         for _ in 0..1000 {
             let _ = match kind {
-                "reply" => ob.push_message(b"{\"id\":2,\"ok\":{}}"),
+                "reply" => ob.push_message(b"{\"id\":2,\"ok\":{}}", Kind::reply(2)),
                 "pong" => ob.push_control(Bytes::from(websocket::encode_frame(Opcode::Pong, b"0123456789"))),
-                _ => ob.push_frame(&presence),
+                _ => ob.push_frame(&presence, Kind::Join),
             };
             assert!(ob.backlog().0 < 40_000 + 10_000, "{kind}");
         }
@@ -195,7 +195,7 @@ fn outbox_reply_follows_earlier_replies_and_precedes_publications_queued_while_h
     let ob = outbox(&wire, 1 << 20);
     // The socket is full: a ping reply and a publication of another channel wait.
     *wire.room.lock() = 0;
-    ob.push_message(br#"{"id":1,"ok":{}}"#);
+    ob.push_message(br#"{"id":1,"ok":{}}"#, Kind::reply(1));
     ob.flush();
     let _ = ob.push(delivery("b", 3, "0"), false);
     ob.hold();
@@ -205,7 +205,7 @@ fn outbox_reply_follows_earlier_replies_and_precedes_publications_queued_while_h
     ob.flush_blocked();
     assert!(wire.messages().is_empty(), "nothing is written while a subscribe holds the outbox");
     let covered: HashMap<Arc<str>, u64> = [(Arc::from("a"), 6)].into_iter().collect();
-    ob.release(br#"{"id":2,"ok":{}}"#, &covered);
+    ob.release(br#"{"id":2,"ok":{}}"#, Kind::reply(2), &covered);
     let order: Vec<String> = wire
         .messages()
         .iter()
@@ -228,7 +228,7 @@ fn outbox_hold_puts_the_reply_first_and_drops_covered_publications() {
     ob.flush();
     assert!(wire.written.lock().is_empty(), "nothing is written while held");
     let covered: HashMap<Arc<str>, u64> = [(Arc::from("a"), 6)].into_iter().collect();
-    ob.release(br#"{"id":1,"ok":{}}"#, &covered);
+    ob.release(br#"{"id":1,"ok":{}}"#, Kind::reply(1), &covered);
     let msgs = wire.messages();
     assert_eq!(msgs[0]["id"], 1);
     let offs: Vec<u64> = msgs[1..].iter().map(|m| m["pub"]["off"].as_u64().unwrap()).collect();

@@ -6,26 +6,14 @@
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
 use serde_json::value::RawValue;
-use switchboard_broker::{Position, Publication};
+use switchboard_broker::Publication;
 use switchboard_protocol::code;
 use switchboard_protocol::command::SubscribeRequest;
 use switchboard_protocol::message::{Data, ErrorBody, Pub};
 use switchboard_protocol::Format;
 
+pub(crate) use crate::message::Outcome;
 use crate::node::ApiError;
-
-/// What one channel of a subscribe came to: its start (position, last value, recovered
-/// publications, trend) or its error.
-pub(super) enum Outcome {
-    Ok {
-        position: Position,
-        last: Option<Publication>,
-        recovered: Vec<Publication>,
-        complete: bool,
-        trend: Option<crate::trend::TrendReply>,
-    },
-    Err(ErrorBody),
-}
 
 pub(super) fn failed_code(failed: &[&(String, Outcome)]) -> u16 {
     match failed.first() {

@@ -17,6 +17,7 @@ use switchboard_protocol::{namespace_of, validate_channel};
 use super::reply::{asked, failed_code, Outcome, ReplyBudget, SubscribeReply};
 use super::Session;
 use crate::auth::Action;
+use crate::message::{Kind, Outcomes};
 use crate::node::{ApiError, Node};
 use crate::sampling::{PointView, Sampling};
 
@@ -180,22 +181,31 @@ impl Session {
             }
         }
         let reply = match id {
-            _ if server => encode_subscribed(self.outbox.format, &SubscribeReply(&results)),
-            Some(id) => encode_ok(self.outbox.format, id, &SubscribeReply(&results)),
+            _ if server => Some(encode_subscribed(self.outbox.format, &SubscribeReply(&results))),
+            Some(id) => Some(encode_ok(self.outbox.format, id, &SubscribeReply(&results))),
             None => {
                 let failed: Vec<&(String, Outcome)> =
                     results.iter().filter(|(_, o)| matches!(o, Outcome::Err(_))).collect();
-                if failed.is_empty() {
-                    Vec::new()
-                } else {
-                    encode_error(self.outbox.format, 0, failed_code(&failed), "some channels could not be subscribed")
-                }
+                (!failed.is_empty()).then(|| {
+                    let code = failed_code(&failed);
+                    encode_error(self.outbox.format, 0, code, "some channels could not be subscribed")
+                })
             }
         };
-        if reply.is_empty() {
-            self.outbox.release_without_reply(&covered);
-        } else {
-            self.outbox.release(&reply, &covered);
+        match reply {
+            Some(reply) => {
+                let outcomes = Outcomes(Arc::from(results));
+                let kind = match id {
+                    _ if server => Kind::Subscribed(outcomes),
+                    Some(id) => Kind::Reply { id, error: None, outcomes: Some(outcomes) },
+                    None => {
+                        let code = outcomes.first_error().map(|e| e.code);
+                        Kind::Reply { id: 0, error: code, outcomes: Some(outcomes) }
+                    }
+                };
+                self.outbox.release(&reply, kind, &covered);
+            }
+            None => self.outbox.release_without_reply(&covered),
         }
         // Presence joins go out after the reply, so a member sees itself join after subscribing.
         let joins: Vec<Arc<str>> =

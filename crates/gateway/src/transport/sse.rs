@@ -39,10 +39,8 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use switchboard_protocol::code::{self, close};
-use switchboard_protocol::message::ErrorBody;
+use switchboard_protocol::command::{Command, CommandBody, Deadband, SubscribeRequest};
 use switchboard_protocol::{namespace_of, validate_channel};
 
 use crate::auth::limits::IpGuard;
@@ -91,11 +89,7 @@ pub fn stream_response(body: Body) -> Response {
 }
 
 /// A channel's position in a stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChannelPos {
-    pub epoch: String,
-    pub offset: u64,
-}
+pub type ChannelPos = switchboard_protocol::StreamPosition;
 
 /// Parses an event id (`<ch>@<epoch>:<offset>`, `;`-separated) into positions. Channel names
 /// may contain `@` and `:`, epochs do not, so both splits are taken from the right.
@@ -117,41 +111,6 @@ pub fn parse_event_id(id: &str) -> Result<Vec<(String, ChannelPos)>, String> {
 }
 
 /// A publication inside a subscribe reply (`last`, `recovered`).
-#[derive(Deserialize)]
-pub(crate) struct PubIn<'a> {
-    pub ch: String,
-    pub off: u64,
-    #[serde(borrow)]
-    pub data: &'a RawValue,
-}
-
-/// One channel's result in a subscribe reply.
-#[derive(Deserialize)]
-pub(crate) struct ChannelResult<'a> {
-    pub epoch: Option<String>,
-    pub offset: Option<u64>,
-    #[serde(borrow, default)]
-    pub last: Option<PubIn<'a>>,
-    #[serde(borrow, default)]
-    pub recovered: Vec<PubIn<'a>>,
-    pub complete: Option<bool>,
-    pub error: Option<ErrorBody>,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct SubscribeOk<'a> {
-    #[serde(borrow)]
-    pub channels: HashMap<String, ChannelResult<'a>>,
-}
-
-/// A reply as far as subscribe results go (the session's own encoding of it).
-#[derive(Deserialize)]
-pub(crate) struct ReplyIn<'a> {
-    #[serde(borrow)]
-    pub ok: Option<SubscribeOk<'a>>,
-    pub error: Option<ErrorBody>,
-}
-
 /// A stream admitted and subscribed, before its first event is written.
 pub(crate) struct Opened {
     pub session: Session,
@@ -314,21 +273,17 @@ pub(crate) async fn open(
         }
     }
     let initial = query_flag(q, "initial").unwrap_or(false);
-    let sampling = sampling(q).map_err(|e| error(e.code, e.message))?;
+    let (max_rate_hz, deadband) = sampling(q).map_err(|e| error(e.code, e.message))?;
     let slot = transport_http::acquire_slot(node, &admitted)?;
-    // `last` comes with the reply only when asked for; a recovery that finds a gap needs it.
-    let mut body = serde_json::json!({ "channels": channels, "initial": initial || !recover.is_empty() });
-    for (k, v) in sampling {
-        body[k] = v;
-    }
-    if !recover.is_empty() {
-        let r: serde_json::Map<String, serde_json::Value> = recover
-            .iter()
-            .map(|(ch, p)| (ch.clone(), serde_json::json!({ "epoch": p.epoch, "offset": p.offset })))
-            .collect();
-        body["recover"] = serde_json::Value::Object(r);
-    }
-    let cmd = serde_json::json!({ "id": SUBSCRIBE_ID, "subscribe": body }).to_string();
+    let subscribe = SubscribeRequest {
+        channels: channels.clone(),
+        // `last` comes with the reply only when asked for; a recovery that finds a gap needs it.
+        initial: initial || !recover.is_empty(),
+        recover: recover.clone(),
+        max_rate_hz,
+        deadband,
+        trend: None,
+    };
     let events = StreamEvents::new(channels.clone(), initial, recover, SUBSCRIBE_ID);
     let outbox = node.register_framed(Box::new(events)).map_err(|ob| crate::transport::http::not_registered(&ob))?;
     let mut session = Session::new(node.clone(), outbox.clone());
@@ -346,35 +301,30 @@ pub(crate) async fn open(
             return Err(error(e.code, e.message));
         }
     }
-    if let Err(reason) = session.handle_payload(cmd.as_bytes()).await {
+    let cmd = Command { id: Some(SUBSCRIBE_ID), body: CommandBody::Subscribe(subscribe) };
+    if let Err(reason) = session.command(cmd).await {
         outbox.close(reason.code, &reason.reason, true);
     }
     session.flush();
     Ok(Opened { session, outbox, slot })
 }
 
-/// The sampling of a stream's query (`max_rate_hz=F`, `deadband_abs=X` or `deadband_pct=P`),
-/// as the fields of a subscribe.
-fn sampling(q: Option<&str>) -> Result<serde_json::Map<String, serde_json::Value>, crate::node::ApiError> {
-    let mut sampling = serde_json::Map::new();
-    for (key, field) in [("max_rate_hz", None), ("deadband_abs", Some("abs")), ("deadband_pct", Some("pct"))] {
-        let Some(text) = query_param(q, key) else { continue };
+/// The sampling of a stream's query (`max_rate_hz=F`, `deadband_abs=X` or `deadband_pct=P`).
+fn sampling(q: Option<&str>) -> Result<(Option<f64>, Option<Deadband>), crate::node::ApiError> {
+    let number = |key: &str| {
+        let Some(text) = query_param(q, key) else { return Ok(None) };
         let bad = |why: &str| crate::node::ApiError::new(code::BAD_REQUEST, format!("{key}: {why}"));
-        let Ok(v) = text.parse::<f64>() else { return Err(bad("not a number")) };
-        let Some(number) = serde_json::Number::from_f64(v) else { return Err(bad("not a finite number")) };
-        match field {
-            None => sampling.insert(key.into(), number.into()),
-            Some(f) => sampling
-                .entry("deadband")
-                .or_insert_with(|| serde_json::json!({}))
-                .as_object_mut()
-                .and_then(|band| band.insert(f.into(), number.into())),
-        };
-    }
-    let deadband = sampling.get("deadband").cloned().map(serde_json::from_value);
-    let rate = sampling.get("max_rate_hz").and_then(serde_json::Value::as_f64);
-    crate::sampling::parse(rate, deadband.transpose().ok().flatten())?;
-    Ok(sampling)
+        match text.parse::<f64>() {
+            Ok(v) if v.is_finite() => Ok(Some(v)),
+            Ok(_) => Err(bad("not a finite number")),
+            Err(_) => Err(bad("not a number")),
+        }
+    };
+    let max_rate_hz = number("max_rate_hz")?;
+    let (abs, pct) = (number("deadband_abs")?, number("deadband_pct")?);
+    let deadband = (abs.is_some() || pct.is_some()).then_some(Deadband { abs, pct });
+    crate::sampling::parse(max_rate_hz, deadband)?;
+    Ok((max_rate_hz, deadband))
 }
 
 #[cfg(test)]

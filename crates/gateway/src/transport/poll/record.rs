@@ -10,13 +10,10 @@
 //! node that lost a session to another learns it on its next write instead of overwriting the
 //! newer state.
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 use switchboard_broker::{BrokerError, StoredSession};
 
-use crate::auth::pattern::PatternSet;
-use crate::auth::{Identity, Method};
+use crate::auth::StoredIdentity;
 
 /// A failed store operation (the broker unreachable, a corrupt record).
 #[derive(Debug, thiserror::Error)]
@@ -35,59 +32,6 @@ pub struct StoredSub {
     pub ch: String,
     pub epoch: String,
     pub off: u64,
-}
-
-/// Who the client is, without secrets: enough to rebuild its identity on another node.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredIdentity {
-    /// `anonymous`, `token` or `password`.
-    pub method: String,
-    pub user: String,
-    pub expires: Option<u64>,
-    pub channels: Option<Vec<String>>,
-    pub publish: Option<Vec<String>>,
-}
-
-impl StoredIdentity {
-    /// What is kept of `i`: no secret, only what its checks need.
-    pub fn of(i: &Identity) -> StoredIdentity {
-        let list = |p: &Option<Arc<PatternSet>>| p.as_ref().map(|p| p.0.iter().map(|x| x.to_string()).collect());
-        StoredIdentity {
-            method: match i.method {
-                Method::Anonymous => "anonymous",
-                Method::Token => "token",
-                Method::Password => "password",
-                Method::Hook => "hook",
-                Method::ApiKey(_) => "api_key",
-            }
-            .to_string(),
-            user: i.user.clone(),
-            expires: i.expires,
-            channels: list(&i.channels),
-            publish: list(&i.publish),
-        }
-    }
-
-    /// The identity back (its token's expiry included: a takeover checks it first).
-    pub fn identity(&self) -> Identity {
-        // Patterns that no longer parse grant nothing.
-        let set = |l: &Option<Vec<String>>| l.as_ref().map(|l| Arc::new(PatternSet::parse(l).unwrap_or_default()));
-        let method = match self.method.as_str() {
-            "token" => Method::Token,
-            "password" => Method::Password,
-            "hook" => Method::Hook,
-            _ => return Identity::anonymous(),
-        };
-        Identity {
-            method,
-            user: self.user.clone(),
-            channels: set(&self.channels),
-            publish: set(&self.publish),
-            expires: self.expires,
-            jti: None,
-            issued_at: None,
-        }
-    }
 }
 
 /// A session's stored state. See the module docs.
@@ -146,22 +90,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn poll_identities_survive_the_store() {
-        let i = Identity {
-            method: Method::Token,
-            user: "ann".into(),
-            channels: Some(Arc::new(PatternSet::parse(&["room:*", "pt:**"]).unwrap())),
-            publish: None,
-            expires: Some(99),
-            ..Identity::anonymous()
-        };
-        let back = StoredIdentity::of(&i).identity();
-        assert_eq!(back.method, Method::Token);
-        assert_eq!(back.user, "ann");
-        assert_eq!(back.expires, Some(99));
-        assert!(back.channels.as_ref().unwrap().matches("room:7"));
-        assert!(!back.channels.as_ref().unwrap().matches("other"));
-        assert!(back.publish.is_none());
+    fn poll_session_ids_are_random_hex() {
         assert!(random_id().len() == 32 && random_id() != random_id());
         assert!(is_session_id(&random_id()));
         assert!(!is_session_id("}0123456789abcdef0123456789abcde") && !is_session_id("abc"));

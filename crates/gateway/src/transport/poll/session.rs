@@ -29,15 +29,17 @@ use switchboard_protocol::{namespace_of, Format};
 
 use crate::auth::limits::IpGuard;
 use crate::auth::Identity;
+use crate::auth::StoredIdentity;
 use crate::log_limit::LogLimit;
+use crate::message::{Kind, Message, Outcome, Outcomes};
 use crate::node::Node;
-use crate::outbox::{Kind, Message, Outbox, PullOptions};
+use crate::outbox::{Outbox, PullOptions};
 use crate::session::Session;
 use crate::transport::http::Peer;
 use crate::transport::http::{self as transport_http, error};
-use crate::transport::poll::record::{is_session_id, Record, StoreError, StoredIdentity, StoredSub};
+use crate::transport::poll::record::{is_session_id, Record, StoreError, StoredSub};
 use crate::transport::poll::wire::{batch_body, rewrite_commands, silent_reply, RESUBSCRIBE_ID, SILENT_ID};
-use crate::transport::sse::{ChannelPos, ReplyIn};
+use crate::transport::sse::ChannelPos;
 
 /// How long a request waits for a session's lock held by another node.
 pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(5);
@@ -372,21 +374,25 @@ impl Polls {
             live.head.shift_remove(&ch);
         }
         for reply in s.outbox.take_replies() {
-            let reply_id = match crate::outbox::pull::classify(&reply) {
-                Kind::Reply { id } => id,
-                _ => continue,
-            };
-            if reply_id == RESUBSCRIBE_ID {
+            let Kind::Reply { id, outcomes, .. } = &reply.kind else { continue };
+            if *id == RESUBSCRIBE_ID {
                 continue;
             }
-            if let Ok(ReplyIn { ok: Some(ok), .. }) = serde_json::from_slice::<ReplyIn<'_>>(&reply) {
-                for (ch, r) in &ok.channels {
-                    if let (None, Some(epoch), Some(offset)) = (&r.error, &r.epoch, r.offset) {
-                        live.head.insert(ch.clone(), ChannelPos { epoch: epoch.clone(), offset });
-                    }
+            for (ch, r) in outcomes.iter().flat_map(Outcomes::iter) {
+                if let Outcome::Ok { position, .. } = r {
+                    let pos = ChannelPos { epoch: position.epoch.to_string(), offset: position.offset };
+                    live.head.insert(ch.to_string(), pos);
                 }
             }
-            live.queued.push(String::from_utf8_lossy(&reply).into_owned());
+            // Kept as the client is to get it, for a node that takes the session over.
+            let text = match *id {
+                SILENT_ID => match silent_reply(&reply.kind) {
+                    Some(text) => text,
+                    None => continue,
+                },
+                _ => reply.text,
+            };
+            live.queued.push(String::from_utf8_lossy(&text).into_owned());
         }
         Ok(())
     }
@@ -472,9 +478,11 @@ impl Polls {
                 out.push(m.text);
                 false
             }
-            Kind::Reply { id: RESUBSCRIBE_ID } => self.resubscribed(live, &m.text, out),
-            Kind::Reply { id: SILENT_ID } => {
-                out.extend(silent_reply(&m.text));
+            Kind::Reply { id: RESUBSCRIBE_ID, outcomes, .. } => {
+                outcomes.as_ref().is_some_and(|outcomes| self.resubscribed(live, outcomes, out))
+            }
+            Kind::Reply { id: SILENT_ID, .. } => {
+                out.extend(silent_reply(&m.kind));
                 false
             }
             _ => {
@@ -484,42 +492,47 @@ impl Polls {
         }
     }
 
-    pub(crate) fn resubscribed(&self, live: &mut Live, text: &[u8], out: &mut Vec<Bytes>) -> bool {
-        let Ok(ReplyIn { ok: Some(ok), .. }) = serde_json::from_slice::<ReplyIn<'_>>(text) else { return false };
+    /// The reply to a takeover's resubscribe into what the client missed: the recovered
+    /// publications past each channel's position, or its latest value when the history does
+    /// not reach back; true when a channel's history could not be recovered.
+    pub(crate) fn resubscribed(&self, live: &mut Live, outcomes: &Outcomes, out: &mut Vec<Bytes>) -> bool {
         let mut lost = false;
-        let channels: Vec<String> = live.head.keys().filter(|ch| ok.channels.contains_key(*ch)).cloned().collect();
-        for ch in channels {
-            let Some(r) = ok.channels.get(&ch) else { continue };
-            if let Some(e) = &r.error {
-                // 413, past the reply's budget: a later command of the takeover subscribes it
-                // again and recovers it. 503, its shard fails over: the session closes with
-                // 4008 and the client's own subscribe (asked again while refused) recovers it.
-                lost |= e.code == code::UNAVAILABLE;
-                if e.code == code::TOO_LARGE || e.code == code::UNAVAILABLE {
-                    continue;
-                }
-                out.push(Bytes::from(encode_error(Format::Json, 0, e.code, &format!("{ch}: {}", e.message))));
-                live.head.shift_remove(&ch);
+        for (ch, r) in outcomes.iter() {
+            if !live.head.contains_key(ch) {
                 continue;
             }
-            let (Some(epoch), Some(offset)) = (&r.epoch, r.offset) else { continue };
-            let from = live.head.get(&ch).filter(|p| &p.epoch == epoch).map(|p| p.offset);
+            let (position, last, recovered, complete) = match r {
+                Outcome::Ok { position, last, recovered, complete, .. } => (position, last, recovered, *complete),
+                Outcome::Err(e) => {
+                    // 413, past the reply's budget: a later command of the takeover subscribes
+                    // it again and recovers it. 503, its shard fails over: the session closes
+                    // with 4008 and the client's own subscribe (asked again while refused)
+                    // recovers it.
+                    lost |= e.code == code::UNAVAILABLE;
+                    if e.code != code::TOO_LARGE && e.code != code::UNAVAILABLE {
+                        out.push(Bytes::from(encode_error(Format::Json, 0, e.code, &format!("{ch}: {}", e.message))));
+                        live.head.shift_remove(ch);
+                    }
+                    continue;
+                }
+            };
+            let from = live.head.get(ch).filter(|p| *p.epoch == *position.epoch).map(|p| p.offset);
             let mut at = from.unwrap_or(0);
             let start = at;
-            for p in r.recovered.iter().filter(|p| p.off > start) {
-                out.push(Bytes::from(encode_publication(Format::Json, &p.ch, p.off, p.data)));
-                at = p.off;
+            for p in recovered.iter().filter(|p| p.offset > start) {
+                out.push(Bytes::from(encode_publication(Format::Json, ch, p.offset, &p.data)));
+                at = p.offset;
             }
-            if r.complete == Some(false) {
-                if self.node.config.namespace(namespace_of(&ch)).conflate {
-                    if let Some(l) = r.last.as_ref().filter(|l| from.is_none() || l.off > at) {
-                        out.push(Bytes::from(encode_publication(Format::Json, &l.ch, l.off, l.data)));
+            if !complete {
+                if self.node.config.namespace(namespace_of(ch)).conflate {
+                    if let Some(l) = last.as_ref().filter(|l| from.is_none() || l.offset > at) {
+                        out.push(Bytes::from(encode_publication(Format::Json, ch, l.offset, &l.data)));
                     }
                 } else {
                     lost = true;
                 }
             }
-            live.head.insert(ch, ChannelPos { epoch: epoch.clone(), offset });
+            live.head.insert(ch.to_string(), ChannelPos { epoch: position.epoch.to_string(), offset: position.offset });
         }
         lost
     }

@@ -12,14 +12,16 @@ use axum::response::Response;
 use bytes::Bytes;
 use switchboard_broker::SessionNotice;
 use switchboard_protocol::code::{self, close};
+use switchboard_protocol::command::{Command, CommandBody, SubscribeRequest};
 use switchboard_protocol::message::encode_disconnect;
 use switchboard_protocol::Format;
 
+use crate::message::{Kind, Message, Outcome, Outcomes};
 use crate::transport::http::error;
 use crate::transport::poll::record::{Record, StoredSub};
 use crate::transport::poll::session::{store_error, Found, Polls, LOCK_WAIT};
 use crate::transport::poll::wire::{batch_body, RESUBSCRIBE_ID};
-use crate::transport::sse::{ChannelPos, ReplyIn};
+use crate::transport::sse::ChannelPos;
 
 impl Polls {
     /// Takes the session over from the store (see the module docs).
@@ -108,18 +110,19 @@ impl Polls {
         let mut todo: Vec<&StoredSub> = rec.subs.iter().collect();
         while !todo.is_empty() && s.outbox.closed().is_none() {
             let chunk: Vec<&StoredSub> = todo.drain(..todo.len().min(most)).collect();
-            let recover: serde_json::Map<String, serde_json::Value> = chunk
-                .iter()
-                .map(|x| (x.ch.clone(), serde_json::json!({ "epoch": x.epoch, "offset": x.off })))
-                .collect();
-            let channels: Vec<&str> = chunk.iter().map(|x| x.ch.as_str()).collect();
-            let cmd = serde_json::json!({
-                "id": RESUBSCRIBE_ID,
+            let subscribe = SubscribeRequest {
+                channels: chunk.iter().map(|x| x.ch.clone()).collect(),
+                recover: chunk
+                    .iter()
+                    .map(|x| (x.ch.clone(), ChannelPos { epoch: x.epoch.clone(), offset: x.off }))
+                    .collect(),
                 // `last` comes with the reply only when asked for; a point channel whose
                 // history does not reach back gets it.
-                "subscribe": { "channels": channels, "recover": recover, "initial": true }
-            });
-            let _ = live.session.handle_payload(cmd.to_string().as_bytes()).await;
+                initial: true,
+                ..SubscribeRequest::default()
+            };
+            let cmd = Command { id: Some(RESUBSCRIBE_ID), body: CommandBody::Subscribe(subscribe) };
+            let _ = live.session.command(cmd).await;
             live.session.flush();
             // Channels past the reply's budget (413) go first in the next command. Each reply
             // takes at least its first channel (a recovery too large alone is cut and marked
@@ -150,16 +153,15 @@ impl Polls {
 }
 
 /// The channels that a takeover's resubscribe replies refused for the reply's size (413).
-fn too_large(replies: &[Bytes]) -> std::collections::HashSet<String> {
-    let mut out = std::collections::HashSet::new();
-    for text in replies {
-        if let Ok(ReplyIn { ok: Some(ok), .. }) = serde_json::from_slice::<ReplyIn<'_>>(text) {
-            for (ch, r) in ok.channels {
-                if r.error.is_some_and(|e| e.code == code::TOO_LARGE) {
-                    out.insert(ch);
-                }
-            }
-        }
-    }
-    out
+fn too_large(replies: &[Message]) -> std::collections::HashSet<String> {
+    replies
+        .iter()
+        .filter_map(|m| match &m.kind {
+            Kind::Reply { outcomes: Some(outcomes), .. } => Some(outcomes),
+            _ => None,
+        })
+        .flat_map(Outcomes::iter)
+        .filter(|(_, r)| matches!(r, Outcome::Err(e) if e.code == code::TOO_LARGE))
+        .map(|(ch, _)| ch.to_string())
+        .collect()
 }

@@ -9,7 +9,7 @@ use switchboard_protocol::code;
 use switchboard_protocol::message::encode_error;
 use switchboard_protocol::Format;
 
-use crate::transport::sse::ReplyIn;
+use crate::message::Kind;
 
 /// Id of the subscribe a node sends when it takes a session over; its reply becomes the
 /// recovered publications. Clients must not use this id.
@@ -62,10 +62,13 @@ pub(crate) const BATCH_END: &[u8] = b"]}";
 
 /// What the client sees of the reply to a subscribe it sent without `id`: nothing, or one
 /// error (`id` 0, as on a WebSocket) when a channel was refused.
-pub(crate) fn silent_reply(text: &[u8]) -> Option<Bytes> {
-    let r = serde_json::from_slice::<ReplyIn<'_>>(text).ok()?;
-    let e = r.error.or_else(|| r.ok.and_then(|ok| ok.channels.into_values().find_map(|c| c.error)))?;
-    Some(Bytes::from(encode_error(Format::Json, 0, e.code, "some channels could not be subscribed")))
+pub(crate) fn silent_reply(kind: &Kind) -> Option<Bytes> {
+    let code = match kind {
+        Kind::Reply { error: Some(code), .. } => *code,
+        Kind::Reply { outcomes: Some(outcomes), .. } => outcomes.first_error()?.code,
+        _ => return None,
+    };
+    Some(Bytes::from(encode_error(Format::Json, 0, code, "some channels could not be subscribed")))
 }
 
 /// Gives every subscribe without `id` the silent id (so positions are learned from its

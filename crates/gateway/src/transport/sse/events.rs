@@ -13,8 +13,11 @@ use indexmap::IndexMap;
 use switchboard_protocol::message::encode_publication;
 use switchboard_protocol::Format;
 
-use super::{ChannelPos, ChannelResult, PubIn, ReplyIn, FULL_ID_CHANNELS, RETRY};
-use crate::outbox::{Framer, Kind, Message};
+use switchboard_broker::Publication;
+
+use super::{ChannelPos, FULL_ID_CHANNELS, RETRY};
+use crate::message::{Kind, Message, Outcome, Outcomes};
+use crate::outbox::Framer;
 
 /// Appends one event. `data` is one JSON message; the server's JSON has no raw line breaks,
 /// but a text with some is still split into `data:` lines (readers join them with `\n`).
@@ -42,17 +45,17 @@ pub fn write_event(out: &mut Vec<u8>, event: Option<&str>, id: Option<&[u8]>, da
     out.push(b'\n');
 }
 
-/// The SSE event name of a non-publication message (`None`: the default `message`).
-pub fn event_name(m: &Message) -> Option<&'static str> {
-    match m.kind {
+/// The SSE event name of a message of `kind` (`None`: the default `message`, a publication).
+pub fn event_name(kind: &Kind) -> Option<&'static str> {
+    match kind {
         Kind::Pub { .. } => None,
         Kind::Disconnect { .. } => Some("disconnect"),
         Kind::Reply { .. } => Some("reply"),
-        Kind::Other if m.text.starts_with(b"{\"join\"") => Some("join"),
-        Kind::Other if m.text.starts_with(b"{\"leave\"") => Some("leave"),
+        Kind::Join => Some("join"),
+        Kind::Leave => Some("leave"),
         // Server-side subscriptions of the connect hook.
-        Kind::Other if m.text.starts_with(b"{\"subscribed\"") => Some("subscribed"),
-        Kind::Other => Some("message"),
+        Kind::Subscribed(_) => Some("subscribed"),
+        Kind::Unsubscribed | Kind::Other => Some("message"),
     }
 }
 
@@ -123,35 +126,31 @@ impl StreamEvents {
         }
     }
 
-    /// Turns the reply of the stream's subscribe into `subscribed`, then the recovered and
-    /// initial publications.
-    fn subscribed(&mut self, out: &mut Vec<u8>, text: &[u8]) {
-        let reply: ReplyIn<'_> = match serde_json::from_slice(text) {
-            Ok(r) => r,
-            Err(_) => return write_event(out, Some("reply"), None, text),
-        };
-        let Some(ok) = reply.ok else { return write_event(out, Some("reply"), None, text) };
+    /// Turns the reply of the stream's subscribe (what each channel came to) into
+    /// `subscribed`, then the recovered and initial publications.
+    fn subscribed(&mut self, out: &mut Vec<u8>, outcomes: &Outcomes) {
         let mut summary = serde_json::Map::new();
-        let mut plan: Vec<(&str, &ChannelResult<'_>)> = Vec::new();
+        let mut plan: Vec<(&str, &Outcome)> = Vec::new();
+        let by_name: HashMap<&str, &Outcome> = outcomes.iter().collect();
         for ch in &self.channels {
-            let Some(r) = ok.channels.get(ch) else { continue };
-            let entry = match (&r.error, &r.epoch, r.offset) {
-                (Some(e), _, _) => serde_json::json!({ "error": e }),
-                (None, Some(epoch), Some(offset)) => {
+            let Some(r) = by_name.get(ch.as_str()).copied() else { continue };
+            let entry = match r {
+                Outcome::Err(e) => serde_json::json!({ "error": e }),
+                Outcome::Ok { position, last, complete, .. } => {
+                    let (epoch, offset) = (&*position.epoch, position.offset);
                     // Where a reconnect must resume if the stream breaks before this channel's
                     // recovered and initial publications got through.
                     let before = match self.recover.get(ch) {
                         Some(p) => p.clone(),
-                        None if self.initial && r.last.is_some() => {
-                            ChannelPos { epoch: epoch.clone(), offset: offset.saturating_sub(1) }
+                        None if self.initial && last.is_some() => {
+                            ChannelPos { epoch: epoch.to_string(), offset: offset.saturating_sub(1) }
                         }
-                        None => ChannelPos { epoch: epoch.clone(), offset },
+                        None => ChannelPos { epoch: epoch.to_string(), offset },
                     };
                     self.positions.map.insert(ch.clone(), before);
                     plan.push((ch, r));
-                    serde_json::json!({ "epoch": epoch, "offset": offset, "complete": r.complete.unwrap_or(true) })
+                    serde_json::json!({ "epoch": epoch, "offset": offset, "complete": complete })
                 }
-                _ => continue,
             };
             summary.insert(ch.clone(), entry);
         }
@@ -160,39 +159,40 @@ impl StreamEvents {
         let has_id = self.positions.write_id(&mut self.id, None);
         write_event(out, Some("subscribed"), has_id.then_some(&self.id[..]), body.to_string().as_bytes());
         for (ch, r) in plan {
-            let (Some(epoch), Some(offset)) = (&r.epoch, r.offset) else { continue };
-            let from = self.recover.get(ch).filter(|p| &p.epoch == epoch).map(|p| p.offset);
+            let Outcome::Ok { position, last, recovered, complete, .. } = r else { continue };
+            let (epoch, offset) = (&*position.epoch, position.offset);
+            let from = self.recover.get(ch).filter(|p| p.epoch == epoch).map(|p| p.offset);
             let mut at = from.unwrap_or(0);
             let id = &mut self.id;
-            let mut emit = |out: &mut Vec<u8>, positions: &mut Positions, p: &PubIn<'_>| {
+            let mut emit = |out: &mut Vec<u8>, positions: &mut Positions, p: &Publication| {
                 // The epoch too: a recovery from another epoch delivers the current one's.
                 if let Some(pos) = positions.map.get_mut(ch) {
-                    *pos = ChannelPos { epoch: epoch.clone(), offset: p.off };
+                    *pos = ChannelPos { epoch: epoch.to_string(), offset: p.offset };
                 }
                 let has_id = positions.write_id(id, Some(ch));
-                let text = encode_publication(Format::Json, &p.ch, p.off, p.data);
+                let text = encode_publication(Format::Json, ch, p.offset, &p.data);
                 write_event(out, None, has_id.then_some(&id[..]), &text);
             };
             if self.recover.contains_key(ch) {
                 let start = at;
-                for p in r.recovered.iter().filter(|p| p.off > start) {
+                for p in recovered.iter().filter(|p| p.offset > start) {
                     emit(out, &mut self.positions, p);
-                    at = p.off;
+                    at = p.offset;
                 }
                 // The history did not reach back (or the epoch changed): the latest value is
                 // what can still be given, unless the recovered publications hold it.
-                if r.complete == Some(false) {
-                    if let Some(l) = r.last.as_ref().filter(|l| l.off > at) {
+                if !complete {
+                    if let Some(l) = last.as_ref().filter(|l| l.offset > at) {
                         emit(out, &mut self.positions, l);
                     }
                 }
             } else if self.initial {
-                if let Some(l) = &r.last {
+                if let Some(l) = last {
                     emit(out, &mut self.positions, l);
                 }
             }
             if let Some(pos) = self.positions.map.get_mut(ch) {
-                *pos = ChannelPos { epoch: epoch.clone(), offset };
+                *pos = ChannelPos { epoch: epoch.to_string(), offset };
             }
         }
     }
@@ -212,10 +212,12 @@ impl Framer for StreamEvents {
                 let has_id = self.positions.write_id(&mut self.id, Some(ch));
                 write_event(out, None, has_id.then_some(&self.id[..]), &m.text);
             }
-            Kind::Reply { id } if *id == self.subscribe_id && self.positions.channels == 0 => {
-                self.subscribed(out, &m.text)
+            Kind::Reply { id, outcomes: Some(outcomes), .. }
+                if *id == self.subscribe_id && self.positions.channels == 0 =>
+            {
+                self.subscribed(out, outcomes)
             }
-            _ => write_event(out, event_name(m), None, &m.text),
+            _ => write_event(out, event_name(&m.kind), None, &m.text),
         }
     }
 }

@@ -1,0 +1,86 @@
+//! What a connection is sent, as data: each message a session, the hub or the outbox queues
+//! comes with its [`Kind`], said by whoever queued it, so that each transport writes it in its
+//! own wire form (a WebSocket frame, an SSE event, a poll batch entry) without reading back
+//! what the node itself encoded. A subscribe's reply carries what each channel came to
+//! ([`Outcomes`]): the SSE stream and the long-poll session take positions and recovered
+//! publications from it.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use switchboard_broker::{Position, Publication};
+use switchboard_protocol::message::ErrorBody;
+
+/// What one channel of a subscribe came to: its start (position, last value, recovered
+/// publications, trend) or its error.
+#[derive(Debug)]
+pub enum Outcome {
+    Ok {
+        position: Position,
+        last: Option<Publication>,
+        recovered: Vec<Publication>,
+        complete: bool,
+        trend: Option<crate::trend::TrendReply>,
+    },
+    Err(ErrorBody),
+}
+
+/// Every channel of one subscribe with what it came to, in request order; shared by the reply
+/// and whoever reads it.
+#[derive(Debug, Clone)]
+pub struct Outcomes(pub Arc<[(String, Outcome)]>);
+
+impl Outcomes {
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Outcome)> {
+        self.0.iter().map(|(ch, o)| (ch.as_str(), o))
+    }
+
+    pub fn get(&self, channel: &str) -> Option<&Outcome> {
+        self.0.iter().find(|(ch, _)| ch == channel).map(|(_, o)| o)
+    }
+
+    /// The code of the first channel that failed.
+    pub fn first_error(&self) -> Option<&ErrorBody> {
+        self.0.iter().find_map(|(_, o)| match o {
+            Outcome::Err(e) => Some(e),
+            Outcome::Ok { .. } => None,
+        })
+    }
+}
+
+/// What a queued message is.
+#[derive(Debug, Clone)]
+pub enum Kind {
+    /// `{"pub": {"ch", "off", "data"}}`.
+    Pub { ch: Arc<str>, off: u64 },
+    /// `{"id": n, "ok" | "error": ...}`: `error` the code of an error reply, `outcomes` what a
+    /// subscribe's channels came to.
+    Reply { id: u32, error: Option<u16>, outcomes: Option<Outcomes> },
+    /// `{"subscribed": ...}`: subscriptions the node made for the client (the connect hook's).
+    Subscribed(Outcomes),
+    /// `{"unsubscribed": ...}`: the node ended a subscription; the client subscribes again.
+    Unsubscribed,
+    /// `{"join": ...}`.
+    Join,
+    /// `{"leave": ...}`.
+    Leave,
+    /// `{"disconnect": {"code", "reason"}}`.
+    Disconnect { code: u16 },
+    /// A message that did not come from this node's session (a moved poll session's stored
+    /// replies), passed on as it is.
+    Other,
+}
+
+impl Kind {
+    /// A reply without an error or a subscribe's results.
+    pub fn reply(id: u32) -> Kind {
+        Kind::Reply { id, error: None, outcomes: None }
+    }
+}
+
+/// One protocol message taken from an outbox: its JSON text (no trailing newline) and what it is.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub text: Bytes,
+    pub kind: Kind,
+}
