@@ -25,7 +25,8 @@
 //!
 //! **Layout.** [`open`] admits, checks and subscribes a stream; its outbox frames the events
 //! (`events`: the ids, `subscribed`, the recovered and initial publications), which hyper
-//! writes from [`handle`]'s response body.
+//! writes from [`handle`]'s response body. [`respond`] drives every event stream's body (a
+//! poll session's too, `transport::poll::stream`): taking, waking, the heartbeat, the end.
 
 mod events;
 
@@ -76,9 +77,41 @@ fn permitted(node: &Node, who: &crate::auth::Identity, channels: &[String]) -> R
     Ok(())
 }
 
-/// Response headers of an event stream.
-pub fn stream_response(body: Body) -> Response {
-    let mut r = Response::new(body);
+/// What an event stream's body is taken from: a stream's framed outbox, or a poll session's
+/// messages. [`respond`] drives it; the source only takes and says when to look again.
+pub(crate) trait Events: Send + 'static {
+    /// What is pending, as events (empty: nothing yet), and whether the stream is over after it.
+    fn take(&mut self) -> impl std::future::Future<Output = (Bytes, bool)> + Send;
+    /// Resolves when something may be pending, or once the source acted on a timer of its own.
+    fn changed(&mut self) -> impl std::future::Future<Output = ()> + Send;
+    /// A `: ping` went out.
+    fn pinged(&mut self) {}
+}
+
+/// The response of an event stream: `events` taken chunk by chunk as hyper writes them, a
+/// `: ping` comment after `heartbeat` of silence (for proxies), and the end once the source
+/// is over (after its last events).
+pub(crate) fn respond(events: impl Events, heartbeat: Duration) -> Response {
+    let body = futures_util::stream::unfold(Some(events), move |state| async move {
+        let mut events = state?;
+        loop {
+            let (chunk, over) = events.take().await;
+            if !chunk.is_empty() {
+                return Some((Ok::<Bytes, Infallible>(chunk), (!over).then_some(events)));
+            }
+            if over {
+                return None;
+            }
+            tokio::select! {
+                _ = events.changed() => {}
+                _ = tokio::time::sleep(heartbeat) => {
+                    events.pinged();
+                    return Some((Ok(Bytes::from_static(PING)), Some(events)));
+                }
+            }
+        }
+    });
+    let mut r = Response::new(Body::from_stream(body));
     *r.status_mut() = StatusCode::OK;
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
@@ -110,7 +143,6 @@ pub fn parse_event_id(id: &str) -> Result<Vec<(String, ChannelPos)>, String> {
     Ok(out)
 }
 
-/// A publication inside a subscribe reply (`last`, `recovered`).
 /// A stream admitted and subscribed, before its first event is written.
 pub(crate) struct Opened {
     pub session: Session,
@@ -130,8 +162,6 @@ struct Stream {
     node: Arc<Node>,
     session: Option<Session>,
     outbox: Arc<Outbox>,
-    ended: bool,
-    heartbeat: Duration,
     /// The session's next deadline (token expiry) and its timer.
     deadline: Option<SystemTime>,
     _slot: Option<IpGuard>,
@@ -146,40 +176,38 @@ impl Drop for Stream {
 }
 
 impl Stream {
-    /// The next chunk of the body; `None` ends the stream.
-    async fn next(&mut self) -> Option<Bytes> {
-        if self.ended {
-            return None;
+    /// The client was sent something: the node's heartbeat counts it as alive.
+    fn seen(&self) {
+        self.outbox.last_seen.store(crate::unix_s(), std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Events for Stream {
+    async fn take(&mut self) -> (Bytes, bool) {
+        let (out, closed) = self.outbox.take_framed();
+        if !out.is_empty() {
+            self.seen();
         }
-        loop {
-            let (out, closed) = self.outbox.take_framed();
-            if closed.is_some() {
-                self.ended = true;
-            }
-            if !out.is_empty() {
-                self.outbox.last_seen.store(crate::unix_s(), std::sync::atomic::Ordering::Relaxed);
-                return Some(out);
-            }
-            if self.ended {
-                return None;
-            }
-            let deadline = self.deadline.map(|d| d.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO));
-            tokio::select! {
-                _ = self.outbox.notified() => {}
-                _ = tokio::time::sleep(self.heartbeat) => {
-                    self.outbox.last_seen.store(crate::unix_s(), std::sync::atomic::Ordering::Relaxed);
-                    return Some(Bytes::from_static(PING));
-                }
-                _ = async { match deadline { Some(d) => tokio::time::sleep(d).await, None => std::future::pending().await } } => {
-                    if let Some(session) = self.session.as_mut() {
-                        if let Some(reason) = session.check_deadline() {
-                            self.outbox.close(reason.code, &reason.reason, true);
-                        }
-                        self.deadline = session.deadline();
+        (out, closed.is_some())
+    }
+
+    async fn changed(&mut self) {
+        let deadline = self.deadline.map(|d| d.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO));
+        tokio::select! {
+            _ = self.outbox.notified() => {}
+            _ = async { match deadline { Some(d) => tokio::time::sleep(d).await, None => std::future::pending().await } } => {
+                if let Some(session) = self.session.as_mut() {
+                    if let Some(reason) = session.check_deadline() {
+                        self.outbox.close(reason.code, &reason.reason, true);
                     }
+                    self.deadline = session.deadline();
                 }
             }
         }
+    }
+
+    fn pinged(&mut self) {
+        self.seen();
     }
 }
 
@@ -199,14 +227,9 @@ pub async fn handle(State(node): State<Arc<Node>>, req: Request) -> Response {
                 deadline: session.deadline(),
                 session: Some(session),
                 outbox,
-                ended: false,
-                heartbeat: Duration::from_secs(node.config.transports.sse_heartbeat_s),
                 _slot: slot,
             };
-            let body = futures_util::stream::unfold(stream, |mut s| async move {
-                s.next().await.map(|b| (Ok::<Bytes, Infallible>(b), s))
-            });
-            stream_response(Body::from_stream(body))
+            respond(stream, Duration::from_secs(node.config.transports.sse_heartbeat_s))
         }
     };
     transport_http::cors(&parts.headers, &node, &mut r);

@@ -2,8 +2,8 @@
 //! transport; its commands still go by `POST /poll/{session}`). Each message is a default
 //! `message` event whose data is the message, exactly as a poll batch would hold it. The
 //! stream ends when the session leaves this node, closes, or another poll or stream of it
-//! starts. The events are hyper's response body: [`SessionStream::next`] takes what the
-//! session has pending and frames it, chunk by chunk.
+//! starts. The events are hyper's response body, driven as every event stream's
+//! ([`sse::respond`]): [`SessionStream`] takes what the session has pending and frames it.
 //!
 //! With a shared store, the stream writes the session's record at most once a second and
 //! within a second of the last message, so a node that takes the session over continues from
@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
 use bytes::Bytes;
@@ -34,56 +33,42 @@ pub(crate) struct SessionStream {
     saved: tokio::time::Instant,
     /// Messages were taken since the record was last written.
     unsaved: bool,
-    heartbeat: Duration,
 }
 
-impl SessionStream {
-    /// The next chunk of events (a `: ping` after `transports.sse_heartbeat_s` of silence);
-    /// `None` once the stream is over.
-    pub(crate) async fn next(mut self) -> Option<(Bytes, SessionStream)> {
+impl sse::Events for SessionStream {
+    /// What the session has pending, as events; over once the session closed or another poll
+    /// or stream of it started.
+    async fn take(&mut self) -> (Bytes, bool) {
         let s = self.session.clone();
         let mut out = Vec::new();
         if !self.started {
             self.started = true;
             out.extend_from_slice(sse::RETRY);
         }
-        loop {
-            if !s.serves(self.me) {
-                if !out.is_empty() {
-                    break;
-                }
-                return None;
-            }
-            let mut live = s.live.lock().await;
-            let (taken, closed) = take_events(&self.polls, &s, &mut live, &mut out).await;
-            if taken {
-                // The record is where another node continues the session from; a store that
-                // no other node reads (one node, the memory broker) needs no positions.
-                self.unsaved = self.polls.store().shared();
-            }
-            if closed {
-                break;
-            }
-            // At most once a second, and within a second of the last message taken.
-            if self.unsaved && self.saved.elapsed() >= STREAM_SAVE_EVERY {
-                self.saved = tokio::time::Instant::now();
-                self.unsaved = false;
-                self.polls.save(&s, &mut live).await;
-            }
-            drop(live);
-            if !out.is_empty() {
-                break;
-            }
-            tokio::select! {
-                _ = s.outbox.notified() => {}
-                _ = tokio::time::sleep_until(self.saved + STREAM_SAVE_EVERY), if self.unsaved => {}
-                _ = tokio::time::sleep(self.heartbeat) => {
-                    out.extend_from_slice(sse::PING);
-                    break;
-                }
-            }
+        if !s.serves(self.me) {
+            return (Bytes::from(out), true);
         }
-        Some((Bytes::from(out), self))
+        let mut live = s.live.lock().await;
+        let (taken, closed) = take_events(&self.polls, &s, &mut live, &mut out).await;
+        if taken {
+            // The record is where another node continues the session from; a store that no
+            // other node reads (one node, the memory broker) needs no positions.
+            self.unsaved = self.polls.store().shared();
+        }
+        // At most once a second, and within a second of the last message taken.
+        if !closed && self.unsaved && self.saved.elapsed() >= STREAM_SAVE_EVERY {
+            self.saved = tokio::time::Instant::now();
+            self.unsaved = false;
+            self.polls.save(&s, &mut live).await;
+        }
+        (Bytes::from(out), closed)
+    }
+
+    async fn changed(&mut self) {
+        tokio::select! {
+            _ = self.session.outbox.notified() => {}
+            _ = tokio::time::sleep_until(self.saved + STREAM_SAVE_EVERY), if self.unsaved => {}
+        }
     }
 }
 
@@ -117,20 +102,9 @@ pub async fn attach(polls: Arc<Polls>, req: Request, id: String) -> Response {
     let me = s.take_turn();
     let heartbeat = Duration::from_secs(polls.node.config.transports.sse_heartbeat_s);
     let node = polls.node.clone();
-    let stream = SessionStream {
-        polls,
-        session: s,
-        _busy: busy,
-        me,
-        started: false,
-        saved: tokio::time::Instant::now(),
-        unsaved: false,
-        heartbeat,
-    };
-    let body = futures_util::stream::unfold(stream, |st| async move {
-        st.next().await.map(|(b, st)| (Ok::<Bytes, std::convert::Infallible>(b), st))
-    });
-    let mut r = sse::stream_response(Body::from_stream(body));
+    let saved = tokio::time::Instant::now();
+    let stream = SessionStream { polls, session: s, _busy: busy, me, started: false, saved, unsaved: false };
+    let mut r = sse::respond(stream, heartbeat);
     transport_http::cors(&parts.headers, &node, &mut r);
     r
 }
