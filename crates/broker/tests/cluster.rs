@@ -2,12 +2,15 @@
 //! spare loopback ports, joined with `redis-cli --cluster create`, killed by PID at the end).
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
+mod support;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
+use support::until;
 use switchboard_broker::cluster::key_slot;
 use switchboard_broker::conformance::{list_all, run_all, RecordingHandler};
 use switchboard_broker::{Broker, ClusterBroker, HistoryPolicy, Outgoing};
@@ -17,14 +20,6 @@ const KEEP: HistoryPolicy = HistoryPolicy { size: 2000, ttl: Duration::from_secs
 
 fn data(s: &str) -> switchboard_broker::Data {
     Arc::new(RawValue::from_string(s.to_string()).unwrap())
-}
-
-async fn until(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn start(primaries: usize, replicas: usize) -> RedisCluster {

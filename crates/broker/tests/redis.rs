@@ -2,11 +2,14 @@
 //! without persistence and killed (by PID) when the test ends.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
+use support::until;
 use switchboard_broker::conformance::{list_all, run_all, RecordingHandler};
 use switchboard_broker::redis::{RedisBroker, RedisOptions};
 use switchboard_broker::{Broker, BrokerError, ClientInfo, HistoryPolicy, Outgoing};
@@ -22,14 +25,6 @@ const KEEP: HistoryPolicy = HistoryPolicy { size: 100, ttl: Duration::from_secs(
 fn broker(r: &Redis, prefix: &str) -> Arc<RedisBroker> {
     let options = RedisOptions { prefix: prefix.into(), presence_ttl: Duration::from_secs(15) };
     Arc::new(RedisBroker::with_options(&r.url(), options).unwrap())
-}
-
-async fn until(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn ready(b: &RedisBroker) {

@@ -4,10 +4,13 @@
 //! start new epochs.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
+mod support;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::value::RawValue;
+use support::until;
 use switchboard_broker::conformance::RecordingHandler;
 use switchboard_broker::redis::{RedisBroker, RedisOptions};
 use switchboard_broker::{Broker, HistoryPolicy};
@@ -25,14 +28,6 @@ fn data(s: &str) -> switchboard_broker::Data {
 fn broker(url: &str) -> Arc<RedisBroker> {
     let options = RedisOptions { prefix: "sb".into(), presence_ttl: Duration::from_secs(3) };
     Arc::new(RedisBroker::with_options(url, options).unwrap())
-}
-
-async fn until(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 async fn ready(b: &RedisBroker) {

@@ -2,11 +2,14 @@
 //! three sentinels as real `redis-server` processes, the primary killed (-9) under load.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
+mod support;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::value::RawValue;
+use support::until;
 use switchboard_broker::conformance::RecordingHandler;
 use switchboard_broker::{Broker, HistoryPolicy, RedisBroker, SessionNotice, StoredSession};
 use switchboard_testkit::{RedisServer, Sentinels};
@@ -15,14 +18,6 @@ const KEEP: HistoryPolicy = HistoryPolicy { size: 2000, ttl: Duration::from_secs
 
 fn data(s: &str) -> switchboard_broker::Data {
     Arc::new(RawValue::from_string(s.to_string()).unwrap())
-}
-
-async fn until(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,11 +2,14 @@
 //! loopback ports, killed by PID when it ends).
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::value::RawValue;
+use support::until;
 use switchboard_broker::conformance::{list_all, run_all, RecordingHandler};
 use switchboard_broker::sharded::shard_of;
 use switchboard_broker::{Broker, HistoryPolicy, Outgoing, ShardedRedisBroker};
@@ -20,14 +23,6 @@ fn data(s: &str) -> switchboard_broker::Data {
 
 fn urls(s: &Shards, prefix: &str) -> String {
     s.servers().iter().map(|r| format!("{}?prefix={prefix}", r.url())).collect::<Vec<_>>().join(",")
-}
-
-async fn until(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A channel name that lands on `shard` of 3.

@@ -2,11 +2,14 @@
 //! certificate signed by a throwaway CA the test makes with `openssl`.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
+mod support;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::value::RawValue;
+use support::until;
 use switchboard_broker::conformance::run_all;
 use switchboard_broker::{Broker, HistoryPolicy, RedisBroker, ShardedRedisBroker};
 use switchboard_testkit::TlsRedis;
@@ -15,14 +18,6 @@ const KEEP: HistoryPolicy = HistoryPolicy { size: 10, ttl: Duration::from_secs(6
 
 fn data(s: &str) -> switchboard_broker::Data {
     Arc::new(RawValue::from_string(s.to_string()).unwrap())
-}
-
-async fn until(what: &str, limit: Duration, mut cond: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !cond().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]
