@@ -8,7 +8,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use switchboard_broker::{Position, Publication};
+use serde::Serialize;
+use switchboard_broker::{Position, Publication, TrendBucket};
 use switchboard_protocol::message::ErrorBody;
 
 /// What one channel of a subscribe came to: its start (position, last value, recovered
@@ -20,9 +21,25 @@ pub enum Outcome {
         last: Option<Publication>,
         recovered: Vec<Publication>,
         complete: bool,
-        trend: Option<crate::trend::TrendReply>,
+        trend: Option<TrendReply>,
     },
     Err(ErrorBody),
+}
+
+/// What a trend read answers: `{"step_s", "buckets": [{"t", "min", "max", "last", "n"}],
+/// "tiers": [{"step_s", "window_s"}]}` (the namespace's tiers, finest first).
+#[derive(Debug, Clone, Serialize)]
+pub struct TrendReply {
+    pub step_s: u64,
+    pub buckets: Vec<TrendBucket>,
+    pub tiers: Vec<TierInfo>,
+}
+
+/// One tier a namespace keeps: buckets of `step_s` reaching back `window_s`.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TierInfo {
+    pub step_s: u64,
+    pub window_s: u64,
 }
 
 /// Every channel of one subscribe with what it came to, in request order; shared by the reply

@@ -8,27 +8,11 @@
 //! every path: a subscribe counts it into its reply (`session::reply`), `GET …/trend` writes its
 //! body within the budget ([`json_within`]); past it both answer the same 413 ([`too_large`]).
 
-use serde::Serialize;
-use switchboard_broker::{now_ms, TrendBucket};
+use switchboard_broker::now_ms;
 use switchboard_protocol::code;
 
+pub use crate::message::{TierInfo, TrendReply};
 use crate::node::{ApiError, Node};
-
-/// What a trend read answers: `{"step_s", "buckets": [{"t", "min", "max", "last", "n"}],
-/// "tiers": [{"step_s", "window_s"}]}` (the namespace's tiers, finest first).
-#[derive(Debug, Clone, Serialize)]
-pub struct TrendReply {
-    pub step_s: u64,
-    pub buckets: Vec<TrendBucket>,
-    pub tiers: Vec<TierInfo>,
-}
-
-/// One tier a namespace keeps: buckets of `step_s` reaching back `window_s`.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct TierInfo {
-    pub step_s: u64,
-    pub window_s: u64,
-}
 
 /// Reads `channel`'s trend over the `window_s` seconds before `until_ms` (unix ms; now when
 /// `None`) in buckets of `step_s` (default and minimum: the step of the tier read; rounded up
@@ -140,6 +124,7 @@ pub fn json_within(reply: &TrendReply, limit: usize) -> Result<Vec<u8>, ApiError
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchboard_broker::TrendBucket;
 
     fn reply(buckets: usize) -> TrendReply {
         let b = |i: usize| {
