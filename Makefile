@@ -85,7 +85,15 @@ $(VENV)/.installed: tests/python/requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps pysparkplug==0.6.1
 	touch $@
 
-py-deps: $(VENV)/.installed
+# A Sparkplug B edge node made of pysparkplug's own EdgeNode (test_sparkplug_edge_node.py)
+# needs the paho-mqtt 1 it pins: a virtualenv of its own.
+SPVENV := .venv-sparkplug
+$(SPVENV)/.installed: tests/python/requirements-sparkplug.txt
+	python3 -m venv $(SPVENV)
+	$(SPVENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements-sparkplug.txt
+	touch $@
+
+py-deps: $(VENV)/.installed $(SPVENV)/.installed
 
 # The Python client package (clients/python), installed into the test virtualenv whenever one
 # of its files changes; its stale build directory goes first so no deleted module is packaged.
