@@ -52,11 +52,7 @@ impl Outcomes {
         self.0.iter().map(|(ch, o)| (ch.as_str(), o))
     }
 
-    pub fn get(&self, channel: &str) -> Option<&Outcome> {
-        self.0.iter().find(|(ch, _)| ch == channel).map(|(_, o)| o)
-    }
-
-    /// The code of the first channel that failed.
+    /// The error of the first channel that failed, in request order.
     pub fn first_error(&self) -> Option<&ErrorBody> {
         self.0.iter().find_map(|(_, o)| match o {
             Outcome::Err(e) => Some(e),

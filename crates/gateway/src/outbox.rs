@@ -151,6 +151,11 @@ struct OutState {
 }
 
 impl OutState {
+    /// Keeps a copy of a reply for [`Outbox::take_replies`] (one [`Outbox::records`] keeps).
+    fn record_reply(&mut self, frame: &Frame, kind: Kind) {
+        self.replies.push(crate::message::Message { text: frame.payload_bytes(), kind });
+    }
+
     /// Everything is written: frees what an idle connection would otherwise keep, the queue's
     /// and the conflation map's capacity and the last frame (a shared frame stays alive as
     /// long as any outbox points into it).
@@ -301,7 +306,7 @@ impl Outbox {
         let recorded = self.records(&kind).then(|| (frame.clone(), kind.clone()));
         let pushed = self.push_item(Item::Message { frame, kind, born: None }, true);
         if let (false, Some((frame, kind))) = (pushed == Pushed::Dropped, recorded) {
-            self.state.lock().replies.push(crate::message::Message { text: frame.payload_bytes(), kind });
+            self.state.lock().record_reply(&frame, kind);
         }
         pushed
     }
@@ -590,7 +595,7 @@ impl Outbox {
                 return;
             }
             if self.records(&kind) {
-                st.replies.push(crate::message::Message { text: frame.payload_bytes(), kind: kind.clone() });
+                st.record_reply(&frame, kind.clone());
             }
             st.pending += frame.bytes.len();
             let at = mark.min(st.queue.len());

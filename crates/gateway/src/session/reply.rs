@@ -15,13 +15,6 @@ use switchboard_protocol::Format;
 pub(crate) use crate::message::Outcome;
 use crate::node::ApiError;
 
-pub(super) fn failed_code(failed: &[&(String, Outcome)]) -> u16 {
-    match failed.first() {
-        Some((_, Outcome::Err(e))) => e.code,
-        _ => code::BAD_REQUEST,
-    }
-}
-
 pub(super) fn pub_of<'a>(ch: &'a str, p: &'a Publication) -> Pub<'a> {
     let data: &RawValue = &p.data;
     Pub { ch, off: p.offset, data: Data(data) }

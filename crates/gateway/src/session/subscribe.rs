@@ -14,7 +14,7 @@ use switchboard_protocol::command::SubscribeRequest;
 use switchboard_protocol::message::{encode_error, encode_ok, encode_subscribed, ErrorBody};
 use switchboard_protocol::{namespace_of, validate_channel};
 
-use super::reply::{asked, failed_code, Outcome, ReplyBudget, SubscribeReply};
+use super::reply::{asked, Outcome, ReplyBudget, SubscribeReply};
 use super::Session;
 use crate::auth::Action;
 use crate::message::{Kind, Outcomes};
@@ -180,31 +180,26 @@ impl Session {
                 results.push(((*name).clone(), outcome));
             }
         }
+        // One shared copy of the results: the reply is encoded from it, and the pull
+        // transports read it typed (`Kind::Reply` / `Kind::Subscribed`).
+        let outcomes = Outcomes(Arc::from(results));
+        let format = self.outbox.format;
         let reply = match id {
-            _ if server => Some(encode_subscribed(self.outbox.format, &SubscribeReply(&results))),
-            Some(id) => Some(encode_ok(self.outbox.format, id, &SubscribeReply(&results))),
-            None => {
-                let failed: Vec<&(String, Outcome)> =
-                    results.iter().filter(|(_, o)| matches!(o, Outcome::Err(_))).collect();
-                (!failed.is_empty()).then(|| {
-                    let code = failed_code(&failed);
-                    encode_error(self.outbox.format, 0, code, "some channels could not be subscribed")
-                })
+            _ if server => {
+                Some((encode_subscribed(format, &SubscribeReply(&outcomes.0)), Kind::Subscribed(outcomes.clone())))
             }
+            Some(id) => Some((
+                encode_ok(format, id, &SubscribeReply(&outcomes.0)),
+                Kind::Reply { id, error: None, outcomes: Some(outcomes.clone()) },
+            )),
+            // Without id only a failure is answered: the first failed channel's code.
+            None => outcomes.first_error().map(|e| e.code).map(|code| {
+                let bytes = encode_error(format, 0, code, "some channels could not be subscribed");
+                (bytes, Kind::Reply { id: 0, error: Some(code), outcomes: Some(outcomes.clone()) })
+            }),
         };
         match reply {
-            Some(reply) => {
-                let outcomes = Outcomes(Arc::from(results));
-                let kind = match id {
-                    _ if server => Kind::Subscribed(outcomes),
-                    Some(id) => Kind::Reply { id, error: None, outcomes: Some(outcomes) },
-                    None => {
-                        let code = outcomes.first_error().map(|e| e.code);
-                        Kind::Reply { id: 0, error: code, outcomes: Some(outcomes) }
-                    }
-                };
-                self.outbox.release(&reply, kind, &covered);
-            }
+            Some((bytes, kind)) => self.outbox.release(&bytes, kind, &covered),
             None => self.outbox.release_without_reply(&covered),
         }
         // Presence joins go out after the reply, so a member sees itself join after subscribing.
