@@ -326,8 +326,13 @@ def metric(server: Server, name: str, required: bool = False, **labels) -> float
 
 
 def history_all(server: Server, channel: str) -> list[dict]:
-    """The data of every publication the channel keeps, read page by page; empty while the
-    channel is unknown or the broker does not answer."""
+    """The data of every publication the channel keeps (`history_pubs`)."""
+    return [p["data"] for p in history_pubs(server, channel)]
+
+
+def history_pubs(server: Server, channel: str) -> list[dict]:
+    """Every publication the channel keeps (`{channel, offset, data}`, `hist` for a historical
+    one), read page by page; empty while the channel is unknown or the broker does not answer."""
     out: list[dict] = []
     query = "limit=2000"
     while True:
@@ -335,7 +340,7 @@ def history_all(server: Server, channel: str) -> list[dict]:
         if r.status != 200:
             return []
         body = r.json()
-        out += [p["data"] for p in body["publications"]]
+        out += body["publications"]
         if not body["more"] or not body["publications"]:
             return out
         last = body["publications"][-1]["offset"]

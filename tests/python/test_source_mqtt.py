@@ -238,7 +238,7 @@ def test_source_mqtt_write_back_accepted_and_refused_without_permission(start_se
             r = http("POST", srv.http_url + "/api/publish", {"channel": ch, "data": 42}, headers=allowed)
             assert r.status == 200 and r.json() == {"written": True, "source": "plant"}, r.body
             # The source heard 42 back; 43 comes with a later time of its own (a value older than
-            # the channel's newest would be historical: the trend's, not sent live).
+            # the channel's newest would be historical: never its last value).
             assert [d["data"]["v"] for d in ws.pubs(ch, 1, timeout=10)] == [42]
             now = int(time.time() * 1000) + 1
             reply = ws.request("publish", {"channel": ch, "data": {"v": 43, "t": now, "q": "good"}})

@@ -8,7 +8,7 @@ it is offline. redis-server is killed for 10 s: the edge node hears `online: fal
 `online: true` once the node can commit again, and then sends what it kept as `is_historical`
 metrics. Afterwards the 1 s trend buckets count every value the edge node took (births, live,
 historical) at its own time, the channel's last value is the newest live one, and its history
-holds the live values, in order. The edge node's clean disconnect (an NDEATH numbered as
+holds the live values, in order, and every historical one once, marked `hist`. The edge node's clean disconnect (an NDEATH numbered as
 pysparkplug numbers it) marks its value bad.
 """
 
@@ -120,8 +120,11 @@ sparkplug_host_id = "{host}"
         last = sb.api_get(srv, f"/api/channels/{sb.ch_path(ch)}").json()["last"]["data"]
         assert last["v"] == live[-1][0], "the bad value carries the newest live one"
         # History holds the live values once, in order: the births (value 0) first, the death
-        # last; the historical ones are only in the trend.
-        hist = sb.history_all(srv, ch)
+        # last; and every historical value once, marked, with its own time.
+        pubs = sb.history_pubs(srv, ch)
+        hist = [p["data"] for p in pubs if not p.get("hist")]
+        past = sorted((p["data"]["v"], p["data"]["t"]) for p in pubs if p.get("hist"))
+        assert past == sorted((v, t) for v, t in historical), "history holds every historical value once"
         good = [d["v"] for d in hist if d["q"] == "good" and d["v"] != 0.0]
         assert good == [v for v, _ in live], "history holds the live values once, in order"
         births = sum(1 for d in hist if d["q"] == "good" and d["v"] == 0.0)

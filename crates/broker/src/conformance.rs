@@ -24,6 +24,10 @@ pub struct RecordingHandler {
     pub publications: Mutex<Vec<(String, u64, String)>>,
     pub presence: Mutex<Vec<(String, String, bool)>>,
     pub missed: Mutex<Vec<String>>,
+    /// The channel and offset of each historical publication delivered.
+    pub historical: Mutex<Vec<(String, u64)>>,
+    /// The channel, offset and tags of each publication with tags delivered.
+    pub tagged: Mutex<Vec<(String, u64, crate::Tags)>>,
 }
 
 impl RecordingHandler {
@@ -44,6 +48,12 @@ impl RecordingHandler {
 impl BrokerHandler for RecordingHandler {
     fn on_publication(&self, channel: &str, p: &Publication) {
         self.publications.lock().push((channel.to_string(), p.offset, p.data.get().to_string()));
+        if p.historical {
+            self.historical.lock().push((channel.to_string(), p.offset));
+        }
+        if let Some(tags) = &p.tags {
+            self.tagged.lock().push((channel.to_string(), p.offset, (**tags).clone()));
+        }
     }
     fn after_publications(&self) {}
     fn on_presence(&self, channel: &str, info: &ClientInfo, joined: bool) {
@@ -98,7 +108,8 @@ pub async fn run_all<F: Fn() -> Arc<dyn Broker>>(make: F) {
     paging_lists_each_channel_once_while_channels_are_created(make()).await;
     a_trend_keeps_numeric_values_in_buckets(make()).await;
     a_trend_keeps_a_tier_per_step(make()).await;
-    a_backfill_merges_values_into_trends_without_publishing(make()).await;
+    a_historical_publication_goes_to_history_and_trends_but_never_last(make()).await;
+    tags_go_with_their_publication_everywhere(make()).await;
     a_zero_history_ttl_keeps_history_by_size_only(make()).await;
     a_zero_history_limit_reads_no_publications(make()).await;
     internal_channels_are_delivered_but_never_listed(make()).await;
@@ -278,44 +289,103 @@ async fn a_trend_keeps_a_tier_per_step(b: Arc<dyn Broker>) {
     assert_eq!((c[0].t, c[0].min, c[0].max, c[0].last), (start, 0.0, 1.0, 1.0));
 }
 
-/// Historical values go into the buckets of their own time in the tiers that reach back to
-/// them, with `last` the last by time; nothing is published, and one out of every reach is
-/// dropped.
-async fn a_backfill_merges_values_into_trends_without_publishing(b: Arc<dyn Broker>) {
+/// A historical publication takes the next offset and goes to history and to the handler,
+/// marked historical, while the last value stays the newest live one; its trend value goes to
+/// the buckets of its own time in the tiers that reach back to it (`last` the last by time),
+/// and to none when no tier does, never to now.
+async fn a_historical_publication_goes_to_history_and_trends_but_never_last(b: Arc<dyn Broker>) {
     let h = Arc::new(RecordingHandler::default());
     b.set_handler(h.clone());
     let fine = crate::TrendPolicy { step_ms: 1000, len: 60 };
     let coarse = crate::TrendPolicy { step_ms: 10_000, len: 60 };
     let tiers = crate::TrendTiers::new(&[fine, coarse]).unwrap();
-    let policy = HistoryPolicy { trend: Some(tiers), ..KEEP };
-    b.subscribe("pt:bf").await.unwrap();
+    let policy = HistoryPolicy { size: 20, trend: Some(tiers), ..KEEP };
+    b.subscribe("pt:hp").await.unwrap();
     let now = crate::now_ms();
     let live = format!(r#"{{"v": 100, "t": {now}}}"#);
-    b.publish("pt:bf", data(&live), policy).await.unwrap();
+    b.publish("pt:hp", data(&live), policy).await.unwrap();
     let s30 = now - 30_000 - (now - 30_000) % 1000;
     let old = now - 300_000;
-    let values = vec![(s30 + 100, 1.0), (s30 + 900, 3.0), (s30 + 500, 2.0), (old, 7.0), (now - 7_200_000, 9.0)];
-    assert_eq!(b.backfill("pt:bf", values, tiers).await.unwrap(), 4, "one older than every reach");
-    let f = b.trend("pt:bf", fine, 0).await.unwrap();
+    let past = |values: &[(u64, f64)]| -> Vec<Outgoing> {
+        let item = |&(t, v): &(u64, f64)| Outgoing {
+            historical: true,
+            ..Outgoing::new("pt:hp", data(&format!(r#"{{"v": {v:?}, "t": {t}}}"#)), policy)
+        };
+        values.iter().map(item).collect()
+    };
+    let first = [(s30 + 100, 1.0), (s30 + 900, 3.0), (s30 + 500, 2.0), (old, 7.0), (now - 7_200_000, 9.0)];
+    let offsets: Vec<u64> = b.publish_batch(past(&first)).await.into_iter().map(|r| r.unwrap().offset).collect();
+    assert_eq!(offsets, vec![2, 3, 4, 5, 6]);
+    let f = b.trend("pt:hp", fine, 0).await.unwrap();
     let at = |t: u64, bs: &[crate::TrendBucket]| bs.iter().find(|x| x.t == t).map(|x| (x.n, x.min, x.max, x.last));
     assert_eq!(at(s30, &f), Some((3, 1.0, 3.0, 3.0)), "last by time, not by arrival: {f:?}");
     assert_eq!(f.len(), 2, "the live bucket and the merged one: {f:?}");
-    let c = b.trend("pt:bf", coarse, 0).await.unwrap();
+    let c = b.trend("pt:hp", coarse, 0).await.unwrap();
     assert_eq!(at(old - old % 10_000, &c), Some((1, 7.0, 7.0, 7.0)), "past the fine reach, in the coarse: {c:?}");
-    assert_eq!(c.iter().map(|x| x.n).sum::<u64>(), 5);
-    // A second part of the backlog: an earlier value leaves last, a later one takes it.
-    let more = vec![(s30 + 50, -1.0), (s30 + 950, 4.0), (s30 + 940, 0.5)];
-    assert_eq!(b.backfill("pt:bf", more, tiers).await.unwrap(), 3);
-    let f = b.trend("pt:bf", fine, 0).await.unwrap();
+    assert_eq!(c.iter().map(|x| x.n).sum::<u64>(), 5, "the value older than every reach is in no tier: {c:?}");
+    // A second part of the backlog: an earlier value leaves the bucket's last, a later one takes it.
+    b.publish_batch(past(&[(s30 + 50, -1.0), (s30 + 950, 4.0), (s30 + 940, 0.5)])).await.into_iter().for_each(|r| {
+        r.unwrap();
+    });
+    let f = b.trend("pt:hp", fine, 0).await.unwrap();
     assert_eq!(at(s30, &f), Some((6, -1.0, 4.0, 4.0)), "{f:?}");
-    // Nothing was published: one offset, the live value last, one delivery.
-    let (pos, last) = b.last_or_start("pt:bf").await.unwrap();
-    assert_eq!((pos.offset, last.unwrap().data.get()), (1, live.as_str()));
-    assert_eq!(b.history("pt:bf", None, 10).await.unwrap().publications.len(), 1);
-    h.wait_for("the live publication", |h| !h.offsets("pt:bf").is_empty()).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(h.offsets("pt:bf"), vec![1], "historical values are never delivered");
-    assert_eq!(b.backfill("pt:bf", vec![(now - 7_200_000, 1.0)], tiers).await.unwrap(), 0);
+    // The last value is still the live one, at its own offset behind the channel's.
+    let (pos, last) = b.last_or_start("pt:hp").await.unwrap();
+    let last = last.unwrap();
+    assert_eq!((pos.offset, last.offset, last.data.get(), last.historical), (9, 1, live.as_str(), false));
+    let known = b.last_if_known("pt:hp").await.unwrap().unwrap();
+    assert_eq!((known.0.offset, known.1.map(|p| p.offset)), (9, Some(1)));
+    // History holds every one in offset order, marked; so does what the handler was given.
+    let all = b.history("pt:hp", None, 20).await.unwrap().publications;
+    let marks: Vec<(u64, bool)> = all.iter().map(|p| (p.offset, p.historical)).collect();
+    assert_eq!(marks, (1..=9).map(|o| (o, o > 1)).collect::<Vec<_>>());
+    h.wait_for("every publication", |h| h.offsets("pt:hp").len() == 9).await;
+    assert_eq!(h.offsets("pt:hp"), (1..=9).collect::<Vec<_>>());
+    assert_eq!(h.historical.lock().clone(), (2..=9).map(|o| ("pt:hp".to_string(), o)).collect::<Vec<_>>());
+    // A live publication is the last value again; recovery from the first reads the rest.
+    let newer = format!(r#"{{"v": 101, "t": {}}}"#, now + 1);
+    b.publish("pt:hp", data(&newer), policy).await.unwrap();
+    let (pos, last) = b.last_or_start("pt:hp").await.unwrap();
+    assert_eq!((pos.offset, last.unwrap().offset), (10, 10));
+    let since = Position { offset: 1, ..pos };
+    let r = b.history("pt:hp", Some(&since), 20).await.unwrap();
+    assert!(r.complete);
+    assert_eq!(r.publications.iter().filter(|p| p.historical).count(), 8);
+}
+
+/// A publication's tags are kept with it: delivered, in history and with the last value; one
+/// without tags has none, historical or not.
+async fn tags_go_with_their_publication_everywhere(b: Arc<dyn Broker>) {
+    let h = Arc::new(RecordingHandler::default());
+    b.set_handler(h.clone());
+    b.subscribe("tg:a").await.unwrap();
+    let tags = |pairs: &[(&str, &str)]| -> Arc<crate::Tags> {
+        Arc::new(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    };
+    let site = tags(&[("site", "north"), ("note", "a b {c}")]);
+    let tagged = Outgoing { tags: Some(site.clone()), ..Outgoing::new("tg:a", data("1"), KEEP) };
+    let past = Outgoing { historical: true, tags: Some(tags(&[("k", "v")])), ..Outgoing::new("tg:a", data("2"), KEEP) };
+    let plain = Outgoing::new("tg:a", data("3"), KEEP);
+    for r in b.publish_batch(vec![tagged, past, plain]).await {
+        r.unwrap();
+    }
+    let all = b.history("tg:a", None, 10).await.unwrap().publications;
+    let got: Vec<Option<crate::Tags>> = all.iter().map(|p| p.tags.as_deref().cloned()).collect();
+    assert_eq!(got, vec![Some((*site).clone()), Some((*tags(&[("k", "v")])).clone()), None]);
+    // The last value's tags: the tagged live one's, kept behind a historical one, then none.
+    b.publish_batch(vec![Outgoing { tags: Some(site.clone()), ..Outgoing::new("tg:b", data("1"), KEEP) }]).await;
+    let past = Outgoing { historical: true, ..Outgoing::new("tg:b", data("0"), KEEP) };
+    b.publish_batch(vec![past]).await.pop().unwrap().unwrap();
+    let (_, last) = b.last_or_start("tg:b").await.unwrap();
+    assert_eq!(last.unwrap().tags.as_deref(), Some(&*site));
+    b.publish("tg:b", data("2"), KEEP).await.unwrap();
+    let (_, last) = b.last_if_known("tg:b").await.unwrap().unwrap();
+    assert_eq!(last.map(|p| p.tags.is_none()), Some(true));
+    let of_a = |h: &RecordingHandler| -> Vec<(u64, crate::Tags)> {
+        h.tagged.lock().iter().filter(|t| t.0 == "tg:a").map(|t| (t.1, t.2.clone())).collect()
+    };
+    h.wait_for("the tagged deliveries", |h| of_a(h).len() == 2).await;
+    assert_eq!(of_a(&h), vec![(1, (*site).clone()), (2, (*tags(&[("k", "v")])).clone())]);
 }
 
 async fn paging_lists_each_channel_once_while_channels_are_created(b: Arc<dyn Broker>) {

@@ -49,6 +49,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::value::RawValue;
+pub use switchboard_protocol::filter::Tags;
 
 pub mod cluster;
 pub mod conformance;
@@ -120,6 +121,19 @@ pub struct Publication {
     pub data: Data,
     /// When the broker accepted it (unix milliseconds).
     pub time_ms: u64,
+    /// A value from before the channel's newest, kept in history at its offset (and in the
+    /// trend at its own time) but never the channel's last value ([`Outgoing::historical`]).
+    pub historical: bool,
+    /// The publisher's tags, kept with it for subscribers' filters
+    /// ([`switchboard_protocol::filter`]).
+    pub tags: Option<Arc<Tags>>,
+}
+
+impl Publication {
+    /// A publication about to be appended (its offset and time are the broker's to set).
+    pub fn of(data: Data, historical: bool, tags: Option<Arc<Tags>>) -> Publication {
+        Publication { offset: 0, data, time_ms: 0, historical, tags }
+    }
 }
 
 /// How long a publication's idempotency key is remembered on its channel
@@ -151,12 +165,21 @@ pub struct Outgoing {
     /// channel, in the same atomic step as the publication, and expires after the window (or
     /// with the channel, when it is forgotten sooner).
     pub idempotency_key: Option<Arc<str>>,
+    /// A historical value (a source's back-fill, a Sparkplug B `is_historical` metric: from
+    /// before the channel's newest). It takes the next offset and goes to history and to
+    /// subscribers as any publication, marked historical, but the channel's last value stays
+    /// what it was, and its trend value goes to the buckets of its own time only, in the tiers
+    /// that reach back to it ([`TrendTiers::backfill_placements`]), never moved to now.
+    pub historical: bool,
+    /// Tags kept with the publication (checked by the caller:
+    /// [`switchboard_protocol::filter::check_tags`]).
+    pub tags: Option<Arc<Tags>>,
 }
 
 impl Outgoing {
-    /// An item without idempotency key.
+    /// A live item without idempotency key or tags.
     pub fn new(channel: &str, data: Data, policy: HistoryPolicy) -> Outgoing {
-        Outgoing { channel: Arc::from(channel), data, policy, idempotency_key: None }
+        Outgoing { channel: Arc::from(channel), data, policy, idempotency_key: None, historical: false, tags: None }
     }
 }
 
@@ -323,7 +346,8 @@ pub trait Broker: Send + Sync + 'static {
     }
 
     /// Publishes: assigns the next offset, keeps history per `policy`, updates the last value
-    /// and delivers to every node with subscribers. A shared broker that is unreachable or
+    /// (not for a historical item, [`Outgoing::historical`]) and delivers to every node with
+    /// subscribers. A shared broker that is unreachable or
     /// failing over is waited for up to [`PUBLISH_WAIT`]. A batch of one
     /// ([`Broker::publish_batch`], which also takes publications with an idempotency key).
     async fn publish(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
@@ -380,21 +404,6 @@ pub trait Broker: Send + Sync + 'static {
         let _ = (channel, policy, since_ms);
         Ok(Vec::new())
     }
-
-    /// Merges historical values of `channel` — `(t, v)`: a numeric value `v` of its own time
-    /// `t` (unix ms), from before the channel's newest — into the trend buckets of their time,
-    /// in every tier of `tiers` that reaches back to `t` ([`TrendTiers::backfill_placements`]).
-    /// Each joins its bucket's min, max and count, and becomes its `last` only when later than
-    /// the bucket's `last` ([`trend`], "Historical values"). Nothing is published: no offset,
-    /// no delivery, no history entry, the channel's last value unchanged.
-    ///
-    /// Answers how many values were kept (in at least one tier); the others were older than
-    /// every tier's reach (or ahead of the broker's clock) and were dropped. Merges and
-    /// publications of a channel never lose each other's values: the memory broker merges
-    /// under the channel's lock, Redis in one script per call (of up to 500 values), as it
-    /// writes a publication's trend values. An error after part of a call was merged is
-    /// [`BrokerError::Unknown`].
-    async fn backfill(&self, channel: &str, values: Vec<(u64, f64)>, tiers: TrendTiers) -> Result<usize, BrokerError>;
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError>;
     async fn presence_remove(&self, channel: &str, client: &str) -> Result<(), BrokerError>;

@@ -20,9 +20,9 @@ use parking_lot::{Mutex, RwLock};
 use crate::records::RecordSets;
 use crate::trend::{sample, TrendRing};
 use crate::{
-    now_ms, Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelSummary, ClientInfo, Data,
-    HistoryPolicy, HistoryResult, LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket,
-    TrendPolicy, TrendTiers, UNPUBLISHED_KEEP,
+    now_ms, Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelSummary, ClientInfo, HistoryPolicy,
+    HistoryResult, LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
+    UNPUBLISHED_KEEP,
 };
 use keys::RecentKeys;
 
@@ -196,19 +196,23 @@ impl MemoryBroker {
     }
 
     /// Assigns the next offset, keeps history and hands the publication to the handler, under
-    /// the stream's lock; the caller runs `after_publications` once the lock is released.
-    fn append(&self, channel: &str, data: Data, policy: HistoryPolicy) -> Result<Position, BrokerError> {
-        let ttl_ms = u64::try_from(policy.ttl.as_millis()).unwrap_or(u64::MAX);
-        self.with_stream(channel, |s| self.append_to(s, channel, data, policy, ttl_ms))
-    }
-
-    /// [`Self::append`] of a batch item: with an idempotency key the channel took within the
-    /// window, nothing is published and the first publication's position is answered (the
-    /// check and the append share the stream's lock, so two concurrent publishes with one key
-    /// publish once).
+    /// the stream's lock (the caller runs `after_publications` once the lock is released). With
+    /// an idempotency key the channel took within the window, nothing is published and the
+    /// first publication's position is answered (the check and the append share the stream's
+    /// lock, so two concurrent publishes with one key publish once).
     fn append_item(&self, item: Outgoing) -> Result<Position, BrokerError> {
-        let Some(key) = item.idempotency_key else { return self.append(&item.channel, item.data, item.policy) };
         let ttl_ms = u64::try_from(item.policy.ttl.as_millis()).unwrap_or(u64::MAX);
+        let Some(key) = item.idempotency_key else {
+            return self.with_stream(&item.channel, |s| {
+                self.append_to(
+                    s,
+                    &item.channel,
+                    Publication::of(item.data, item.historical, item.tags),
+                    item.policy,
+                    ttl_ms,
+                )
+            });
+        };
         self.with_stream(&item.channel, |s| {
             let now = now_ms();
             let keys = s.keys.get_or_insert_with(Box::default);
@@ -216,13 +220,24 @@ impl MemoryBroker {
                 return Ok(first);
             }
             keys.room(now, &self.keys_held)?;
-            let position = self.append_to(s, &item.channel, item.data, item.policy, ttl_ms);
+            let publication = Publication::of(item.data, item.historical, item.tags);
+            let position = self.append_to(s, &item.channel, publication, item.policy, ttl_ms);
             s.keys.get_or_insert_with(Box::default).insert(key, position.clone(), now, &self.keys_held);
             Ok(position)
         })?
     }
 
-    fn append_to(&self, s: &mut Stream, channel: &str, data: Data, policy: HistoryPolicy, ttl_ms: u64) -> Position {
+    /// Appends one publication under the stream's lock (its offset and time set here): history,
+    /// trend, delivery and, unless it is historical ([`crate::Outgoing::historical`]), the last
+    /// value.
+    fn append_to(
+        &self,
+        s: &mut Stream,
+        channel: &str,
+        mut publication: Publication,
+        policy: HistoryPolicy,
+        ttl_ms: u64,
+    ) -> Position {
         // A ttl of 0 means no expiry by time (history bounded by its size only), as in Redis.
         let ttl_ms = if ttl_ms == 0 { u64::MAX } else { ttl_ms };
         s.offset += 1;
@@ -231,7 +246,8 @@ impl MemoryBroker {
         if let Some(keys) = s.keys.as_mut() {
             keys.expire(now, &self.keys_held);
         }
-        let publication = Publication { offset: s.offset, data, time_ms: now };
+        (publication.offset, publication.time_ms) = (s.offset, now);
+        let historical = publication.historical;
         if policy.size > 0 {
             s.history_ttl_ms = ttl_ms;
             s.history.push_back(publication.clone());
@@ -243,17 +259,27 @@ impl MemoryBroker {
             s.history.clear();
         }
         if let Some(tiers) = policy.trend {
-            if let Some((v, t)) = sample(publication.data.get()) {
-                for (tier, at) in tiers.placements(now, t) {
-                    let Some(at) = at else { continue };
-                    s.ring(tier).record(tier, at, v);
+            match sample(publication.data.get()) {
+                Some((v, Some(t))) if historical => {
+                    for tier in tiers.backfill_placements(now, t) {
+                        s.ring(tier).record(tier, t, v);
+                    }
                 }
+                Some((v, t)) if !historical => {
+                    for (tier, at) in tiers.placements(now, t) {
+                        let Some(at) = at else { continue };
+                        s.ring(tier).record(tier, at, v);
+                    }
+                }
+                _ => {}
             }
         }
         if let Some(h) = self.handler.get() {
             h.on_publication(channel, &publication);
         }
-        s.last = Some(publication);
+        if !historical {
+            s.last = Some(publication);
+        }
         s.position()
     }
 }
@@ -349,22 +375,6 @@ impl Broker for MemoryBroker {
 
     /// Under the stream's lock, as a publication's trend values: the rings see one writer at a
     /// time.
-    async fn backfill(&self, channel: &str, values: Vec<(u64, f64)>, tiers: TrendTiers) -> Result<usize, BrokerError> {
-        let now = now_ms();
-        self.with_stream(channel, |s| {
-            let mut kept = 0;
-            for (t, v) in values {
-                let mut placed = false;
-                for tier in tiers.backfill_placements(now, t) {
-                    s.ring(tier).record(tier, t, v);
-                    placed = true;
-                }
-                kept += usize::from(placed);
-            }
-            kept
-        })
-    }
-
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {
         if !self.presence.add(channel, info.clone()) {
             return Ok(());

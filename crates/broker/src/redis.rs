@@ -64,7 +64,6 @@ use crate::sessions::SessionStore;
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, Data,
     HistoryResult, LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
-    TrendTiers,
 };
 pub use endpoint::client_for;
 use endpoint::{Commands, Endpoint};
@@ -254,6 +253,33 @@ fn data_of(text: String) -> Result<Data, BrokerError> {
         .map_err(|_| BrokerError::Unavailable("redis holds publication data that is not JSON".into()))
 }
 
+/// Tags as the scripts keep them: JSON, `''` for none. Tags that do not read (never written
+/// so by the node) count as none.
+pub(crate) fn tags_of(json: &str) -> Option<Arc<crate::Tags>> {
+    (!json.is_empty()).then(|| serde_json::from_str(json).ok().map(Arc::new)).flatten()
+}
+
+/// The last value as the position scripts answer it: its offset (which a historical
+/// publication after it leaves behind the channel's), tags, data and time; none before the
+/// first.
+fn last_of(
+    offset: u64,
+    tags: &str,
+    data: Option<String>,
+    time: Option<u64>,
+) -> Result<Option<Publication>, BrokerError> {
+    match data {
+        Some(d) if offset > 0 => Ok(Some(Publication {
+            offset,
+            data: data_of(d)?,
+            time_ms: time.unwrap_or(0),
+            historical: false,
+            tags: tags_of(tags),
+        })),
+        _ => Ok(None),
+    }
+}
+
 impl RedisBroker {
     /// Connects to the broker URL (`redis://…`, see [`parse_url`]). The connection is made
     /// lazily and kept with reconnects; an unreachable Redis shows in [`Broker::ready`].
@@ -381,11 +407,9 @@ impl Inner {
             .key(self.keys.history(channel))
             .arg(new_epoch())
             .arg(self.reader_keep_ms(channel));
-        let (epoch, offset, data, time): (String, u64, Option<String>, Option<u64>) = self.read(&call).await?;
-        let last = match data {
-            Some(d) if offset > 0 => Some(Publication { offset, data: data_of(d)?, time_ms: time.unwrap_or(0) }),
-            _ => None,
-        };
+        let (epoch, offset, last_offset, tags, data, time): (String, u64, u64, String, Option<String>, Option<u64>) =
+            self.read(&call).await?;
+        let last = last_of(last_offset, &tags, data, time)?;
         Ok((Position { epoch: epoch.into(), offset }, last))
     }
 
@@ -459,12 +483,9 @@ impl Broker for RedisBroker {
         let i = &self.inner;
         let mut call = i.scripts.peek.prepare_invoke();
         call.key(i.keys.meta(channel));
-        let found: Option<(String, u64, Option<String>, Option<u64>)> = i.read(&call).await?;
-        let Some((epoch, offset, data, time)) = found else { return Ok(None) };
-        let last = match data {
-            Some(d) if offset > 0 => Some(Publication { offset, data: data_of(d)?, time_ms: time.unwrap_or(0) }),
-            _ => None,
-        };
+        let found: Option<(String, u64, u64, String, Option<String>, Option<u64>)> = i.read(&call).await?;
+        let Some((epoch, offset, last_offset, tags, data, time)) = found else { return Ok(None) };
+        let last = last_of(last_offset, &tags, data, time)?;
         let position = Position { epoch: epoch.into(), offset };
         i.settle(channel, &position).await;
         Ok(Some((position, last)))
@@ -484,10 +505,12 @@ impl Broker for RedisBroker {
         let mut call = i.scripts.history.prepare_invoke();
         call.key(i.keys.meta(channel)).key(i.keys.history(channel)).arg(new_epoch());
         call.arg(since_epoch).arg(since_offset).arg(limit.min(MAX_HISTORY_READ)).arg(i.reader_keep_ms(channel));
-        let (epoch, offset, complete, entries): (String, u64, i64, Vec<(u64, u64, String)>) = i.read(&call).await?;
+        let (epoch, offset, complete, entries): (String, u64, i64, Vec<(u64, u64, String, u8, String)>) =
+            i.read(&call).await?;
         let mut publications = Vec::with_capacity(entries.len());
-        for (offset, time_ms, data) in entries {
-            publications.push(Publication { offset, data: data_of(data)?, time_ms });
+        for (offset, time_ms, data, historical, tags) in entries {
+            let historical = historical == 1;
+            publications.push(Publication { offset, data: data_of(data)?, time_ms, historical, tags: tags_of(&tags) });
         }
         let position = Position { epoch: epoch.into(), offset };
         i.settle(channel, &position).await;
@@ -496,10 +519,6 @@ impl Broker for RedisBroker {
 
     async fn trend(&self, channel: &str, policy: TrendPolicy, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
         trend_store::read(&self.inner, channel, policy, since_ms).await
-    }
-
-    async fn backfill(&self, channel: &str, values: Vec<(u64, f64)>, tiers: TrendTiers) -> Result<usize, BrokerError> {
-        trend_store::backfill(&self.inner, channel, &values, tiers).await
     }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {

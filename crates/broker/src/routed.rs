@@ -36,7 +36,7 @@ use crate::redis::{link_down, may_retry, page_over, session_name, RedisBroker};
 use crate::sessions::{SessionNotice, SessionStore};
 use crate::{
     Broker, BrokerError, BrokerHandler, ChannelPage, ChannelQuery, ChannelTtl, ClientInfo, ClusterInfo, HistoryResult,
-    LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy, TrendTiers,
+    LogEntry, LogKeep, Outgoing, Position, Publication, Record, RecordPut, TrendBucket, TrendPolicy,
 };
 
 /// How long a call keeps retrying while a router's routes change (slots moving, a failover
@@ -400,13 +400,6 @@ impl<R: Router> Broker for RoutedBroker<R> {
 
     async fn trend(&self, channel: &str, policy: TrendPolicy, since_ms: u64) -> Result<Vec<TrendBucket>, BrokerError> {
         self.on_owner(channel, |t| async move { t.trend(channel, policy, since_ms).await }).await
-    }
-
-    /// On the channel's target, retried while routes change: a merge that failed before the
-    /// script ran changed nothing.
-    async fn backfill(&self, channel: &str, values: Vec<(u64, f64)>, tiers: TrendTiers) -> Result<usize, BrokerError> {
-        let values = &values;
-        self.on_owner(channel, |t| async move { t.backfill(channel, values.clone(), tiers).await }).await
     }
 
     async fn presence_add(&self, channel: &str, info: ClientInfo) -> Result<(), BrokerError> {

@@ -9,9 +9,9 @@
 //!
 //! # Historical values
 //! A source's values from before the channel's newest (a Sparkplug B `is_historical` metric, a
-//! back-fill) are merged into the buckets of their own time ([`crate::Broker::backfill`])
-//! without being published. Values therefore arrive in any order, and a bucket's `last` is the
-//! last *by time*, not by arrival: each bucket keeps the time of its `last` ([`TrendBucket`]'s
+//! back-fill) are published as historical ([`crate::Outgoing::historical`]): their values go
+//! into the buckets of their own time, never moved to now. Values therefore arrive in any
+//! order, and a bucket's `last` is the last *by time*, not by arrival: each bucket keeps the time of its `last` ([`TrendBucket`]'s
 //! `last_at`), and a value replaces `last` only when its time is at or after that one (at the
 //! same millisecond, the one that came later). Keeping the time is what makes the rule exact
 //! whatever the order of arrival — a backlog split over several messages, live values on

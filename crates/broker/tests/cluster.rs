@@ -123,12 +123,7 @@ async fn broker_cluster_failover_under_load_never_reuses_an_offset_and_tells_of_
                         batch.push(Outgoing::new("pt:f", data(&i.to_string()), KEEP));
                     }
                     if !other_done {
-                        batch.push(Outgoing {
-                            channel: Arc::from(other.as_str()),
-                            data: data(&i.to_string()),
-                            policy: KEEP,
-                            idempotency_key: None,
-                        });
+                        batch.push(Outgoing::new(other.as_str(), data(&i.to_string()), KEEP));
                     }
                     for (item, r) in batch.iter().zip(b.publish_batch(batch.clone()).await) {
                         match r {
@@ -235,12 +230,7 @@ async fn broker_cluster_a_slot_moved_under_load_keeps_every_publication_once_and
         tokio::spawn(async move {
             let mut accepted = Vec::new();
             for i in 1..=400 {
-                let batch = ["pt:mv", twin.as_str()].map(|c| Outgoing {
-                    channel: Arc::from(c),
-                    data: data(&i.to_string()),
-                    policy: KEEP,
-                    idempotency_key: None,
-                });
+                let batch = ["pt:mv", twin.as_str()].map(|c| Outgoing::new(c, data(&i.to_string()), KEEP));
                 for (item, r) in batch.iter().zip(b.publish_batch(batch.to_vec()).await) {
                     // Every publication is taken: while the slot moves, the broker waits for it.
                     let p = r.unwrap_or_else(|e| panic!("publication {i} of {} refused: {e}", item.channel));

@@ -551,8 +551,13 @@ async fn broker_redis_trend_chunks_are_compressed_once_closed_and_read_the_same(
     // bucket becomes its last, an earlier one does not, and an empty bucket between two gets
     // its own; the chunk is compressed again with them.
     let (t5, between) = (expected[5].t, expected[5].t + 10);
-    let values = vec![(t5 + 5, 50.0), (t5 + 2, -7.0), (between + 3, -50.0)];
-    assert_eq!(b.backfill("pt:z", values, TrendTiers::one(trend)).await.unwrap(), 3);
+    let past = [(t5 + 5, 50.0), (t5 + 2, -7.0), (between + 3, -50.0)].map(|(t, v)| Outgoing {
+        historical: true,
+        ..Outgoing::new("pt:z", data(&format!(r#"{{"v": {v:?}, "t": {t}}}"#)), policy)
+    });
+    for r in b.publish_batch(past.to_vec()).await {
+        r.unwrap();
+    }
     let read = || async { b.trend("pt:z", trend, start).await.unwrap() };
     let check = |got: Vec<TrendBucket>| {
         let at = |t: u64| got.iter().find(|x| x.t == t).map(|x| (x.n, x.min, x.max, x.last));
@@ -563,7 +568,7 @@ async fn broker_redis_trend_chunks_are_compressed_once_closed_and_read_the_same(
     check(read().await);
     until("the merged chunk compressed again", Duration::from_secs(15), async || raw_keys().len() <= 1).await;
     check(read().await);
-    let meta: Vec<Option<String>> = r.cmd(redis::cmd("HMGET").arg("sb:{pt:z}:m").arg("o").arg("d"));
+    let meta: Vec<Option<String>> = r.cmd(redis::cmd("HMGET").arg("sb:{pt:z}:m").arg("o").arg("d").arg("lo"));
     let last = format!(r#"{{"v": 99, "t": {late}}}"#);
-    assert_eq!(meta, vec![Some("301".to_string()), Some(last)], "nothing published");
+    assert_eq!(meta, vec![Some("304".to_string()), Some(last), Some("301".to_string())], "the last value kept");
 }

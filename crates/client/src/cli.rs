@@ -4,8 +4,11 @@
 //! (`http(s)://host:port`, `ws(s)://host:port[/ws]`), a token or a Basic user, and the CA of a
 //! TLS node. `publish` prints the reply (`{"offset", "epoch"}`, or `{"written", "source"}` for
 //! a write to a device); `sub` prints one JSON line `{"ch", "epoch", "off", "data"}` per
-//! publication until Ctrl-C or until the server closes the connection. Diagnostics go to
-//! stderr so stdout stays a clean JSON-lines stream; a failure says what to do about it.
+//! publication (and `"hist": true` on a historical one, a source's back-fill, `"tags"` when the
+//! publisher gave some) until Ctrl-C or until the server closes the connection. `sub --delta
+//! fossil` asks for deltas and prints the publications rebuilt; `sub --filter JSON` passes a
+//! tag filter through. Diagnostics go to stderr so stdout stays a clean
+//! JSON-lines stream; a failure says what to do about it.
 
 use std::collections::HashSet;
 use std::io::{IsTerminal, Write};
@@ -82,6 +85,14 @@ pub struct SubArgs {
     /// Print each channel's last publication first.
     #[arg(long)]
     pub initial: bool,
+    /// Ask for live publications as deltas of the previous one (`fossil`: less to send for
+    /// publications that change little); they are printed rebuilt, as without it.
+    #[arg(long, value_name = "FORMAT", value_parser = ["fossil"])]
+    pub delta: Option<String>,
+    /// Only publications whose tags match this filter, a JSON tree of comparisons:
+    /// '{"key": "kind", "cmp": "eq", "val": "alarm"}', or nodes '{"op": "and", "nodes": [...]}'.
+    #[arg(long, value_name = "JSON")]
+    pub filter: Option<String>,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -268,6 +279,18 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What `sub` asks of every channel: `--initial`, `--delta`, `--filter` (a usage error when it
+/// is not JSON; the node checks its shape).
+fn subscribe_options(args: &SubArgs) -> anyhow::Result<SubscribeOptions> {
+    let mut options = SubscribeOptions::new(args.channels.iter().cloned()).initial(args.initial);
+    options.delta = args.delta.clone();
+    if let Some(text) = &args.filter {
+        let filter = serde_json::from_str(text).map_err(|e| usage(format!("--filter {text:?} is not JSON: {e}")))?;
+        options = options.filter(filter);
+    }
+    Ok(options)
+}
+
 /// Subscribes and prints publications as JSON lines `{"ch", "epoch", "off", "data"}` until
 /// Ctrl-C (returns `Ok`) or until the server ends the connection for good (an error naming the
 /// close code, unless it was a normal close). The client library's [`Subscriber`] keeps the
@@ -277,14 +300,17 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
 /// ([`crate::Streams`]): nothing is printed twice, and a gap history no longer covers is said on
 /// stderr and followed by the channel's latest value. A connection dropped or closed with a
 /// code that asks to reconnect (a node restarting, 4000; a slow consumer, 4008) is made again
-/// and every channel resubscribed the same way.
+/// and every channel resubscribed the same way. A historical publication (a source's back-fill)
+/// is printed with `"hist": true`. A publication of `--delta` that cannot be rebuilt is said on
+/// stderr and its channel subscribed again, recovering from its last printed offset.
 pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
+    let options = subscribe_options(&args)?;
     let node = Node::resolve(&args.node)?;
     let opts = node.connect_options();
     let ws_url = node.endpoint.websocket();
     let mut client =
         node.connect(&opts).await.map_err(|e| node.explain(e)).with_context(|| format!("connect to {ws_url}"))?;
-    let mut subscriber = Subscriber::new(SubscribeOptions::new(args.channels.iter().cloned()).initial(args.initial));
+    let mut subscriber = Subscriber::new(options);
     subscriber.subscribe_due(&client).await.map_err(|e| node.explain(e)).context("subscribe")?;
     if subscriber.streams().channels().next().is_none() && subscriber.waiting().is_empty() {
         // Say why each channel was refused before failing.
@@ -368,5 +394,41 @@ pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
             }
             Update::Event(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use serde_json::json;
+
+    #[derive(Parser)]
+    struct Sub {
+        #[command(flatten)]
+        args: SubArgs,
+    }
+
+    fn parse(argv: &[&str]) -> Result<SubArgs, clap::Error> {
+        Sub::try_parse_from(std::iter::once("sub").chain(argv.iter().copied())).map(|s| s.args)
+    }
+
+    #[test]
+    fn cli_sub_passes_delta_and_filter_through() {
+        let args =
+            parse(&["room:a", "room:b", "--delta", "fossil", "--filter", r#"{"key":"kind","cmp":"eq","val":"alarm"}"#])
+                .unwrap();
+        let o = serde_json::to_value(subscribe_options(&args).unwrap()).unwrap();
+        assert_eq!(
+            o,
+            json!({"channels": ["room:a", "room:b"], "delta": "fossil", "filter": {"key": "kind", "cmp": "eq", "val": "alarm"}})
+        );
+        assert!(parse(&["room:a", "--delta", "xdelta"]).is_err(), "fossil is the one format");
+        let e = subscribe_options(&parse(&["room:a", "--filter", "kind=alarm"]).unwrap()).unwrap_err();
+        assert!(e.downcast_ref::<UsageError>().is_some() && e.to_string().contains("--filter"), "{e}");
+        assert_eq!(
+            serde_json::to_value(subscribe_options(&parse(&["room:a"]).unwrap()).unwrap()).unwrap(),
+            json!({"channels": ["room:a"]})
+        );
     }
 }

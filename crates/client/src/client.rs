@@ -5,8 +5,8 @@
 //! A reader task splits incoming frames, hands each reply to the command waiting for its id
 //! and queues everything else as an [`Event`].
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::connect::{handshake, ConnectOptions, WsStream};
+use crate::delta::{Chains, DEFAULT_MAX_BYTES};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::frame::{decode_frame, ServerMessage};
@@ -40,9 +41,16 @@ type ReplySender = oneshot::Sender<std::result::Result<Value, ErrorBody>>;
 /// the reader has drained the map on close cannot wait forever: it sees `closed` instead. A
 /// `std` mutex is right here: it is never held across an `.await` and the critical sections
 /// are a map insert or remove.
-#[derive(Default)]
 struct Shared {
     state: Mutex<State>,
+    /// The largest publication text a delta-encoded push may declare ([`Client::set_max_delta_bytes`]).
+    max_delta_bytes: AtomicUsize,
+}
+
+impl Default for Shared {
+    fn default() -> Shared {
+        Shared { state: Mutex::default(), max_delta_bytes: AtomicUsize::new(DEFAULT_MAX_BYTES) }
+    }
 }
 
 #[derive(Default)]
@@ -142,6 +150,13 @@ impl Client {
     /// (default 30 s).
     pub fn set_request_timeout(&mut self, timeout: Duration) {
         self.request_timeout = timeout;
+    }
+
+    /// The largest publication text a push of a `delta: "fossil"` subscription may declare
+    /// (default [`DEFAULT_MAX_BYTES`], 1 MiB); a larger one is refused before it is rebuilt,
+    /// as [`Event::DeltaFailed`].
+    pub fn set_max_delta_bytes(&self, max: usize) {
+        self.shared.max_delta_bytes.store(max, Ordering::Relaxed);
     }
 
     /// The next server push, or `None` once the connection has ended (after
@@ -269,6 +284,17 @@ impl Client {
         self.request_typed("publish", &json!({ "channel": channel, "data": data })).await
     }
 
+    /// `publish` with the publisher's tags beside the data: what subscriptions' `filter`
+    /// compares (the `filter` of [`SubscribeOptions`]).
+    pub async fn publish_tagged(
+        &self,
+        channel: &str,
+        data: Value,
+        tags: &BTreeMap<String, String>,
+    ) -> Result<PublishReply> {
+        self.request_typed("publish", &json!({ "channel": channel, "data": data, "tags": tags })).await
+    }
+
     /// `history`: publications after `since` (all kept ones when `None`), at most `limit`.
     pub async fn history(
         &self,
@@ -346,6 +372,8 @@ async fn write_loop(mut sink: SplitSink<WsStream, Message>, mut rx: mpsc::Unboun
 async fn read_loop(mut stream: SplitStream<WsStream>, shared: Arc<Shared>, events: mpsc::UnboundedSender<Event>) {
     let mut close_code = ABNORMAL_CLOSE;
     let mut close_reason = String::new();
+    // Delta-encoded pushes are rebuilt here, in arrival order: each builds on the one before.
+    let mut chains = Chains::default();
     while let Some(msg) = stream.next().await {
         let (format, payload) = match &msg {
             Ok(Message::Text(t)) => (Format::Json, t.as_bytes()),
@@ -377,6 +405,15 @@ async fn read_loop(mut stream: SplitStream<WsStream>, shared: Arc<Shared>, event
                 Ok(ServerMessage::Event(ev)) => {
                     let _ = events.send(ev);
                 }
+                Ok(ServerMessage::Encoded(push)) => {
+                    chains.set_max(shared.max_delta_bytes.load(Ordering::Relaxed));
+                    let (ch, off) = (push.ch.clone(), push.off);
+                    let ev = match chains.decode(push) {
+                        Ok(p) => Event::Publication(p),
+                        Err(error) => Event::DeltaFailed { ch, off, error },
+                    };
+                    let _ = events.send(ev);
+                }
                 // An undecodable message is skipped; the connection stays usable.
                 Err(e) => tracing::warn!(error = %e, "undecodable message from the server"),
             }
@@ -394,13 +431,14 @@ async fn read_loop(mut stream: SplitStream<WsStream>, shared: Arc<Shared>, event
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tokio::net::TcpListener;
 
-    /// A scripted server: accepts one connection and answers each command with `respond`.
+    /// A scripted server: accepts one connection and answers each command with `respond`
+    /// (also the delta tests' server).
     #[allow(clippy::result_large_err)] // the handshake callback's error type is tungstenite's
-    async fn scripted_server<F>(respond: F) -> String
+    pub(crate) async fn scripted_server<F>(respond: F) -> String
     where
         F: Fn(Value) -> Vec<Message> + Send + 'static,
     {

@@ -3,13 +3,18 @@
 //! The server batches under load: a text frame may carry several JSON messages separated by
 //! `\n`, and a binary (MessagePack) frame several concatenated maps. Every reader must split.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::io::Cursor;
 
-use serde::de::DeserializeOwned;
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
+use serde_json::Value;
 use switchboard_protocol::message::ErrorBody;
 use switchboard_protocol::Format;
 
+use crate::delta::EncodedPush;
 use crate::event::{Event, Presence, Publication};
 
 /// Why one message in a frame could not be decoded.
@@ -61,6 +66,9 @@ where
 pub enum ServerMessage {
     /// The reply to the command with this id: its `ok` body or its `error`.
     Reply { id: u32, result: Result<serde_json::Value, ErrorBody> },
+    /// A push of a `delta: "fossil"` subscription, its data still the publication's JSON text
+    /// or a delta: [`crate::delta::Chains`] turns it into its publication.
+    Encoded(EncodedPush),
     /// Anything else.
     Event(Event),
 }
@@ -75,7 +83,7 @@ struct Incoming {
     #[serde(default)]
     error: Option<ErrorBody>,
     #[serde(default, rename = "pub")]
-    publication: Option<Publication>,
+    publication: Option<Push>,
     #[serde(default)]
     join: Option<Presence>,
     #[serde(default)]
@@ -86,6 +94,119 @@ struct Incoming {
     unsubscribed: Option<Unsubscribed>,
     #[serde(default)]
     subscribed: Option<serde_json::Value>,
+}
+
+/// A `pub` as the wire has it: a plain publication, or with `delta` one of a delta
+/// subscription (its data a string in JSON, a binary in MessagePack).
+#[derive(Deserialize)]
+struct Push {
+    ch: String,
+    off: u64,
+    data: Payload,
+    #[serde(default)]
+    hist: bool,
+    #[serde(default)]
+    tags: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    delta: Option<bool>,
+}
+
+impl Push {
+    fn classify(self) -> Result<ServerMessage, FrameError> {
+        let Push { ch, off, data, hist: historical, tags, delta } = self;
+        match (delta, data) {
+            (None, Payload::Value(data)) => {
+                Ok(ServerMessage::Event(Event::Publication(Publication { ch, off, data, historical, tags })))
+            }
+            (None, Payload::Bytes(_)) => Err(FrameError(format!("{ch}: binary data in a publication without delta"))),
+            (Some(delta), data) => {
+                let text = match data {
+                    Payload::Bytes(b) => b,
+                    Payload::Value(Value::String(s)) => s.into_bytes(),
+                    Payload::Value(_) => {
+                        return Err(FrameError(format!("{ch}: a delta publication's data is not a string or binary")))
+                    }
+                };
+                Ok(ServerMessage::Encoded(EncodedPush { ch, off, historical, tags, delta, text }))
+            }
+        }
+    }
+}
+
+/// A publication's `data`: any JSON value, or a MessagePack binary (which a JSON value cannot
+/// hold: a delta subscription's text or delta).
+enum Payload {
+    Value(Value),
+    Bytes(Vec<u8>),
+}
+
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Payload, D::Error> {
+        d.deserialize_any(PayloadVisitor)
+    }
+}
+
+/// Binaries as bytes; every other value as `serde_json::Value` reads it.
+struct PayloadVisitor;
+
+impl<'de> Visitor<'de> for PayloadVisitor {
+    type Value = Payload;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value or a binary")
+    }
+
+    fn visit_bytes<E>(self, v: &[u8]) -> Result<Payload, E> {
+        Ok(Payload::Bytes(v.to_vec()))
+    }
+
+    fn visit_byte_buf<E>(self, v: Vec<u8>) -> Result<Payload, E> {
+        Ok(Payload::Bytes(v))
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Payload, E> {
+        Ok(Payload::Value(Value::Bool(v)))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Payload, E> {
+        Ok(Payload::Value(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Payload, E> {
+        Ok(Payload::Value(v.into()))
+    }
+
+    fn visit_f64<E>(self, v: f64) -> Result<Payload, E> {
+        Ok(Payload::Value(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number)))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Payload, E> {
+        Ok(Payload::Value(Value::String(v.to_string())))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Payload, E> {
+        Ok(Payload::Value(Value::String(v)))
+    }
+
+    fn visit_unit<E>(self) -> Result<Payload, E> {
+        Ok(Payload::Value(Value::Null))
+    }
+
+    fn visit_none<E>(self) -> Result<Payload, E> {
+        Ok(Payload::Value(Value::Null))
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Payload, D::Error> {
+        Payload::deserialize(d)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Payload, A::Error> {
+        Value::deserialize(SeqAccessDeserializer::new(seq)).map(Payload::Value)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Payload, A::Error> {
+        Value::deserialize(MapAccessDeserializer::new(map)).map(Payload::Value)
+    }
 }
 
 #[derive(Deserialize)]
@@ -108,7 +229,7 @@ struct Disconnect {
 impl Incoming {
     fn classify(self) -> Result<ServerMessage, FrameError> {
         if let Some(p) = self.publication {
-            return Ok(ServerMessage::Event(Event::Publication(p)));
+            return p.classify();
         }
         if let Some(e) = self.error {
             return Ok(match self.id {
@@ -167,7 +288,13 @@ mod tests {
         assert_eq!(msgs.len(), 3);
         assert_eq!(
             msgs[0],
-            ServerMessage::Event(Event::Publication(Publication { ch: "a".into(), off: 1, data: json!({"v": 1}) }))
+            ServerMessage::Event(Event::Publication(Publication {
+                ch: "a".into(),
+                off: 1,
+                data: json!({"v": 1}),
+                historical: false,
+                tags: None
+            }))
         );
         assert_eq!(msgs[1], ServerMessage::Reply { id: 3, result: Ok(json!({})) });
         // A newline inside a JSON string is escaped on the wire, so it never splits a message.
@@ -200,7 +327,9 @@ mod tests {
                 ServerMessage::Event(Event::Publication(Publication {
                     ch: "pt:x".into(),
                     off: 7,
-                    data: json!({"v": 1.5, "q": "good"})
+                    data: json!({"v": 1.5, "q": "good"}),
+                    historical: false,
+                    tags: None
                 })),
                 ServerMessage::Event(Event::Join(Presence {
                     ch: "room:1".into(),
@@ -211,6 +340,30 @@ mod tests {
                 ServerMessage::Event(Event::Disconnect { code: 4008, reason: "slow".into(), reconnect: true }),
             ]
         );
+    }
+
+    #[test]
+    fn frame_historical_publication_carries_its_flag_in_json_and_msgpack() {
+        let hist = json!({"pub": {"ch": "pt:x", "off": 43, "data": {"v": 1, "t": 5, "q": "good"}, "hist": true}});
+        let live = json!({"pub": {"ch": "pt:x", "off": 44, "data": {"v": 2, "t": 9, "q": "good"}}});
+        let json_frame = format!("{hist}\n{live}");
+        let mut msgpack_frame = msgpack(&hist);
+        msgpack_frame.extend(msgpack(&live));
+        for (format, payload) in [(Format::Json, json_frame.into_bytes()), (Format::Msgpack, msgpack_frame)] {
+            let flags: Vec<(u64, bool)> = decode_frame(format, &payload)
+                .into_iter()
+                .map(|m| match m {
+                    Ok(ServerMessage::Event(Event::Publication(p))) => (p.off, p.historical),
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            assert_eq!(flags, [(43, true), (44, false)], "{format:?}");
+        }
+        // Written back as the wire has it: `hist` only when true.
+        let p: Publication = serde_json::from_value(hist["pub"].clone()).unwrap();
+        assert_eq!(serde_json::to_value(&p).unwrap(), hist["pub"]);
+        let p: Publication = serde_json::from_value(live["pub"].clone()).unwrap();
+        assert_eq!(serde_json::to_value(&p).unwrap(), live["pub"]);
     }
 
     #[test]

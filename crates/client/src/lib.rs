@@ -28,7 +28,11 @@
 //! - [`tls`]: trusted roots ([`TlsConfig`]) and the plain-or-TLS stream ([`MaybeTls`]).
 //! - [`frame`]: splitting a server frame into its messages (`\n`-separated JSON, concatenated
 //!   MessagePack maps) and decoding them.
-//! - [`event`]: server pushes ([`Event`], [`Publication`]).
+//! - [`event`]: server pushes ([`Event`], [`Publication`], historical ones flagged, the
+//!   publisher's tags).
+//! - [`delta`]: publications of `delta: "fossil"` subscriptions, rebuilt by the connection's
+//!   reader from their text or Fossil delta ([`Chains`]); one that cannot be is
+//!   [`Event::DeltaFailed`], and the subscriber resubscribes the channel with recovery.
 //! - [`reply`]: command options and typed `ok` reply bodies.
 //! - [`resume`]: [`Streams`], each channel's stream position and the rule for a channel
 //!   subscribed again: recovered publications once and in order, and a gap ([`Gap`]) followed
@@ -41,6 +45,8 @@
 //!   with a doubling delay and subscribing them again with `recover` from their [`Streams`]
 //!   position, and handing back what to report ([`Update`]).
 //! - [`http`]: a minimal HTTP/1.1 client for the HTTP API ([`HttpApi`], [`http_publish`]).
+//! - [`trend`]: trends ([`Trend`], its buckets and the namespace's tiers), read over the HTTP
+//!   API ([`HttpApi::trend`], with `until_ms` for a past window) or from a subscribe result.
 //! - [`cli`]: the `publish` and `sub` command-line tools.
 //! - [`error`]: [`Error`], what every call here can fail with.
 
@@ -50,6 +56,7 @@
 pub mod cli;
 pub mod client;
 pub mod connect;
+pub mod delta;
 pub mod endpoint;
 pub mod error;
 pub mod event;
@@ -59,9 +66,11 @@ pub mod reply;
 pub mod resubscribe;
 pub mod resume;
 pub mod tls;
+pub mod trend;
 
 pub use client::{Client, Events};
 pub use connect::{handshake, ConnectOptions, Credentials, WsStream};
+pub use delta::{Chains, DeltaError};
 pub use endpoint::Endpoint;
 pub use error::{Error, Result};
 pub use event::{Event, Presence, Publication};
@@ -75,3 +84,4 @@ pub use resume::{Delivery, Gap, Resumed, Streams};
 pub use switchboard_protocol::message::ErrorBody;
 pub use switchboard_protocol::{Format, StreamPosition};
 pub use tls::{MaybeTls, TlsConfig};
+pub use trend::{Trend, TrendBucket, TrendTier};

@@ -28,6 +28,17 @@ pub struct SubscribeOptions {
     /// `{"window_s": S, "step_s": T}`: each channel's trend in the reply (docs/protocol.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trend: Option<serde_json::Value>,
+    /// `"fossil"`: live publications come as Fossil deltas of the previous one, which
+    /// [`Client`](crate::Client) rebuilds ([`crate::delta`]); refused (400) for a channel that
+    /// conflates or with sampling or a filter.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<String>,
+    /// A tree of comparisons of the publications' tags: leaves `{"key", "cmp", "val"}` (or
+    /// `"vals"` for `in` / `nin`) and nodes `{"op": "and"|"or"|"not", "nodes": [...]}`. Only
+    /// matching publications are sent, live and recovered, so the offsets delivered have
+    /// holes that are not gaps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filter: Option<serde_json::Value>,
 }
 
 impl SubscribeOptions {
@@ -77,6 +88,19 @@ impl SubscribeOptions {
         self.trend = Some(t);
         self
     }
+
+    /// Live publications as Fossil deltas of the previous one (less to send for publications
+    /// that change little); the client hands them over rebuilt.
+    pub fn fossil_delta(mut self) -> Self {
+        self.delta = Some("fossil".into());
+        self
+    }
+
+    /// Only publications whose tags match `filter` (the field's shape).
+    pub fn filter(mut self, filter: serde_json::Value) -> Self {
+        self.filter = Some(filter);
+        self
+    }
 }
 
 /// `subscribe` reply: one result per requested channel.
@@ -120,7 +144,7 @@ pub struct Subscribed {
     /// is gone).
     #[serde(default = "yes")]
     pub complete: bool,
-    /// With `trend`: `{"step_s", "buckets", "tiers"}`.
+    /// With `trend`: `{"step_s", "buckets", "tiers"}`, typed by [`Subscribed::trend_reply`].
     #[serde(default)]
     pub trend: Option<serde_json::Value>,
 }
@@ -251,6 +275,12 @@ mod tests {
             json!({"channels": ["a"], "initial": true, "recover": {"a": {"epoch": "e", "offset": 41}}})
         );
         assert_eq!(serde_json::to_value(SubscribeOptions::new(["b"])).unwrap(), json!({"channels": ["b"]}));
+        let filter = json!({"op": "and", "nodes": [
+            {"key": "kind", "cmp": "in", "vals": ["alarm", "event"]},
+            {"op": "not", "nodes": [{"key": "site", "cmp": "eq", "val": "test"}]}
+        ]});
+        let o = SubscribeOptions::new(["c"]).fossil_delta().filter(filter.clone());
+        assert_eq!(serde_json::to_value(&o).unwrap(), json!({"channels": ["c"], "delta": "fossil", "filter": filter}));
     }
 
     #[test]

@@ -13,11 +13,18 @@
 //!   connection's events, delivers publications once and in order, and hands back what a
 //!   program reports ([`Update`]).
 //!
+//! - A publication of a `delta: "fossil"` subscription that cannot be rebuilt
+//!   ([`Event::DeltaFailed`]) leaves a hole in the channel's stream while the server still holds
+//!   the subscription: [`Subscriber`] stops delivering the channel, unsubscribes it and
+//!   subscribes it again at once with `recover`, like a channel the server ended. The
+//!   recovery fills the hole; where history no longer holds it, it is a gap as any other.
+//!
 //! `switchboard sub` and `switchboard bench trend` use these; no caller repeats the rule.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+use serde_json::json;
 use switchboard_protocol::message::ErrorBody;
 use tokio::time::Instant;
 
@@ -128,8 +135,9 @@ pub enum Update {
     /// Publications of a channel that could not be recovered, reported before the ones that
     /// follow it; `followed`: some do (what history still held, the channel's latest value).
     Gap { gap: Gap, followed: bool },
-    /// The channel is not subscribed for now (`reason`: a 503's message or the server's
-    /// reason for ending it); it is subscribed again after a delay, with `recover`.
+    /// The channel is not subscribed for now (`reason`: a 503's message, the server's reason
+    /// for ending it, or why a delta could not be rebuilt); it is subscribed again after a
+    /// delay (at once when nothing else waits), with `recover`.
     Waiting { ch: String, reason: String },
     /// The server refused the channel for good; the subscriber has dropped it.
     Refused { ch: String, error: ErrorBody },
@@ -172,7 +180,7 @@ impl Subscriber {
                 waiting.push(ch.clone());
             }
         }
-        let streams = Streams::new(options.initial);
+        let streams = Streams::new(options.initial).with_filter(options.filter.is_some());
         let options = SubscribeOptions { channels: Vec::new(), recover: HashMap::new(), ..options };
         Subscriber {
             options,
@@ -264,6 +272,23 @@ impl Subscriber {
                         self.unsubscribed(&ch);
                         return Ok(Update::Waiting { ch, reason });
                     }
+                    // Later pushes of the channel, already on their way, fail the same way
+                    // (they build on the one that failed) or would skip the hole: the pause
+                    // drops them until the resubscription's result. A failure at an offset
+                    // that result covers was an older subscription's (the reply may be taken
+                    // before the events queued ahead of it): nothing is missing.
+                    Some(Event::DeltaFailed { ch, off, error })
+                        if self.streams.position(&ch).is_some_and(|p| off > p.offset) && self.streams.pause(&ch) =>
+                    {
+                        // The server still holds the subscription: the unsubscribe goes first
+                        // on the connection, so the subscribe that follows is taken anew.
+                        // A connection that ended meanwhile reports it with its Closed event.
+                        let _ = client.notify("unsubscribe", &json!({ "channels": [&ch] }));
+                        self.unsubscribed(&ch);
+                        let reason = format!("publication {off} could not be rebuilt from its delta: {error}");
+                        return Ok(Update::Waiting { ch, reason });
+                    }
+                    Some(Event::DeltaFailed { .. }) => {}
                     Some(ev) => return Ok(Update::Event(ev)),
                     None => return Ok(Update::Event(Event::Closed { code: crate::client::ABNORMAL_CLOSE, reason: String::new() })),
                 },
@@ -291,6 +316,8 @@ impl Subscriber {
         command.max_rate_hz = self.options.max_rate_hz;
         command.deadband = self.options.deadband.clone();
         command.trend = self.options.trend.clone();
+        command.delta = self.options.delta.clone();
+        command.filter = self.options.filter.clone();
         command
     }
 
@@ -350,7 +377,13 @@ mod tests {
         ChannelResult::Subscribed(Subscribed {
             epoch: "e".into(),
             offset,
-            last: (offset > 0).then(|| Publication { ch: ch.into(), off: offset, data: json!(offset) }),
+            last: (offset > 0).then(|| Publication {
+                ch: ch.into(),
+                off: offset,
+                data: json!(offset),
+                historical: false,
+                tags: None,
+            }),
             recovered: Vec::new(),
             complete: true,
             trend: None,

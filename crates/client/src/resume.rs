@@ -9,10 +9,16 @@
 //! keeps showing a value the channel has since replaced. A channel whose stream shows nothing
 //! missed (never published before and after, or recovered without a hole) reports no gap.
 //!
+//! A subscription with a `filter` is sent only the publications that match it, live and
+//! recovered, so holes in its offsets are not gaps: it reports one only when the server says
+//! history no longer reached back (`complete: false`) or after publications of an old epoch.
+//!
 //! Live publications carry no epoch; a [`Delivery`] carries the one its channel's stream had
-//! when it arrived, so that `off 1` of two epochs are told apart.
+//! when it arrived, so that `off 1` of two epochs are told apart. A historical publication (a
+//! back-filled value) moves the position like any other: it is part of the channel's stream,
+//! only never its current value.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use serde::Serialize;
@@ -21,13 +27,19 @@ use switchboard_protocol::StreamPosition;
 use crate::event::Publication;
 use crate::reply::{SubscribeOptions, Subscribed};
 
-/// A publication as a subscriber delivers it: with its stream's epoch.
+/// A publication as a subscriber delivers it: with its stream's epoch, and whether it is a
+/// historical one ([`Publication::historical`], `"hist": true` when printed).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Delivery {
     pub ch: String,
     pub epoch: String,
     pub off: u64,
     pub data: serde_json::Value,
+    #[serde(rename = "hist", skip_serializing_if = "std::ops::Not::not")]
+    pub historical: bool,
+    /// The publisher's tags, when it gave some.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tags: Option<BTreeMap<String, String>>,
 }
 
 /// Publications of a channel that a resubscription could not deliver.
@@ -77,12 +89,30 @@ pub struct Resumed {
 pub struct Streams {
     positions: HashMap<String, StreamPosition>,
     initial: bool,
+    /// The subscriptions have a `filter`: holes in their offsets are not gaps.
+    filtered: bool,
+    /// Channels whose live publications are not delivered until their next subscribe result
+    /// (a delta could not be rebuilt: what follows it would skip the hole).
+    paused: HashSet<String>,
 }
 
 impl Streams {
     /// `initial`: a channel's first subscription delivers its latest publication.
     pub fn new(initial: bool) -> Streams {
-        Streams { positions: HashMap::new(), initial }
+        Streams { positions: HashMap::new(), initial, filtered: false, paused: HashSet::new() }
+    }
+
+    /// Streams of subscriptions with a `filter` (`true`): only the server's `complete: false`
+    /// and an old epoch's publications make a gap, not holes in the offsets.
+    pub fn with_filter(mut self, filtered: bool) -> Streams {
+        self.filtered = filtered;
+        self
+    }
+
+    /// Delivers no live publication of `ch` until its next subscribe result ([`Streams::accept`]):
+    /// its stream has a hole the resubscription recovers. Whether it was not paused already.
+    pub fn pause(&mut self, ch: &str) -> bool {
+        self.knows(ch) && self.paused.insert(ch.to_string())
     }
 
     /// Whether `ch` has been subscribed (and so is resubscribed with `recover`).
@@ -98,6 +128,7 @@ impl Streams {
     /// Stops following `ch` (refused for good): it is no longer resubscribed.
     pub fn forget(&mut self, ch: &str) {
         self.positions.remove(ch);
+        self.paused.remove(ch);
     }
 
     /// The position of `ch`, if it has been subscribed.
@@ -124,6 +155,7 @@ impl Streams {
 
     /// Applies `ch`'s subscribe result and says what to report and deliver.
     pub fn accept(&mut self, ch: &str, s: &Subscribed) -> Resumed {
+        self.paused.remove(ch);
         let Some(prev) = self.positions.get(ch).cloned() else {
             // A first subscription: the latest value if asked for, then live publications.
             self.positions.insert(ch.to_string(), StreamPosition { epoch: s.epoch.clone(), offset: s.offset });
@@ -154,8 +186,14 @@ impl Streams {
             deliveries.push(delivery(p, &s.epoch));
         }
         // Offsets up to the channel's position that nothing above delivered were missed; so
-        // may the old epoch's publications after the last one delivered from it be.
-        hole |= s.offset > at;
+        // may the old epoch's publications after the last one delivered from it be. A filtered
+        // subscription's offsets have holes of publications that did not match: only the
+        // server can say history did not reach back.
+        if self.filtered {
+            hole = same_epoch && !s.complete;
+        } else {
+            hole |= s.offset > at;
+        }
         hole |= !same_epoch && prev.offset > 0;
         let offset = at.max(s.offset);
         self.positions.insert(ch.to_string(), StreamPosition { epoch: s.epoch.clone(), offset });
@@ -171,16 +209,30 @@ impl Streams {
     /// a subscribe reply already delivered or covered it (`None`, as for unknown channels).
     pub fn live(&mut self, p: Publication) -> Option<Delivery> {
         let pos = self.positions.get_mut(&p.ch)?;
-        if p.off <= pos.offset {
+        if p.off <= pos.offset || self.paused.contains(&p.ch) {
             return None;
         }
         pos.offset = p.off;
-        Some(Delivery { ch: p.ch, epoch: pos.epoch.clone(), off: p.off, data: p.data })
+        Some(Delivery {
+            ch: p.ch,
+            epoch: pos.epoch.clone(),
+            off: p.off,
+            data: p.data,
+            historical: p.historical,
+            tags: p.tags,
+        })
     }
 }
 
 fn delivery(p: &Publication, epoch: &str) -> Delivery {
-    Delivery { ch: p.ch.clone(), epoch: epoch.to_string(), off: p.off, data: p.data.clone() }
+    Delivery {
+        ch: p.ch.clone(),
+        epoch: epoch.to_string(),
+        off: p.off,
+        data: p.data.clone(),
+        historical: p.historical,
+        tags: p.tags.clone(),
+    }
 }
 
 #[cfg(test)]
@@ -189,7 +241,11 @@ mod tests {
     use serde_json::json;
 
     fn publication(off: u64) -> Publication {
-        Publication { ch: "c".into(), off, data: json!({ "v": off }) }
+        Publication { ch: "c".into(), off, data: json!({ "v": off }), historical: false, tags: None }
+    }
+
+    fn historical(off: u64) -> Publication {
+        Publication { historical: true, ..publication(off) }
     }
 
     fn subscribed(epoch: &str, offset: u64, last: Option<u64>, recovered: &[u64], complete: bool) -> Subscribed {
@@ -294,6 +350,81 @@ mod tests {
         let r = s.accept("c", &subscribed("e", 7, Some(7), &[], false));
         assert!(r.gap.is_some() && r.deliveries.is_empty());
         assert_eq!(s.live(publication(8)).map(|d| d.off), Some(8));
+    }
+
+    #[test]
+    fn resume_filtered_holes_are_not_gaps_only_complete_false_and_old_epochs_are() {
+        let mut s = Streams::new(true).with_filter(true);
+        s.accept("c", &subscribed("e", 43, Some(40), &[], true));
+        // Live: only matching publications come, with holes between them.
+        assert_eq!(s.live(publication(47)).map(|d| d.off), Some(47));
+        // Recovered with holes, the channel ahead of the last match: no gap.
+        let r = s.accept("c", &subscribed("e", 60, None, &[50, 55], true));
+        assert_eq!((r.gap, r.deliveries.iter().map(|d| d.off).collect::<Vec<_>>()), (None, vec![50, 55]));
+        assert_eq!(s.position("c"), Some(&at("e", 60)));
+        // The server says history did not reach back: a gap.
+        let r = s.accept("c", &subscribed("e", 70, Some(68), &[], false));
+        assert_eq!(r.gap.map(|g| g.from), Some(at("e", 60)));
+        // A new epoch after publications of the old one: a gap; before any, none.
+        assert!(s.accept("c", &subscribed("f", 3, None, &[2], false)).gap.is_some());
+        let mut fresh = Streams::new(true).with_filter(true);
+        fresh.accept("d", &subscribed("e", 0, None, &[], true));
+        assert_eq!(fresh.accept("d", &subscribed("f", 3, None, &[2], false)).gap, None);
+        // Without a filter the same holes are a gap.
+        let mut plain = Streams::new(true);
+        plain.accept("c", &subscribed("e", 43, None, &[], true));
+        assert!(plain.accept("c", &subscribed("e", 60, None, &[50, 55], true)).gap.is_some());
+    }
+
+    #[test]
+    fn resume_paused_channel_delivers_nothing_live_until_its_next_result() {
+        let mut s = Streams::new(false);
+        assert!(!s.pause("c"), "an unknown channel");
+        s.accept("c", &subscribed("e", 5, None, &[], true));
+        assert!(s.pause("c") && !s.pause("c"), "paused once");
+        assert_eq!(s.live(publication(7)), None, "a publication after the hole is not delivered");
+        assert_eq!(s.position("c"), Some(&at("e", 5)));
+        let r = s.accept("c", &subscribed("e", 7, None, &[6, 7], true));
+        assert_eq!(r.deliveries.len(), 2);
+        assert_eq!(s.live(publication(8)).map(|d| d.off), Some(8));
+    }
+
+    #[test]
+    fn resume_tags_are_delivered_and_printed() {
+        let mut s = Streams::new(false);
+        s.accept("c", &subscribed("e", 0, None, &[], true));
+        let tags: BTreeMap<String, String> = [("kind".to_string(), "alarm".to_string())].into();
+        let d = s.live(Publication { tags: Some(tags), ..publication(1) }).unwrap();
+        assert_eq!(
+            serde_json::to_value(&d).unwrap(),
+            json!({"ch": "c", "epoch": "e", "off": 1, "data": {"v": 1}, "tags": {"kind": "alarm"}})
+        );
+        assert_eq!(serde_json::to_value(s.live(publication(2)).unwrap()).unwrap().get("tags"), None);
+    }
+
+    #[test]
+    fn resume_historical_publications_are_delivered_flagged_and_move_the_position() {
+        let mut s = Streams::new(true);
+        s.accept("c", &subscribed("e", 6, Some(6), &[], true));
+        let d = s.live(historical(7)).expect("delivered in offset order like any other");
+        assert!(d.historical);
+        assert_eq!(
+            serde_json::to_value(&d).unwrap(),
+            json!({"ch": "c", "epoch": "e", "off": 7, "data": {"v": 7}, "hist": true})
+        );
+        assert_eq!(s.position("c"), Some(&at("e", 7)));
+        assert_eq!(s.live(historical(7)), None, "once");
+        let live = s.live(publication(8)).unwrap();
+        assert!(!live.historical);
+        assert_eq!(serde_json::to_value(&live).unwrap().get("hist"), None);
+        // A resubscription recovers after the historical one; recovered historical ones keep
+        // the flag, and nothing is a gap.
+        assert_eq!(s.subscribe_options(["c"]).recover["c"], at("e", 8));
+        let mut reply = subscribed("e", 10, None, &[], true);
+        reply.recovered = vec![historical(9), publication(10)];
+        let r = s.accept("c", &reply);
+        assert_eq!(r.gap, None);
+        assert_eq!(r.deliveries.iter().map(|d| (d.off, d.historical)).collect::<Vec<_>>(), [(9, true), (10, false)]);
     }
 
     #[test]

@@ -82,10 +82,16 @@ struct HttpPub<'a> {
     channel: &'a str,
     offset: u64,
     data: &'a RawValue,
+    /// `true` for a historical publication, as on the WebSocket; absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    hist: bool,
+    /// Its tags, as on the WebSocket; absent when it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tags: Option<&'a switchboard_protocol::filter::Tags>,
 }
 
 fn http_pub<'a>(channel: &'a str, p: &'a Publication) -> HttpPub<'a> {
-    HttpPub { channel, offset: p.offset, data: &p.data }
+    HttpPub { channel, offset: p.offset, data: &p.data, hist: p.historical, tags: p.tags.as_deref() }
 }
 
 async fn publish(
@@ -97,14 +103,14 @@ async fn publish(
         .map_err(|e| ApiError::new(400, format!("expected {{\"channel\", \"data\"}} or {{\"batch\": [...]}}: {e}")))?;
     let mut by = HttpPublisher { node: &node, caller: &caller, who: who(&caller) };
     match body {
-        PublishBody { channel: Some(channel), data: Some(data), idempotency_key, batch: None } => {
-            let outcome = publish::one(&node, &mut by, Asked { channel, data, idempotency_key }).await?;
+        PublishBody { channel: Some(channel), data: Some(data), idempotency_key, tags, batch: None } => {
+            let outcome = publish::one(&node, &mut by, Asked { channel, data, idempotency_key, tags }).await?;
             Ok(Json(outcome).into_response())
         }
-        PublishBody { channel: None, data: None, idempotency_key: None, batch: Some(batch) } => {
+        PublishBody { channel: None, data: None, idempotency_key: None, tags: None, batch: Some(batch) } => {
             let items = batch
                 .into_iter()
-                .map(|p| Asked { channel: p.channel, data: p.data, idempotency_key: p.idempotency_key })
+                .map(|p| Asked { channel: p.channel, data: p.data, idempotency_key: p.idempotency_key, tags: p.tags })
                 .collect();
             let results: Vec<serde_json::Value> = publish::batch(&node, &mut by, items)
                 .await

@@ -12,7 +12,7 @@
 //!   (cluster tag, listen address, worker threads).
 //! - `load`: [`Config::load`], file, environment and flags merged into one configuration.
 //! - `validate`: the checks of a loaded configuration.
-//! - `limits`: `[limits]` ([`Limits`]).
+//! - `limits`: `[limits]` ([`Limits`]), WebSocket compression among them ([`Compression`]).
 //! - `namespace`: `[namespaces.<ns>]` ([`Namespace`]) and what a channel gets from its namespace.
 //! - `trend`: a namespace's trend tiers.
 
@@ -22,7 +22,7 @@ mod namespace;
 mod trend;
 mod validate;
 
-pub use limits::Limits;
+pub use limits::{Compression, Limits};
 pub use namespace::{Namespace, DEFAULT_CHANNEL_TTL_S, DEFAULT_TREND_WINDOW_S, INTERNAL_CHANNEL_TTL_S};
 pub use trend::TrendTier;
 

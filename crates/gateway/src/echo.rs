@@ -4,13 +4,18 @@
 //! Autobahn TestSuite cases that need an echo, and `switchboard bench echo --protocol
 //! json-echo`, run against the code that serves clients.
 //!
-//! Any path upgrades (`ws://ADDR/`), without subprotocols or extensions. Every text and binary
-//! message (fragments joined, up to `max_message_bytes`) comes back as one frame of the same
-//! type; pings get pongs with their payload; a close frame is answered with its code; a
-//! violation of RFC 6455 fails the connection with 1002, 1007 or 1009 as on `/ws`. The server
-//! sends no pings of its own (an Autobahn case would count them as unexpected events), and
-//! serves plain TCP only. Requests are read by the node's HTTP/1.1 (`transport::conn::serve_with`:
-//! hyper, the `Host` rules).
+//! Any path upgrades (`ws://ADDR/`), without subprotocols. permessage-deflate is negotiated as
+//! on `/ws` (`transport::ws::extension`: RFC 7692, no context takeover, the server window the
+//! client asks for), so the Autobahn cases of compression (12.x, 13.x) run here. Every text and
+//! binary message (fragments joined, inflated when compressed, up to `max_message_bytes`) comes
+//! back as one frame of the same type, compressed on a connection that negotiated it — every
+//! message, even one that compression makes longer: the runner of the Autobahn cases hands an
+//! uncompressed text echo on such a connection to the 12.x and 13.x cases in a form they fail
+//! on, and RFC 7692 allows either. Pings get pongs with their payload; a close frame is
+//! answered with its code; a violation of RFC 6455 fails the connection with 1002, 1007 or 1009
+//! as on `/ws`. The server sends no pings of its own (an Autobahn case would count them as
+//! unexpected events), and serves plain TCP only. Requests are read by the node's HTTP/1.1
+//! (`transport::conn::serve_with`: hyper, the `Host` rules).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,6 +25,7 @@ use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};
 use bytes::Bytes;
 use hyper::body::Incoming;
+use switchboard_protocol::websocket::deflate::{deflate_frame, Agreed};
 use switchboard_protocol::websocket::{self, Event};
 use switchboard_protocol::Format;
 use tokio::net::{TcpListener, TcpStream};
@@ -27,7 +33,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::metrics::Metrics;
 use crate::outbox::{Outbox, Pushed};
 use crate::transport::ws::socket::{self, finish, FrameReader, Socket};
-use crate::transport::ws::{accept_key, is_upgrade, switching_protocols};
+use crate::transport::ws::{accept_key, extension, is_upgrade, switching_protocols};
 
 /// How long a client may take to send its upgrade request.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -110,27 +116,36 @@ fn handshake(mut req: Request<Incoming>, max_message: usize, metrics: Arc<Metric
         Ok(accept) => accept,
         Err(refused) => return *refused,
     };
+    let agreed = extension(req.headers());
     let on_upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         match on_upgrade.await.ok().and_then(socket::take) {
-            Some((socket, leftover)) => connection(socket, leftover, max_message, metrics).await,
+            Some((socket, leftover)) => connection(socket, leftover, max_message, metrics, agreed).await,
             None => tracing::debug!("upgrade failed"),
         }
     });
-    switching_protocols(&accept, None)
+    switching_protocols(&accept, None, agreed)
 }
 
-/// Echoes one connection's messages until it closes or fails.
-async fn connection(socket: Socket, leftover: Vec<u8>, max_message: usize, metrics: Arc<Metrics>) {
+/// Echoes one connection's messages until it closes or fails. `deflate`: what the connection
+/// agreed to, when it negotiated permessage-deflate.
+async fn connection(
+    socket: Socket,
+    leftover: Vec<u8>,
+    max_message: usize,
+    metrics: Arc<Metrics>,
+    deflate: Option<Agreed>,
+) {
     let _ = socket.tcp().set_nodelay(true);
     let bound = max_message.saturating_mul(2).saturating_add(OUTBOX_SLACK);
     let outbox = Outbox::new(0, Format::Json, socket.wire(), bound, metrics);
-    let mut reader = FrameReader::new(max_message);
+    let window = deflate.map(|a| a.server_window);
+    let mut reader = FrameReader::new(max_message, deflate.is_some());
     let mut events = Vec::new();
     let mut read = reader.feed(&leftover, &mut events);
     loop {
         // What came before a violation is answered before the connection fails.
-        answer(&outbox, &mut events);
+        answer(&outbox, &mut events, window);
         if let Err(e) = std::mem::replace(&mut read, Ok(())) {
             e.close(&outbox);
         }
@@ -154,13 +169,16 @@ async fn connection(socket: Socket, leftover: Vec<u8>, max_message: usize, metri
     finish(&socket, &outbox).await;
 }
 
-/// Queues the answers to `events` and writes them.
-fn answer(outbox: &Outbox, events: &mut Vec<Event>) {
+/// Queues the answers to `events` and writes them; `window`: compress the echoes for a client
+/// window of this many bits (permessage-deflate).
+fn answer(outbox: &Outbox, events: &mut Vec<Event>, window: Option<u8>) {
     let mut flush = false;
     for ev in events.drain(..) {
         let pushed = match ev {
             Event::Message(opcode, payload) => {
-                outbox.push_control(Bytes::from(websocket::encode_frame(opcode, &payload)))
+                // Each echo is its own message, compressed on its own: written as is.
+                let frame = window.and_then(|w| deflate_frame(opcode, &payload, w)).map(|(f, _)| f);
+                outbox.push_control(frame.unwrap_or_else(|| Bytes::from(websocket::encode_frame(opcode, &payload))))
             }
             Event::Ping(payload) => {
                 outbox.push_control(Bytes::from(websocket::encode_frame(websocket::Opcode::Pong, &payload)))

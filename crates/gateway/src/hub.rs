@@ -1,7 +1,9 @@
 //! [`Hub`]: which local connections subscribe to which channel, and the fan-out.
 //!
 //! A publication is encoded once per wire format in use on the channel, framed once, and the
-//! same bytes are pushed into every subscriber's [`Outbox`]. Pushing only queues; the socket
+//! same bytes are pushed into every subscriber's [`Outbox`]. Each subscriber has its [`Rule`]:
+//! every publication, sampled ones, those its filter on tags matches, or Fossil deltas (the
+//! delta computed once per publication and shared by the channel's delta subscribers). Pushing only queues; the socket
 //! writes happen in [`Hub::flush_pending`], which the broker calls (`after_publications`) once
 //! per batch or burst it delivered, after it released the channel lock; they are spread over
 //! the runtime's workers when many connections are involved.
@@ -24,14 +26,17 @@ use indexmap::IndexMap;
 use parking_lot::{Mutex, RwLock};
 use switchboard_broker::{BrokerHandler, ClientInfo, Data, Publication};
 use switchboard_protocol::code::close;
-use switchboard_protocol::message::{encode_presence, encode_publication, encode_unsubscribed, PresenceEvent};
+use switchboard_protocol::message::{
+    encode_delta_publication, encode_presence, encode_publication, encode_unsubscribed, PresenceEvent,
+};
 use switchboard_protocol::Format;
 use switchboard_supervisor::{fault, isolate};
 
-use crate::message::Kind;
+use crate::message::{pub_of, Kind};
 use crate::metrics::Metrics;
 use crate::outbox::{Delivery, Frame, Outbox, Pushed};
 use crate::sampling::{Offer, PointView, Sampler, Sampling};
+use switchboard_protocol::filter::Filter;
 
 const SHARDS: usize = 64;
 /// Connections flushed by one task; larger flush lists are split across the workers.
@@ -47,21 +52,55 @@ struct Subscribers {
     /// Subscribers that asked for a rate or a deadband ([`crate::sampling`]), kept apart so
     /// that the others' fan-out never pays for them.
     sampled: IndexMap<u64, Arc<Sampler>>,
+    /// Subscribers with a filter on tags: sent only the publications it matches.
+    filtered: IndexMap<u64, (Arc<Outbox>, Arc<Filter>)>,
+    /// Subscribers of Fossil deltas ([`Rule::Delta`]).
+    delta: IndexMap<u64, Arc<Outbox>>,
+    /// The channel's previous publication, which its next one's delta is computed against;
+    /// kept only while the channel has delta subscribers.
+    delta_base: Mutex<Option<(u64, Data)>>,
     msgpack: usize,
 }
 
 impl Subscribers {
     fn new(conflate: bool) -> Subscribers {
-        Subscribers { tap: None, conflate, conns: IndexMap::new(), sampled: IndexMap::new(), msgpack: 0 }
+        Subscribers {
+            tap: None,
+            conflate,
+            conns: IndexMap::new(),
+            sampled: IndexMap::new(),
+            filtered: IndexMap::new(),
+            delta: IndexMap::new(),
+            delta_base: Mutex::new(None),
+            msgpack: 0,
+        }
     }
 
     fn len(&self) -> usize {
-        self.conns.len() + self.sampled.len()
+        self.conns.len() + self.sampled.len() + self.filtered.len() + self.delta.len()
     }
 
     fn outboxes(&self) -> impl Iterator<Item = &Arc<Outbox>> {
-        self.conns.values().chain(self.sampled.values().map(|s| &s.outbox))
+        self.conns
+            .values()
+            .chain(self.sampled.values().map(|s| &s.outbox))
+            .chain(self.filtered.values().map(|f| &f.0))
+            .chain(self.delta.values())
     }
+}
+
+/// Which of a channel's publications a subscriber is sent ([`Hub::add`]).
+#[derive(Debug, Clone)]
+pub enum Rule {
+    /// Every one (or, on a conflating channel, the latest when it falls behind).
+    Every,
+    /// At most a rate, or past a deadband ([`crate::sampling`]).
+    Sampled(Sampling),
+    /// Those whose tags the filter matches.
+    Filtered(Arc<Filter>),
+    /// Every one, as a Fossil delta against the channel's previous publication when that is
+    /// smaller (docs/protocol.md, "Deltas"); only on channels that do not conflate.
+    Delta,
 }
 
 /// Receives publications on internal channels: names starting with `$`, which no client can
@@ -143,9 +182,9 @@ impl Hub {
         &self.shards[(h.finish() as usize) % SHARDS]
     }
 
-    /// Adds a subscriber, sampled when `sampling` is given. Returns true when it is the
+    /// Adds a subscriber, sent the publications its `rule` selects. Returns true when it is the
     /// channel's first on this node.
-    pub fn add(&self, channel: &Arc<str>, outbox: &Arc<Outbox>, conflate: bool, sampling: Option<Sampling>) -> bool {
+    pub fn add(&self, channel: &Arc<str>, outbox: &Arc<Outbox>, conflate: bool, rule: Rule) -> bool {
         let mut shard = self.shard(channel).write();
         let subs = shard.entry(channel.clone()).or_insert_with(|| Subscribers::new(conflate));
         let first = subs.len() == 0;
@@ -153,9 +192,11 @@ impl Hub {
             // An entry made for the tap alone takes its first subscriber's delivery rule.
             subs.conflate = conflate;
         }
-        let new = match sampling {
-            None => subs.conns.insert(outbox.id, outbox.clone()).is_none(),
-            Some(s) => subs.sampled.insert(outbox.id, Arc::new(Sampler::new(s, outbox.clone()))).is_none(),
+        let new = match rule {
+            Rule::Every => subs.conns.insert(outbox.id, outbox.clone()).is_none(),
+            Rule::Sampled(s) => subs.sampled.insert(outbox.id, Arc::new(Sampler::new(s, outbox.clone()))).is_none(),
+            Rule::Filtered(f) => subs.filtered.insert(outbox.id, (outbox.clone(), f)).is_none(),
+            Rule::Delta => subs.delta.insert(outbox.id, outbox.clone()).is_none(),
         };
         if new && outbox.format == Format::Msgpack {
             subs.msgpack += 1;
@@ -167,7 +208,15 @@ impl Hub {
     pub fn remove(&self, channel: &str, conn: u64) -> bool {
         let mut shard = self.shard(channel).write();
         let Some(subs) = shard.get_mut(channel) else { return false };
-        let gone = subs.conns.swap_remove(&conn).or_else(|| subs.sampled.swap_remove(&conn).map(|s| s.outbox.clone()));
+        let gone = subs
+            .conns
+            .swap_remove(&conn)
+            .or_else(|| subs.sampled.swap_remove(&conn).map(|s| s.outbox.clone()))
+            .or_else(|| subs.filtered.swap_remove(&conn).map(|f| f.0))
+            .or_else(|| subs.delta.swap_remove(&conn));
+        if subs.delta.is_empty() {
+            *subs.delta_base.lock() = None;
+        }
         if gone.is_some_and(|ob| ob.format == Format::Msgpack) {
             subs.msgpack -= 1;
         }
@@ -190,32 +239,40 @@ impl Hub {
         self.shards.iter().map(|s| s.read().values().filter(|subs| subs.len() > 0).count()).sum()
     }
 
-    /// `data`: the publication's data, read by deadbands. `tap`: called first with the
-    /// channel's slot, from the same lookup.
+    /// `p`: the publication (its data read by deadbands, its tags by filters). `tap`: called
+    /// first with the channel's slot, from the same lookup.
+    ///
+    /// A historical publication (a value from before the channel's newest) goes only to
+    /// subscribers that get every publication: a conflating channel's slot, a rate or a
+    /// deadband keep the current value, which a historical one must never displace. Those
+    /// subscribers read it from history or the trend, as they read what conflation skipped.
     fn fan_out(
         &self,
         channel: &str,
-        data: &str,
+        p: &Publication,
         tap: impl FnOnce(Option<&TapSlot>),
         make: impl Fn(Format) -> Delivery,
     ) {
+        let historical = p.historical;
         let shard = self.shard(channel).read();
         let subs = shard.get(channel);
         tap(subs.and_then(|s| s.tap.as_ref()));
         let Some(subs) = subs else { return };
-        if subs.len() == 0 {
+        if subs.len() == 0 || (historical && subs.conflate) {
             return;
         }
-        let json = (subs.len() > subs.msgpack).then(|| make(Format::Json));
-        let mp = (subs.msgpack > 0).then(|| make(Format::Msgpack));
+        // Encoded once per format, when a subscriber first needs it (delta subscribers need
+        // their own forms).
+        let (json, mp) = (std::cell::OnceCell::new(), std::cell::OnceCell::new());
         let pick = |format| match format {
-            Format::Json => json.as_ref(),
-            Format::Msgpack => mp.as_ref(),
+            Format::Json => json.get_or_init(|| make(Format::Json)),
+            Format::Msgpack => mp.get_or_init(|| make(Format::Msgpack)),
         };
         let mut scheduled = Vec::new();
         let mut failed = Vec::new();
-        for ob in subs.conns.values() {
-            let Some(d) = pick(ob.format) else { continue };
+        let matching = subs.filtered.values().filter(|(_, f)| f.matches(p.tags.as_deref())).map(|(ob, _)| ob);
+        for ob in subs.conns.values().chain(matching) {
+            let d = pick(ob.format);
             match isolate("fanout", || {
                 fault::hit("hub.deliver", ob.id);
                 ob.push(d.clone(), subs.conflate)
@@ -225,11 +282,14 @@ impl Hub {
                 Err(_) => failed.push(ob.clone()),
             }
         }
-        if !subs.sampled.is_empty() {
+        if !subs.delta.is_empty() {
+            self.fan_out_deltas(channel, p, subs, &mut scheduled, &mut failed);
+        }
+        if !subs.sampled.is_empty() && !historical {
             let now = Instant::now();
-            let point = PointView::of(data);
+            let point = PointView::of(p.data.get());
             for s in subs.sampled.values() {
-                let Some(d) = pick(s.outbox.format) else { continue };
+                let d = pick(s.outbox.format);
                 let offered = isolate("fanout", || {
                     fault::hit("hub.deliver", s.outbox.id);
                     match s.offer(d, &point, now) {
@@ -259,6 +319,53 @@ impl Hub {
                 *pending = scheduled;
             } else {
                 pending.extend(scheduled);
+            }
+        }
+    }
+
+    /// The fan-out to delta subscribers: the publication's JSON text whole, and its Fossil
+    /// delta against the channel's previous publication when that is the one just before it and
+    /// the delta is smaller and valid UTF-8 (JSON carries it as a string), each framed once per
+    /// format in use; each subscriber's outbox sends the delta only when it sent that previous
+    /// one ([`Outbox::push_delta`]).
+    fn fan_out_deltas(
+        &self,
+        channel: &str,
+        p: &Publication,
+        subs: &Subscribers,
+        scheduled: &mut Vec<Arc<Outbox>>,
+        failed: &mut Vec<Arc<Outbox>>,
+    ) {
+        let text = p.data.get();
+        let before = subs.delta_base.lock().replace((p.offset, p.data.clone()));
+        let diff = before
+            .filter(|(off, _)| off + 1 == p.offset)
+            .map(|(_, before)| fossil_delta::delta(text, before.get()))
+            .filter(|d| d.len() < text.len() && std::str::from_utf8(d).is_ok());
+        let born = Instant::now();
+        let ch: Arc<str> = Arc::from(channel);
+        let frames = |format| {
+            let whole = encode_delta_publication(format, pub_of(channel, p), text.as_bytes(), false);
+            let delta = diff.as_ref().map(|d| encode_delta_publication(format, pub_of(channel, p), d, true));
+            let whole = Delivery { frame: Frame::message(format, &whole), channel: ch.clone(), offset: p.offset, born };
+            (whole, delta.map(|d| Frame::message(format, &d)))
+        };
+        let mp = subs.delta.values().any(|ob| ob.format == Format::Msgpack).then(|| frames(Format::Msgpack));
+        let json = subs.delta.values().any(|ob| ob.format == Format::Json).then(|| frames(Format::Json));
+        for ob in subs.delta.values() {
+            let Some((whole, delta)) = (match ob.format {
+                Format::Json => json.as_ref(),
+                Format::Msgpack => mp.as_ref(),
+            }) else {
+                continue;
+            };
+            match isolate("fanout", || {
+                fault::hit("hub.deliver", ob.id);
+                ob.push_delta(whole.clone(), delta.as_ref())
+            }) {
+                Ok(Pushed::Schedule) => scheduled.push(ob.clone()),
+                Ok(_) => {}
+                Err(_) => failed.push(ob.clone()),
             }
         }
     }
@@ -303,15 +410,16 @@ impl BrokerHandler for Hub {
         }
         self.metrics.publications.fetch_add(1, Relaxed);
         let tap = |slot: Option<&TapSlot>| {
-            if let Some(tap) = self.tap.get() {
+            // A historical value is not the channel's current one: alarms never see it.
+            if let (Some(tap), false) = (self.tap.get(), p.historical) {
                 // A failure there is the tap's: the fan-out goes on.
                 let _ = isolate("tap", || tap.on_publication(channel, slot, p));
             }
         };
         let born = Instant::now();
         let ch: Arc<str> = Arc::from(channel);
-        self.fan_out(channel, p.data.get(), tap, |format| {
-            let payload = encode_publication(format, channel, p.offset, &p.data);
+        self.fan_out(channel, p, tap, |format| {
+            let payload = encode_publication(format, pub_of(channel, p));
             Delivery { frame: Frame::message(format, &payload), channel: ch.clone(), offset: p.offset, born }
         });
     }
@@ -360,6 +468,8 @@ impl BrokerHandler for Hub {
             let Some(subs) = shard.get_mut(channel) else { return };
             subs.conns.retain(|_, ob| keep_unless_resubscribes(ob, &mut ended, &mut closing));
             subs.sampled.retain(|_, s| keep_unless_resubscribes(&s.outbox, &mut ended, &mut closing));
+            subs.filtered.retain(|_, f| keep_unless_resubscribes(&f.0, &mut ended, &mut closing));
+            subs.delta.retain(|_, ob| keep_unless_resubscribes(ob, &mut ended, &mut closing));
             subs.msgpack -= ended.iter().filter(|ob| ob.format == Format::Msgpack).count();
             if subs.len() == 0 && subs.tap.is_none() {
                 shard.remove(channel);
@@ -414,7 +524,13 @@ mod tests {
     use serde_json::value::RawValue;
 
     fn publication(off: u64, v: &str) -> Publication {
-        Publication { offset: off, data: Arc::new(RawValue::from_string(v.into()).unwrap()), time_ms: 0 }
+        Publication {
+            offset: off,
+            data: Arc::new(RawValue::from_string(v.into()).unwrap()),
+            time_ms: 0,
+            historical: false,
+            tags: None,
+        }
     }
 
     #[test]
@@ -428,9 +544,9 @@ mod tests {
             .enumerate()
             .map(|(i, w)| Arc::new(Outbox::new(i as u64, Format::Json, w.clone(), 1 << 20, metrics.clone())))
             .collect();
-        assert!(hub.add(&ch, &obs[0], false, None));
-        assert!(!hub.add(&ch, &obs[1], false, None));
-        hub.add(&ch, &obs[2], false, None);
+        assert!(hub.add(&ch, &obs[0], false, Rule::Every));
+        assert!(!hub.add(&ch, &obs[1], false, Rule::Every));
+        hub.add(&ch, &obs[2], false, Rule::Every);
         hub.on_publication("news", &publication(1, "{\"x\":1}"));
         hub.after_publications();
         for w in &wires {
@@ -462,7 +578,7 @@ mod tests {
         let ob = Arc::new(Outbox::new(1, Format::Json, wire.clone(), 1 << 20, metrics.clone()));
         // The slot's entry is no subscriber: the first subscriber is still the first.
         assert_eq!(hub.channel_count(), 0);
-        assert!(hub.add(&ch, &ob, false, None));
+        assert!(hub.add(&ch, &ob, false, Rule::Every));
         hub.on_publication("plant:t1", &publication(1, "1"));
         hub.on_publication("plant:t2", &publication(1, "2"));
         assert!(hub.remove("plant:t1", 1));
@@ -479,12 +595,93 @@ mod tests {
     }
 
     #[test]
+    fn hub_sends_a_historical_publication_marked_only_to_subscribers_of_every_publication() {
+        #[derive(Default)]
+        struct Seen(Mutex<usize>);
+        impl PublicationTap for Seen {
+            fn on_publication(&self, _: &str, _: Option<&TapSlot>, _: &Publication) {
+                *self.0.lock() += 1;
+            }
+        }
+        let metrics = Arc::new(Metrics::default());
+        let hub = Hub::new(metrics.clone());
+        let seen = Arc::new(Seen::default());
+        hub.set_tap(seen.clone());
+        let wires: Vec<Arc<TestWire>> = (0..3).map(|_| TestWire::open(usize::MAX)).collect();
+        let ob = |i: usize| Arc::new(Outbox::new(i as u64, Format::Json, wires[i].clone(), 1 << 20, metrics.clone()));
+        let rate = Rule::Sampled(crate::sampling::parse(Some(100.0), None).unwrap().unwrap());
+        hub.add(&Arc::from("log:a"), &ob(0), false, Rule::Every);
+        hub.add(&Arc::from("log:a"), &ob(1), false, rate);
+        hub.add(&Arc::from("pt:a"), &ob(2), true, Rule::Every);
+        let past = |off| Publication { historical: true, ..publication(off, "5") };
+        hub.on_publication("log:a", &past(2));
+        hub.on_publication("pt:a", &past(2));
+        hub.after_publications();
+        let marked = serde_json::json!({"pub": {"ch": "log:a", "off": 2, "data": 5, "hist": true}});
+        assert_eq!(wires[0].messages(), vec![marked]);
+        assert!(wires[1].messages().is_empty(), "a rate keeps the current value");
+        assert!(wires[2].messages().is_empty(), "a conflating channel keeps the current value");
+        assert_eq!(*seen.0.lock(), 0, "alarms never see a historical value");
+    }
+
+    #[test]
+    fn hub_sends_delta_subscribers_a_whole_publication_then_fossil_deltas_computed_once() {
+        let metrics = Arc::new(Metrics::default());
+        let hub = Hub::new(metrics.clone());
+        let wires: Vec<Arc<TestWire>> = (0..2).map(|_| TestWire::open(usize::MAX)).collect();
+        let obs: Vec<Arc<Outbox>> = (0..2)
+            .map(|i| Arc::new(Outbox::new(i as u64, Format::Json, wires[i].clone(), 1 << 20, metrics.clone())))
+            .collect();
+        let doc = |i: u64| {
+            let fields: Vec<String> = (0..40).map(|f| format!(r#""field{f}":"value {f} of the document""#)).collect();
+            format!(r#"{{"n":{i},{}}}"#, fields.join(","))
+        };
+        let ch: Arc<str> = "log:doc".into();
+        hub.add(&ch, &obs[0], false, Rule::Delta);
+        for off in 1..=2 {
+            hub.on_publication("log:doc", &publication(off, &doc(off)));
+        }
+        hub.add(&ch, &obs[1], false, Rule::Delta);
+        hub.on_publication("log:doc", &publication(3, &doc(3)));
+        // A gap in the channel's offsets: the next one cannot be a delta.
+        hub.on_publication("log:doc", &publication(5, &doc(5)));
+        hub.after_publications();
+        let pushes = |w: &TestWire| -> Vec<(u64, bool, String)> {
+            let m = w.messages();
+            m.iter()
+                .map(|m| {
+                    let p = &m["pub"];
+                    (p["off"].as_u64().unwrap(), p["delta"].as_bool().unwrap(), p["data"].as_str().unwrap().to_string())
+                })
+                .collect()
+        };
+        let first = pushes(&wires[0]);
+        assert_eq!(
+            first.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>(),
+            vec![(1, false), (2, true), (3, true), (5, false)]
+        );
+        let mut text = first[0].2.clone();
+        assert_eq!(text, doc(1));
+        for (off, delta, data) in &first[1..] {
+            text = match delta {
+                true => String::from_utf8(fossil_delta::apply(text.as_bytes(), data.as_bytes()).unwrap()).unwrap(),
+                false => data.clone(),
+            };
+            assert_eq!(text, doc(*off));
+            assert!(!delta || data.len() * 5 < doc(*off).len(), "a delta is much smaller: {}", data.len());
+        }
+        let second = pushes(&wires[1]);
+        assert_eq!(second.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>(), vec![(3, false), (5, false)], "whole first");
+        assert_eq!(second[0].2, doc(3));
+    }
+
+    #[test]
     fn hub_sends_msgpack_subscribers_msgpack() {
         let metrics = Arc::new(Metrics::default());
         let hub = Hub::new(metrics.clone());
         let w = TestWire::open(usize::MAX);
         let ob = Arc::new(Outbox::new(9, Format::Msgpack, w.clone(), 1 << 20, metrics));
-        hub.add(&Arc::from("m"), &ob, false, None);
+        hub.add(&Arc::from("m"), &ob, false, Rule::Every);
         hub.on_publication("m", &publication(3, "[1,2]"));
         hub.after_publications();
         let frames = w.frames();
@@ -508,7 +705,7 @@ mod tests {
         hub.add_internal("$write:", seen.clone());
         let w = TestWire::open(usize::MAX);
         let ob = Arc::new(Outbox::new(1, Format::Json, w.clone(), 1 << 20, metrics.clone()));
-        hub.add(&Arc::from("$write:plant"), &ob, false, None);
+        hub.add(&Arc::from("$write:plant"), &ob, false, Rule::Every);
         hub.on_publication("$write:plant", &publication(2, "{\"id\":7}"));
         hub.after_publications();
         assert_eq!(*seen.0.lock(), vec![("$write:plant".to_string(), "{\"id\":7}".to_string())]);
@@ -527,8 +724,8 @@ mod tests {
         let sse = TestWire::open(usize::MAX);
         let sse_ob = Arc::new(Outbox::new(2, Format::Json, sse.clone(), 1 << 20, metrics.clone()));
         for ob in [&ws_ob, &sse_ob] {
-            hub.add(&lost, ob, false, None);
-            hub.add(&healthy, ob, false, None);
+            hub.add(&lost, ob, false, Rule::Every);
+            hub.add(&healthy, ob, false, Rule::Every);
         }
         hub.on_publication("lost", &publication(1, "1"));
         hub.on_missed("lost");

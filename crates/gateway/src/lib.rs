@@ -9,15 +9,17 @@
 //!   `config::namespace`: `[limits]` and `[namespaces.<ns>]`; `config::trend`: trend tiers).
 //! - [`node`]: [`Node`], one process's lifecycle: connections, publish entry points, heartbeats,
 //!   shutdown.
-//! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out;
-//!   internal channels (`$…`, messages between nodes) go to the internal handler registered
+//! - [`hub`]: channel → local subscribers; encodes a publication once and fans it out, to each
+//!   subscriber by its rule (every one, sampled, filtered on tags, Fossil deltas); internal channels (`$…`, messages between nodes) go to the internal handler registered
 //!   for their prefix instead.
 //! - [`message`]: what a connection is sent, as data: each queued message's kind, said by
 //!   whoever queued it, and a subscribe's typed results, so no transport reads back what the
 //!   node encoded.
-//! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes; an SSE
-//!   stream's events framed by the stream (`outbox::framed`); for the HTTP transports whose
-//!   socket hyper holds, the same queue taken as typed messages (`outbox::pull`).
+//! - [`outbox`]: a connection's bounded outbound queue, conflation and socket writes; the
+//!   permessage-deflate forms of a shared frame, compressed once for every connection that
+//!   negotiated it (`outbox::deflated`); an SSE stream's events framed by the stream
+//!   (`outbox::framed`); for the HTTP transports whose socket hyper holds, the same queue taken
+//!   as typed messages (`outbox::pull`).
 //! - [`sampling`]: per-subscription `max_rate_hz` and deadbands, beside the hub's fan-out.
 //! - [`history`]: history reads (the `history` command, `/api/channels/{ch}/history`), paged
 //!   within the budget of one reply.
@@ -25,9 +27,9 @@
 //! - [`session`]: one client's commands and subscriptions, transport-free (`session/subscribe.rs`:
 //!   subscribe and unsubscribe; `session/reply.rs`: replies within the connection's budget).
 //! - [`transport`]: the accepted connection (`transport::conn`: every request parsed by hyper,
-//!   the `Host` rules; TLS in `transport::tls`), the WebSocket handshake and connection task
-//!   (`transport::ws`; the socket, frame reader and closing it shares with [`echo`] in
-//!   `transport::ws::socket`), Server-Sent Events
+//!   the `Host` rules; TLS in `transport::tls`), the WebSocket handshake (permessage-deflate
+//!   negotiated there) and connection task (`transport::ws`; the socket, frame reader and
+//!   closing it shares with [`echo`] in `transport::ws::socket`), Server-Sent Events
 //!   (`transport::sse`: events in `sse/events.rs`) and
 //!   long-poll sessions (`transport::poll`, all in `transport/poll/`: the routes in
 //!   `poll/mod.rs`, live copies in `poll/session.rs`, batches and command bodies in
@@ -67,7 +69,8 @@
 //!   simulated device (mosquitto when installed).
 //! - [`server`]: the accept loop and [`server::run`], the whole node as a blocking call.
 //! - [`echo`]: the `switchboard echo` server, a WebSocket echo made of the node's own
-//!   WebSocket code (`transport::ws`) for the Autobahn TestSuite; it serves no session.
+//!   WebSocket code (`transport::ws`, permessage-deflate included) for the Autobahn TestSuite;
+//!   it serves no session.
 
 pub mod alarms;
 pub mod api;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::Serialize;
 use switchboard_broker::{Position, Publication, TrendBucket};
-use switchboard_protocol::message::ErrorBody;
+use switchboard_protocol::message::{Data, ErrorBody, Pub};
 
 /// What one channel of a subscribe came to: its start (position, last value, recovered
 /// publications, trend) or its error.
@@ -96,4 +96,10 @@ impl Kind {
 pub struct Message {
     pub text: Bytes,
     pub kind: Kind,
+}
+
+/// A publication in its wire form on `ch` (pushes, `last`, `recovered`, `history`): the one
+/// place a broker's publication becomes what a client reads, its historical mark included.
+pub fn pub_of<'a>(ch: &'a str, p: &'a Publication) -> Pub<'a> {
+    Pub { ch, off: p.offset, data: Data(&p.data), hist: p.historical, tags: p.tags.as_deref() }
 }

@@ -203,14 +203,11 @@ impl Metrics {
 /// (`crate::sources::historical`).
 #[derive(Debug, Default)]
 pub struct HistoricalCounts {
-    /// Merged into at least one trend tier.
+    /// Published as historical publications (history, trend at their own time).
     pub kept: AtomicU64,
-    /// Taken but not kept: older than every tier's reach (or ahead of the clock), not
-    /// numeric, or without a time of their own.
-    pub dropped: AtomicU64,
-    /// Refused: a check failed or the namespace keeps no trend.
+    /// Refused: a check failed, or the namespace keeps neither history nor a trend.
     pub refused: AtomicU64,
-    /// The broker could not merge them (unavailable, or no answer).
+    /// The broker could not commit them (unavailable, or no answer).
     pub failed: AtomicU64,
 }
 
@@ -219,13 +216,11 @@ impl HistoricalCounts {
     pub fn render(&self) -> String {
         let mut out = String::from(
             "# HELP switchboard_source_historical_total Historical values from sources (before their channel's \
-             newest): kept in trends at their own time, dropped (older than every trend tier's reach, not \
-             numeric), refused (a check failed, a namespace without trend) or failed (the broker did not merge \
-             them).\n# TYPE switchboard_source_historical_total counter\n",
+             newest): kept (in history, and in the trend at their own time), refused (a check failed, a \
+             namespace without history or trend) or failed (the broker did not commit them).\n\
+             # TYPE switchboard_source_historical_total counter\n",
         );
-        for (outcome, n) in
-            [("kept", &self.kept), ("dropped", &self.dropped), ("refused", &self.refused), ("failed", &self.failed)]
-        {
+        for (outcome, n) in [("kept", &self.kept), ("refused", &self.refused), ("failed", &self.failed)] {
             let _ = writeln!(out, "switchboard_source_historical_total{{outcome=\"{outcome}\"}} {}", n.load(Relaxed));
         }
         out

@@ -55,6 +55,12 @@ impl Checked {
     pub fn policy(&self) -> &switchboard_broker::HistoryPolicy {
         &self.0.policy
     }
+
+    /// The same publication as a historical one ([`Outgoing::historical`]): a source's value
+    /// from before the channel's newest (`crate::sources::historical`).
+    pub fn historical(self) -> Checked {
+        Checked(Outgoing { historical: true, ..self.0 })
+    }
 }
 
 /// One gateway node.
@@ -287,13 +293,14 @@ impl Node {
     /// ([`Node::target`] refuses that namespace to every other publisher).
     pub(crate) fn check_alarm_state(&self, channel: &str, data: Data) -> Result<Checked, ApiError> {
         validate_channel(channel).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
-        self.check_publication(Target(channel), data, None)
+        self.check_publication(Target(channel), data, None, None)
     }
 
     /// The checks every publication passes after its target ([`Node::target`]) and the
     /// caller's permission, wherever it goes (the broker, or a device as a write,
     /// `crate::sources::write`): data of at most `limits.max_publication_bytes` (413) that
-    /// every format can carry (400), and a well-formed idempotency key (400). The data is put
+    /// every format can carry (400), a well-formed idempotency key (400) and tags within their
+    /// bounds (400, [`switchboard_protocol::filter::check_tags`]). The data is put
     /// on one line, as it is stored and sent: every transport frames messages by line, so a
     /// pretty-printed publication kept verbatim would cut every reply and batch that carries it
     /// ([`switchboard_protocol::message::single_line`]; data already on one line is kept as it
@@ -307,6 +314,7 @@ impl Node {
         target: Target<'_>,
         data: Data,
         idempotency: Option<(&str, &Identity)>,
+        tags: Option<switchboard_protocol::filter::Tags>,
     ) -> Result<Checked, ApiError> {
         let channel = target.0;
         if data.get().len() > self.config.limits.max_publication_bytes {
@@ -320,8 +328,10 @@ impl Node {
         if let Some((key, _)) = idempotency {
             check_idempotency_key(key).map_err(|e| ApiError::new(code::BAD_REQUEST, e))?;
         }
+        let tags = switchboard_protocol::filter::check_tags(tags)
+            .map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
         let data = single_line(&data).map(Arc::new).unwrap_or(data);
-        let mut item = Outgoing::new(channel, data, self.config.history_policy(channel));
+        let mut item = Outgoing { tags, ..Outgoing::new(channel, data, self.config.history_policy(channel)) };
         // Length-prefixed: no principal and key can spell another pair.
         item.idempotency_key = idempotency.map(|(key, publisher)| {
             let p = publisher.principal();
@@ -334,7 +344,7 @@ impl Node {
     /// permission governs: [`Node::target`], then [`Node::check_publication`] without an
     /// idempotency key.
     pub fn check_own(&self, channel: &str, data: Data) -> Result<Checked, ApiError> {
-        self.check_publication(self.target(channel)?, data, None)
+        self.check_publication(self.target(channel)?, data, None, None)
     }
 
     /// A receiver that turns true when the node starts shutting down.
@@ -442,7 +452,7 @@ mod tests {
         let config = Config::load(None, Vec::new(), &[]).unwrap();
         let node = Node::new(config, Arc::new(switchboard_broker::MemoryBroker::new()));
         let target = node.target("room:1").unwrap();
-        let one_line = |data: Data| node.check_publication(target, data, None).unwrap().data().clone();
+        let one_line = |data: Data| node.check_publication(target, data, None, None).unwrap().data().clone();
         let raw = |s: &str| Arc::new(serde_json::value::RawValue::from_string(s.into()).unwrap());
         let d = one_line(raw("{\"a\":\r\n 1,\n\"s\": \"x\\ny\"}"));
         assert_eq!(d.get(), "{\"a\":   1, \"s\": \"x\\ny\"}");

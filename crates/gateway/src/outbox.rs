@@ -22,6 +22,11 @@
 //! rules, until the transport takes it ([`pull`]); an SSE stream's outbox frames what it takes
 //! as events with the stream's [`Framer`] ([`framed`]).
 //!
+//! A WebSocket connection that negotiated permessage-deflate gets its longer messages
+//! compressed ([`deflated`]): a shared frame carries its compressed forms, made once by the
+//! first connection that needs each, before the outbox's lock is taken; compressed frames are
+//! written whole, never merged.
+//!
 //! Concurrency: all state is behind one `parking_lot::Mutex`, held for the duration of a
 //! non-blocking write call. It is per connection, so contention is limited to a fan-out and
 //! the connection's own task meeting on the same socket; a `std`-style mutex beats an async
@@ -30,7 +35,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -42,9 +47,11 @@ use tokio::sync::Notify;
 use crate::message::Kind;
 use crate::metrics::Metrics;
 
+pub mod deflated;
 pub mod framed;
 pub mod pull;
 
+pub use deflated::Deflate;
 pub use framed::Framer;
 pub use pull::PullOptions;
 
@@ -65,11 +72,21 @@ impl Wire for tokio::net::TcpStream {
 pub struct Frame {
     pub bytes: Bytes,
     pub header_len: u8,
+    /// The compressed forms of a frame many connections share, made once each by the first
+    /// that needs it ([`Frame::deflated`]); `None` for a frame of one connection.
+    forms: Option<Arc<deflated::Forms>>,
 }
 
 impl Frame {
-    /// Frames one message for `format` (text for JSON, binary for MessagePack).
+    /// Frames one message for `format` (text for JSON, binary for MessagePack), to be shared
+    /// by many connections (a publication, a presence event): connections that negotiated
+    /// permessage-deflate share its compressed form too.
     pub fn message(format: Format, payload: &[u8]) -> Frame {
+        Frame { forms: deflated::Forms::shared(), ..Frame::one(format, payload) }
+    }
+
+    /// Frames one message for one connection (a reply).
+    fn one(format: Format, payload: &[u8]) -> Frame {
         let opcode = match format {
             Format::Json => Opcode::Text,
             Format::Msgpack => Opcode::Binary,
@@ -79,7 +96,7 @@ impl Frame {
         let mut v = Vec::with_capacity(n + payload.len());
         v.extend_from_slice(&h[..n]);
         v.extend_from_slice(payload);
-        Frame { bytes: Bytes::from(v), header_len: n as u8 }
+        Frame { bytes: Bytes::from(v), header_len: n as u8, forms: None }
     }
 
     pub fn payload(&self) -> &[u8] {
@@ -148,6 +165,9 @@ struct OutState {
     dead: bool,
     /// Turns messages into the transport's bytes (framed outboxes).
     framer: Option<Box<dyn Framer>>,
+    /// Per channel of a delta subscription, the offset of the last publication queued: the
+    /// base the client holds for the next one's delta ([`Outbox::push_delta`]).
+    delta_sent: HashMap<Arc<str>, u64>,
 }
 
 impl OutState {
@@ -207,6 +227,9 @@ pub struct Outbox {
     /// The client can subscribe a channel again on this connection (WebSocket): a channel the
     /// broker lost publications of ends with an `unsubscribed` push instead of a 4008 close.
     resubscribes: AtomicBool,
+    /// permessage-deflate, when the connection negotiated it ([`Outbox::use_deflate`]); read
+    /// without the lock by every push.
+    deflate: OnceLock<Deflate>,
 }
 
 /// Largest merged chunk written at once.
@@ -235,11 +258,15 @@ impl Outbox {
             last_seen: AtomicU64::new(crate::unix_s()),
             deadline_s: AtomicU64::new(u64::MAX),
             resubscribes: AtomicBool::new(false),
+            deflate: OnceLock::new(),
         }
     }
 
     /// Queues a publication. `conflate`: keep only the latest pending value of its channel.
     pub fn push(&self, d: Delivery, conflate: bool) -> Pushed {
+        // Compressed (once per publication, by the first connection that needs it) before the
+        // lock: the connection's own writes never wait for it.
+        let d = Delivery { frame: self.on_wire(d.frame), ..d };
         let mut st = self.state.lock();
         if st.close_code.is_some() || st.dead {
             self.metrics.dropped.fetch_add(1, Relaxed);
@@ -271,6 +298,27 @@ impl Outbox {
         self.schedule(&mut st)
     }
 
+    /// Queues a publication of a delta subscription (`crate::hub::Rule::Delta`): `delta` when
+    /// there is one and the last publication of its channel queued here is the one just before
+    /// it (the delta's base), `whole` otherwise. A subscribe's release forgets the base of the
+    /// channels its reply covers: the reply carries their publications in their usual form.
+    pub fn push_delta(&self, whole: Delivery, delta: Option<&Frame>) -> Pushed {
+        let based = {
+            let mut st = self.state.lock();
+            let before = st.delta_sent.insert(whole.channel.clone(), whole.offset);
+            before.is_some_and(|b| b + 1 == whole.offset)
+        };
+        match (delta, based) {
+            (Some(frame), true) => self.push(Delivery { frame: frame.clone(), ..whole }, false),
+            _ => self.push(whole, false),
+        }
+    }
+
+    /// Forgets what [`Outbox::push_delta`] keeps of `channel` (it was unsubscribed).
+    pub fn forget_channel(&self, channel: &str) {
+        self.state.lock().delta_sent.remove(channel);
+    }
+
     /// Marks this connection as one whose client can subscribe a channel again (see
     /// [`Outbox::end_subscription`]).
     pub fn accept_resubscribes(&self) {
@@ -291,7 +339,10 @@ impl Outbox {
         }
         st.lost.push(channel.clone());
         drop(st);
-        self.push_item(Item::Message { frame: notice.clone(), kind: Kind::Unsubscribed, born: None }, true)
+        self.push_item(
+            Item::Message { frame: self.on_wire(notice.clone()), kind: Kind::Unsubscribed, born: None },
+            true,
+        )
     }
 
     /// Channels ended by [`Outbox::end_subscription`] since the last call.
@@ -302,9 +353,10 @@ impl Outbox {
     /// Queues a reply or other message that belongs to no channel (may exceed the bound
     /// alone, on an empty queue).
     pub fn push_message(&self, payload: &[u8], kind: Kind) -> Pushed {
-        let frame = Frame::message(self.format, payload);
+        let frame = Frame::one(self.format, payload);
+        // Recorded as the client reads it, uncompressed.
         let recorded = self.records(&kind).then(|| (frame.clone(), kind.clone()));
-        let pushed = self.push_item(Item::Message { frame, kind, born: None }, true);
+        let pushed = self.push_item(Item::Message { frame: self.on_wire(frame), kind, born: None }, true);
         if let (false, Some((frame, kind))) = (pushed == Pushed::Dropped, recorded) {
             self.state.lock().record_reply(&frame, kind);
         }
@@ -313,7 +365,7 @@ impl Outbox {
 
     /// Queues a pre-built frame shared by many connections (presence events).
     pub fn push_frame(&self, frame: &Frame, kind: Kind) -> Pushed {
-        self.push_item(Item::Message { frame: frame.clone(), kind, born: None }, false)
+        self.push_item(Item::Message { frame: self.on_wire(frame.clone()), kind, born: None }, false)
     }
 
     /// Queues a control frame (ping, pong).
@@ -442,7 +494,8 @@ impl Outbox {
     }
 
     /// Moves queued items into `current`: one shared frame as is when it is alone, otherwise
-    /// a run of messages merged into one frame, followed by control frames, up to MAX_CHUNK.
+    /// runs of messages merged into one frame each, between the frames written whole (control
+    /// frames, compressed messages), up to MAX_CHUNK.
     fn next_chunk(&self, st: &mut OutState) -> bool {
         let Some(first) = st.queue.pop_front() else { return false };
         let now = Instant::now();
@@ -455,17 +508,19 @@ impl Outbox {
                         self.metrics.observe_lag(now.saturating_duration_since(b));
                     }
                     delivered += 1;
-                    Some((frame, false))
+                    let whole = frame.compressed();
+                    Some((frame, whole))
                 }
                 Item::Latest(ch) => {
                     let d = st.latest.remove(&ch)?;
                     self.metrics.observe_lag(now.saturating_duration_since(d.born));
                     delivered += 1;
-                    Some((d.frame, false))
+                    let whole = d.frame.compressed();
+                    Some((d.frame, whole))
                 }
                 Item::Control(b) => {
                     st.pending = st.pending.saturating_sub(b.len());
-                    Some((Frame { bytes: b, header_len: 0 }, true))
+                    Some((Frame { bytes: b, header_len: 0, forms: None }, true))
                 }
             }
         };
@@ -502,8 +557,8 @@ impl Outbox {
         };
         let mut next = Some(first);
         let mut size = 0usize;
-        while let Some((frame, control)) = next.take() {
-            if control {
+        while let Some((frame, whole)) = next.take() {
+            if whole {
                 emit_run(&mut out, &mut run, &mut run_len);
                 size += frame.bytes.len();
                 out.extend_from_slice(&frame.bytes);
@@ -542,7 +597,10 @@ impl Outbox {
     /// began (so replies keep the order of their commands and come before any publication
     /// queued meanwhile) and writes.
     pub fn release(&self, reply: &[u8], kind: Kind, covered: &HashMap<Arc<str>, u64>) {
-        self.release_inner(Some((Frame::message(self.format, reply), kind)), covered)
+        let plain = Frame::one(self.format, reply);
+        // Compressed before the lock (a large subscribe reply takes milliseconds).
+        let wire = self.on_wire(plain.clone());
+        self.release_inner(Some((plain, wire, kind)), covered)
     }
 
     /// Ends a subscribe that has no reply (a command without id that succeeded).
@@ -550,12 +608,16 @@ impl Outbox {
         self.release_inner(None, covered)
     }
 
-    fn release_inner(&self, reply: Option<(Frame, Kind)>, covered: &HashMap<Arc<str>, u64>) {
+    /// `reply`: the reply as recorded (uncompressed), as written, and what it is.
+    fn release_inner(&self, reply: Option<(Frame, Frame, Kind)>, covered: &HashMap<Arc<str>, u64>) {
         let mut st = self.state.lock();
         st.hold = st.hold.saturating_sub(1);
         let mut mark = st.hold_marks.pop().unwrap_or(0);
         if st.close_code.is_some() || st.dead {
             return;
+        }
+        for ch in covered.keys() {
+            st.delta_sent.remove(ch);
         }
         if !covered.is_empty() {
             let (mut freed, mut index, mut removed_before_mark) = (0, 0, 0);
@@ -588,14 +650,14 @@ impl Outbox {
                 st.latest.remove(&ch);
             }
         }
-        if let Some((frame, kind)) = reply {
+        if let Some((plain, frame, kind)) = reply {
             if st.pending > 0 && st.pending + frame.bytes.len() > self.max_pending {
                 drop(st);
                 self.slow_consumer();
                 return;
             }
             if self.records(&kind) {
-                st.record_reply(&frame, kind.clone());
+                st.record_reply(&plain, kind.clone());
             }
             st.pending += frame.bytes.len();
             let at = mark.min(st.queue.len());
@@ -624,7 +686,7 @@ impl Outbox {
         } else {
             self.drop_held(&mut st);
         }
-        let frame = Frame::message(self.format, &msg);
+        let frame = Frame::one(self.format, &msg);
         st.queue.push_back(Item::Message { frame, kind: Kind::Disconnect { code }, born: None });
         if self.websocket() {
             st.queue.push_back(Item::Control(Bytes::from(websocket::encode_close(code, reason))));

@@ -63,6 +63,7 @@ pub struct Asked {
     pub channel: String,
     pub data: Box<RawValue>,
     pub idempotency_key: Option<String>,
+    pub tags: Option<switchboard_protocol::filter::Tags>,
 }
 
 /// Publishes one publication on behalf of `by`.
@@ -74,7 +75,7 @@ pub async fn one(node: &Node, by: &mut impl Publisher, asked: Asked) -> Result<O
     let target = permitted?;
     let data = by.hook(&asked.channel, asked.data).await?;
     let key = asked.idempotency_key.as_deref().map(|k| (k, by.identity()));
-    let checked = node.check_publication(target, Arc::new(data), key)?;
+    let checked = node.check_publication(target, Arc::new(data), key, asked.tags)?;
     node.publish(checked).await.map(Outcome::Published)
 }
 
@@ -94,16 +95,18 @@ pub async fn batch(node: &Node, by: &mut impl Publisher, items: Vec<Asked>) -> V
                 results.push(None);
                 at.push(i);
                 channels.push(asked.channel);
-                rest.push((asked.data, asked.idempotency_key));
+                rest.push((asked.data, asked.idempotency_key, asked.tags));
             }
         }
     }
     let verdicts = by.permit_batch(channels.iter().map(|ch| node.target(ch)).collect());
     let mut checked = Vec::with_capacity(rest.len());
-    for ((verdict, channel), (data, key)) in verdicts.into_iter().zip(&channels).zip(rest) {
+    for ((verdict, channel), (data, key, tags)) in verdicts.into_iter().zip(&channels).zip(rest) {
         let item = match verdict {
             Ok(target) => match by.hook(channel, data).await {
-                Ok(data) => node.check_publication(target, Arc::new(data), key.as_deref().map(|k| (k, by.identity()))),
+                Ok(data) => {
+                    node.check_publication(target, Arc::new(data), key.as_deref().map(|k| (k, by.identity())), tags)
+                }
                 Err(e) => Err(e),
             },
             Err(e) => Err(e),

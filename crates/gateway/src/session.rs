@@ -432,7 +432,8 @@ impl Session {
 
     async fn publish(&mut self, id: Option<u32>, req: PublishRequest) -> Result<(), ApiError> {
         let node = self.node.clone();
-        let asked = Asked { channel: req.channel, data: req.data, idempotency_key: req.idempotency_key };
+        let asked =
+            Asked { channel: req.channel, data: req.data, idempotency_key: req.idempotency_key, tags: req.tags };
         let outcome = publish::one(&node, self, asked).await?;
         self.ok(id, &outcome);
         Ok(())

@@ -1,6 +1,5 @@
 //! The node's side of plant data sources (`[[sources]]`, docs/sources.md): the [`Sink`] they
-//! publish through (live values published, historical ones merged into trends:
-//! [`historical`]), starting them under their leases, and write-back — a permitted publish to
+//! publish through (live values, and historical ones marked so: [`historical`]), starting them under their leases, and write-back — a permitted publish to
 //! a channel of a namespace with `write_source` goes to that source instead of the broker; in
 //! a cluster, to the node that runs it ([`forward`]).
 
@@ -20,11 +19,16 @@ pub mod demo;
 pub mod forward;
 pub mod historical;
 
-/// Publishes a source's live points through [`Node::publish_batch`], each checked as any
-/// publication is ([`Node::check_own`]): the same limits and broker as any publisher; merges
-/// its historical ones into their trends after the same checks ([`historical::merge`]), never
-/// publishing them. Holds the node weakly: the node owns its sources.
+/// Publishes a source's points through [`Node::publish_batch`], in order, each checked as any
+/// publication is ([`Node::check_own`]): the same limits and broker as any publisher; its
+/// historical ones marked so ([`historical::check`]), never the current value. Holds the node
+/// weakly: the node owns its sources.
 struct NodeSink(Weak<Node>);
+
+/// The sink a node's sources publish through.
+pub(crate) fn sink(node: &Arc<Node>) -> Arc<dyn Sink> {
+    Arc::new(NodeSink(Arc::downgrade(node)))
+}
 
 #[async_trait::async_trait]
 impl Sink for NodeSink {
@@ -32,17 +36,22 @@ impl Sink for NodeSink {
         let Some(node) = self.0.upgrade() else {
             return items.iter().map(|_| Err(SinkError::Unavailable("the node stopped".to_string()))).collect();
         };
-        let is_historical: Vec<bool> = items.iter().map(|i| i.historical).collect();
-        let (past, live): (Vec<Item>, Vec<Item>) = items.into_iter().partition(|i| i.historical);
-        let checked = live.into_iter().map(|i| node.check_own(&i.channel, i.data)).collect();
-        let (published, merged) = tokio::join!(node.publish_batch(checked), historical::merge(&node, past));
-        let mut published = published.into_iter().map(|r| r.map(drop).map_err(sink_error));
-        let mut merged = merged.into_iter();
-        let missing = || Err(SinkError::Unavailable("the node answered too few results".to_string()));
-        is_historical
+        // Which items go to the broker as historical ones, for their counts.
+        let mut sent = Vec::with_capacity(items.len());
+        let checked = items
             .into_iter()
-            .map(|h| if h { merged.next() } else { published.next() }.unwrap_or_else(missing))
-            .collect()
+            .map(|i| {
+                let checked = match i.historical {
+                    true => historical::check(&node, &i.channel, i.data),
+                    false => node.check_own(&i.channel, i.data),
+                };
+                sent.push(i.historical && checked.is_ok());
+                checked
+            })
+            .collect();
+        let published = node.publish_batch(checked).await;
+        historical::count(&node, published.iter().zip(sent).filter_map(|(r, sent)| sent.then_some(r)));
+        published.into_iter().map(|r| r.map(drop).map_err(sink_error)).collect()
     }
 
     /// Looks among the channel's last [`HOLDS_LOOK`] publications (its history, or its last
@@ -95,7 +104,7 @@ pub fn start(node: &Arc<Node>) {
         holder: node.id.clone(),
         ttl: Duration::from_secs(node.config.source_lease_ttl_s),
     };
-    let sink: Arc<dyn Sink> = Arc::new(NodeSink(Arc::downgrade(node)));
+    let sink = sink(node);
     let max_publication = node.config.limits.max_publication_bytes;
     let cluster = node.config.cluster_tag();
     let configs = node
@@ -150,7 +159,7 @@ pub async fn write(
     let bytes = data.get().len();
     let author = audit::Author::of(who);
     let mut forwarded = false;
-    let result = match permitted.and_then(|t| node.check_publication(t, data, None)) {
+    let result = match permitted.and_then(|t| node.check_publication(t, data, None, None)) {
         Ok(checked) => deliver(node, source, &checked, &mut forwarded).await,
         Err(e) => Err(e),
     };

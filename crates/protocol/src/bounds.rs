@@ -19,21 +19,10 @@ pub const MAX_DEADBAND_PCT: f64 = 100.0;
 /// Longest trend window a read may ask for (a week).
 pub const MAX_TREND_WINDOW_S: u64 = 7 * 24 * 3600;
 
-/// A number outside its range: the field and why.
-#[derive(Debug, Clone, PartialEq)]
-pub struct OutOfBounds {
-    pub field: &'static str,
-    pub message: String,
-}
-
-impl std::fmt::Display for OutOfBounds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
+pub use crate::OutOfBounds;
 
 fn out(field: &'static str, message: String) -> OutOfBounds {
-    OutOfBounds { field, message }
+    OutOfBounds { field: field.into(), message }
 }
 
 /// A deadband in force: absolute, or percent of the magnitude of the last value sent.

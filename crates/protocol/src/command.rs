@@ -92,6 +92,13 @@ pub struct SubscribeRequest {
     /// Each channel's trend (point channels) in the reply, so a plot opens full.
     #[serde(default)]
     pub trend: Option<TrendOption>,
+    /// Only publications whose tags match ([`crate::filter`]), live and recovered.
+    #[serde(default)]
+    pub filter: Option<Box<crate::filter::FilterSpec>>,
+    /// `"fossil"`: live publications as Fossil deltas against the previous one
+    /// ([`crate::message::encode_delta_publication`]).
+    #[serde(default)]
+    pub delta: Option<String>,
 }
 
 /// `"trend": {"window_s": 3600, "step_s": 1}`: the buckets of the last `window_s` seconds, each
@@ -127,6 +134,9 @@ pub struct PublishRequest {
     /// answers the first result instead of publishing again ([`check_idempotency_key`]).
     #[serde(default, deserialize_with = "idempotency_key")]
     pub idempotency_key: Option<String>,
+    /// Tags kept with the publication for subscribers' filters ([`crate::filter`]).
+    #[serde(default, deserialize_with = "crate::filter::tags")]
+    pub tags: Option<crate::filter::Tags>,
 }
 
 /// Reads an optional `idempotency_key`: a string (checked later by

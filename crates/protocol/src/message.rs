@@ -140,6 +140,13 @@ pub struct Pub<'a> {
     pub ch: &'a str,
     pub off: u64,
     pub data: Data<'a>,
+    /// `"hist": true` for a historical publication (a value from before the channel's newest,
+    /// never its current one); absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub hist: bool,
+    /// The publication's tags ([`crate::filter`]); absent when it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tags: Option<&'a crate::filter::Tags>,
 }
 
 #[derive(Serialize)]
@@ -148,8 +155,10 @@ struct PubPush<'a> {
     publication: Pub<'a>,
 }
 
-/// Encodes the push `{"pub": {"ch", "off", "data"}}`.
-pub fn encode_publication(format: Format, ch: &str, off: u64, data: &RawValue) -> Vec<u8> {
+/// Encodes the push `{"pub": {"ch", "off", "data"}}` (with `"hist": true` for a historical one,
+/// `"tags"` for one with tags).
+pub fn encode_publication(format: Format, p: Pub<'_>) -> Vec<u8> {
+    let Pub { ch, off, data: Data(data), hist, tags } = p;
     match format {
         Format::Json => {
             let raw = data.get();
@@ -162,11 +171,55 @@ pub fn encode_publication(format: Format, ch: &str, off: u64, data: &RawValue) -
             out.extend_from_slice(off.to_string().as_bytes());
             out.extend_from_slice(b",\"data\":");
             out.extend_from_slice(raw.as_bytes());
+            if hist {
+                out.extend_from_slice(b",\"hist\":true");
+            }
+            if let Some(tags) = tags {
+                out.extend_from_slice(b",\"tags\":");
+                let _ = serde_json::to_writer(&mut out, tags);
+            }
             out.extend_from_slice(b"}}");
             out
         }
-        Format::Msgpack => format.encode(&PubPush { publication: Pub { ch, off, data: Data(data) } }),
+        Format::Msgpack => format.encode(&PubPush { publication: p }),
     }
+}
+
+/// The push of a publication to a subscriber of Fossil deltas (`"delta": "fossil"`,
+/// docs/protocol.md "Deltas"): `{"pub": {"ch", "off", "data", "delta"}}` where `data` is the
+/// publication's JSON text as a string (`delta: false`) or a Fossil delta that turns the
+/// channel's previous publication's JSON text into this one's (`delta: true`); MessagePack
+/// carries the same bytes as a binary. `hist` and `tags` as in [`encode_publication`].
+pub fn encode_delta_publication(format: Format, p: Pub<'_>, bytes: &[u8], delta: bool) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct DeltaPub<'a> {
+        ch: &'a str,
+        off: u64,
+        data: DeltaBytes<'a>,
+        delta: bool,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        hist: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tags: Option<&'a crate::filter::Tags>,
+    }
+    /// A string in JSON (the bytes are UTF-8: the caller's rule), a binary in MessagePack.
+    struct DeltaBytes<'a>(&'a [u8]);
+    impl Serialize for DeltaBytes<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            match (s.is_human_readable(), std::str::from_utf8(self.0)) {
+                (true, Ok(text)) => s.serialize_str(text),
+                (true, Err(e)) => Err(serde::ser::Error::custom(e)),
+                (false, _) => s.serialize_bytes(self.0),
+            }
+        }
+    }
+    #[derive(Serialize)]
+    struct Push<'a> {
+        #[serde(rename = "pub")]
+        publication: DeltaPub<'a>,
+    }
+    let publication = DeltaPub { ch: p.ch, off: p.off, data: DeltaBytes(bytes), delta, hist: p.hist, tags: p.tags };
+    format.encode(&Push { publication })
 }
 
 /// The body of an error reply or of a per-channel subscribe error.
@@ -304,15 +357,38 @@ mod tests {
 
     #[test]
     fn message_publication_json_is_exact() {
-        let out = encode_publication(Format::Json, "pt:a", 43, &raw(r#"{"v":1.5}"#));
-        assert_eq!(out, br#"{"pub":{"ch":"pt:a","off":43,"data":{"v":1.5}}}"#);
+        let data = raw(r#"{"v":1.5}"#);
+        let p = Pub { ch: "pt:a", off: 43, data: Data(&data), hist: false, tags: None };
+        assert_eq!(encode_publication(Format::Json, p), br#"{"pub":{"ch":"pt:a","off":43,"data":{"v":1.5}}}"#);
+        let out = encode_publication(Format::Json, Pub { hist: true, ..p });
+        assert_eq!(out, br#"{"pub":{"ch":"pt:a","off":43,"data":{"v":1.5},"hist":true}}"#);
+        let tags: crate::filter::Tags = [("a\"b".to_string(), "c".to_string())].into();
+        let out = encode_publication(Format::Json, Pub { tags: Some(&tags), ..p });
+        assert_eq!(out, br#"{"pub":{"ch":"pt:a","off":43,"data":{"v":1.5},"tags":{"a\"b":"c"}}}"#);
     }
 
     #[test]
     fn message_publication_msgpack_round_trips() {
-        let out = encode_publication(Format::Msgpack, "a", 1, &raw(r#"[1,"x",true]"#));
-        let v: serde_json::Value = rmp_serde::from_slice(&out).unwrap();
+        let data = raw(r#"[1,"x",true]"#);
+        let p = Pub { ch: "a", off: 1, data: Data(&data), hist: false, tags: None };
+        let v: serde_json::Value = rmp_serde::from_slice(&encode_publication(Format::Msgpack, p)).unwrap();
         assert_eq!(v, serde_json::json!({"pub": {"ch": "a", "off": 1, "data": [1, "x", true]}}));
+        let v: serde_json::Value =
+            rmp_serde::from_slice(&encode_publication(Format::Msgpack, Pub { hist: true, ..p })).unwrap();
+        assert_eq!(v, serde_json::json!({"pub": {"ch": "a", "off": 1, "data": [1, "x", true], "hist": true}}));
+    }
+
+    #[test]
+    fn message_delta_publications_carry_text_in_json_and_bytes_in_msgpack() {
+        let data = raw(r#"{"v":1}"#);
+        let p = Pub { ch: "a", off: 2, data: Data(&data), hist: false, tags: None };
+        let out = encode_delta_publication(Format::Json, p, br#"{"v":1}"#, false);
+        assert_eq!(out, br#"{"pub":{"ch":"a","off":2,"data":"{\"v\":1}","delta":false}}"#);
+        let out = encode_delta_publication(Format::Msgpack, Pub { hist: true, ..p }, b"3\n2:x", true);
+        // A bin 8 of 5 bytes (0xc4 0x05), then `"delta": true` (0xc3) and `"hist": true`.
+        assert!(out.windows(7).any(|w| w == [0xc4, 5, b'3', b'\n', b'2', b':', b'x']), "{out:?}");
+        let tail = [&[0xa5][..], b"delta", &[0xc3, 0xa4], b"hist", &[0xc3]].concat();
+        assert!(out.ends_with(&tail), "{out:?}");
     }
 
     #[test]

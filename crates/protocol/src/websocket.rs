@@ -9,8 +9,16 @@
 //!
 //! A client that breaks the standard gets a [`FrameError`]; its
 //! [`close_code`](FrameError::close_code) (1002, 1007 or 1009) fails the connection.
+//!
+//! On a connection that negotiated permessage-deflate (RFC 7692; [`MessageReader::with_deflate`]),
+//! RSV1 on the first frame of a data message marks it compressed: the reader joins its
+//! fragments, inflates them within the message limit ([`deflate::inflate`]) and then
+//! checks the UTF-8 of a text message. RSV1 anywhere else, or without the extension, is a
+//! violation like the other reserved bits.
 
 use crate::code::close;
+
+pub mod deflate;
 
 /// Frame opcodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +66,8 @@ pub struct FrameHeader {
     pub fin: bool,
     pub opcode: Opcode,
     pub mask: Option<[u8; 4]>,
+    /// RSV1: with permessage-deflate, the first frame of a compressed message.
+    pub compressed: bool,
     /// Bytes of header, including the mask key.
     pub header_len: usize,
     pub payload_len: usize,
@@ -68,6 +78,12 @@ pub struct FrameHeader {
 pub enum FrameError {
     #[error("reserved bits set without a negotiated extension")]
     ReservedBits,
+    /// A compressed message that inflates past the limit (close 1009).
+    #[error("compressed message inflates past the limit")]
+    InflatedTooLarge,
+    /// A compressed message that is not valid DEFLATE data (close 1007).
+    #[error("compressed message is not valid DEFLATE data")]
+    BadDeflate,
     #[error("unknown opcode {0}")]
     BadOpcode(u8),
     #[error("client frame is not masked")]
@@ -96,25 +112,28 @@ pub enum FrameError {
 
 impl FrameError {
     /// The code that fails the connection (RFC 6455 §7.4.1): 1009 for a message past the
-    /// limit, 1007 for invalid UTF-8, 1002 for anything else.
+    /// limit (compressed or inflated), 1007 for invalid UTF-8 or invalid DEFLATE data (a
+    /// payload inconsistent with its message, as other permessage-deflate servers answer it),
+    /// 1002 for anything else.
     pub fn close_code(&self) -> u16 {
         match self {
-            FrameError::TooLarge(_) => close::MESSAGE_TOO_BIG,
-            FrameError::InvalidText | FrameError::InvalidCloseReason => close::INVALID_PAYLOAD,
+            FrameError::TooLarge(_) | FrameError::InflatedTooLarge => close::MESSAGE_TOO_BIG,
+            FrameError::InvalidText | FrameError::InvalidCloseReason | FrameError::BadDeflate => close::INVALID_PAYLOAD,
             _ => close::RFC_PROTOCOL_ERROR,
         }
     }
 }
 
 /// Parses the header at the start of `buf`. `Ok(None)` means more bytes are needed (the cheap
-/// "incomplete" outcome, not a failure).
+/// "incomplete" outcome, not a failure). RSV2 and RSV3 are refused (no extension defines
+/// them here); RSV1 is reported as [`FrameHeader::compressed`] for the reader to judge.
 pub fn parse_header(buf: &[u8], max_payload: usize, require_mask: bool) -> Result<Option<FrameHeader>, FrameError> {
     if buf.len() < 2 {
         return Ok(None);
     }
     let b0 = buf[0];
     let b1 = buf[1];
-    if b0 & 0x70 != 0 {
+    if b0 & 0x30 != 0 {
         return Err(FrameError::ReservedBits);
     }
     let opcode = Opcode::from_bits(b0 & 0x0f).ok_or(FrameError::BadOpcode(b0 & 0x0f))?;
@@ -157,7 +176,8 @@ pub fn parse_header(buf: &[u8], max_payload: usize, require_mask: bool) -> Resul
     } else {
         None
     };
-    Ok(Some(FrameHeader { fin, opcode, mask, header_len: pos, payload_len: len as usize }))
+    let compressed = b0 & deflate::RSV1 != 0;
+    Ok(Some(FrameHeader { fin, opcode, mask, compressed, header_len: pos, payload_len: len as usize }))
 }
 
 /// XORs `payload` with the mask key; `offset` is the payload position of `payload[0]`.
@@ -285,8 +305,9 @@ struct Arriving {
 /// any size, as reads return them, and judges them by RFC 6455: headers and their bounds,
 /// masks, fragments in order, control frames between fragments, close payloads, and the UTF-8
 /// of text messages. UTF-8 fails fast: as soon as the bytes received cannot begin valid UTF-8,
-/// not at the end of the message. Between calls it keeps only the frame in progress: at most
-/// a partial header, and the message being assembled (bounded by `max`).
+/// not at the end of the message (a compressed message: once inflated). Between calls it keeps
+/// only the frame in progress: at most a partial header, and the message being assembled
+/// (bounded by `max`, compressed and inflated alike).
 #[derive(Debug)]
 pub struct MessageReader {
     /// Largest message, fragments joined (close 1009 past it).
@@ -304,6 +325,10 @@ pub struct MessageReader {
     control: Vec<u8>,
     /// A close frame or a violation was read: nothing more is.
     done: bool,
+    /// permessage-deflate was negotiated: RSV1 marks a compressed message.
+    deflate: bool,
+    /// The message in progress is compressed (its first frame had RSV1).
+    compressed: bool,
 }
 
 impl MessageReader {
@@ -318,7 +343,16 @@ impl MessageReader {
             valid: 0,
             control: Vec::new(),
             done: false,
+            deflate: false,
+            compressed: false,
         }
+    }
+
+    /// A reader for a connection that negotiated permessage-deflate (`negotiated`), which
+    /// takes compressed messages and inflates them.
+    pub fn with_deflate(mut self, negotiated: bool) -> MessageReader {
+        self.deflate = negotiated;
+        self
     }
 
     /// Whether a frame or a fragmented message is partly received.
@@ -394,12 +428,18 @@ impl MessageReader {
 
     /// Checks where a frame stands in the message sequence, before its payload is read.
     fn begin(&mut self, h: &FrameHeader) -> Result<(), FrameError> {
+        // RSV1 belongs on the first frame of a data message, and only with the extension
+        // (RFC 7692 §6.1: never on a continuation or a control frame).
+        if h.compressed && !(self.deflate && matches!(h.opcode, Opcode::Text | Opcode::Binary)) {
+            return Err(FrameError::ReservedBits);
+        }
         match h.opcode {
             Opcode::Text | Opcode::Binary => {
                 if self.message.is_some() {
                     return Err(FrameError::UnfinishedMessage);
                 }
                 self.message = Some(h.opcode);
+                self.compressed = h.compressed;
                 self.bytes = Vec::with_capacity(h.payload_len.min(RESERVE));
             }
             Opcode::Continuation => {
@@ -424,7 +464,8 @@ impl MessageReader {
         if let Some(mask) = h.mask {
             unmask(&mut into[start..], mask, offset);
         }
-        if !h.opcode.is_control() && self.message == Some(Opcode::Text) {
+        // A compressed message's UTF-8 is checked once inflated.
+        if !h.opcode.is_control() && self.message == Some(Opcode::Text) && !self.compressed {
             self.check_text()?;
         }
         Ok(())
@@ -456,11 +497,20 @@ impl MessageReader {
             Opcode::Text | Opcode::Binary | Opcode::Continuation if h.fin => {
                 // `begin` opened the message this frame ends.
                 if let Some(opcode) = self.message.take() {
-                    if opcode == Opcode::Text && self.valid != self.bytes.len() {
+                    let mut bytes = std::mem::take(&mut self.bytes);
+                    if std::mem::take(&mut self.compressed) {
+                        bytes = deflate::inflate(&bytes, self.max).map_err(|e| match e {
+                            deflate::InflateError::TooLarge => FrameError::InflatedTooLarge,
+                            deflate::InflateError::Invalid => FrameError::BadDeflate,
+                        })?;
+                        if opcode == Opcode::Text && std::str::from_utf8(&bytes).is_err() {
+                            return Err(FrameError::InvalidText);
+                        }
+                    } else if opcode == Opcode::Text && self.valid != bytes.len() {
                         return Err(FrameError::InvalidText);
                     }
                     self.valid = 0;
-                    out.push(Event::Message(opcode, std::mem::take(&mut self.bytes)));
+                    out.push(Event::Message(opcode, bytes));
                 }
             }
             Opcode::Text | Opcode::Binary | Opcode::Continuation => {}
@@ -503,7 +553,10 @@ mod tests {
     fn websocket_rejects_bad_frames() {
         let unmasked = encode_frame(Opcode::Text, b"hi");
         assert_eq!(parse_header(&unmasked, 100, true), Err(FrameError::Unmasked));
-        assert_eq!(parse_header(&[0xC1, 0x80, 0, 0, 0, 0], 100, true), Err(FrameError::ReservedBits));
+        assert_eq!(parse_header(&[0xA1, 0x80, 0, 0, 0, 0], 100, true), Err(FrameError::ReservedBits));
+        assert_eq!(parse_header(&[0x91, 0x80, 0, 0, 0, 0], 100, true), Err(FrameError::ReservedBits));
+        // RSV1 is the reader's to judge (permessage-deflate).
+        assert!(parse_header(&[0xC1, 0x80, 0, 0, 0, 0], 100, true).unwrap().unwrap().compressed);
         assert_eq!(parse_header(&[0x83, 0x80, 0, 0, 0, 0], 100, true), Err(FrameError::BadOpcode(3)));
         assert_eq!(parse_header(&[0x09, 0x80, 0, 0, 0, 0], 100, true), Err(FrameError::BadControl));
         let big = encode_client_frame(Opcode::Text, &[0; 200], [0; 4]);

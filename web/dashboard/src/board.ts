@@ -321,12 +321,14 @@ export class Board {
     for (const p of batch.publications) {
       const list = this.byChannel.get(p.channel);
       if (!list) continue;
-      this.latest.set(p.channel, p);
+      // A historical publication is never the channel's current value: a widget bound later
+      // starts from the newest live one.
+      if (!p.historical) this.latest.set(p.channel, p);
       for (const w of list) {
         const had = w.hasValue;
         if (w.apply(p, p.channel)) {
           applied++;
-          if (!had) this.withValue++;
+          if (!had && w.hasValue) this.withValue++;
         }
       }
     }

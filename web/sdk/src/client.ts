@@ -5,14 +5,16 @@
 // each at most once. Across reconnects nothing is lost while the server's history reaches back
 // to the client's last position; otherwise a `gap` event says so and the latest value (plus the
 // new epoch's history, for non-point channels) is delivered instead. Point channels deliver only
-// the latest publication per frame.
+// the latest publication per frame. Subscriptions the server makes for the connection (the
+// application's connect hook, a `subscribed` push) are followed the same way.
 
 import { Backoff } from './backoff.js';
 import { defaultScheduler, FrameBatcher, type FrameBatch } from './batcher.js';
 import { codecFor, type Codec } from './codec.js';
 import { Emitter } from './emitter.js';
+import { Heartbeat } from './heartbeat.js';
 import type { ClientEvents, ClientState, SubscribedEvent } from './events.js';
-import { Recovery, type Entry } from './recovery.js';
+import { createEntry, Recovery, type Entry } from './recovery.js';
 import { Subscription, type SubscriptionOwner, type SubscriptionState } from './subscription.js';
 import { baseUrlOf, type Transport, type TransportFactory } from './transport.js';
 import {
@@ -31,6 +33,8 @@ import {
   type WirePub,
 } from './types.js';
 import { fallbackTransport } from './fallback.js';
+import { chunkChannels, MAX_CHANNELS_PER_SUBSCRIBE, shareFrames } from './framing.js';
+import { DeltaChains } from './delta.js';
 import {
   samplingKey,
   type ClientOptions,
@@ -38,10 +42,11 @@ import {
   type Credentials,
   type HistoryOptions,
   type HistoryResult,
+  type PublishOptions,
   type SubscribeOptions,
 } from './options.js';
 
-export type { ClientOptions, ClientStats, Credentials, HistoryOptions, HistoryResult, SubscribeOptions } from './options.js';
+export type { ClientOptions, ClientStats, Credentials, HistoryOptions, HistoryResult, PublishOptions, SubscribeOptions } from './options.js';
 
 
 type Pending = {
@@ -53,7 +58,6 @@ type Pending = {
 // Refused (4003), or this client's frames broke RFC 6455 (1002, 1007) or carried no command
 // (4010): reconnecting would only repeat it.
 const NO_RECONNECT_CODES = new Set([1002, 1007, 4003, 4010]);
-const MAX_CHANNELS_PER_SUBSCRIBE = 5_000;
 /** Channels per subscribe that asks for trends (an hour of 1 s buckets is ~250 KB per channel;
  * the server refuses channels past its reply budget with 413, and they are asked again). */
 const TREND_CHANNELS_PER_SUBSCRIBE = 5;
@@ -69,6 +73,9 @@ export class Client implements SubscriptionOwner {
   private readonly backoff: Backoff;
   private readonly isPoint: (ch: string) => boolean;
   private readonly recovery: Recovery;
+  private readonly deltas: DeltaChains;
+  /** Budget of one subscribe command's channel list, bytes. */
+  private readonly subscribeBudget: number;
 
   private transport: Transport | null = null;
   private _state: ClientState = 'idle';
@@ -85,13 +92,11 @@ export class Client implements SubscriptionOwner {
   /** Channels refused for now (503) are asked again when this fires, after `retryBackoff`. */
   private retryTimer: ReturnType<typeof setTimeout> | null = null;
   private readonly retryBackoff: Backoff;
-  private heartbeat: ReturnType<typeof setInterval> | null = null;
-  private lastRx = 0;
-  private pingSentAt = 0;
+  private readonly heartbeat: Heartbeat;
   private connectedAt = 0;
   private disconnectBody: DisconnectBody | null = null;
   private session: { client: string; node: string; pingS: number } | null = null;
-  private readonly _stats: ClientStats = { received: 0, delivered: 0, frames: 0, reconnects: 0, subscriptions: 0 };
+  private readonly _stats: ClientStats = { received: 0, delivered: 0, frames: 0, reconnects: 0, subscriptions: 0, deltaFailures: 0 };
   private connections = 0;
   private generation = 0;
 
@@ -119,7 +124,20 @@ export class Client implements SubscriptionOwner {
       fillOnEpochChange: opts.fillOnEpochChange ?? true,
       fillLimit: opts.fillLimit ?? 1000,
       history: (channel, since, limit) => this.request('history', { channel, since, limit }),
+      deltaFailed: (e, p) => this.onDeltaFailed(e, p),
     });
+    this.deltas = new DeltaChains(opts.maxDeltaBytes);
+    this.heartbeat = new Heartbeat(
+      // No pending entry: any message, this reply included, proves the path alive.
+      () => this.enqueue({ id: this.allocId(), ping: {} }),
+      () => {
+        const t = this.transport;
+        if (!t) return;
+        t.close(4011, 'no reply');
+        this.onTransportClose(t, { code: 4011, reason: 'server silent' });
+      },
+    );
+    this.subscribeBudget = opts.maxSubscribeBytes ?? 40_000;
   }
 
   /** The server's base URL (`http://host:port`), for the HTTP API. */
@@ -178,7 +196,7 @@ export class Client implements SubscriptionOwner {
     this.reconnectTimer = null;
     if (this.retryTimer) clearTimeout(this.retryTimer);
     this.retryTimer = null;
-    this.stopHeartbeat();
+    this.heartbeat.stop();
     const t = this.transport;
     this.transport = null;
     t?.close(1000, 'client closed');
@@ -219,22 +237,7 @@ export class Client implements SubscriptionOwner {
       if (opts.onPublication) sub.on('publication', opts.onPublication);
       let e = this.entries.get(channel);
       if (!e) {
-        e = {
-          channel,
-          point: this.isPoint(channel),
-          handles: new Set(),
-          status: 'pending',
-          position: opts.recover ? { ...opts.recover } : null,
-          inflight: 0,
-          initial,
-          everSubscribed: false,
-          filling: false,
-          fillToken: 0,
-          buffer: [],
-          early: [],
-          latest: null,
-          sampling: samplingKey(opts),
-        };
+        e = createEntry(channel, this.isPoint(channel), initial, opts.recover ?? null, samplingKey(opts));
         this.entries.set(channel, e);
         // A pending unsubscribe of this channel stays: flush() sends unsubscribes before
         // subscribes, so the server drops the old subscription before taking the new one.
@@ -256,12 +259,13 @@ export class Client implements SubscriptionOwner {
     return out;
   }
 
-  /** Unsubscribes every handle of these channels. */
+  /** Unsubscribes every handle of these channels, and the channels the server subscribed. */
   unsubscribe(channels: string | string[]): void {
     for (const ch of Array.isArray(channels) ? channels : [channels]) {
       const e = this.entries.get(ch);
       if (!e) continue;
       for (const h of [...e.handles]) h.unsubscribe();
+      if (this.entries.get(ch) === e) this.drop(e);
     }
   }
 
@@ -273,12 +277,17 @@ export class Client implements SubscriptionOwner {
   /** @internal SubscriptionOwner */
   release(sub: Subscription): void {
     const e = this.entries.get(sub.channel);
-    if (!e || !e.handles.delete(sub) || e.handles.size > 0) return;
-    this.entries.delete(sub.channel);
+    // A subscription the server made stays without handles (`unsubscribe` ends it).
+    if (!e || !e.handles.delete(sub) || e.handles.size > 0 || e.server) return;
+    this.drop(e);
+  }
+
+  /** Forgets a channel, unsubscribing it on the server when it has (or is about to have) it. */
+  private drop(e: Entry): void {
+    this.entries.delete(e.channel);
     e.fillToken++;
-    // Only what the server has (or is about to have) needs an unsubscribe.
     if (e.status === 'sending' || e.status === 'subscribed') {
-      this.toUnsubscribe.add(sub.channel);
+      this.toUnsubscribe.add(e.channel);
       this.queueFlush();
     }
   }
@@ -299,9 +308,10 @@ export class Client implements SubscriptionOwner {
   // ---------------------------------------------------------------------------------------
   // Commands
 
-  /** Publishes `data` to a channel (the namespace must allow client publishing). */
-  publish(channel: string, data: unknown): Promise<{ offset: number; epoch: string }> {
-    return this.request('publish', { channel, data });
+  /** Publishes `data` to a channel (the namespace must allow client publishing), with the
+   * publication's `tags` (what subscriptions' `filter` compares) if given. */
+  publish(channel: string, data: unknown, opts: PublishOptions = {}): Promise<{ offset: number; epoch: string }> {
+    return this.request('publish', opts.tags ? { channel, data, tags: opts.tags } : { channel, data });
   }
 
   /** Publications after `since` (or the latest ones), oldest first. */
@@ -382,7 +392,7 @@ export class Client implements SubscriptionOwner {
   }
 
   private async onTransportOpen(transport: Transport, gen: number): Promise<void> {
-    this.lastRx = Date.now();
+    this.heartbeat.received();
     let token: string | undefined;
     let creds: Credentials | undefined;
     try {
@@ -423,9 +433,12 @@ export class Client implements SubscriptionOwner {
     this.connectedAt = Date.now();
     if (this.connections++ > 0) this._stats.reconnects++;
     this.setState('connected');
-    this.startHeartbeat(info.pingS * 1000);
-    // Every channel goes back to the server, recovering from its position.
+    this.heartbeat.start(info.pingS * 1000);
+    // Every channel goes back to the server, recovering from its position, except those a
+    // `subscribed` push of this connection took already (it comes before the connect reply;
+    // every other entry was reset when the previous connection closed).
     for (const e of this.entries.values()) {
+      if (e.status === 'subscribed' || e.status === 'sending') continue;
       e.status = 'pending';
       e.inflight = 0;
     }
@@ -441,12 +454,13 @@ export class Client implements SubscriptionOwner {
     if (transport !== this.transport) return;
     this.transport = null;
     this.generation++;
-    this.stopHeartbeat();
+    this.heartbeat.stop();
     this.session = null;
     this.failPending(LocalCode.Disconnected, `connection closed (${info.code} ${info.reason})`.trim());
     this.outgoing = [];
     for (const e of this.entries.values()) this.recovery.reset(e);
     this.toUnsubscribe.clear();
+    this.deltas.clear();
     if (this.connectedAt && Date.now() - this.connectedAt >= (this.opts.stableAfterMs ?? 5_000)) this.backoff.reset();
     this.connectedAt = 0;
     const told = this.disconnectBody;
@@ -479,42 +493,6 @@ export class Client implements SubscriptionOwner {
     if (previous === state) return;
     this._state = state;
     this.events.emit('state', { state, previous });
-  }
-
-  private startHeartbeat(intervalMs: number): void {
-    this.stopHeartbeat();
-    this.pingSentAt = 0;
-    // The browser answers the server's WebSocket pings without telling the page, so a dead
-    // network path is noticed here: a `ping` command when nothing arrived for an interval, and
-    // a reconnect when that stays unanswered for another one.
-    this.heartbeat = setInterval(
-      () => {
-        const now = Date.now();
-        if (now - this.lastRx < intervalMs) {
-          this.pingSentAt = 0;
-          return;
-        }
-        if (this.pingSentAt && now - this.pingSentAt >= intervalMs) {
-          const t = this.transport;
-          if (t) {
-            t.close(4011, 'no reply');
-            this.onTransportClose(t, { code: 4011, reason: 'server silent' });
-          }
-          return;
-        }
-        if (!this.pingSentAt) {
-          this.pingSentAt = now;
-          // No pending entry: any message, this reply included, proves the path alive.
-          this.enqueue({ id: this.allocId(), ping: {} });
-        }
-      },
-      Math.max(1000, intervalMs / 2),
-    );
-  }
-
-  private stopHeartbeat(): void {
-    if (this.heartbeat) clearInterval(this.heartbeat);
-    this.heartbeat = null;
   }
 
   // ---------------------------------------------------------------------------------------
@@ -584,7 +562,7 @@ export class Client implements SubscriptionOwner {
     if (this.toUnsubscribe.size > 0) {
       const channels = [...this.toUnsubscribe];
       this.toUnsubscribe.clear();
-      for (const chunk of this.chunkChannels(channels, () => 0)) frames.push([{ unsubscribe: { channels: chunk } }]);
+      for (const chunk of chunkChannels(channels, this.subscribeBudget)) frames.push([{ unsubscribe: { channels: chunk } }]);
     }
     const pending = [...this.entries.values()].filter((e) => e.status === 'pending');
     // One subscribe per sampling asked for: sampling is per command on the wire.
@@ -595,11 +573,8 @@ export class Client implements SubscriptionOwner {
       // A trend makes each channel's reply large (up to ~1,000 buckets): fewer channels per
       // subscribe keep every reply well within the server's per-connection queue bound.
       const most = sampling.includes('"trend"') ? TREND_CHANNELS_PER_SUBSCRIBE : MAX_CHANNELS_PER_SUBSCRIBE;
-      for (const chunk of this.chunkChannels(
-        due.map((e) => e.channel),
-        (ch) => recoverBytes(this.entries.get(ch)!),
-        most,
-      )) {
+      const channels = due.map((e) => e.channel);
+      for (const chunk of chunkChannels(channels, this.subscribeBudget, (ch) => recoverBytes(this.entries.get(ch)!), most)) {
         const id = this.allocId();
         const recover: Record<string, Position> = {};
         let anyRecover = false;
@@ -621,23 +596,8 @@ export class Client implements SubscriptionOwner {
         frames.push([{ id, subscribe: body }]);
       }
     }
-    if (this.outgoing.length > 0) {
-      // Commands share frames up to a budget well under the server's 64 KiB frame limit.
-      let frame: Command[] = [];
-      let bytes = 0;
-      for (const c of this.outgoing) {
-        const size = c.publish ? JSON.stringify(c.publish.data ?? null).length + 64 : 256;
-        if (frame.length > 0 && bytes + size > 32_000) {
-          frames.push(frame);
-          frame = [];
-          bytes = 0;
-        }
-        frame.push(c);
-        bytes += size;
-      }
-      if (frame.length > 0) frames.push(frame);
-      this.outgoing = [];
-    }
+    frames.push(...shareFrames(this.outgoing));
+    this.outgoing = [];
     try {
       for (const f of frames) t.send(f);
     } catch (e) {
@@ -645,31 +605,11 @@ export class Client implements SubscriptionOwner {
     }
   }
 
-  private chunkChannels(channels: string[], extra: (ch: string) => number, most = MAX_CHANNELS_PER_SUBSCRIBE): string[][] {
-    const budget = this.opts.maxSubscribeBytes ?? 40_000;
-    const out: string[][] = [];
-    let chunk: string[] = [];
-    let bytes = 0;
-    for (const ch of channels) {
-      const size = ch.length + 4 + extra(ch);
-      if (chunk.length > 0 && (bytes + size > budget || chunk.length >= most)) {
-        out.push(chunk);
-        chunk = [];
-        bytes = 0;
-      }
-      chunk.push(ch);
-      bytes += size;
-    }
-    if (chunk.length > 0) out.push(chunk);
-    return out;
-  }
-
   // ---------------------------------------------------------------------------------------
   // Receiving
 
   private onMessages(msgs: ServerMessage[]): void {
-    this.lastRx = Date.now();
-    this.pingSentAt = 0;
+    this.heartbeat.received();
     for (const m of msgs) {
       if (m.pub) {
         this.onPub(m.pub);
@@ -683,7 +623,31 @@ export class Client implements SubscriptionOwner {
         this.disconnectBody = m.disconnect;
       } else if (m.unsubscribed) {
         this.onUnsubscribed(m.unsubscribed.ch);
+      } else if (m.subscribed) {
+        this.onServerSubscribed(m.subscribed.channels ?? {});
       }
+    }
+  }
+
+  /** Subscriptions the server made for this connection (the connect hook's): each channel is
+   * followed like the application's (`Recovery.adopt`), announced with a `subscribed` event
+   * marked `server`; one the server could not subscribe is a `subscribeError`. */
+  private onServerSubscribed(results: Record<string, WireChannelResult>): void {
+    for (const [channel, r] of Object.entries(results)) {
+      if ('error' in r) {
+        this.events.emit('subscribeError', { channel, error: new SwitchboardError(r.error.code, r.error.message) });
+        continue;
+      }
+      let e = this.entries.get(channel);
+      if (!e) {
+        e = createEntry(channel, this.isPoint(channel), false, null, '');
+        e.server = true;
+        this.entries.set(channel, e);
+      }
+      // The server holds the channel now: a subscribe of it in flight is answered 409, which
+      // no longer concerns the entry.
+      e.inflight = 0;
+      this.recovery.adopt(e, r);
     }
   }
 
@@ -766,7 +730,28 @@ export class Client implements SubscriptionOwner {
 
   private onPub(p: WirePub): void {
     this._stats.received++;
-    this.recovery.route(p);
+    let pub: WirePub;
+    try {
+      // In arrival order: each delta builds on the push before it.
+      pub = this.deltas.decode(p);
+    } catch (err) {
+      // Taken in the channel's order (after its subscribe reply, if that is being applied).
+      pub = { ch: p.ch, off: p.off, data: undefined, broken: err instanceof Error ? err.message : String(err) };
+    }
+    this.recovery.route(pub);
+  }
+
+  /** A publication of a `delta` subscription could not be rebuilt: the channel's stream has a
+   * hole while the server still holds the subscription. It is unsubscribed and subscribed
+   * again at once (the unsubscribe goes first), recovering from its position; pushes already
+   * on their way are dropped meanwhile (they fail too, or would skip the hole). A hole history
+   * no longer holds is a `gap` as any other. */
+  private onDeltaFailed(e: Entry, p: WirePub): void {
+    this._stats.deltaFailures++;
+    this.events.emit('error', new SwitchboardError(LocalCode.Delta, `${p.ch}: publication ${p.off} could not be rebuilt: ${p.broken}`));
+    this.recovery.reset(e);
+    this.toUnsubscribe.add(e.channel);
+    this.queueFlush();
   }
 
   private deliver(batch: FrameBatch): void {

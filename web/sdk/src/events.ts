@@ -30,6 +30,9 @@ export interface SubscribedEvent {
   recovered: number;
   /** The channel's trend up to `position`, when the subscription asked for one (`trend`). */
   trend?: TrendReply;
+  /** The server made this subscription for the connection (the application's connect hook,
+   * announced by a `subscribed` push) rather than the application. */
+  server?: true;
 }
 
 /**
@@ -56,7 +59,12 @@ export interface ClientEvents {
   disconnected: DisconnectedEvent;
   /** Publications of all channels, once per animation frame. */
   frame: FrameBatch;
+  /** A channel's subscription was confirmed: one the application asked for, or one the server
+   * made (`server`), whose publications are then delivered like any other (`frame`, and the
+   * handles `subscribe` adds for it). */
   subscribed: SubscribedEvent;
+  /** A channel was refused: one the application asked for, or one the server could not
+   * subscribe for the connection. */
   subscribeError: { channel: string; error: SwitchboardError };
   gap: GapEvent;
   join: PresenceEvent;

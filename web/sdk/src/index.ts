@@ -9,10 +9,15 @@
 // - client.ts: the connection's lifecycle (connect, reconnect with backoff.ts, heartbeats),
 //   commands and their replies, subscriptions by channel; options.ts and events.ts are what
 //   it is given and what it emits.
-// - recovery.ts: each channel's position and what a reply, a publication or an epoch change
-//   does to it (in order, at most once, `gap` when history does not reach back).
+// - recovery.ts: each channel's position and what a reply, a `subscribed` push, a publication
+//   or an epoch change does to it (in order, at most once, `gap` when history does not reach
+//   back; a historical publication never the latest value).
 // - subscription.ts: the handles an application holds (several may share a channel).
 // - batcher.ts: delivery once per animation frame, point channels conflated.
+// - delta.ts: publications of `delta: 'fossil'` subscriptions rebuilt from their text or
+//   Fossil delta (the `fossil-delta` package), before recovery sees them.
+// - framing.ts: commands cut into frames under the server's frame limit; heartbeat.ts: the
+//   check of a silent connection.
 // - transport.ts: the transport interface; websocket.ts, sse.ts and poll.ts implement it, and
 //   fallback.ts tries them in order. codec.ts frames JSON and MessagePack.
 // - types.ts: wire types of protocol v1; emitter.ts: the typed event emitter.
@@ -20,7 +25,7 @@
 //   (one state per alarm from `alarm:all` and `GET /api/alarms`).
 
 export { Client } from './client.js';
-export type { ClientOptions, Credentials, SubscribeOptions, HistoryOptions, HistoryResult, ClientStats } from './options.js';
+export type { ClientOptions, Credentials, SubscribeOptions, HistoryOptions, HistoryResult, ClientStats, PublishOptions } from './options.js';
 export { Subscription } from './subscription.js';
 export type { SubscriptionEvents, SubscriptionState } from './subscription.js';
 export type {
@@ -50,4 +55,5 @@ export type { WebSocketConstructor, WebSocketLike, WebSocketTransportOptions } f
 export { SwitchboardError, LocalCode } from './types.js';
 export { AlarmBook, ALARMS_CHANNEL, ALARM_JOURNAL_KINDS, compareAlarms, isAlarmState, needsAttention } from './alarms.js';
 export type { AlarmJournalEntry, AlarmJournalKind, AlarmPriority, AlarmSeverity, AlarmState, AlarmStateName } from './alarms.js';
-export type { Position, Publication, PresenceClient, PresenceEvent, ErrorBody, TrendBucket, TrendReply, TrendTier } from './types.js';
+export type { Filter, Position, Publication, PresenceClient, PresenceEvent, ErrorBody, TrendBucket, TrendReply, TrendTier } from './types.js';
+export { DeltaChains, DEFAULT_MAX_DELTA_BYTES } from './delta.js';

@@ -6,7 +6,7 @@ import type { BackoffOptions } from './backoff.js';
 import type { Scheduler } from './batcher.js';
 import type { Format } from './codec.js';
 import type { TransportFactory } from './transport.js';
-import type { CommandBodies, Position, Publication } from './types.js';
+import type { CommandBodies, Filter, Position, Publication } from './types.js';
 import type { WebSocketConstructor } from './websocket.js';
 import type { TransportName } from './fallback.js';
 import type { EventSourceConstructor } from './sse.js';
@@ -63,6 +63,9 @@ export interface ClientOptions {
   fillLimit?: number;
   /** Budget of one subscribe command's channel list, bytes (the server's frame limit is 64 KiB). */
   maxSubscribeBytes?: number;
+  /** The largest publication text a `delta` subscription's push may declare (bytes, default
+   * 1 MiB); a larger one is refused before it is rebuilt and its channel recovered. */
+  maxDeltaBytes?: number;
 }
 
 export interface SubscribeOptions {
@@ -82,6 +85,13 @@ export interface SubscribeOptions {
    * `subscribed` event, up to the position live publications continue from: a trend plot
    * opens full without a gap or duplicate. Asked again on each resubscription. */
   trend?: { windowS: number; stepS?: number };
+  /** `'fossil'`: the server sends live publications as Fossil deltas of the previous one (less
+   * to send for publications that change little); they are delivered rebuilt, as without it.
+   * Refused (400) for a channel that conflates, or with `maxRateHz`, `deadband` or `filter`. */
+  delta?: 'fossil';
+  /** Only publications whose tags match (`publish(ch, data, { tags })`), live and recovered;
+   * the offsets delivered then have holes that are not gaps. */
+  filter?: Filter;
 }
 
 export interface HistoryOptions {
@@ -108,9 +118,18 @@ export interface ClientStats {
   frames: number;
   reconnects: number;
   subscriptions: number;
+  /** Publications of `delta` subscriptions that could not be rebuilt (each channel was then
+   * subscribed again, recovering from its position). */
+  deltaFailures: number;
 }
 
-/** The wire form of a subscription's sampling options, as a key ('' when none). */
+export interface PublishOptions {
+  /** Tags of the publication, what subscriptions' `filter` compares. */
+  tags?: Record<string, string>;
+}
+
+/** The wire form of a subscription's per-command options (sampling, trend, delta, filter), as
+ * a key ('' when none): subscribes with the same key share commands. */
 export function samplingKey(opts: SubscribeOptions): string {
   const o: CommandBodies['subscribe'] = { channels: [] };
   if (opts.maxRateHz !== undefined) o.max_rate_hz = opts.maxRateHz;
@@ -119,6 +138,8 @@ export function samplingKey(opts: SubscribeOptions): string {
     o.trend = { window_s: opts.trend.windowS };
     if (opts.trend.stepS !== undefined) o.trend.step_s = opts.trend.stepS;
   }
+  if (opts.delta !== undefined) o.delta = opts.delta;
+  if (opts.filter !== undefined) o.filter = opts.filter;
   delete (o as { channels?: string[] }).channels;
   return Object.keys(o).length > 0 ? JSON.stringify(o) : '';
 }

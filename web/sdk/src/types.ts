@@ -9,26 +9,56 @@ export interface Position {
   offset: number;
 }
 
-/** A publication as the application sees it. */
+/**
+ * A publication as the application sees it.
+ *
+ * `historical`: a value a plant source back-filled from before the channel's newest (a
+ * Sparkplug B `is_historical` metric, an OPC UA back-fill after a gap). It has its own offset
+ * and is delivered in offset order like any other publication, its data carries its own time
+ * (`t` of a point), and it is never the channel's current value: a display of the current value
+ * skips it, a plot by time puts it at its `t`. Absent on every other publication.
+ */
 export interface Publication {
   channel: string;
   offset: number;
   data: unknown;
+  historical?: true;
+  /** The publisher's tags (what a subscription's `filter` compares); absent when none. */
+  tags?: Record<string, string>;
 }
 
-/** The compact publication form used everywhere on the WebSocket. */
+/** The compact publication form used everywhere on the WebSocket; `hist: true` marks a
+ * historical one (absent otherwise). A push of a `delta: 'fossil'` subscription carries
+ * `delta`, and its `data` is the publication's JSON text (`delta: false`) or a Fossil delta
+ * from the previous push's (`true`): a string in JSON, bytes in MessagePack. */
 export interface WirePub {
   ch: string;
   off: number;
   data: unknown;
+  hist?: boolean;
+  tags?: Record<string, string>;
+  delta?: boolean;
+  /** Never on the wire: set by the client on a delta push it could not rebuild, saying why,
+   * so that the failure is taken in the channel's order like a publication. */
+  broken?: string;
 }
+
+/**
+ * A subscription's filter of the publications' tags: leaves compare one tag (`ex` / `nex`: it
+ * exists or not; `in` / `nin` take `vals`; `gt`..`lte` compare numbers), nodes combine
+ * (`not` has one node). Only matching publications are sent, live and recovered.
+ */
+export type Filter =
+  | { key: string; cmp: 'eq' | 'neq' | 'gt' | 'gte' | 'lt' | 'lte'; val: string }
+  | { key: string; cmp: 'in' | 'nin'; vals: string[] }
+  | { key: string; cmp: 'ex' | 'nex' }
+  | { op: 'and' | 'or' | 'not'; nodes: Filter[] };
 
 export interface ErrorBody {
   code: number;
   message: string;
 }
 
-/** One channel's entry of a subscribe reply. */
 /** One bucket of a channel's trend: the numeric values published in [t, t + step) (t: unix ms). */
 export interface TrendBucket {
   t: number;
@@ -52,6 +82,7 @@ export interface TrendReply {
   tiers: TrendTier[];
 }
 
+/** One channel's entry of a subscribe reply (and of a `subscribed` push). */
 export type WireChannelResult =
   | {
       epoch: string;
@@ -76,9 +107,13 @@ export interface CommandBodies {
     deadband?: { abs: number } | { pct: number };
     /** Return the channel's trend over this window in the reply (point channels). */
     trend?: { window_s: number; step_s?: number };
+    /** Live publications as Fossil deltas of the previous one. */
+    delta?: 'fossil';
+    /** Only publications whose tags match. */
+    filter?: Filter;
   };
   unsubscribe: { channels: string[] };
-  publish: { channel: string; data: unknown };
+  publish: { channel: string; data: unknown; tags?: Record<string, string> };
   history: { channel: string; since?: Position; limit?: number };
   presence: { channel: string };
   ping: { data?: unknown };
@@ -146,6 +181,9 @@ export interface ServerMessage {
   leave?: PresenceEvent;
   disconnect?: DisconnectBody;
   unsubscribed?: UnsubscribedBody;
+  /** Subscriptions the server made for this connection (the application's connect hook),
+   * with the same per-channel results as a subscribe reply. */
+  subscribed?: { channels: Record<string, WireChannelResult> };
 }
 
 /** A reply error or a failure of the connection, with the protocol's code (0 when local). */
@@ -166,8 +204,14 @@ export const LocalCode = {
   Timeout: 1,
   /** The client was closed. */
   Closed: 2,
+  /** A publication of a `delta` subscription could not be rebuilt; its channel is subscribed
+   * again, recovering from its position. */
+  Delta: 3,
 } as const;
 
 export function toPublication(p: WirePub): Publication {
-  return { channel: p.ch, offset: p.off, data: p.data };
+  const pub: Publication = { channel: p.ch, offset: p.off, data: p.data };
+  if (p.hist === true) pub.historical = true;
+  if (p.tags) pub.tags = p.tags;
+  return pub;
 }

@@ -52,6 +52,26 @@ describe('frame batcher', () => {
     expect(frames[0].received).toBe(4);
     expect(frames[0].publications.map((p) => `${p.channel}@${p.offset}`)).toEqual(['pt:a@2', 'ev@1', 'ev@2']);
   });
+
+  it('keeps every historical publication of a point and its latest live one after them, in offset order', () => {
+    const frames: FrameBatch[] = [];
+    let run: (() => void) | null = null;
+    const b = new FrameBatcher((f) => frames.push(f), (flush) => (run = flush));
+    const shown = () => frames[frames.length - 1].publications.map((p) => `${p.channel}@${p.offset}${p.historical ? 'h' : ''}`);
+    b.push({ channel: 'pt:a', offset: 1, data: 1 }, true);
+    b.push({ channel: 'pt:a', offset: 2, data: 0, historical: true }, true);
+    run!();
+    expect(shown(), 'a back-fill never replaces the live value').toEqual(['pt:a@1', 'pt:a@2h']);
+    b.push({ channel: 'pt:a', offset: 3, data: 3 }, true);
+    b.push({ channel: 'pt:b', offset: 1, data: 1 }, true);
+    b.push({ channel: 'pt:a', offset: 4, data: 0, historical: true }, true);
+    b.push({ channel: 'pt:a', offset: 5, data: 0, historical: true }, true);
+    b.push({ channel: 'pt:a', offset: 6, data: 6 }, true);
+    b.push({ channel: 'pt:a', offset: 7, data: 7 }, true);
+    run!();
+    expect(frames[1].received).toBe(6);
+    expect(shown()).toEqual(['pt:b@1', 'pt:a@4h', 'pt:a@5h', 'pt:a@7']);
+  });
 });
 
 describe('alarm book', () => {

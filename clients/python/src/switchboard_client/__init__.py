@@ -19,10 +19,12 @@ asyncio.run(main())
 # Layout
 
 - `client`: `Client` — the connection (node list, credentials, reconnect with jittered
-  backoff), commands and their replies, subscribe batching and 503/413 retries.
+  backoff), subscribe batching and 503/413 retries, delta pushes that fail resubscribed.
+- `commands`: the request/reply commands `Client` inherits (publish, history, presence, ...).
 - `subscription`: `Subscription` (what callers iterate) and the per-channel recovery rules,
   gaps included (gap modes).
 - `codec`: JSON and MessagePack, several messages per frame.
+- `fossil`: applying the Fossil deltas of `delta="fossil"` subscriptions, bounded and checked.
 - `credentials`: token, Basic, token provider and when to refresh.
 - `backoff`: jittered exponential backoff.
 - `http`: the node's HTTP API (trends) and the pandas helper.
@@ -39,20 +41,21 @@ from .errors import (AccessDeniedError, BadRequestError, ClientClosedError, Comm
                      ProtocolError, RateLimitedError, ReplyError, SwitchboardError, TokenError,
                      TooLargeError, TooManyConnectionsError, UnauthenticatedError,
                      UnavailableError, UnsubscribedError, WriteRefusedError)
+from .fossil import DeltaError
 from .http import trend_frame
 from .subscription import GapMode, Subscription, SubscriptionEndedError
 from .types import (Bucket, ConnectInfo, History, Position, PresenceClient, Publication,
-                    PublishResult, Trend)
+                    PublishResult, Tier, Trend)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AccessDeniedError", "BadRequestError", "Bucket", "Client", "ClientClosedError",
     "CommandTimeoutError", "ConflictError", "ConnectError", "ConnectInfo", "ConnectionLostError",
-    "DisconnectError", "ForbiddenError", "Gap", "GapMode", "History", "InternalServerError", "NotFoundError",
+    "DeltaError", "DisconnectError", "ForbiddenError", "Gap", "GapMode", "History", "InternalServerError", "NotFoundError",
     "OutcomeUnknownError", "Position", "PresenceClient", "ProtocolError", "Publication",
     "PublishResult", "RateLimitedError", "ReplyError", "Subscription", "SubscriptionEndedError",
-    "SwitchboardError", "TokenError", "TooLargeError", "TooManyConnectionsError", "Trend",
+    "SwitchboardError", "Tier", "TokenError", "TooLargeError", "TooManyConnectionsError", "Trend",
     "UnauthenticatedError", "UnavailableError", "UnsubscribedError", "WriteRefusedError",
     "trend_frame",
 ]

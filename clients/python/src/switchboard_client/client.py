@@ -11,6 +11,8 @@ Delivery guarantee: per channel, in offset order, each publication at most once.
 reconnects nothing is lost while the server's history reaches back to the channel's position;
 otherwise the subscription reports a `Gap` before what could still be recovered and the
 channel's latest value (raised, yielded, or on the next publication: `subscribe(gaps=)`).
+A publication of a `delta` subscription that cannot be rebuilt is such a hole too: the channel
+is unsubscribed and subscribed again with `recover`, and history fills it where it can.
 """
 
 from __future__ import annotations
@@ -18,22 +20,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl as ssl_module
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from websockets.asyncio.client import ClientConnection, connect as ws_connect
 from websockets.exceptions import ConnectionClosed
 
 from .backoff import Backoff
 from .codec import Format, codec_for
+from .commands import Commands
 from .credentials import Credentials, TokenProvider, refresh_delay
 from .errors import (ClientClosedError, CommandTimeoutError, ConflictError, ConnectError, ConnectionLostError,
                      DisconnectError, ReplyError, SwitchboardError, TooLargeError, UnsubscribedError,
                      disconnect_error, reply_error)
+from .fossil import DeltaError
 from .http import fetch_trend, http_base, trend_frame
 from .subscription import (ERROR, GAP_MODES, PENDING, SENDING, SUBSCRIBED, WAITING, Entry, GapMode,
                            Subscription)
-from .types import (ConnectInfo, History, Position, PresenceClient, Publication, PublishResult,
-                    Trend)
+from .types import ConnectInfo, Position, Trend
 
 log = logging.getLogger("switchboard_client")
 
@@ -49,6 +52,9 @@ MAX_SUBSCRIBE_BYTES = 40_000
 # A connection that lasted this long resets the reconnect backoff.
 STABLE_S = 5.0
 MAX_U32 = 0xFFFF_FFFF
+# The largest text a delta subscription's push may declare by default (1 MiB): well above a
+# node's largest publication (`limits.max_publication_bytes`, 64 KiB by default).
+MAX_DELTA_BYTES = 1 << 20
 
 
 def in_pt_namespace(channel: str) -> bool:
@@ -56,7 +62,7 @@ def in_pt_namespace(channel: str) -> bool:
     return channel.startswith("pt:")
 
 
-class Client:
+class Client(Commands):
     """A Switchboard client (docs/protocol.md). Use as `async with Client(url) as c:`.
 
     `url` is one node's WebSocket URL or a list of them (nodes of one cluster): a connection
@@ -67,6 +73,8 @@ class Client:
     `limits.max_frame_bytes`) raises `TooLargeError` without being sent.
     `is_point_channel` says which channels are point channels (default: the `pt:` namespace),
     whose gaps do not interrupt iteration by default (`subscribe`, `gaps=`).
+    `max_delta_bytes` bounds the publication a `delta` subscription's push may declare: a
+    larger one is refused before it is rebuilt.
     """
 
     def __init__(self, url: str | Sequence[str], token: str | None = None, *,
@@ -80,7 +88,8 @@ class Client:
                  max_frame_bytes: int = 65536,
                  headers: Mapping[str, str] | None = None, ssl: ssl_module.SSLContext | None = None,
                  proxy: str | bool | None = True,
-                 is_point_channel: Callable[[str], bool] = in_pt_namespace) -> None:
+                 is_point_channel: Callable[[str], bool] = in_pt_namespace,
+                 max_delta_bytes: int = MAX_DELTA_BYTES) -> None:
         self.urls: list[str] = [url] if isinstance(url, str) else list(url)
         if not self.urls:
             raise ValueError("no URL")
@@ -106,8 +115,10 @@ class Client:
         # The node closes the connection (1009) on a larger frame: refused here instead.
         self._max_frame_bytes = max_frame_bytes
         self._is_point_channel = is_point_channel
+        self._max_delta_bytes = max_delta_bytes
         self.info: ConnectInfo | None = None
-        self.stats = {"reconnects": 0, "publications": 0, "gaps": 0, "resubscribes": 0, "retries_503": 0}
+        self.stats = {"reconnects": 0, "publications": 0, "gaps": 0, "resubscribes": 0, "retries_503": 0,
+                      "delta_failures": 0}
 
         self._url_index = 0
         self._ws: ClientConnection | None = None
@@ -118,6 +129,8 @@ class Client:
         self._next_id = 1
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._sub_inflight: dict[int, list[str]] = {}
+        # Channels the server still holds that go out again: unsubscribed before the subscribe.
+        self._unsubscribe_first: set[str] = set()
         self._entries: dict[str, Entry] = {}
         self._subs: set[Subscription] = set()
         self._disconnect: dict[str, Any] | None = None
@@ -339,6 +352,7 @@ class Client:
             self._retry_timer = None
         self._fail_pending(ConnectionLostError(f"connection closed ({code} {reason})".strip()))
         self._sub_inflight.clear()
+        self._unsubscribe_first.clear()
         for e in self._entries.values():
             if e.status != ERROR:
                 e.status = PENDING
@@ -389,10 +403,19 @@ class Client:
             if e is None or e.status != SUBSCRIBED:
                 return
             off = pub["off"]
+            if "delta" in pub:
+                # Rebuilt even when covered by the reply: the next push builds on it.
+                try:
+                    data = e.rebuild(pub, self._max_delta_bytes)
+                except DeltaError as err:
+                    self._delta_failed(e, off, err)
+                    return
+            else:
+                data = pub.get("data")
             if off <= e.offset:
                 return  # covered by the subscribe reply already
             e.offset = off
-            e.deliver(off, pub.get("data"))
+            e.deliver(off, data, pub.get("hist") is True, pub.get("tags"))
             return
         mid = m.get("id")
         if mid is not None:
@@ -413,6 +436,17 @@ class Client:
             self._on_unsubscribed(m["unsubscribed"])
         elif "disconnect" in m:
             self._disconnect = m["disconnect"]
+
+    def _delta_failed(self, e: Entry, off: int, err: DeltaError) -> None:
+        """A push of a delta subscription could not be rebuilt: the channel's stream has a hole
+        at `off` while the server still holds the subscription. It is unsubscribed and
+        subscribed again with `recover` from its position (pushes on their way are dropped
+        meanwhile); a hole history no longer holds is a `Gap` as any other."""
+        log.warning("%s: publication %s could not be rebuilt (%s); subscribing again", e.channel, off, err)
+        self.stats["delta_failures"] += 1
+        e.status = PENDING
+        self._unsubscribe_first.add(e.channel)
+        self._schedule_flush()
 
     def _on_unsubscribed(self, body: dict[str, Any]) -> None:
         """The server dropped one channel of this connection (its shard may have lost
@@ -527,6 +561,13 @@ class Client:
         ws = self._ws
         if ws is None or self.info is None:
             return
+        if self._unsubscribe_first:
+            gone = sorted(self._unsubscribe_first)
+            self._unsubscribe_first.clear()
+            try:
+                await ws.send(self._codec.encode({"unsubscribe": {"channels": gone}}))
+            except ConnectionClosed:
+                return
         groups: dict[str, list[Entry]] = {}
         for e in self._entries.values():
             if e.status == PENDING:
@@ -622,6 +663,7 @@ class Client:
                         recover: bool | Position | Mapping[str, Position] = True,
                         max_rate_hz: float | None = None,
                         deadband: float | Mapping[str, float] | None = None,
+                        delta: Literal["fossil"] | None = None, filter: Mapping[str, Any] | None = None,
                         gaps: GapMode | None = None, yield_gaps: bool = False, partial: bool = False,
                         timeout: float | None = None) -> Subscription:
         """Subscribes to one channel or several; returns once each has its first result.
@@ -633,6 +675,11 @@ class Client:
           latest value instead, skipping what was missed.
         - `max_rate_hz`, `deadband` (a number: `{"abs": x}`; or `{"abs": x}` / `{"pct": p}`):
           server-side sampling for this subscriber (docs/protocol.md, "Sampling").
+        - `delta="fossil"`: the server sends live publications as Fossil deltas of the previous
+          one; they are delivered rebuilt, as without it.
+        - `filter`: only publications whose tags match, live and recovered: leaves `{"key",
+          "cmp", "val"}` (`vals` for `in` / `nin`), nodes `{"op": "and"|"or"|"not", "nodes"}`.
+          Holes in the offsets delivered are then no `Gap`.
         - `gaps`: how a `Gap` (publications lost for good) reaches the iterator, besides
           `after_gap` on the first publication after it: `"raise"` (iterate again to go on),
           `"yield"` (an item), `"mark"` (only on that publication). Default: `"mark"` for point
@@ -656,6 +703,10 @@ class Client:
             sampling["max_rate_hz"] = max_rate_hz
         if deadband is not None:
             sampling["deadband"] = dict(deadband) if isinstance(deadband, Mapping) else {"abs": deadband}
+        if delta is not None:
+            sampling["delta"] = delta
+        if filter is not None:
+            sampling["filter"] = dict(filter)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self._command_timeout if timeout is None else timeout)
         await self._wait_connected(deadline)
@@ -711,82 +762,16 @@ class Client:
                 pass
 
     # ---------------------------------------------------------------------------------------
-    # Commands
-
-    async def publish(self, channel: str, data: Any, *, idempotency_key: str | None = None,
-                      timeout: float | None = None) -> PublishResult:
-        """Publishes `data` (the namespace must allow client publishing). With an
-        `idempotency_key` a connection lost before the reply sends it again (the server
-        answers the first result); without one that raises `ConnectionLostError`."""
-        body: dict[str, Any] = {"channel": channel, "data": data}
-        if idempotency_key is not None:
-            body["idempotency_key"] = idempotency_key
-        r = await self._request("publish", body, timeout=timeout, retry=idempotency_key is not None)
-        if r.get("written"):
-            return PublishResult(offset=None, epoch=None, source=str(r.get("source", "")))
-        return PublishResult(offset=r["offset"], epoch=r["epoch"])
-
-    async def history(self, channel: str, *, limit: int | None = None, since: Position | None = None,
-                      timeout: float | None = None) -> History:
-        """Publications of `channel`, oldest first: the newest `limit` ones, or those after
-        `since`. Replies the server cut at its byte budget (`more`) are read on until `limit`."""
-        pubs: list[Publication] = []
-        complete = True
-        while True:
-            body: dict[str, Any] = {"channel": channel}
-            if limit is not None:
-                body["limit"] = limit - len(pubs)
-            if since is not None:
-                body["since"] = {"epoch": since.epoch, "offset": since.offset}
-            r = await self._request("history", body, timeout=timeout, retry=True)
-            epoch = r["epoch"]
-            page = [Publication(p["ch"], p["off"], p.get("data"), epoch) for p in r["publications"]]
-            pubs.extend(page)
-            complete = complete and r.get("complete", True) is not False
-            if not r.get("more") or not page or (limit is not None and len(pubs) >= limit):
-                return History(pubs, epoch, r["offset"], complete)
-            since = Position(epoch, page[-1].offset)
-
-    async def presence(self, channel: str, *, timeout: float | None = None) -> list[PresenceClient]:
-        """Who is subscribed to `channel` (namespaces with presence)."""
-        r = await self._request("presence", {"channel": channel}, timeout=timeout, retry=True)
-        return [PresenceClient(c.get("client", ""), c.get("user", "")) for c in r["clients"]]
-
-    async def ping(self, data: Any = None, *, timeout: float | None = None) -> Any:
-        """A round trip through the node; returns `data` as echoed."""
-        return (await self._request("ping", {"data": data}, timeout=timeout, retry=True)).get("data")
-
-    async def request(self, command: str, body: Mapping[str, Any], *, timeout: float | None = None) -> Any:
-        """Sends any command (`{"id", command: body}`) and returns its `ok` body, or raises the
-        typed error of its refusal: for commands this client has no method for."""
-        return await self._request(command, dict(body), timeout=timeout)
-
-    async def refresh(self, token: str) -> int:
-        """Hands the node a new token for this connection (same `sub`); its expiry (unix s)."""
-        return int((await self._request("refresh", {"token": token}))["expires"])
-
-    async def ack(self, alarm: str, comment: str | None = None) -> dict[str, Any]:
-        """Acknowledges `alarm` as this connection's user; its new state (docs/alarms.md)."""
-        return await self._alarm("alarm_ack", {"alarm": alarm, "comment": comment})
-
-    async def shelve(self, alarm: str, for_s: float, comment: str | None = None) -> dict[str, Any]:
-        """Shelves `alarm` for `for_s` seconds (1 to 86,400); its new state."""
-        return await self._alarm("alarm_shelve", {"alarm": alarm, "for_s": for_s, "comment": comment})
-
-    async def unshelve(self, alarm: str, comment: str | None = None) -> dict[str, Any]:
-        """Ends the shelf of `alarm`; its new state."""
-        return await self._alarm("alarm_unshelve", {"alarm": alarm, "comment": comment})
-
-    async def _alarm(self, command: str, body: dict[str, Any]) -> dict[str, Any]:
-        return dict(await self._request(command, {k: v for k, v in body.items() if v is not None}))
+    # Commands (publish, history, ...: commands.py)
 
     async def trend(self, channel: str, window_s: int = 3600, *, step_s: int | None = None,
-                    as_frame: bool = False, timeout: float | None = None) -> Any:
-        """The downsampled trend of a point channel over the last `window_s` seconds: a
-        `Trend` (list of `Bucket`, oldest first), or with `as_frame` a pandas DataFrame.
-        Read over the node's HTTP API with this client's credentials."""
+                    until_ms: int | None = None, as_frame: bool = False, timeout: float | None = None) -> Any:
+        """The downsampled trend of a point channel over the `window_s` seconds before
+        `until_ms` (unix ms; now when None, a zoom into history otherwise): a `Trend` (list of
+        `Bucket`, oldest first, with the `tiers` the namespace keeps), or with `as_frame` a
+        pandas DataFrame. Read over the node's HTTP API with this client's credentials."""
         url = self.info.url if self.info is not None else self.urls[self._url_index]
         t = self._command_timeout if timeout is None else timeout
         got: Trend = await fetch_trend(http_base(url), channel, window_s, step_s,
-                                       self._creds.http_headers(), t, self._ssl)
+                                       self._creds.http_headers(), t, self._ssl, until_ms)
         return trend_frame(got) if as_frame else got

@@ -14,7 +14,7 @@ import urllib.request
 from typing import Any
 
 from .errors import ConnectError, reply_error
-from .types import Bucket, Trend
+from .types import Bucket, Tier, Trend
 
 
 def http_base(ws_url: str) -> str:
@@ -49,18 +49,22 @@ def get_json(url: str, headers: dict[str, str], timeout: float,
 
 async def fetch_trend(base: str, channel: str, window_s: int, step_s: int | None,
                       headers: dict[str, str], timeout: float,
-                      ssl: ssl_module.SSLContext | None = None) -> Trend:
+                      ssl: ssl_module.SSLContext | None = None, until_ms: int | None = None) -> Trend:
     query: dict[str, int] = {"window_s": window_s}
     if step_s is not None:
         query["step_s"] = step_s
+    if until_ms is not None:
+        query["until_ms"] = int(until_ms)
     url = f"{base}/api/channels/{urllib.parse.quote(channel, safe='')}/trend?{urllib.parse.urlencode(query)}"
     body = await asyncio.to_thread(get_json, url, headers, timeout, ssl)
     return parse_trend(body)
 
 
 def parse_trend(body: dict[str, Any]) -> Trend:
+    """A trend reply `{"step_s", "buckets", "tiers"}`; a node that names no tiers gives none."""
     buckets = [Bucket(t=b["t"], min=b["min"], max=b["max"], last=b["last"], n=b["n"]) for b in body["buckets"]]
-    return Trend(buckets, int(body["step_s"]))
+    tiers = [Tier(step_s=int(t["step_s"]), window_s=int(t["window_s"])) for t in body.get("tiers") or ()]
+    return Trend(buckets, int(body["step_s"]), tiers)
 
 
 def trend_frame(buckets: list[Bucket]) -> Any:

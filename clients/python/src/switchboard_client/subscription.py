@@ -8,6 +8,11 @@ hole is a `Gap`, followed by what the server still had and then the channel's la
 first publication after it carries it (`after_gap`), so a caller never misses a hole silently.
 Each channel's gap mode says whether the iterator also raises it (`raise`), yields it
 (`yield`) or leaves it on that publication only (`mark`, the default of point channels).
+
+A subscription with a `filter` is sent only the publications that match, live and recovered,
+so holes in its offsets are not gaps: only the server's `complete: false` (or an old epoch's
+publications) is one. A `delta` subscription's pushes carry the publication's JSON text or a
+Fossil delta of the previous one; the entry keeps the channel's last text and rebuilds them.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections import deque
 from typing import Any, Awaitable, Callable, Iterable, Literal, Union, cast
 
 from .errors import ReplyError, SwitchboardError
+from .fossil import DeltaError, apply
 from .types import Gap, Position, Publication
 
 log = logging.getLogger("switchboard_client")
@@ -47,7 +53,8 @@ class Entry:
     """One channel of a subscription as the client tracks it."""
 
     __slots__ = ("channel", "sub", "status", "epoch", "offset", "inflight", "recover", "initial",
-                 "sampling", "sampling_key", "settled", "alone", "lost_again", "gap_mode", "gap")
+                 "sampling", "sampling_key", "settled", "alone", "lost_again", "gap_mode", "gap",
+                 "filtered", "text")
 
     def __init__(self, channel: str, sub: Subscription, *, recover: bool, initial: bool,
                  start: Position | None, sampling: dict[str, Any], gap_mode: GapMode = "raise") -> None:
@@ -71,6 +78,10 @@ class Entry:
         self.gap_mode: GapMode = gap_mode
         # The gap the next publication delivered carries as `after_gap`.
         self.gap: Gap | None = None
+        # Only publications matching a filter come: holes in the offsets are not gaps.
+        self.filtered = "filter" in sampling
+        # A delta subscription's last rebuilt text (None: none yet, or a push failed).
+        self.text: bytes | None = None
 
     @property
     def position(self) -> Position | None:
@@ -90,18 +101,20 @@ class Entry:
         last = r.get("last")
         recovered = r.get("recovered") or ()
         self.status = SUBSCRIBED
+        # A new subscription's first push is whole.
+        self.text = None
         gap = False
         if self.epoch is None:
             # First subscribe without a position: the latest value if asked, then live ones.
             self.epoch, self.offset = epoch, offset
             if self.initial and last:
-                self.deliver(last["off"], last.get("data"))
+                self.deliver(last["off"], last.get("data"), last.get("hist") is True, last.get("tags"))
         elif not self.recover:
             # Resubscribed without recovery: the latest value stands for what was missed.
             newer = last and self.initial and (epoch != self.epoch or last["off"] > self.offset)
             self.epoch, self.offset = epoch, offset
             if newer and last:
-                self.deliver(last["off"], last.get("data"))
+                self.deliver(last["off"], last.get("data"), last.get("hist") is True, last.get("tags"))
         else:
             # Resumed from a position (docs/protocol.md, "Gaps"): what the reply holds after
             # it is delivered once, in offset order. A hole among those, offsets up to the
@@ -120,7 +133,12 @@ class Entry:
                 hole = hole or p["off"] != at + 1
                 at = p["off"]
                 fresh.append(p)
-            hole = hole or offset > at or (not same and self.offset > 0)
+            if self.filtered:
+                # Holes are publications that did not match: only the server knows of a loss.
+                hole = same and r.get("complete") is False
+            else:
+                hole = hole or offset > at
+            hole = hole or (not same and self.offset > 0)
             if hole:
                 gap = True
                 self._gap(Gap(self.channel, Position(self.epoch, self.offset), Position(epoch, offset), not same))
@@ -134,7 +152,35 @@ class Entry:
             off = p["off"]
             if off > self.offset:
                 self.offset = off
-                self.deliver(off, p.get("data"))
+                self.deliver(off, p.get("data"), p.get("hist") is True, p.get("tags"))
+
+    def rebuild(self, push: dict[str, Any], max_bytes: int) -> Any:
+        """The data of a delta subscription's push (it has `delta`): its text whole, or the
+        previous push's text with the delta applied, parsed as JSON. Raises `DeltaError` (and
+        forgets the text) when that cannot be: no text to apply a delta to, a declared size
+        above `max_bytes`, a bad checksum, not JSON."""
+        raw = push.get("data")
+        body = raw.encode() if isinstance(raw, str) else raw
+        try:
+            if not isinstance(body, bytes):
+                raise DeltaError("the data of a delta publication is neither text nor binary")
+            if push["delta"]:
+                if self.text is None:
+                    raise DeltaError("a delta with no previous publication of the channel to apply it to")
+                text = apply(self.text, body, max_bytes)
+            elif len(body) > max_bytes:
+                raise DeltaError(f"the publication declares {len(body)} bytes, more than the {max_bytes} allowed")
+            else:
+                text = body
+            data = json.loads(text)
+        except DeltaError:
+            self.text = None
+            raise
+        except ValueError as e:  # JSON, or UTF-8, that does not decode
+            self.text = None
+            raise DeltaError(f"the publication's text is not JSON: {e}") from e
+        self.text = text
+        return data
 
     def _gap(self, gap: Gap) -> None:
         """Reports a hole: queued for the iterator (raise, yield) and kept for the next
@@ -145,12 +191,15 @@ class Entry:
         else:
             self.sub._push(gap)
 
-    def deliver(self, offset: int, data: Any) -> None:
-        """Queues the publication at `offset` (the caller checked it is the next one)."""
+    def deliver(self, offset: int, data: Any, historical: bool = False, tags: dict[str, str] | None = None) -> None:
+        """Queues the publication at `offset` (the caller checked it is the next one).
+        `historical` marks a back-filled value: part of the channel's stream, so the position
+        covers it like any other, but never the channel's current value. `tags`: the
+        publisher's, if any."""
         gap = self.gap
         if gap is not None:
             self.gap = None
-        self.sub._push(Publication(self.channel, offset, data, self.epoch or "", gap))
+        self.sub._push(Publication(self.channel, offset, data, self.epoch or "", gap, historical, tags))
 
 
 class Subscription:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from typing import Any, Coroutine, Mapping, Sequence, TypeVar
+from typing import Any, Coroutine, Literal, Mapping, Sequence, TypeVar
 
 from .client import Client as AsyncClient
 from .errors import Gap
@@ -114,16 +114,18 @@ class Client:
     def subscribe(self, channels: str | Sequence[str], *, initial: bool = False,
                   recover: bool | Position | Mapping[str, Position] = True,
                   max_rate_hz: float | None = None, deadband: float | Mapping[str, float] | None = None,
+                  delta: Literal["fossil"] | None = None, filter: Mapping[str, Any] | None = None,
                   gaps: GapMode | None = None, yield_gaps: bool = False, partial: bool = False,
                   timeout: float | None = None) -> Subscription:
         sub = self._call(self._client.subscribe(
             channels, initial=initial, recover=recover, max_rate_hz=max_rate_hz, deadband=deadband,
-            gaps=gaps, yield_gaps=yield_gaps, partial=partial, timeout=timeout))
+            delta=delta, filter=filter, gaps=gaps, yield_gaps=yield_gaps, partial=partial, timeout=timeout))
         return Subscription(self, sub)
 
-    def publish(self, channel: str, data: Any, *, idempotency_key: str | None = None,
-                timeout: float | None = None) -> PublishResult:
-        return self._call(self._client.publish(channel, data, idempotency_key=idempotency_key, timeout=timeout))
+    def publish(self, channel: str, data: Any, *, tags: Mapping[str, str] | None = None,
+                idempotency_key: str | None = None, timeout: float | None = None) -> PublishResult:
+        return self._call(self._client.publish(channel, data, tags=tags, idempotency_key=idempotency_key,
+                                               timeout=timeout))
 
     def history(self, channel: str, *, limit: int | None = None, since: Position | None = None,
                 timeout: float | None = None) -> History:
@@ -151,8 +153,9 @@ class Client:
         return self._call(self._client.unshelve(alarm, comment))
 
     def trend(self, channel: str, window_s: int = 3600, *, step_s: int | None = None,
-              as_frame: bool = False, timeout: float | None = None) -> Any:
-        return self._call(self._client.trend(channel, window_s, step_s=step_s, as_frame=as_frame, timeout=timeout))
+              until_ms: int | None = None, as_frame: bool = False, timeout: float | None = None) -> Any:
+        return self._call(self._client.trend(channel, window_s, step_s=step_s, until_ms=until_ms,
+                                             as_frame=as_frame, timeout=timeout))
 
 
 class Subscription:

@@ -46,13 +46,24 @@ class Publication:
     """One publication of a channel: `data` is any JSON value (point channels carry
     `{"v", "t", "q"}`). `after_gap` is the `Gap` just before it when publications of the
     channel were lost in between (it then is what was recovered after the hole, or the
-    channel's latest value), else None."""
+    channel's latest value), else None.
+
+    `historical` (`"hist": true` on the wire): a value a plant source back-filled from before
+    the channel's newest (a Sparkplug B `is_historical` metric, an OPC UA back-fill). It has its
+    own offset and comes in offset order like any other publication, its data carries its own
+    time (`t`), and it is never the channel's current value: whoever shows the current value
+    skips it.
+
+    `tags`: the publisher's tags (what a subscription's `filter` compares), None when it gave
+    none."""
 
     channel: str
     offset: int
     data: Any
     epoch: str = ""
     after_gap: Gap | None = None
+    historical: bool = False
+    tags: dict[str, str] | None = None
 
     @property
     def position(self) -> Position:
@@ -93,13 +104,23 @@ class Bucket:
     n: int
 
 
+@dataclass(slots=True, frozen=True)
+class Tier:
+    """One trend tier of a namespace: buckets of `step_s` seconds reaching back `window_s`."""
+
+    step_s: int
+    window_s: int
+
+
 class Trend(list[Bucket]):
     """Trend buckets, oldest first, with the `step_s` the server used (rounded up to a multiple
-    of the stored step)."""
+    of the stored step; it names the tier read) and the `tiers` the channel's namespace keeps,
+    finest first: how far back a read reaches, and at which step."""
 
-    def __init__(self, buckets: list[Bucket], step_s: int) -> None:
+    def __init__(self, buckets: list[Bucket], step_s: int, tiers: list[Tier] | None = None) -> None:
         super().__init__(buckets)
         self.step_s = step_s
+        self.tiers: list[Tier] = list(tiers or ())
 
 
 class History(list[Publication]):

@@ -634,8 +634,8 @@ fn deliver(inner: &Inner, msg: &redis::Msg) {
     let Some(handler) = inner.handler.get() else { return };
     let payload = msg.get_payload_bytes();
     match payload.first() {
-        Some(b'p') => {
-            let Some((epoch, publication)) = parse_publication(&payload[1..]) else {
+        Some(kind @ (b'p' | b'h' | b'P' | b'H')) => {
+            let Some((epoch, publication)) = parse_publication(&payload[1..], *kind) else {
                 tracing::warn!(channel, "malformed publication from redis");
                 return;
             };
@@ -694,15 +694,27 @@ fn deliver(inner: &Inner, msg: &redis::Msg) {
     }
 }
 
-/// `<epoch> <offset> <ms> <data>` → the epoch and the publication.
-fn parse_publication(b: &[u8]) -> Option<(&str, Publication)> {
+/// `<epoch> <offset> <ms> <data>` → the epoch and the publication. The message's `kind` says
+/// the rest: `h` rather than `p` for a historical one, upper case for one with tags, which come
+/// before the data as `<length> <tags JSON>`.
+fn parse_publication(b: &[u8], kind: u8) -> Option<(&str, Publication)> {
     let text = std::str::from_utf8(b).ok()?;
-    let mut parts = text.splitn(4, ' ');
+    let tagged = kind.is_ascii_uppercase();
+    let mut parts = text.splitn(if tagged { 5 } else { 4 }, ' ');
     let epoch = parts.next()?;
     let offset = parts.next()?.parse().ok()?;
     let time_ms = parts.next()?.parse().ok()?;
-    let data = RawValue::from_string(parts.next()?.to_string()).ok()?;
-    Some((epoch, Publication { offset, data: Arc::new(data), time_ms }))
+    let (tags, data) = match tagged {
+        true => {
+            let len: usize = parts.next()?.parse().ok()?;
+            let rest = parts.next()?;
+            (super::tags_of(rest.get(..len)?), rest.get(len..)?)
+        }
+        false => (None, parts.next()?),
+    };
+    let data = RawValue::from_string(data.to_string()).ok()?;
+    let historical = kind.eq_ignore_ascii_case(&b'h');
+    Some((epoch, Publication { offset, data: Arc::new(data), time_ms, historical, tags }))
 }
 
 #[cfg(test)]
@@ -711,10 +723,17 @@ mod tests {
 
     #[test]
     fn broker_redis_parses_publication_messages() {
-        let (epoch, p) = parse_publication(b"ab12 42 1700000000000 {\"v\": \"a b\"}").unwrap();
+        let (epoch, p) = parse_publication(b"ab12 42 1700000000000 {\"v\": \"a b\"}", b'p').unwrap();
         assert_eq!(epoch, "ab12");
         assert_eq!((p.offset, p.time_ms, p.data.get()), (42, 1_700_000_000_000, "{\"v\": \"a b\"}"));
-        assert!(parse_publication(b"ab12 x 1 1").is_none());
-        assert!(parse_publication(b"ab12 1 1 {not json").is_none());
+        assert!(!p.historical && p.tags.is_none());
+        assert!(parse_publication(b"ab12 x 1 1", b'p').is_none());
+        assert!(parse_publication(b"ab12 1 1 {not json", b'p').is_none());
+        let tags = r#"{"a b":"c d"}"#;
+        let msg = format!("ab12 43 1 {} {tags}[1, 2]", tags.len());
+        let (_, p) = parse_publication(msg.as_bytes(), b'H').unwrap();
+        assert_eq!((p.offset, p.data.get(), p.historical), (43, "[1, 2]", true));
+        assert_eq!(p.tags.unwrap().get("a b").map(String::as_str), Some("c d"));
+        assert!(parse_publication(b"ab12 43 1 99 {}[1]", b'P').is_none(), "tags longer than the message");
     }
 }

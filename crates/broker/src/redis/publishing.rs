@@ -70,7 +70,17 @@ impl Inner {
             call.arg(item.data.get()).arg(item.policy.size).arg(ttl_ms).arg(self.keys.pubsub(&item.channel));
             call.arg(self.keep_ms(&item.channel));
             match (item.policy.trend, item.policy.trend.and_then(|_| crate::trend::sample(item.data.get()))) {
-                (Some(tiers), Some((v, at))) => {
+                (Some(tiers), Some((v, Some(at)))) if item.historical => {
+                    // At its own time only: the script skips a tier that does not reach it
+                    // by Redis's clock.
+                    let mut spec = format!("{v:?}");
+                    for t in tiers.backfill_placements(now, at) {
+                        trends.push((index, &*item.channel, t, at));
+                        spec.push_str(&format!(";{},{},{at}", t.step_ms.max(1), t.len.max(1)));
+                    }
+                    call.arg(spec)
+                }
+                (Some(tiers), Some((v, at))) if !item.historical => {
                     let mut spec = format!("{v:?}");
                     for (t, placed) in tiers.placements(now, at) {
                         let Some(placed) = placed else { continue };
@@ -88,7 +98,11 @@ impl Inner {
                 Some(key) => call.arg(self.keys.idempotency(&item.channel, key)),
                 None => call.arg(""),
             };
-            call.arg(window_ms);
+            call.arg(window_ms).arg(if item.historical { "1" } else { "" });
+            match &item.tags {
+                Some(tags) => call.arg(serde_json::to_string(&**tags).unwrap_or_default()),
+                None => call.arg(""),
+            };
         }
         let answer = tokio::time::timeout_at(deadline.into(), call.invoke_async::<Vec<(String, u64)>>(&mut conn)).await;
         let flat = match answer {
@@ -105,8 +119,12 @@ impl Inner {
         }
         for (index, channel, policy, at) in trends {
             // An empty epoch: a Cluster node that does not serve the slot published nothing.
-            if !flat[index].0.is_empty() {
-                self.trends.published(channel, policy, at);
+            if flat[index].0.is_empty() {
+                continue;
+            }
+            match items[index].historical {
+                true => self.trends.historical(channel, policy, at, now),
+                false => self.trends.published(channel, policy, at),
             }
         }
         Ok(flat

@@ -3,12 +3,16 @@
 //!
 //! Key layout per channel `ch` (the `{ch}` hash tag keeps a channel's keys in one slot):
 //! - `P:{ch}:m` hash: `e` epoch, `r` the server identity that wrote it (see [`IDENTITY`]), `o`
-//!   offset, `d` last data, `t` its time (ms), `ttl` history ms, `h` history size, `x` when
+//!   offset, `d` last data, `t` its time (ms), `g` its tags (JSON), `lo` the last value's
+//!   offset when a historical publication came after it (absent: `o`), `ttl` history ms, `h` history size, `x` when
 //!   the history stream's expiry was last set to (ms), `k` the same for the hash itself (a
 //!   channel unused for its keep expires: see [`crate::Broker::set_channel_ttl`])
-//! - `P:{ch}:h` stream: entries `<offset>-0` with fields `d` and `t`, capped near the history
-//!   size (`MAXLEN ~`; reads return only the newest `h`)
-//! - `P:{ch}:p` the pub/sub channel: `p<epoch> <offset> <ms> <data>`, `j<info>`, `l<info>`
+//! - `P:{ch}:h` stream: entries `<offset>-0` with fields `d` and `t` (and `h` `1` for a
+//!   historical publication, `g` its tags as JSON), capped near the history size (`MAXLEN ~`; reads return only the
+//!   newest `h`)
+//! - `P:{ch}:p` the pub/sub channel: `p<epoch> <offset> <ms> <data>` (`h…` for a historical
+//!   publication; `P…` / `H…` with tags: `<epoch> <offset> <ms> <tags length> <tags><data>`),
+//!   `j<info>`, `l<info>`
 //! - `P:{ch}:pz` zset client → presence expiry (ms); `P:{ch}:pi` hash client → info JSON
 //! - `P:{ch}:i:<key>` string `<epoch> <offset>`: the position of the publication published with
 //!   idempotency key `<key>` (written by the publish script, expiring after
@@ -69,7 +73,9 @@ end
 /// Publishes a batch: KEYS meta, history for each item (a channel may repeat; its items get
 /// offsets in order); ARGV[1] a seed for new epochs, then per item: data, history size,
 /// history ttl ms, pub/sub channel, channel keep ms (0: forever), trend (`value;step,len,t;…` or
-/// `''`), idempotency key name (`''`: none), how long it is kept (ms). One `TIME` and one
+/// `''`), idempotency key name (`''`: none), how long it is kept (ms), `1` for a historical
+/// publication (`''`: live; [`crate::Outgoing::historical`]), its tags as JSON (`''`: none).
+/// One `TIME` and one
 /// identity read for the whole batch.
 /// Returns `{epoch, offset, ...}`, one pair per item. An item whose idempotency key exists is
 /// not published: it is answered the position stored under the key (the first publication's).
@@ -102,16 +108,20 @@ if #KEYS == 0 then
 end
 -- The trends, beside the meta key, one per tier (TREND_BUCKET). `spec` is
 -- "value;step,len,t;..." for the tiers the value goes to (t: where in that tier, 0 for now;
--- used when within the tier's reach and not ahead of now).
-local function trend(base, spec)
+-- used when within the tier's reach and not ahead of now, else now, or for a historical value
+-- nowhere in that tier).
+local function trend(base, spec, historical)
   local vs, tiers = string.match(spec, '^([^;]+)(.*)$')
   local v = tonumber(vs)
   for sstep, slen, ts in string.gmatch(tiers, ';(%d+),(%d+),(%d+)') do
     local step, len = tonumber(sstep), tonumber(slen)
     local at = tonumber(ts)
-    if at == 0 or at > ms or at + step * len <= ms then at = ms end
-    local c = math.floor(math.floor(at / step) / CHUNK_BUCKETS)
-    add_to_bucket(base .. sstep .. ':' .. c, step, len, at, v)
+    local out = at == 0 or at > ms or at + step * len <= ms
+    if out then at = ms end
+    if not (out and historical) then
+      local c = math.floor(math.floor(at / step) / CHUNK_BUCKETS)
+      add_to_bucket(base .. sstep .. ':' .. c, step, len, at, v)
+    end
   end
 end
 local function one(i, meta, hist, a)
@@ -124,7 +134,8 @@ local function one(i, meta, hist, a)
     end
   end
   local data, size, ttl, keep = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2], tonumber(ARGV[a + 4])
-  local m = redis.call('HMGET', meta, 'e', 'o', 'r', 'ttl', 'h', 'x', 'k')
+  local historical, tags = ARGV[a + 8] == '1', ARGV[a + 9]
+  local m = redis.call('HMGET', meta, 'e', 'o', 'r', 'ttl', 'h', 'x', 'k', 'lo', 'g')
   local epoch, offset = m[1], 1
   local fresh = not (epoch and m[3] == rid)
   -- The same history settings as the last publication.
@@ -142,7 +153,10 @@ local function one(i, meta, hist, a)
   if t == 0 or (keep > 0 and keep < t) then t = keep end
   local x
   if size > 0 then
-    redis.call('XADD', hist, 'MAXLEN', '~', size, offset .. '-0', 'd', data, 't', ms)
+    local e = {'d', data, 't', ms}
+    if historical then e[#e + 1] = 'h'; e[#e + 1] = 1 end
+    if tags ~= '' then e[#e + 1] = 'g'; e[#e + 1] = tags end
+    redis.call('XADD', hist, 'MAXLEN', '~', size, offset .. '-0', unpack(e))
     if t > 0 then
       if fresh or not same or (tonumber(m[6]) or 0) - ms < t then
         local hold = math.min(2 * t, 1e15)
@@ -166,7 +180,19 @@ local function one(i, meta, hist, a)
   elseif m[7] and m[7] ~= '0' then
     k = 0
   end
-  local f = {'o', offset, 'd', data, 't', ms}
+  -- A historical value leaves the last value as it was: `lo` then keeps its offset (absent
+  -- while the last value is the newest publication). `g` holds the last value's tags.
+  local f = {'o', offset}
+  if not historical then
+    f[3] = 'd'; f[4] = data; f[5] = 't'; f[6] = ms
+    if tags ~= '' then f[7] = 'g'; f[8] = tags end
+    if m[8] then redis.call('HDEL', meta, 'lo') end
+    if m[9] and tags == '' then redis.call('HDEL', meta, 'g') end
+  elseif fresh then
+    redis.call('HDEL', meta, 'd', 't', 'lo', 'g')
+  elseif not m[8] then
+    f[3] = 'lo'; f[4] = m[2]
+  end
   if fresh then
     f[#f + 1] = 'e'; f[#f + 1] = epoch; f[#f + 1] = 'r'; f[#f + 1] = rid
   end
@@ -183,9 +209,15 @@ local function one(i, meta, hist, a)
   end
   local tr = ARGV[a + 5]
   if tr ~= '' then
-    trend(string.sub(meta, 1, -2) .. 't:', tr)
+    trend(string.sub(meta, 1, -2) .. 't:', tr, historical)
   end
-  redis.call('PUBLISH', ARGV[a + 3], 'p' .. epoch .. ' ' .. offset .. ' ' .. ms .. ' ' .. data)
+  local kind = historical and 'h' or 'p'
+  if tags == '' then
+    redis.call('PUBLISH', ARGV[a + 3], kind .. epoch .. ' ' .. offset .. ' ' .. ms .. ' ' .. data)
+  else
+    local head = string.upper(kind) .. epoch .. ' ' .. offset .. ' ' .. ms .. ' ' .. #tags .. ' '
+    redis.call('PUBLISH', ARGV[a + 3], head .. tags .. data)
+  end
   if ikey ~= '' then
     redis.call('SET', ikey, epoch .. ' ' .. offset, 'PX', ARGV[a + 7])
   end
@@ -195,7 +227,7 @@ local out = {}
 for i = 1, #K / 2 do
   local meta, hist = K[2 * i - 1], K[2 * i]
   if here(meta, hist) then
-    out[2 * i - 1], out[2 * i] = one(i, meta, hist, base + 1 + (i - 1) * 8)
+    out[2 * i - 1], out[2 * i] = one(i, meta, hist, base + 1 + (i - 1) * 10)
   else
     out[2 * i - 1], out[2 * i] = '', 0
   end
@@ -203,7 +235,7 @@ end
 return out
 "#;
 
-/// Adds one value to its trend bucket, shared by [`PUBLISH`] and [`TREND_BACKFILL`]. The
+/// Adds one value to its trend bucket, for [`PUBLISH`]. The
 /// buckets of chunk `c` of the tier of `step` (CHUNK_BUCKETS buckets from bucket
 /// `c * CHUNK_BUCKETS`) are a string `P:{ch}:t:<step>:<c>`: CHUNK_BUCKETS 28-byte slots — min,
 /// max and last as big-endian doubles and the count, 0 for a bucket without values — then one
@@ -239,29 +271,6 @@ local function add_to_bucket(key, step, len, at, v)
     redis.call('PEXPIREAT', key, ((c + 1) * CHUNK_BUCKETS + len) * step)
   end
 end
-"#;
-
-/// Merges historical values into a channel's trend without publishing: KEYS the raw chunks
-/// they go to (all in the channel's slot); ARGV per placement of a value in a tier: the
-/// value's number (1..), the chunk's key index, the value, its time (unix ms), the tier's step
-/// and length. A placement out of the tier's reach by Redis's clock (or ahead of it) is
-/// skipped. Returns how many values went into at least one tier.
-const TREND_BACKFILL: &str = r#"
-local now = redis.call('TIME')
-local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local kept, seen = 0, {}
-for j = 1, #ARGV, 6 do
-  local vi, ki, v, at = ARGV[j], tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3])
-  local step, len = tonumber(ARGV[j + 4]), tonumber(ARGV[j + 5])
-  if at <= ms and at + step * len > ms then
-    add_to_bucket(KEYS[ki], step, len, at, v)
-    if not seen[vi] then
-      seen[vi] = true
-      kept = kept + 1
-    end
-  end
-end
-return kept
 "#;
 
 /// Replaces a closed raw trend chunk by its compressed form: KEYS raw chunk, compressed hash;
@@ -301,31 +310,35 @@ end
 
 /// Position and last value: KEYS meta, history; ARGV an epoch to use if the channel has none,
 /// the channel's keep ms.
-/// Returns `{epoch, offset, last data or nil, its time or nil}`. Reads do not check the server
-/// identity: a promoted replica's older position makes recovering readers `complete: false`,
-/// and the next publication starts the new epoch.
+/// Returns `{epoch, offset, the last value's offset, its tags (`''`: none), last data or nil,
+/// its time or nil}`.
+/// Reads do not check the server identity: a promoted replica's older position makes
+/// recovering readers `complete: false`, and the next publication starts the new epoch.
 const POSITION: &str = r#"
-local m = redis.call('HMGET', KEYS[1], 'e', 'o', 'd', 't')
+local m = redis.call('HMGET', KEYS[1], 'e', 'o', 'd', 't', 'lo', 'g')
 local epoch = m[1]
 if not epoch then
   epoch = ARGV[1]
   redis.call('DEL', KEYS[2])
   create(epoch, tonumber(ARGV[2]))
 end
-return {epoch, tonumber(m[2]) or 0, m[3], m[4]}
+local o = tonumber(m[2]) or 0
+return {epoch, o, tonumber(m[5]) or o, m[6] or '', m[3], m[4]}
 "#;
 
 /// Position and last value of a known channel, creating nothing: KEYS meta. Returns `nil` for
 /// an unknown channel, else as [`POSITION`].
 const PEEK: &str = r#"
-local m = redis.call('HMGET', KEYS[1], 'e', 'o', 'd', 't')
+local m = redis.call('HMGET', KEYS[1], 'e', 'o', 'd', 't', 'lo', 'g')
 if not m[1] then return nil end
-return {m[1], tonumber(m[2]) or 0, m[3], m[4]}
+local o = tonumber(m[2]) or 0
+return {m[1], o, tonumber(m[5]) or o, m[6] or '', m[3], m[4]}
 "#;
 
 /// History: KEYS meta, history; ARGV an epoch to use if the channel has none, the reader's
 /// epoch (`''`: no position, the newest entries), its offset, the limit, the channel's keep ms.
-/// Returns `{epoch, offset, complete (0/1), {{offset, ms, data}, ...}}`, oldest first.
+/// Returns `{epoch, offset, complete (0/1), {{offset, ms, data, historical (0/1), tags (`''`:
+/// none)}, ...}}`, oldest first.
 /// Entries older than the namespace's history TTL count as gone, as in the memory broker.
 const HISTORY: &str = r#"
 local epoch = redis.call('HGET', KEYS[1], 'e')
@@ -354,19 +367,21 @@ if none then limit = 1 end
 local function entry(e)
   local off = tonumber(string.match(e[1], '^(%d+)'))
   local f = e[2]
-  local d, t
+  local d, t, h, g = nil, nil, 0, ''
   for i = 1, #f, 2 do
-    if f[i] == 'd' then d = f[i + 1] elseif f[i] == 't' then t = tonumber(f[i + 1]) end
+    local k = f[i]
+    if k == 'd' then d = f[i + 1] elseif k == 't' then t = tonumber(f[i + 1])
+    elseif k == 'h' then h = 1 elseif k == 'g' then g = f[i + 1] end
   end
-  return off, t or 0, d
+  return off, t or 0, d, h, g
 end
 local out = {}
 if ARGV[2] == '' then
   if none then return {epoch, offset, 1, out} end
   local entries = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', limit)
   for i = #entries, 1, -1 do
-    local off, t, d = entry(entries[i])
-    if t >= cutoff and off > floor then out[#out + 1] = {off, t, d} end
+    local off, t, d, h, g = entry(entries[i])
+    if t >= cutoff and off > floor then out[#out + 1] = {off, t, d, h, g} end
   end
   return {epoch, offset, 1, out}
 end
@@ -387,10 +402,10 @@ end
 local entries = redis.call('XRANGE', KEYS[2], (math.max(since, floor) + 1) .. '-0', '+', 'COUNT', limit)
 local complete = 0
 for i = 1, #entries do
-  local off, t, d = entry(entries[i])
+  local off, t, d, h, g = entry(entries[i])
   if t >= cutoff then
     if i == 1 and off == since + 1 and not lost then complete = 1 end
-    if not none then out[#out + 1] = {off, t, d} end
+    if not none then out[#out + 1] = {off, t, d, h, g} end
   end
 end
 return {epoch, offset, complete, out}
@@ -528,7 +543,6 @@ pub(super) struct Scripts {
     pub epoch_bump: Script,
     pub lineage_note: Script,
     pub trend_compact: Script,
-    pub trend_backfill: Script,
 }
 
 impl Scripts {
@@ -548,7 +562,6 @@ impl Scripts {
         Scripts {
             publish: Script::new(&chunk(text(format!("{here}{identity}{TREND_BUCKET}{PUBLISH}")))),
             trend_compact: script(TREND_COMPACT),
-            trend_backfill: Script::new(&chunk(format!("{TREND_BUCKET}{TREND_BACKFILL}"))),
             position: with_identity(POSITION),
             peek: script(PEEK),
             history: with_identity(HISTORY),

@@ -4,7 +4,7 @@
 //! A channel's trend is cut into chunks of [`CHUNK_BUCKETS`] buckets (chunk `c` holds buckets
 //! `c * CHUNK_BUCKETS ..` of the namespace's step, counted from the Unix epoch):
 //! Each tier of a channel (its step) has chunks of its own, under keys that name the step.
-//! - **raw chunks**, `P:{ch}:t:<step>:<c>`: what the publish and backfill scripts update in
+//! - **raw chunks**, `P:{ch}:t:<step>:<c>`: what the publish script updates in
 //!   place, 28 bytes per bucket (min, max, last as big-endian doubles, the count; 0 for a
 //!   bucket without values), then 4 bytes per bucket: the time of its last, as an offset from
 //!   its start (`scripts::TREND_BUCKET`). Updating a slot is a few `GETRANGE`s and `SETRANGE`s
@@ -25,12 +25,12 @@
 //! A read is one `MULTI`: `HGETALL` of the compressed hash and `MGET` of the raw chunks its
 //! window spans, so a chunk being swapped is seen in one form or the other, never neither.
 //!
-//! Historical values ([`backfill`]) go through the raw chunks of their own time, like a late
-//! value: a script (`TREND_BACKFILL`) adds them to their slots, so every write to a channel's
-//! trend — publications from any node, merges, the compactor's swap (which checks the raw
-//! chunk did not change) — is one atomic script in Redis, and concurrent writers never lose
-//! each other's values. A raw chunk so written for a closed chunk is queued for compression;
-//! until then a read merges it with the compressed form.
+//! Historical publications ([`crate::Outgoing::historical`]) go through the raw chunks of their
+//! own time, like a late value, in the publish script, so every write to a channel's trend —
+//! publications from any node, the compactor's swap (which checks the raw chunk did not
+//! change) — is one atomic script in Redis, and concurrent writers never lose each other's
+//! values. A raw chunk so written for a closed chunk is queued for compression
+//! ([`Compactor::historical`]); until then a read merges it with the compressed form.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -42,7 +42,7 @@ use tokio::sync::watch;
 use super::Inner;
 use crate::trend::chunk::Chunk;
 use crate::trend::ring::CHUNK_BUCKETS;
-use crate::trend::{TrendBucket, TrendPolicy, TrendTiers};
+use crate::trend::{TrendBucket, TrendPolicy};
 use crate::BrokerError;
 
 /// Bytes of one bucket of a raw chunk.
@@ -50,8 +50,6 @@ const SLOT_BYTES: usize = 28;
 const CHUNK: u64 = CHUNK_BUCKETS as u64;
 /// Where a raw chunk's offsets of the times of last begin (4 bytes per bucket).
 const TIMES_AT: usize = SLOT_BYTES * CHUNK_BUCKETS as usize;
-/// Historical values per backfill script call: bounds how long one call holds Redis.
-const BACKFILL_CHUNK: usize = 500;
 /// Chunks compressed at once by the compactor.
 const COMPACT_BATCH: usize = 64;
 /// How often the compactor looks for due chunks.
@@ -153,67 +151,6 @@ pub(super) async fn read(
     Ok(out)
 }
 
-/// Merges historical values of `channel` into its trend ([`crate::Broker::backfill`]): each
-/// value into the raw chunk of its time in every tier that reaches back to it, up to
-/// [`BACKFILL_CHUNK`] values per script call. Answers how many were kept. Raw chunks written
-/// for chunks already closed are queued for compression.
-pub(super) async fn backfill(
-    inner: &Inner,
-    channel: &str,
-    values: &[(u64, f64)],
-    tiers: TrendTiers,
-) -> Result<usize, BrokerError> {
-    let now = crate::now_ms();
-    let mut kept = 0;
-    // Whether an earlier part was merged: a failure after it leaves the call half done.
-    let mut merged = false;
-    for part in values.chunks(BACKFILL_CHUNK) {
-        let mut chunks: Vec<(TrendPolicy, u64)> = Vec::new();
-        let mut call = inner.scripts.trend_backfill.prepare_invoke();
-        for (i, &(t, v)) in part.iter().enumerate() {
-            for tier in tiers.backfill_placements(now, t) {
-                let step = tier.step_ms.max(1);
-                let c = chunk_of(t, step);
-                let k = match chunks.iter().position(|&(p, d)| p.step_ms.max(1) == step && d == c) {
-                    Some(k) => k,
-                    None => {
-                        chunks.push((tier, c));
-                        call.key(inner.keys.trend_raw(channel, step, c));
-                        chunks.len() - 1
-                    }
-                };
-                call.arg(i + 1).arg(k + 1).arg(format!("{v:?}")).arg(t).arg(step).arg(tier.len.max(1));
-            }
-        }
-        if chunks.is_empty() {
-            continue;
-        }
-        // As a publish: a script sent and not answered may have merged its values, and a
-        // failure after an earlier part was merged leaves some merged (the caller can count on
-        // neither: outcome unknown).
-        let unknown = |e: BrokerError| BrokerError::Unknown(e.to_string());
-        let answer = match inner.conn().await {
-            Ok(mut conn) => call.invoke_async::<usize>(&mut conn).await,
-            Err(e) => return Err(if merged { unknown(e) } else { e }),
-        };
-        let n = match answer {
-            Ok(n) => n,
-            Err(e) if merged || e.is_timeout() || e.is_io_error() || e.is_connection_dropped() => {
-                return Err(unknown(inner.failed(e)))
-            }
-            Err(e) => return Err(inner.failed(e)),
-        };
-        kept += n;
-        merged = true;
-        for (tier, c) in chunks {
-            if c < chunk_of(now, tier.step_ms.max(1)) {
-                inner.trends.queue(channel, tier, c, Instant::now() + grace(tier));
-            }
-        }
-    }
-    Ok(kept)
-}
-
 /// How long after a chunk closed it is compressed: values of a batch published at once may
 /// still arrive for its last buckets.
 fn grace(policy: TrendPolicy) -> Duration {
@@ -257,6 +194,16 @@ impl Compactor {
             }
         };
         self.queue(channel, policy, before, Instant::now() + grace(policy));
+    }
+
+    /// A historical value of `channel` was recorded at `at_ms`: a chunk already closed is
+    /// queued to be compressed again with it (due after the grace).
+    pub(super) fn historical(&self, channel: &str, policy: TrendPolicy, at_ms: u64, now_ms: u64) {
+        let step = policy.step_ms.max(1);
+        let c = chunk_of(at_ms, step);
+        if c < chunk_of(now_ms, step) {
+            self.queue(channel, policy, c, Instant::now() + grace(policy));
+        }
     }
 
     fn queue(&self, channel: &str, policy: TrendPolicy, chunk: u64, at: Instant) {

@@ -11,7 +11,7 @@
 //! A value for a step in the tail updates or inserts its bucket there; a value for a later step
 //! starts a new bucket, and the tail's oldest moves into the open chunk (sealing it once it
 //! holds [`CHUNK_BUCKETS`]). Both are O(1). A value for a step older than the tail (a source
-//! delivering late, a historical value merged by [`crate::Broker::backfill`]) re-encodes the
+//! delivering late, a historical publication, [`crate::Outgoing::historical`]) re-encodes the
 //! one chunk that holds that step — or falls between its buckets, and is inserted there — as
 //! the rare case it is. Wherever it lands, it joins min, max and count, and becomes `last`
 //! only when its time is at or after the bucket's `last` ([`TrendBucket::add`]).

@@ -3,6 +3,7 @@
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use switchboard_protocol::filter::Tags;
 
 /// One item of a batch publish.
 #[derive(Deserialize)]
@@ -11,9 +12,11 @@ pub struct PublishOne {
     pub data: Box<RawValue>,
     #[serde(default, deserialize_with = "switchboard_protocol::command::idempotency_key")]
     pub idempotency_key: Option<String>,
+    #[serde(default, deserialize_with = "switchboard_protocol::filter::tags")]
+    pub tags: Option<Tags>,
 }
 
-/// `{"channel", "data", "idempotency_key"?}` or `{"batch": [...]}`. Not an untagged enum: raw JSON values cannot
+/// `{"channel", "data", "idempotency_key"?, "tags"?}` or `{"batch": [...]}`. Not an untagged enum: raw JSON values cannot
 /// pass through serde's buffering of untagged variants.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -23,6 +26,8 @@ pub struct PublishBody {
     pub data: Option<Box<RawValue>>,
     #[serde(default, deserialize_with = "switchboard_protocol::command::idempotency_key")]
     pub idempotency_key: Option<String>,
+    #[serde(default, deserialize_with = "switchboard_protocol::filter::tags")]
+    pub tags: Option<Tags>,
     pub batch: Option<Vec<PublishOne>>,
 }
 

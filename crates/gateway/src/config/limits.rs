@@ -1,5 +1,5 @@
 //! `[limits]`: the node's limits ([`Limits`]), their defaults, the reply budget they give and the
-//! share authentication enforces.
+//! share authentication enforces; the WebSocket compression it allows ([`Compression`]).
 
 use serde::Deserialize;
 
@@ -50,6 +50,21 @@ pub struct Limits {
     /// the channels with local subscribers. Past it, publishing to or subscribing a new
     /// channel is refused with 429; existing channels keep working.
     pub max_channels: usize,
+    /// permessage-deflate (RFC 7692) on WebSocket connections whose client offers it.
+    pub compression: Compression,
+    /// Messages shorter than this go out uncompressed on a compressing connection: below it,
+    /// compressing saves fewer bytes than it costs (docs/operations.md, "Compression").
+    pub compression_min_bytes: usize,
+}
+
+/// `limits.compression`: what the node's WebSocket may negotiate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// Never: offers are declined, every frame goes out as it is.
+    Off,
+    /// permessage-deflate when the client offers it (browsers do).
+    Deflate,
 }
 
 impl Default for Limits {
@@ -73,9 +88,16 @@ impl Default for Limits {
             first_message_timeout_s: 5,
             exempt_loopback: true,
             max_channels: 1_000_000,
+            compression: Compression::Deflate,
+            compression_min_bytes: COMPRESSION_MIN_BYTES,
         }
     }
 }
+
+/// The default of `limits.compression_min_bytes`: JSON shorter than this saves at most about
+/// 100 bytes, no more than the headers of the packet that carries it, for the compressor's fixed
+/// 3 µs (docs/benchmarks.md, "WebSocket compression").
+pub const COMPRESSION_MIN_BYTES: usize = 256;
 
 impl Limits {
     /// The bytes of data one reply may carry — a subscribe's `last`, `recovered` and `trend`, a

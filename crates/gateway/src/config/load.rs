@@ -9,7 +9,7 @@ use super::{Config, ConfigError};
 /// `tls` value (secrets, paths) stays text even when it looks like one.
 const AUTH_NUMBERS: &[&str] = &["auth.jwt_leeway_s", "auth.jwks_refresh_s", "auth.revocation_keep_s"];
 
-const LIMIT_KEYS: [&str; 18] = [
+const LIMIT_KEYS: [&str; 20] = [
     "max_connections",
     "max_subscriptions",
     "max_frame_bytes",
@@ -28,6 +28,8 @@ const LIMIT_KEYS: [&str; 18] = [
     "first_message_timeout_s",
     "exempt_loopback",
     "max_channels",
+    "compression",
+    "compression_min_bytes",
 ];
 
 /// Keys of `[transports]`, also reachable as flat `SWITCHBOARD_POLL_TIMEOUT_S` etc.

@@ -147,3 +147,18 @@ fn config_beyond_loopback_needs_some_authentication_an_idp_or_a_connect_hook_cou
         assert!(load(&[("SWITCHBOARD_LISTEN", "0.0.0.0:8700"), (key, value)]).is_ok(), "{key}");
     }
 }
+
+#[test]
+fn config_compression_defaults_to_deflate_and_is_set_by_name() {
+    let c = Config::load(None, vec![], &[]).unwrap();
+    assert_eq!((c.limits.compression, c.limits.compression_min_bytes), (Compression::Deflate, 256));
+    let c = Config::load(
+        None,
+        env(&[("SWITCHBOARD_COMPRESSION", "off"), ("SWITCHBOARD_LIMITS__COMPRESSION_MIN_BYTES", "0")]),
+        &[],
+    )
+    .unwrap();
+    assert_eq!((c.limits.compression, c.limits.compression_min_bytes), (Compression::Off, 0));
+    let e = Config::load(None, env(&[("SWITCHBOARD_COMPRESSION", "gzip")]), &[]).unwrap_err();
+    assert!(e.0.starts_with("limits.compression:"), "{e}");
+}

@@ -1,7 +1,7 @@
 //! Unit tests of the outbox, and `TestWire`, the in-memory wire other modules' tests use.
 
 use super::*;
-use switchboard_protocol::message::encode_publication;
+use switchboard_protocol::message::{encode_publication, Data, Pub};
 
 /// A socket stand-in that accepts `room` bytes until `open_up` is called.
 #[derive(Default)]
@@ -57,7 +57,10 @@ impl Wire for TestWire {
 pub fn delivery(ch: &str, off: u64, v: &str) -> Delivery {
     let data = serde_json::value::RawValue::from_string(v.to_string()).unwrap();
     Delivery {
-        frame: Frame::message(Format::Json, &encode_publication(Format::Json, ch, off, &data)),
+        frame: Frame::message(
+            Format::Json,
+            &encode_publication(Format::Json, Pub { ch, off, data: Data(&data), hist: false, tags: None }),
+        ),
         channel: ch.into(),
         offset: off,
         born: Instant::now(),

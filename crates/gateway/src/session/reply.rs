@@ -5,20 +5,15 @@
 
 use serde::ser::{SerializeMap, Serializer};
 use serde::Serialize;
-use serde_json::value::RawValue;
-use switchboard_broker::Publication;
 use switchboard_protocol::code;
 use switchboard_protocol::command::SubscribeRequest;
-use switchboard_protocol::message::{Data, ErrorBody, Pub};
+use switchboard_protocol::message::{ErrorBody, Pub};
 use switchboard_protocol::Format;
 
 pub(crate) use crate::message::Outcome;
 use crate::node::ApiError;
 
-pub(super) fn pub_of<'a>(ch: &'a str, p: &'a Publication) -> Pub<'a> {
-    let data: &RawValue = &p.data;
-    Pub { ch, off: p.offset, data: Data(data) }
-}
+pub(super) use crate::message::pub_of;
 
 /// Serializes `{"channels": {name: result, ...}}` in request order.
 pub(super) struct SubscribeReply<'a>(pub(super) &'a [(String, Outcome)]);

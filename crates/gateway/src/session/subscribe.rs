@@ -17,9 +17,11 @@ use switchboard_protocol::{namespace_of, validate_channel};
 use super::reply::{asked, Outcome, ReplyBudget, SubscribeReply};
 use super::Session;
 use crate::auth::Action;
+use crate::hub::Rule;
 use crate::message::{Kind, Outcomes};
 use crate::node::{ApiError, Node};
-use crate::sampling::{PointView, Sampling};
+use crate::sampling::PointView;
+use switchboard_protocol::filter::Filter;
 
 /// Channels of one subscribe whose broker work runs at once (pipelined on a shared broker).
 const SUBSCRIBE_CONCURRENCY: usize = 256;
@@ -37,7 +39,7 @@ enum Attached {
 
 /// The broker side of subscribing `ch`: count it (publications flow from here on), then read
 /// its position, last value or missed publications.
-async fn attach(node: &Node, ch: &Arc<str>, req: &SubscribeRequest) -> Attached {
+async fn attach(node: &Node, ch: &Arc<str>, req: &SubscribeRequest, rule: &Rule) -> Attached {
     // Every subscription goes to the broker, not only the node's first one on the channel:
     // the broker counts them, and returns only once publications flow to this node, so the
     // position read below cannot run ahead of the live stream (a shared broker subscribes
@@ -46,10 +48,33 @@ async fn attach(node: &Node, ch: &Arc<str>, req: &SubscribeRequest) -> Attached 
     if let Err(e) = node.broker.subscribe(ch).await {
         return Attached::Refused(node.broker_error(e));
     }
-    Attached::Subscribed(read_start(node, ch, req).await)
+    Attached::Subscribed(read_start(node, ch, req, rule).await)
 }
 
-async fn read_start(node: &Node, name: &str, req: &SubscribeRequest) -> Result<Outcome, ApiError> {
+/// Which publications the subscribe's channels are sent: its sampling, its filter or deltas,
+/// each checked (400 naming the field); they do not combine.
+fn rule_of(req: &SubscribeRequest) -> Result<Rule, ApiError> {
+    let sampling = switchboard_protocol::bounds::subscribe(req).map_err(crate::sampling::bad_number)?;
+    let bad = |m: &str| Err(ApiError::new(code::BAD_REQUEST, m.to_string()));
+    match (&req.delta, &req.filter) {
+        (Some(d), _) if d != "fossil" => bad("delta: the one delta format is \"fossil\""),
+        (Some(_), Some(_)) => bad("delta: cannot be combined with filter"),
+        (Some(_), None) if sampling.is_some() => bad("delta: cannot be combined with max_rate_hz or deadband"),
+        (Some(_), None) => Ok(Rule::Delta),
+        (None, Some(spec)) => {
+            let filter = Filter::compile(spec).map_err(crate::sampling::bad_number)?;
+            match sampling {
+                Some(_) => bad("filter: cannot be combined with max_rate_hz or deadband"),
+                None => Ok(Rule::Filtered(Arc::new(filter))),
+            }
+        }
+        (None, None) => Ok(sampling.map_or(Rule::Every, Rule::Sampled)),
+    }
+}
+
+/// The channel's start for a new subscriber: position, last value, recovered publications,
+/// trend. A filtered subscriber is given only what its filter matches (its last value too).
+async fn read_start(node: &Node, name: &str, req: &SubscribeRequest, rule: &Rule) -> Result<Outcome, ApiError> {
     let broker_err = |e| node.broker_error(e);
     let (mut position, mut recovered, mut complete) = (None, Vec::new(), true);
     let mut last = None;
@@ -84,6 +109,10 @@ async fn read_start(node: &Node, name: &str, req: &SubscribeRequest) -> Result<O
         complete = r.complete;
     }
     let position = position.ok_or_else(|| ApiError::new(code::INTERNAL, "no position"))?;
+    if let Rule::Filtered(filter) = rule {
+        recovered.retain(|p| filter.matches(p.tags.as_deref()));
+        last = last.filter(|p| filter.matches(p.tags.as_deref()));
+    }
     Ok(Outcome::Ok { position, last, recovered, complete, trend })
 }
 
@@ -105,8 +134,8 @@ impl Session {
             );
             return self.err(id, e);
         }
-        let sampling = match switchboard_protocol::bounds::subscribe(&req).map_err(crate::sampling::bad_number) {
-            Ok(s) => s,
+        let rule = match rule_of(&req) {
+            Ok(rule) => rule,
             Err(e) => return self.err(id, e),
         };
         let mut hook_refusals = if server { HashMap::new() } else { self.subscribe_hook_refusals(&req.channels).await };
@@ -128,14 +157,14 @@ impl Session {
                     Some(what) if budget.is_full() => Err(budget.refusal(&what)),
                     _ => match hook_refusals.remove(name.as_str()) {
                         Some(refused) => Err(refused),
-                        None => self.admit(name, sampling, server),
+                        None => self.admit(name, &rule, server),
                     },
                 })
                 .collect();
             let node = &self.node;
             let attached = futures_util::future::join_all(admitted.iter().map(|a| async {
                 match a {
-                    Ok(ch) => Some(attach(node, ch, &req).await),
+                    Ok(ch) => Some(attach(node, ch, &req, &rule).await),
                     Err(_) => None,
                 }
             }))
@@ -215,7 +244,7 @@ impl Session {
 
     /// Checks one channel of a subscribe (name, permission, not yet subscribed, the limit) and
     /// adds this connection to the hub's subscribers of it.
-    fn admit(&mut self, name: &str, sampling: Option<Sampling>, server: bool) -> Result<Arc<str>, ApiError> {
+    fn admit(&mut self, name: &str, rule: &Rule, server: bool) -> Result<Arc<str>, ApiError> {
         validate_channel(name).map_err(|e| ApiError::new(code::BAD_REQUEST, e.to_string()))?;
         if !server {
             self.allow(Action::Subscribe, name)?;
@@ -231,6 +260,13 @@ impl Session {
         }
         self.node.hub_has_room(name)?;
         let ns = self.node.config.namespace(namespace_of(name));
+        if matches!(rule, Rule::Delta) && (ns.conflate || ns.history_size == 0) {
+            // A delta is against the previous publication: its subscriber must get every one.
+            return Err(ApiError::new(
+                code::BAD_REQUEST,
+                format!("delta: {name} conflates or keeps no history; deltas need every publication in order"),
+            ));
+        }
         if let (true, Some(bucket)) = (ns.presence, &mut self.presence_rate) {
             let rate = self.node.config.limits.presence_changes_per_connection_per_s;
             if !bucket.take(rate as f64, Instant::now()) {
@@ -238,7 +274,7 @@ impl Session {
             }
         }
         let ch: Arc<str> = Arc::from(name);
-        self.node.hub.add(&ch, &self.outbox, ns.conflate, sampling);
+        self.node.hub.add(&ch, &self.outbox, ns.conflate, rule.clone());
         self.pending.insert(ch.clone());
         Ok(ch)
     }
@@ -254,6 +290,7 @@ impl Session {
         if let Some(ch) = self.subs.take(name) {
             self.node.metrics.subscriptions.fetch_sub(1, Relaxed);
             self.node.hub.remove(&ch, self.outbox.id);
+            self.outbox.forget_channel(&ch);
             let _ = self.node.broker.unsubscribe(&ch).await;
         }
         // A channel ended by the hub (below) keeps its presence entry until the client
@@ -273,6 +310,7 @@ impl Session {
             let Some(ch) = self.subs.take(&name) else { continue };
             self.node.metrics.subscriptions.fetch_sub(1, Relaxed);
             self.node.hub.remove(&ch, self.outbox.id);
+            self.outbox.forget_channel(&ch);
             let node = self.node.clone();
             tokio::spawn(async move {
                 let _ = node.broker.unsubscribe(&ch).await;

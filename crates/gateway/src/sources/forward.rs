@@ -201,7 +201,7 @@ async fn serve(node: Arc<Node>, source: String, request: Request) {
         ))))
     } else {
         let checked =
-            node.target(&request.channel).and_then(|t| node.check_publication(t, Arc::new(request.data), None));
+            node.target(&request.channel).and_then(|t| node.check_publication(t, Arc::new(request.data), None, None));
         match checked {
             Ok(checked) => match sources.write(&source, checked.channel(), checked.data().clone()).await {
                 // Not (or no longer) here: the node it runs on answers.

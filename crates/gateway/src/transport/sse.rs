@@ -306,6 +306,8 @@ pub(crate) async fn open(
         max_rate_hz,
         deadband,
         trend: None,
+        filter: None,
+        delta: None,
     };
     let events = StreamEvents::new(channels.clone(), initial, recover, SUBSCRIBE_ID);
     let outbox = node.register_framed(Box::new(events)).map_err(|ob| crate::transport::http::not_registered(&ob))?;

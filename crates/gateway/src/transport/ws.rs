@@ -22,6 +22,12 @@
 //! closing; shared with the echo server, `crate::echo`): a violation fails the connection
 //! with close 1002, 1007 or 1009 and no `disconnect` message. A valid frame that carries no
 //! valid command is the application's concern: `disconnect` and close 4010.
+//!
+//! Compression: when `limits.compression` allows it and the client offers permessage-deflate
+//! (RFC 7692), the handshake accepts the first offer it can honour ([`extension`]), always
+//! without context takeover either way; the connection's reader then inflates compressed
+//! messages and its outbox compresses what it sends from `limits.compression_min_bytes` on
+//! (`crate::outbox::deflated`). No compression state stays with the connection.
 
 use std::io;
 use std::net::IpAddr;
@@ -35,13 +41,16 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, Response, StatusCode};
 use bytes::Bytes;
 use switchboard_protocol::code::close;
+use switchboard_protocol::websocket::deflate::{self, Agreed};
 use switchboard_protocol::websocket::{self, Event, Opcode};
 use switchboard_protocol::Format;
 
 use crate::auth::credentials::{parse_authorization, split_subprotocols, token_from_query};
 use crate::auth::limits::{Admission, IpGuard};
 use crate::auth::{AuthFailure, Identity};
+use crate::config::Compression;
 use crate::node::Node;
+use crate::outbox::Deflate;
 use crate::session::{CloseReason, Session};
 use crate::transport::http::Peer;
 use crate::transport::owned::timer_at;
@@ -62,6 +71,8 @@ struct Admitted {
     hook_headers: std::collections::BTreeMap<String, String>,
     format: Format,
     max_frame: usize,
+    /// permessage-deflate, when negotiated.
+    deflate: Option<Deflate>,
     /// Bytes that came after the handshake, before the connection's task read anything.
     leftover: Vec<u8>,
 }
@@ -129,13 +140,16 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
     }
     let hook_headers = node.config.hooks.pick_headers(req.headers().iter().map(|(n, v)| (n.as_str(), v.as_bytes())));
     let format = format.unwrap_or(Format::Json);
+    let limits = &node.config.limits;
+    let agreed = (limits.compression == Compression::Deflate).then(|| extension(req.headers())).flatten();
     let mut admitted = Admitted {
         identity,
         slot: limited.map(|ip| auth.limiter.acquire(ip)),
         exempt: limited.is_none(),
         hook_headers,
         format,
-        max_frame: node.config.limits.max_frame_bytes,
+        max_frame: limits.max_frame_bytes,
+        deflate: agreed.map(|a| Deflate { window: a.server_window, min_bytes: limits.compression_min_bytes }),
         leftover: Vec::new(),
     };
     // Echo the chosen protocol only when the client offered it.
@@ -161,7 +175,13 @@ pub async fn handshake(State(node): State<Arc<Node>>, mut req: Request) -> Respo
             None => tracing::error!("upgraded connection is neither TCP nor TLS over TCP"),
         }
     });
-    switching_protocols(&accept, echo)
+    switching_protocols(&accept, echo, agreed)
+}
+
+/// The permessage-deflate offer of a request's `Sec-WebSocket-Extensions` that this server
+/// accepts, if any (`websocket::deflate::offer`: RFC 7692's rules).
+pub(crate) fn extension(h: &HeaderMap) -> Option<Agreed> {
+    deflate::negotiate(h.get_all(header::SEC_WEBSOCKET_EXTENSIONS).iter().filter_map(|v| v.to_str().ok()))
 }
 
 /// Whether a request asks for a WebSocket upgrade (RFC 6455 §4.2.1): a GET with `Upgrade:
@@ -189,8 +209,13 @@ pub(crate) fn accept_key(h: &HeaderMap) -> Result<String, Box<Response<Body>>> {
     Ok(tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes()))
 }
 
-/// The 101 answer that completes an upgrade, naming the chosen subprotocol if any.
-pub(crate) fn switching_protocols(accept: &str, protocol: Option<&'static str>) -> Response<Body> {
+/// The 101 answer that completes an upgrade, naming the chosen subprotocol and the accepted
+/// permessage-deflate offer if any.
+pub(crate) fn switching_protocols(
+    accept: &str,
+    protocol: Option<&'static str>,
+    deflate: Option<Agreed>,
+) -> Response<Body> {
     let mut r = Response::new(Body::empty());
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let hd = r.headers_mut();
@@ -201,6 +226,9 @@ pub(crate) fn switching_protocols(accept: &str, protocol: Option<&'static str>) 
     }
     if let Some(p) = protocol {
         hd.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(p));
+    }
+    if let Some(Ok(v)) = deflate.map(|a| HeaderValue::from_str(&a.response())) {
+        hd.insert(header::SEC_WEBSOCKET_EXTENSIONS, v);
     }
     r
 }
@@ -222,7 +250,7 @@ enum Wake {
 /// Runs one connection to its end.
 async fn run(node: Arc<Node>, socket: Socket, admitted: Box<Admitted>) {
     // Unboxed at once, so the connection's state keeps no copy of what the handshake decided.
-    let Admitted { identity, slot, exempt, hook_headers, format, max_frame, leftover } = *admitted;
+    let Admitted { identity, slot, exempt, hook_headers, format, max_frame, deflate, leftover } = *admitted;
     let _ = socket.tcp().set_nodelay(true);
     let outbox = match node.register(format, socket.wire()) {
         Ok(ob) => ob,
@@ -231,6 +259,9 @@ async fn run(node: Arc<Node>, socket: Socket, admitted: Box<Admitted>) {
             return;
         }
     };
+    if let Some(d) = deflate {
+        outbox.use_deflate(d);
+    }
     // A WebSocket client subscribes again on its connection: a channel whose publications
     // the broker lost ends with an `unsubscribed` push, the others keep streaming.
     outbox.accept_resubscribes();
@@ -264,7 +295,7 @@ async fn run(node: Arc<Node>, socket: Socket, admitted: Box<Admitted>) {
     session.set_identity(identity);
     session.set_rate_exempt(exempt);
     session.set_limited_ip(_slot.as_ref().and_then(|g| g.as_ref().map(|g| g.ip())));
-    let mut reader = FrameReader::new(max_frame);
+    let mut reader = FrameReader::new(max_frame, deflate.is_some());
     let message_timeout = Duration::from_secs(node.config.limits.handshake_timeout_s);
     let mut stop = node.stopping();
     if !leftover.is_empty() {

@@ -123,9 +123,12 @@ export abstract class Widget {
     return data;
   }
 
-  /** Applies a publication of `channel`; returns whether the widget took it. */
+  /** Applies a publication of `channel`; returns whether the widget took it. A historical
+   * publication (a value a plant source back-filled, never the channel's current value) does
+   * not touch the value, quality, age or alarm shown: it goes to `takeHistorical`. */
   apply(p: Publication, channel: string): boolean {
     if (channel !== this.spec.channel) return false;
+    if (p.historical) return this.takeHistorical(p);
     const d = p.data as { q?: unknown } | null;
     this.quality = d && typeof d === 'object' && typeof d.q === 'string' && d.q !== 'good' ? d.q : null;
     this.offset = p.offset;
@@ -140,6 +143,13 @@ export abstract class Widget {
   }
 
   protected abstract take(value: unknown, p: Publication): void;
+
+  /** A historical publication of the widget's channel: a value from before the current one,
+   * at its own time (`t`). A display of the current value leaves it out (false); a plot by
+   * time may place it (true: taken). */
+  protected takeHistorical(_p: Publication): boolean {
+    return false;
+  }
 
   /** Panel and label. `ox, oy`: board scroll offset. */
   drawFrame(ctx: CanvasRenderingContext2D, ox: number, oy: number): void {

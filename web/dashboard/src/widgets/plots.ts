@@ -70,6 +70,8 @@ export class ScatterWidget extends Widget {
   }
 
   override apply(p: Publication, channel: string): boolean {
+    // Points pair current values: a back-filled one of either channel is not one.
+    if (p.historical) return false;
     const xc = this.xChannel();
     if (xc !== null && channel === xc && channel !== this.spec.channel) {
       const v = num(this.extract(p.data), NaN);

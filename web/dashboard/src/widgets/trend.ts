@@ -155,6 +155,54 @@ export class TrendWidget extends Widget {
     const d = p.data as { t?: unknown } | null;
     const t = (d && typeof d === 'object' && typeof d.t === 'number' ? d.t : Date.now()) / 1000;
     if (this.liveFrom === Infinity) this.liveFrom = t;
+    this.makeRoom();
+    this.xs[this.end] = t;
+    this.ys[this.end] = v;
+    this.end++;
+    this.trim(t);
+    this.last = v;
+    this.news = true;
+  }
+
+  /** A back-filled value goes into the plot at its own time `t`, the points kept in time order;
+   * one without a time, or from before what the view keeps, is left out. It is not the current
+   * value: `last` (and what the base widget shows) stays the newest live one. */
+  protected override takeHistorical(p: Publication): boolean {
+    const v = num(this.extract(p.data), NaN);
+    const d = p.data as { t?: unknown } | null;
+    if (Number.isNaN(v) || !d || typeof d !== 'object' || typeof d.t !== 'number') return false;
+    const t = d.t / 1000;
+    const newest = this.end > this.start ? this.xs[this.end - 1] : t;
+    if (t < this.keepFrom(Math.max(t, newest))) return false;
+    this.makeRoom();
+    const at = indexOf(this.kept(), t);
+    this.xs.copyWithin(at + 1, at, this.end);
+    this.ys.copyWithin(at + 1, at, this.end);
+    this.xs[at] = t;
+    this.ys[at] = v;
+    this.end++;
+    if (this.end - this.start > TREND_POINTS) this.compact();
+    this.news = true;
+    return true;
+  }
+
+  /** The oldest time (unix s) kept when the newest point is at `newest`: the window's start,
+   * or earlier while a paused or zoomed view shows older points. */
+  private keepFrom(newest: number): number {
+    return Math.min(newest - this.windowS(), this.zoom?.[0] ?? Infinity, this.held?.[0] ?? Infinity);
+  }
+
+  /** Drops the points older than what is kept once the newest is at `newest`, and halves the
+   * older points' resolution past `TREND_POINTS`. */
+  private trim(newest: number): void {
+    const keepFrom = this.keepFrom(newest);
+    while (this.start < this.end - 1 && this.xs[this.start] < keepFrom) this.start++;
+    if (this.end - this.start > TREND_POINTS) this.compact();
+  }
+
+  /** Makes room for one more point at the buffer's end: grows it (up to twice the kept size)
+   * or moves the live part to the front. */
+  private makeRoom(): void {
     if (this.end === this.xs.length) {
       const live = this.end - this.start;
       if (live * 2 > this.xs.length && this.xs.length < TREND_POINTS * 2) {
@@ -171,16 +219,6 @@ export class TrendWidget extends Widget {
       this.start = 0;
       this.end = live;
     }
-    this.xs[this.end] = t;
-    this.ys[this.end] = v;
-    this.end++;
-    const window = this.windowS();
-    // A paused or zoomed view keeps the points it shows.
-    const keepFrom = Math.min(t - window, this.zoom?.[0] ?? Infinity, this.held?.[0] ?? Infinity);
-    while (this.start < this.end - 1 && this.xs[this.start] < keepFrom) this.start++;
-    if (this.end - this.start > TREND_POINTS) this.compact();
-    this.last = v;
-    this.news = true;
   }
 
   /** Halves the resolution of the older half of the points (each pair keeps its max, then its

@@ -31,6 +31,7 @@ use crate::auth::limits::IpGuard;
 use crate::auth::Identity;
 use crate::auth::StoredIdentity;
 use crate::log_limit::LogLimit;
+use crate::message::pub_of;
 use crate::message::{Kind, Message, Outcome, Outcomes};
 use crate::node::Node;
 use crate::outbox::{Outbox, PullOptions};
@@ -520,13 +521,13 @@ impl Polls {
             let mut at = from.unwrap_or(0);
             let start = at;
             for p in recovered.iter().filter(|p| p.offset > start) {
-                out.push(Bytes::from(encode_publication(Format::Json, ch, p.offset, &p.data)));
+                out.push(Bytes::from(encode_publication(Format::Json, pub_of(ch, p))));
                 at = p.offset;
             }
             if !complete {
                 if self.node.config.namespace(namespace_of(ch)).conflate {
                     if let Some(l) = last.as_ref().filter(|l| from.is_none() || l.offset > at) {
-                        out.push(Bytes::from(encode_publication(Format::Json, ch, l.offset, &l.data)));
+                        out.push(Bytes::from(encode_publication(Format::Json, pub_of(ch, l))));
                     }
                 } else {
                     lost = true;

@@ -16,6 +16,7 @@ use switchboard_protocol::Format;
 use switchboard_broker::Publication;
 
 use super::{ChannelPos, FULL_ID_CHANNELS, RETRY};
+use crate::message::pub_of;
 use crate::message::{Kind, Message, Outcome, Outcomes};
 use crate::outbox::Framer;
 
@@ -170,7 +171,7 @@ impl StreamEvents {
                     *pos = ChannelPos { epoch: epoch.to_string(), offset: p.offset };
                 }
                 let has_id = positions.write_id(id, Some(ch));
-                let text = encode_publication(Format::Json, ch, p.offset, &p.data);
+                let text = encode_publication(Format::Json, pub_of(ch, p));
                 write_event(out, None, has_id.then_some(&id[..]), &text);
             };
             if self.recover.contains_key(ch) {

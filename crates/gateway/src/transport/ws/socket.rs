@@ -6,7 +6,9 @@
 //!
 //! A violation of RFC 6455 fails the connection with the close code the protocol crate gives
 //! it (1002, 1007, 1009) and nothing else: the events read before it are still answered, and
-//! nothing the client sends after it is read.
+//! nothing the client sends after it is read. On a connection that negotiated
+//! permessage-deflate the reader inflates compressed messages (RFC 7692), within the same
+//! message limit.
 
 use std::io;
 use std::sync::Arc;
@@ -130,9 +132,10 @@ pub struct FrameReader {
 }
 
 impl FrameReader {
-    /// A reader of messages up to `max_message` bytes (fragments joined).
-    pub fn new(max_message: usize) -> FrameReader {
-        FrameReader { frames: MessageReader::new(max_message), started: None }
+    /// A reader of messages up to `max_message` bytes (fragments joined, and inflated when
+    /// compressed); `deflate`: the connection negotiated permessage-deflate.
+    pub fn new(max_message: usize, deflate: bool) -> FrameReader {
+        FrameReader { frames: MessageReader::new(max_message).with_deflate(deflate), started: None }
     }
 
     /// Reads what the socket has without blocking and pushes the complete events onto `out`.
