@@ -195,7 +195,8 @@ export class Recovery {
       this.accept(e, behind ? { ...r, complete: false } : r, true);
       return;
     }
-    // Live publications wait in `early` until the result is applied, as before a reply.
+    // Marked `sending`: live publications wait in `early` until the history read's result is
+    // applied, so they are delivered after what it recovers, in offset order.
     e.status = 'sending';
     const token = ++e.fillToken;
     const from = { epoch: prev.epoch, offset: Math.max(prev.offset, r.offset - this.host.fillLimit) };
