@@ -33,18 +33,8 @@ import websockets
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CHANNEL = "bench:deflate"
 
-
-def document(i: int) -> dict:
-    """About 1 KiB of JSON: a plant's readings."""
-    return {
-        "seq": i,
-        "site": "plant1",
-        "points": [
-            {"id": f"boiler{k}.temp", "v": round(20 + k * 0.37 + i * 0.01, 3), "q": "good",
-             "t": 1_700_000_000_000 + i * 1000 + k}
-            for k in range(15)
-        ],
-    }
+sys.path.insert(0, str(REPO / "tests" / "python"))
+from sb import plant_document as document  # noqa: E402
 
 
 def start_node(binary: str) -> tuple[subprocess.Popen, int]:

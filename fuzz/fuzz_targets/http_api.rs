@@ -1,8 +1,9 @@
-//! HTTP API bodies and query strings: `POST /api/publish` bodies (one item or a batch) and
-//! the query strings of `GET /api/channels`, `/history`, `/trend` and `/poll/{id}`, parsed as
-//! the API parses them (serde_json with raw data, serde_urlencoded as axum's `Query`), then
-//! every value the API would publish normalised as it does; plus the `Host` check (DNS
-//! rebinding) and the query-token parser on the same bytes. The body and query types are the
+//! HTTP API bodies and query strings: `POST /api/publish` bodies (one item or a batch, their
+//! tags checked as the node checks them) and the query strings of `GET /api/channels`,
+//! `/history`, `/trend` and `/poll/{id}`, parsed as the API parses them (serde_json with raw
+//! data, serde_urlencoded as axum's `Query`), then every value the API would publish normalised
+//! as it does; plus the `Host` check (DNS rebinding) and the query-token parser on the same
+//! bytes. The body and query types are the
 //! API's own (`crates/gateway/src/api/bodies.rs`, included by path: the gateway itself is not
 //! built here, it pulls in TLS and crypto); the poll query is read by hand in the poll handler
 //! and is mirrored here.
@@ -21,6 +22,7 @@ use libfuzzer_sys::fuzz_target;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use switchboard_protocol::command::check_idempotency_key;
+use switchboard_protocol::filter::{check_tags, Tags, MAX_TAGS, MAX_TAG_KEY_BYTES, MAX_TAG_VALUE_BYTES};
 use switchboard_protocol::message::{check_data, single_line};
 use switchboard_protocol::validate_channel;
 
@@ -50,16 +52,26 @@ fn keyed(key: Option<String>) {
     }
 }
 
+/// As the node checks a publication's tags: tags that pass are within every bound.
+fn tagged(tags: Option<Tags>) {
+    if let Ok(Some(t)) = check_tags(tags) {
+        assert!(!t.is_empty() && t.len() <= MAX_TAGS);
+        assert!(t.iter().all(|(k, v)| (1..=MAX_TAG_KEY_BYTES).contains(&k.len()) && v.len() <= MAX_TAG_VALUE_BYTES));
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     if let Ok(body) = serde_json::from_slice::<PublishBody>(data) {
         match body {
-            PublishBody { channel: Some(ch), data: Some(d), idempotency_key, batch: None } => {
+            PublishBody { channel: Some(ch), data: Some(d), idempotency_key, tags, batch: None } => {
                 keyed(idempotency_key);
+                tagged(tags);
                 published(&ch, d)
             }
-            PublishBody { channel: None, data: None, idempotency_key: None, batch: Some(items) } => {
+            PublishBody { channel: None, data: None, idempotency_key: None, tags: None, batch: Some(items) } => {
                 for p in items {
                     keyed(p.idempotency_key);
+                    tagged(p.tags);
                     published(&p.channel, p.data);
                 }
             }

@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use switchboard_protocol::message::{check_data, encode_publication, single_line, Format};
+use switchboard_protocol::message::{check_data, encode_publication, single_line, Data, Format, Pub};
 use switchboard_protocol::{decode_json_frame, CommandBody};
 
 fuzz_target!(|data: &[u8]| {
@@ -26,9 +26,14 @@ fuzz_target!(|data: &[u8]| {
                 let representable = serde_json::from_str::<serde_json::Value>(raw).is_ok();
                 assert_eq!(check_data(raw).is_ok(), representable, "check_data must match the Value parser");
                 if representable {
-                    let frame = encode_publication(Format::Msgpack, "ch", 1, &p.data);
+                    let tags = p.tags.as_ref();
+                    let one = Pub { ch: "ch", off: 1, data: Data(&p.data), hist: false, tags };
+                    let frame = encode_publication(Format::Msgpack, one);
                     let back: serde_json::Value = rmp_serde::from_slice(&frame).expect("MessagePack push decodes");
                     assert_eq!(back["pub"]["off"], 1);
+                    if let Some(t) = tags.filter(|t| !t.is_empty()) {
+                        assert_eq!(back["pub"]["tags"].as_object().map(|o| o.len()), Some(t.len()), "tags carried");
+                    }
                 }
             }
             _ => {}

@@ -325,6 +325,20 @@ def metric(server: Server, name: str, required: bool = False, **labels) -> float
     return 0.0
 
 
+def plant_document(i: int) -> dict:
+    """A JSON document of about 1 KiB: a plant's readings, as dashboards receive them (the
+    compression tests and `scripts/bench_compression.py`)."""
+    return {
+        "seq": i,
+        "site": "plant1",
+        "points": [
+            {"id": f"boiler{k}.temp", "v": round(20 + k * 0.37 + i * 0.01, 3), "q": "good",
+             "t": 1_700_000_000_000 + i * 1000 + k}
+            for k in range(15)
+        ],
+    }
+
+
 def history_all(server: Server, channel: str) -> list[dict]:
     """The data of every publication the channel keeps (`history_pubs`)."""
     return [p["data"] for p in history_pubs(server, channel)]
@@ -435,6 +449,8 @@ class WS:
         ).__enter__()
         self.binary = self.conn.subprotocol == MSGPACK_PROTOCOL
         self.pending: deque = deque()
+        # What arrived before the message the last `recv_where` (or `request`) returned.
+        self.preceding: list = []
         self._id = 0
         self.frames = 0
         self.multi_message_frames = 0
@@ -492,13 +508,16 @@ class WS:
         return self.pending.popleft()
 
     def recv_where(self, pred, timeout: float = DEFAULT_TIMEOUT):
-        """The first message matching `pred`; other messages stay queued in order."""
+        """The first message matching `pred`; other messages stay queued in order, and those
+        that arrived before it are also in `preceding` (one frame may carry messages from
+        either side of it, so `pending` alone does not tell which came first)."""
         deadline = time.monotonic() + timeout
         scanned = 0
         while True:
             for i in range(scanned, len(self.pending)):
                 if pred(self.pending[i]):
                     msg = self.pending[i]
+                    self.preceding = [self.pending[j] for j in range(i)]
                     del self.pending[i]
                     return msg
             scanned = len(self.pending)

@@ -4,6 +4,11 @@ extension by default, and Python's zlib reading raw frames.
 
 - `websockets` negotiates the extension, receives publications (≈1 KiB JSON documents published
   over HTTP) identical to what was published, and its own compressed commands are read.
+- The project's Python client (`switchboard_client`) offers it by default and not with
+  `compression=None`; either way its publications arrive identical, compressed on the wire only
+  when negotiated (the node's `switchboard_bytes_out_total`). Any other value is a `ValueError`.
+- `switchboard sub` (the Rust client, which inflates under tungstenite) does the same by
+  default and not with `--compression off`.
 - On raw frames: the answer always carries both `no_context_takeover` parameters, so every
   compressed message inflates on its own with a fresh decompressor; it is compressed with no
   more window than the client asked for (`server_max_window_bits` 8..15, checked by inflating
@@ -16,35 +21,29 @@ extension by default, and Python's zlib reading raw frames.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
+import queue
 import random
 import socket
 import struct
+import subprocess
+import threading
 import time
 import zlib
 
 import pytest
 from websockets.sync.client import connect
 
-from sb import JSON_PROTOCOL, api_publish, uniq
+from sb import JSON_PROTOCOL, api_publish, metric, server_env, uniq
+from sb import plant_document as document
+from switchboard_client import Client
+from switchboard_client import sync as sbsync
 
 OP_CONT, OP_TEXT, OP_CLOSE, OP_PING = 0, 1, 8, 9
 BOTH = "permessage-deflate; server_no_context_takeover; client_no_context_takeover"
-
-
-def document(i: int) -> dict:
-    """A JSON document of about 1 KiB: a plant's readings, as dashboards receive them."""
-    return {
-        "seq": i,
-        "site": "plant1",
-        "points": [
-            {"id": f"boiler{k}.temp", "v": round(20 + k * 0.37 + i * 0.01, 3), "q": "good",
-             "t": 1_700_000_000_000 + i * 1000 + k}
-            for k in range(15)
-        ],
-    }
 
 
 def deflate(data: bytes, wbits: int = 15) -> bytes:
@@ -174,6 +173,98 @@ def test_compression_websockets_client_receives_identical_publications(server):
                 replied |= m.get("id") == 2 and "ok" in m
     assert [p["data"] for p in got] == docs + [mine]
     assert [p["off"] for p in got] == list(range(got[0]["off"], got[0]["off"] + len(docs) + 1))
+
+
+@pytest.mark.parametrize("options,negotiated", [
+    ({}, ["permessage-deflate"]),
+    ({"compression": "deflate"}, ["permessage-deflate"]),
+    ({"compression": None}, []),
+], ids=["default", "deflate", "none"])
+def test_compression_python_client_receives_identical_publications(server, options, negotiated):
+    ch = uniq("room:pyclient-")
+    docs = [document(i) for i in range(40)]
+    sent = sum(len(json.dumps(d, separators=(",", ":"))) for d in docs)
+
+    async def main():
+        async with Client(server.ws_url, **options) as c:
+            assert c.extensions == negotiated
+            sub = await c.subscribe(ch)
+            before = metric(server, "switchboard_bytes_out_total", required=True)
+            for d in docs:
+                api_publish(server, ch, d)
+            got = [await sub.get(10) for _ in docs]
+            written = metric(server, "switchboard_bytes_out_total", required=True) - before
+            assert c.extensions == negotiated
+        assert c.extensions == [], "none once closed"
+        return got, written
+
+    got, written = asyncio.run(asyncio.wait_for(main(), 60))
+    assert [p.data for p in got] == docs
+    assert [p.offset for p in got] == list(range(got[0].offset, got[0].offset + len(docs)))
+    # What the node wrote for them (the last write may be counted a moment after it arrived).
+    if negotiated:
+        assert written < sent / 2, (written, sent)
+    else:
+        assert written > sent * 0.9, (written, sent)
+
+
+@pytest.mark.parametrize("flag,compressed", [([], True), (["--compression", "off"], False)], ids=["default", "off"])
+def test_compression_cli_sub_prints_the_same_publications_compressed_or_not(server, switchboard_bin, flag, compressed):
+    """`switchboard sub` (the Rust client) offers the extension unless told not to, and prints
+    what was published either way."""
+    ch = uniq("room:cli-")
+    docs = [document(i) for i in range(20)]
+    sent = sum(len(json.dumps(d, separators=(",", ":"))) for d in docs)
+    proc = subprocess.Popen([switchboard_bin, "sub", ch, "--url", server.http_url, *flag], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=server_env())
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(json.loads(x)) for x in proc.stdout], daemon=True).start()
+
+    def line(timeout: float) -> dict | None:
+        try:
+            return lines.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    try:
+
+        # Markers until the tool is subscribed and prints, then the documents.
+        deadline, first = time.monotonic() + 15, None
+        while first is None and time.monotonic() < deadline:
+            api_publish(server, ch, {"marker": True})
+            first = line(0.3)
+        assert first is not None, "sub printed nothing"
+        while (extra := line(0.3)) is not None:  # markers published while it started
+            assert extra["data"] == {"marker": True}, extra
+        before = metric(server, "switchboard_bytes_out_total", required=True)
+        for d in docs:
+            api_publish(server, ch, d)
+        got = [line(10) for _ in docs]
+        written = metric(server, "switchboard_bytes_out_total", required=True) - before
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+    assert [g["data"] for g in got] == docs
+    assert [g["off"] for g in got] == list(range(got[0]["off"], got[0]["off"] + len(docs)))
+    if compressed:
+        assert written < sent / 2, (written, sent)
+    else:
+        assert written > sent * 0.9, (written, sent)
+
+
+def test_compression_python_sync_client_takes_the_option(server):
+    with sbsync.Client(server.ws_url) as c:
+        assert c.extensions == ["permessage-deflate"]
+    with sbsync.Client(server.ws_url, compression=None) as c:
+        assert c.extensions == []
+
+
+@pytest.mark.parametrize("compression", ["gzip", "permessage-deflate", "", "off"])
+def test_compression_python_client_refuses_other_values(compression):
+    with pytest.raises(ValueError, match="compression must be 'deflate' or None"):
+        Client("ws://127.0.0.1:1/ws", compression=compression)
+    with pytest.raises(ValueError, match="compression must be 'deflate' or None"):
+        sbsync.Client("ws://127.0.0.1:1/ws", compression=compression)
 
 
 @pytest.mark.parametrize("wbits", [8, 9, 10, 12, 15])

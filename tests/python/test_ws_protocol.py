@@ -664,7 +664,7 @@ def test_ws_subscribe_while_publishing_has_no_gap_and_no_duplicate(server):
         assert midway.wait(10)
         reply = ws.request("subscribe", {"channels": [ch], "initial": True})
         # Nothing of this channel may precede the subscribe reply.
-        assert [m for m in ws.pending if "pub" in m] == []
+        assert [m for m in ws.preceding if "pub" in m] == []
         r = reply["ok"]["channels"][ch]
         start = r["offset"]
         assert r["last"] == {"ch": ch, "off": start, "data": start}
@@ -686,7 +686,7 @@ def test_ws_recover_while_publishing_is_contiguous(server):
     with WS(server.ws_url) as ws:
         assert midway.wait(10)
         reply = ws.request("subscribe", {"channels": [ch], "recover": {ch: {"epoch": epoch, "offset": 45}}})
-        assert [m for m in ws.pending if "pub" in m] == []
+        assert [m for m in ws.preceding if "pub" in m] == []
         r = reply["ok"]["channels"][ch]
         assert r["complete"] is True  # at most 90 publications: all in the 100 kept
         assert [p["off"] for p in r["recovered"]] == list(range(46, r["offset"] + 1))

@@ -78,7 +78,7 @@ def publisher(http_base: str, channel: str, received, stop, batch: int, window: 
 
 async def receive_client(url: str, fmt: str, channel: str, received, warmup: float, duration: float,
                          watch: dict) -> dict:
-    async with Client(url, format=fmt) as c:
+    async with Client(url, format=fmt, compression=None) as c:
         sub = await c.subscribe(channel)
         return await count(sub_offsets(sub), received, warmup, duration, watch)
 

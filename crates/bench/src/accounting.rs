@@ -95,6 +95,13 @@ pub struct Tally {
     pub unexpected: u64,
     /// Bytes received (the `limit` scenario).
     pub bytes: u64,
+    /// Bytes read from the subscribers' sockets after their subscribe (WebSocket): what the
+    /// deliveries cost on the wire, compressed or not (`broadcast`, `streams`).
+    #[serde(default)]
+    pub wire_bytes: u64,
+    /// Connections whose server accepted permessage-deflate.
+    #[serde(default)]
+    pub deflated: u64,
     /// Arrival of the last delivery, unix µs.
     pub last_arrival_us: u64,
     /// Per publication, indexed by `seq`.
@@ -120,6 +127,8 @@ impl Tally {
         self.received += o.received;
         self.duplicated += o.duplicated;
         self.unexpected += o.unexpected;
+        self.wire_bytes += o.wire_bytes;
+        self.deflated += o.deflated;
         self.bytes += o.bytes;
         self.last_arrival_us = self.last_arrival_us.max(o.last_arrival_us);
         if self.bursts.len() < o.bursts.len() {

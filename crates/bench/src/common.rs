@@ -6,7 +6,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use switchboard_client::connect::Endpoint;
+use switchboard_client::connect::{Compression, ConnectOptions, Endpoint};
+use switchboard_protocol::Format;
 
 /// Most connections one worker process holds: under the 20,000 open-file limit per process
 /// with room for the runtime's own descriptors.
@@ -142,6 +143,21 @@ pub fn split(total: usize, procs: usize) -> Vec<(usize, usize)> {
         })
         .filter(|(_, n)| *n > 0)
         .collect()
+}
+
+/// A load-generating connection's options: plain frames unless the scenario asks for
+/// compression (`--compression`), whatever the client library offers by default, so that a
+/// run measures what its command line says.
+pub fn connect_options(format: Format) -> ConnectOptions {
+    let mut opts = ConnectOptions::new(format);
+    opts.compression = Compression::Off;
+    opts
+}
+
+/// What a worker's config without the field means: no compression (configs written before
+/// `--compression`).
+pub fn no_compression() -> Compression {
+    Compression::Off
 }
 
 /// The source address of connection `index` when spreading: 127.0.0.1 for the first 20,000,

@@ -14,8 +14,9 @@
 //! Scenarios sit on top; the shared machinery below them never imports a scenario
 //! (`scripts/check-cycles.py --crate bench` shows the module graph has no cycle).
 //! - [`scenario`]: one file per scenario ([`scenario::limit`], [`scenario::broadcast`] (its
-//!   subscribers in `broadcast::worker`, the run in `broadcast::coordinator`, and
-//!   `broadcast::reference`, two transports' cost per delivery compared in one run),
+//!   subscribers in `broadcast::worker`, the run in `broadcast::coordinator`,
+//!   `broadcast::reference`, two lanes' cost and bytes per delivery compared in one run, and
+//!   `broadcast::document`, the point documents of `--doc-bytes`),
 //!   [`scenario::echo`], [`scenario::rooms`], [`scenario::streams`] (with
 //!   `streams::feed`, the subscriber it shares with [`scenario::dashboard`], its frame reader
 //!   and subscribe chunks in `feed::wire` (used by [`scenario::rooms`] and [`scenario::soak`]
@@ -41,9 +42,10 @@
 //! - [`progress`]: the once-a-second progress line.
 //! - [`search`]: the doubling-then-bisecting sweep of `--search` (broadcast, streams).
 //! - [`common`]: flags shared by all scenarios (`--duration` takes `90s`, `30m`, `1h`) and
-//!   helpers built on them.
+//!   helpers built on them, among them the connection options every load connection starts
+//!   from (no compression unless a scenario's `--compression` asks for it).
 //! - [`transport`]: `--transport ws|sse|poll|sse-channels` of the fan-out scenarios, one
-//!   connection type for all four.
+//!   connection type for all four; a WebSocket's byte counts ([`transport::Conn::wire_stats`]).
 
 // Tests may unwrap: a panic is the failure report there.
 #![cfg_attr(test, allow(clippy::unwrap_used))]

@@ -24,6 +24,7 @@
 
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -32,7 +33,7 @@ use futures_util::{SinkExt, Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use switchboard_client::connect::{connect_tcp, handshake, ConnectOptions, Endpoint};
-use switchboard_client::WsStream;
+use switchboard_client::{WireStats, WsStream};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -155,6 +156,17 @@ impl Conn {
         match self {
             Conn::Ws(ws) => ws.send(msg).await.map_err(|e| e.to_string()),
             Conn::Http(h) => h.link.send(msg).await,
+        }
+    }
+
+    /// What crossed the socket, where the transport counts it (a WebSocket's [`Wire`]): kept
+    /// by the caller across [`Conn::split`].
+    ///
+    /// [`Wire`]: switchboard_client::Wire
+    pub fn wire_stats(&self) -> Option<Arc<WireStats>> {
+        match self {
+            Conn::Ws(ws) => Some(ws.get_ref().stats().clone()),
+            Conn::Http(_) => None,
         }
     }
 

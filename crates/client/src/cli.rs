@@ -21,7 +21,7 @@ use switchboard_protocol::message::ErrorBody;
 use switchboard_protocol::Format;
 
 use crate::client::{Client, ABNORMAL_CLOSE};
-use crate::connect::{ConnectOptions, Credentials};
+use crate::connect::{Compression, ConnectOptions, Credentials};
 use crate::endpoint::Endpoint;
 use crate::error::Error;
 use crate::event::Event;
@@ -93,6 +93,10 @@ pub struct SubArgs {
     /// '{"key": "kind", "cmp": "eq", "val": "alarm"}', or nodes '{"op": "and", "nodes": [...]}'.
     #[arg(long, value_name = "JSON")]
     pub filter: Option<String>,
+    /// Offer permessage-deflate: the node compresses what it sends (larger publications,
+    /// replies, recovery); `off` takes every byte as it is.
+    #[arg(long, value_enum, default_value = "deflate")]
+    pub compression: Compression,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -306,7 +310,8 @@ fn subscribe_options(args: &SubArgs) -> anyhow::Result<SubscribeOptions> {
 pub async fn sub(args: SubArgs) -> anyhow::Result<()> {
     let options = subscribe_options(&args)?;
     let node = Node::resolve(&args.node)?;
-    let opts = node.connect_options();
+    let mut opts = node.connect_options();
+    opts.compression = args.compression;
     let ws_url = node.endpoint.websocket();
     let mut client =
         node.connect(&opts).await.map_err(|e| node.explain(e)).with_context(|| format!("connect to {ws_url}"))?;

@@ -29,6 +29,7 @@ use crate::frame::{decode_frame, ServerMessage};
 use crate::reply::{
     ConnectReply, HistoryReply, PresenceReply, PublishReply, RefreshReply, SubscribeOptions, SubscribeReply,
 };
+use crate::wire::WireStats;
 
 /// The close code reported when a connection ends without a close frame (RFC 6455 §7.1.5).
 pub const ABNORMAL_CLOSE: u16 = 1006;
@@ -108,6 +109,7 @@ pub struct Client {
     events: Option<Events>,
     reader: Option<JoinHandle<()>>,
     request_timeout: Duration,
+    wire: Arc<WireStats>,
 }
 
 impl Client {
@@ -124,6 +126,7 @@ impl Client {
 
     /// Wraps an already upgraded connection. Must be called inside a Tokio runtime.
     pub fn from_stream(ws: WsStream, format: Format) -> Client {
+        let wire = ws.get_ref().stats().clone();
         let (sink, stream) = ws.split();
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
@@ -138,7 +141,14 @@ impl Client {
             events: Some(Events { rx: ev_rx }),
             reader: Some(reader),
             request_timeout: Duration::from_secs(30),
+            wire,
         }
+    }
+
+    /// What crossed the connection so far: bytes read and written, and whether the node
+    /// accepted permessage-deflate.
+    pub fn wire(&self) -> &WireStats {
+        &self.wire
     }
 
     /// The wire format of this connection.

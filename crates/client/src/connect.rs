@@ -1,4 +1,5 @@
-//! Opening connections: credentials, TCP (plain or TLS) and the WebSocket handshake.
+//! Opening connections: credentials, TCP (plain or TLS) and the WebSocket handshake, with
+//! permessage-deflate offered when asked for ([`Compression`]; inflated by [`crate::wire`]).
 //!
 //! [`handshake`] is public because the bench drives thousands of raw connections itself (no
 //! reader task, no reply map) but must connect exactly as [`crate::Client`] does.
@@ -8,10 +9,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use base64::Engine;
+use switchboard_protocol::websocket::deflate::CLIENT_OFFER;
 use switchboard_protocol::Format;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::http::header::{AUTHORIZATION, SEC_WEBSOCKET_PROTOCOL};
+use tokio_tungstenite::tungstenite::http::header::{AUTHORIZATION, SEC_WEBSOCKET_EXTENSIONS, SEC_WEBSOCKET_PROTOCOL};
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::WebSocketStream;
@@ -19,9 +21,24 @@ use tokio_tungstenite::WebSocketStream;
 pub use crate::endpoint::Endpoint;
 use crate::error::{Error, Result};
 use crate::tls::{MaybeTls, TlsConfig};
+use crate::wire::Wire;
 
-/// A client WebSocket over TCP or TLS.
-pub type WsStream = WebSocketStream<MaybeTls>;
+/// A client WebSocket over TCP or TLS; its [`Wire`] counts the bytes and inflates compressed
+/// messages (`ws.get_ref().stats()`).
+pub type WsStream = WebSocketStream<Wire>;
+
+/// Whether a connection offers permessage-deflate (RFC 7692), `--compression`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// Offer nothing: every message travels as it is.
+    Off,
+    /// Offer permessage-deflate without context takeover; the server's compressed messages
+    /// are inflated as they arrive (the client's own go uncompressed). The default, as in
+    /// browsers and the Python client.
+    #[default]
+    Deflate,
+}
 
 /// What a client authenticates with, sent as `Authorization` (SPEC §6).
 #[derive(Clone, PartialEq, Eq)]
@@ -98,6 +115,8 @@ pub struct ConnectOptions {
     pub read_buffer: usize,
     /// Deadline for TCP connect plus handshake.
     pub timeout: Duration,
+    /// Offer permessage-deflate (by default).
+    pub compression: Compression,
 }
 
 impl ConnectOptions {
@@ -110,6 +129,7 @@ impl ConnectOptions {
             bind: None,
             read_buffer: 4096,
             timeout: Duration::from_secs(10),
+            compression: Compression::Deflate,
         }
     }
 }
@@ -169,8 +189,12 @@ pub async fn handshake(url: &str, opts: &ConnectOptions) -> Result<WsStream> {
     };
     let ws_url = format!("{}://{}{}", if ep.is_tls() { "wss" } else { "ws" }, ep.authority(), ep.path);
     let attempt = async {
-        let stream = connect_stream(&ep, opts.bind, opts.tls.as_ref()).await?;
+        let offered = opts.compression == Compression::Deflate;
+        let stream = Wire::new(connect_stream(&ep, opts.bind, opts.tls.as_ref()).await?, offered);
         let mut request = ws_url.as_str().into_client_request()?;
+        if offered {
+            request.headers_mut().insert(SEC_WEBSOCKET_EXTENSIONS, HeaderValue::from_static(CLIENT_OFFER));
+        }
         if opts.offer_subprotocol {
             request.headers_mut().insert(SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(opts.format.subprotocol()));
         }

@@ -26,6 +26,9 @@
 //! - [`connect`]: credentials ([`Credentials`]), TCP or TLS connections and the WebSocket
 //!   handshake ([`handshake`]), shared with the bench which drives raw connections itself.
 //! - [`tls`]: trusted roots ([`TlsConfig`]) and the plain-or-TLS stream ([`MaybeTls`]).
+//! - [`wire`]: the byte stream under the WebSocket ([`Wire`]): bytes counted ([`WireStats`]),
+//!   and with permessage-deflate ([`Compression`]) the server's compressed messages inflated
+//!   before tungstenite, which has no such extension, reads them.
 //! - [`frame`]: splitting a server frame into its messages (`\n`-separated JSON, concatenated
 //!   MessagePack maps) and decoding them.
 //! - [`event`]: server pushes ([`Event`], [`Publication`], historical ones flagged, the
@@ -67,9 +70,10 @@ pub mod resubscribe;
 pub mod resume;
 pub mod tls;
 pub mod trend;
+pub mod wire;
 
 pub use client::{Client, Events};
-pub use connect::{handshake, ConnectOptions, Credentials, WsStream};
+pub use connect::{handshake, Compression, ConnectOptions, Credentials, WsStream};
 pub use delta::{Chains, DeltaError};
 pub use endpoint::Endpoint;
 pub use error::{Error, Result};
@@ -85,3 +89,4 @@ pub use switchboard_protocol::message::ErrorBody;
 pub use switchboard_protocol::{Format, StreamPosition};
 pub use tls::{MaybeTls, TlsConfig};
 pub use trend::{Trend, TrendBucket, TrendTier};
+pub use wire::{Wire, WireStats};

@@ -189,14 +189,15 @@ pub async fn act(
     node.config.security.auth.check(who, &ns.allow, Action::AlarmAck, &channel)?;
     let user = who.principal();
     if alarms.holding.load(Relaxed) {
-        act_here(alarms, id, &act, &user, comment)
+        act_here(alarms, id, &act, &user, comment).await
     } else {
         forward::send(node, id, &act, &user, comment).await
     }
 }
 
-/// The action on an alarm this node holds.
-pub(crate) fn act_here(
+/// The action on an alarm this node holds, answered once its transition is journaled: a
+/// journal read after the answer holds it.
+pub(crate) async fn act_here(
     alarms: &Alarms,
     id: &str,
     act: &Act,
@@ -210,7 +211,8 @@ pub(crate) fn act_here(
         alarms.held.write().timed.insert(id.to_string(), alarm.clone());
     }
     let status = t.status.clone();
-    alarms.emit(Some(t));
+    // The writer always answers, unless the node is stopping.
+    let _ = alarms.emit_recorded(t).await;
     Ok(status)
 }
 

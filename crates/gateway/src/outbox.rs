@@ -267,7 +267,31 @@ impl Outbox {
         // Compressed (once per publication, by the first connection that needs it) before the
         // lock: the connection's own writes never wait for it.
         let d = Delivery { frame: self.on_wire(d.frame), ..d };
+        self.queue_locked(self.state.lock(), d, conflate)
+    }
+
+    /// Queues a publication of a delta subscription (`crate::hub::Rule::Delta`): `delta` when
+    /// there is one and the last publication of its channel queued here is the one just before
+    /// it (the delta's base), `whole` otherwise. A subscribe's release forgets the base of the
+    /// channels its reply covers: the reply carries their publications in their usual form.
+    /// Both forms are made ready before the lock (each compressed once per publication); the
+    /// choice and the queueing are one critical section, so that no release falls between
+    /// them and a delta never goes out on a base the reply replaced.
+    pub fn push_delta(&self, whole: Delivery, delta: Option<&Frame>) -> Pushed {
+        let delta = delta.map(|f| self.on_wire(f.clone()));
+        let whole = Delivery { frame: self.on_wire(whole.frame), ..whole };
         let mut st = self.state.lock();
+        let before = st.delta_sent.insert(whole.channel.clone(), whole.offset);
+        let d = match delta {
+            Some(frame) if before.is_some_and(|b| b + 1 == whole.offset) => Delivery { frame, ..whole },
+            _ => whole,
+        };
+        self.queue_locked(st, d, false)
+    }
+
+    /// Queues `d`, ready for the wire, under the lock `st` (the latest of its channel when
+    /// `conflate`).
+    fn queue_locked(&self, mut st: parking_lot::MutexGuard<'_, OutState>, d: Delivery, conflate: bool) -> Pushed {
         if st.close_code.is_some() || st.dead {
             self.metrics.dropped.fetch_add(1, Relaxed);
             return Pushed::Dropped;
@@ -296,22 +320,6 @@ impl Outbox {
             });
         }
         self.schedule(&mut st)
-    }
-
-    /// Queues a publication of a delta subscription (`crate::hub::Rule::Delta`): `delta` when
-    /// there is one and the last publication of its channel queued here is the one just before
-    /// it (the delta's base), `whole` otherwise. A subscribe's release forgets the base of the
-    /// channels its reply covers: the reply carries their publications in their usual form.
-    pub fn push_delta(&self, whole: Delivery, delta: Option<&Frame>) -> Pushed {
-        let based = {
-            let mut st = self.state.lock();
-            let before = st.delta_sent.insert(whole.channel.clone(), whole.offset);
-            before.is_some_and(|b| b + 1 == whole.offset)
-        };
-        match (delta, based) {
-            (Some(frame), true) => self.push(Delivery { frame: frame.clone(), ..whole }, false),
-            _ => self.push(whole, false),
-        }
     }
 
     /// Forgets what [`Outbox::push_delta`] keeps of `channel` (it was unsubscribed).

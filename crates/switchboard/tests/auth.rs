@@ -84,6 +84,7 @@ async fn connect_with_headers(
     }
     let authority = url.trim_start_matches("ws://").split('/').next().unwrap().to_string();
     let tcp = switchboard_client::MaybeTls::Plain(tokio::net::TcpStream::connect(authority).await?);
+    let tcp = switchboard_client::Wire::new(tcp, false);
     let (ws, response) = tokio_tungstenite::client_async(request, tcp).await?;
     Ok((Client::from_stream(ws, Format::Json), response))
 }

@@ -1,5 +1,6 @@
 //! End-to-end runs of the fan-out scenarios of `switchboard bench` — `rooms`, `streams`,
-//! `dashboard` and `broadcast --reference` — with the real binary as the server and as the
+//! `dashboard`, `broadcast --reference` and the bytes of compressed and delta subscribers —
+//! with the real binary as the server and as the
 //! load generator (coordinator and worker processes), at small sizes; the verdicts are read
 //! back from `result.json`.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
@@ -245,12 +246,53 @@ fn bench_broadcast_reference_compares_two_transports_in_one_run_and_fails_over_i
         [&run[..], &["--max-ratio", "0.001", "--max-p99-ms", "60000", "--max-publish-late-ms", "60000"]].concat();
     let (status, r) = bench(&server, &bounded);
     assert_eq!((status.code(), &r["pass"]), (Some(1), &Value::Bool(false)), "{:#}", r["criteria"]);
-    let failed: Vec<&str> = r["criteria"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["ok"] == false)
-        .filter_map(|c| c["check"].as_str())
-        .collect();
-    assert_eq!(failed, ["a delivery costs at most 0.001× a ws one (median of the periods)"], "{:#}", r["criteria"]);
+    assert_eq!(
+        failed_checks(&r),
+        ["a delivery costs at most 0.001× a reference (over ws) one (median of the periods)"],
+        "{:#}",
+        r["criteria"]
+    );
+}
+
+/// The checks of `run` that did not hold.
+fn failed_checks(r: &Value) -> Vec<&str> {
+    r["criteria"].as_array().unwrap().iter().filter(|c| c["ok"] == false).filter_map(|c| c["check"].as_str()).collect()
+}
+
+#[test]
+fn bench_broadcast_measures_the_bytes_deflate_and_deltas_save_against_plain_subscribers() {
+    let server = Server::start(&[]);
+    let base =
+        ["broadcast", "--subs", "20", "--bursts", "4", "--period", "1", "--doc-bytes", "1024", "--reference", "ws"];
+    let bytes = |x: &Value| x["wire_bytes_per_delivery"].as_f64().unwrap_or_else(|| panic!("no bytes: {x}"));
+
+    // Deflate against plain: every subscriber negotiated it and read under half the bytes.
+    let (status, r) = bench(&server, &[&base[..], &["--compression", "deflate", "--max-bytes-ratio", "0.6"]].concat());
+    assert_passed(status, &r);
+    assert_complete(&r, 20, 4 * 20);
+    let (x, refs) = (&r["extra"], &r["extra"]["reference"]);
+    assert_eq!((u(&x["subscribers_deflated"]), u(&refs["subscribers_deflated"])), (20, 0), "{x}");
+    // A plain delivery of a 1 KiB document is the document and its envelope, not less.
+    assert!(bytes(refs) > 1024.0, "{refs}");
+    assert!(bytes(x) < 0.6 * bytes(refs), "{x}");
+    assert!((refs["bytes_ratio"].as_f64().unwrap() - bytes(x) / bytes(refs)).abs() < 1e-9, "{refs}");
+
+    // Deltas against plain: each subscriber rebuilt every publication (nothing lost), and the
+    // first whole document then deltas read well under half.
+    let (status, r) = bench(&server, &[&base[..], &["--delta", "fossil", "--max-bytes-ratio", "0.5"]].concat());
+    assert_passed(status, &r);
+    assert_complete(&r, 20, 4 * 20);
+    assert_eq!(r["params"]["delta"], "fossil");
+    assert!(bytes(&r["extra"]) < 0.5 * bytes(&r["extra"]["reference"]), "{}", r["extra"]);
+}
+
+#[test]
+fn bench_broadcast_fails_when_the_node_declines_the_compression_it_measures() {
+    let server = Server::start_env(&[], &[("SWITCHBOARD_COMPRESSION", "off")]);
+    let run = ["broadcast", "--subs", "10", "--bursts", "2", "--period", "1", "--doc-bytes", "1024"];
+    let (status, r) = bench(&server, &[&run[..], &["--compression", "deflate"]].concat());
+    assert_eq!((status.code(), &r["pass"]), (Some(1), &Value::Bool(false)), "{:#}", r["criteria"]);
+    assert_eq!(failed_checks(&r), ["every subscriber negotiated permessage-deflate"], "{:#}", r["criteria"]);
+    assert_eq!(u(&r["extra"]["subscribers_deflated"]), 0);
+    assert_complete(&r, 10, 2 * 10);
 }

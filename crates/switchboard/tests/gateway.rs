@@ -1,10 +1,11 @@
 //! Black-box tests: the real `switchboard` binary on 127.0.0.1:0, driven by our Rust client.
 #![allow(clippy::unwrap_used)] // tests: a failed step should panic with its error
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use serde_json::json;
-use switchboard_client::{ChannelResult, Client, Event, Format, SubscribeOptions};
+use switchboard_client::{ChannelResult, Client, Compression, ConnectOptions, Event, Format, SubscribeOptions};
 
 mod support;
 use support::Server;
@@ -45,6 +46,42 @@ async fn ws_publications_reach_json_and_msgpack_subscribers_with_initial_values(
         assert_eq!((p.ch.as_str(), p.off, p.data), ("pt:boiler.temp", 2, json!({"v": 72.0})));
     }
     assert_eq!(a.ping(json!({"t": 1})).await.unwrap(), json!({"t": 1}));
+}
+
+#[tokio::test]
+async fn ws_compressed_publications_arrive_identical_to_plain_ones_in_fewer_bytes() {
+    let server = Server::start(&[]);
+    let api = server.api();
+    // One client as the library connects by default (offering permessage-deflate), one that
+    // offers nothing, one in MessagePack offering it.
+    let mut plain_opts = ConnectOptions::new(Format::Json);
+    plain_opts.compression = Compression::Off;
+    let mut deflated = Client::connect(&server.ws(), Format::Json).await.unwrap();
+    let mut plain = Client::connect_with(&server.ws(), &plain_opts).await.unwrap();
+    let mut packed = Client::connect(&server.ws(), Format::Msgpack).await.unwrap();
+    assert!(deflated.wire().deflate.load(Relaxed) && packed.wire().deflate.load(Relaxed));
+    assert!(!plain.wire().deflate.load(Relaxed));
+    for c in [&deflated, &plain, &packed] {
+        c.subscribe(SubscribeOptions::new(["doc:a"])).await.unwrap();
+    }
+    let read = |c: &Client| c.wire().read.load(Relaxed);
+    let before = [read(&deflated), read(&plain)];
+    // Documents of about 1.7 KiB, each different; past `compression_min_bytes`, so compressed.
+    let docs: Vec<serde_json::Value> = (0..20)
+        .map(|i| json!({"i": i, "rows": (0..60).map(|r| json!({"tag": format!("area{}/pt{r}", i % 3), "v": r * i})).collect::<Vec<_>>()}))
+        .collect();
+    for d in &docs {
+        api.publish("doc:a", d).await.unwrap();
+    }
+    for c in [&mut deflated, &mut plain, &mut packed] {
+        for (i, d) in docs.iter().enumerate() {
+            let p = next_pub(c).await;
+            assert_eq!((p.off, &p.data), (i as u64 + 1, d));
+        }
+    }
+    let (compressed, whole) = (read(&deflated) - before[0], read(&plain) - before[1]);
+    assert!(whole > 20 * 1600, "{whole} bytes for 20 documents of about 1.7 KiB");
+    assert!(compressed * 2 < whole, "deflate read {compressed} bytes, plain {whole}");
 }
 
 #[tokio::test]

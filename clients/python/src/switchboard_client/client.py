@@ -75,6 +75,10 @@ class Client(Commands):
     whose gaps do not interrupt iteration by default (`subscribe`, `gaps=`).
     `max_delta_bytes` bounds the publication a `delta` subscription's push may declare: a
     larger one is refused before it is rebuilt.
+    `compression="deflate"` offers permessage-deflate (RFC 7692; docs/protocol.md,
+    "Compression"), which a node with `limits.compression = "deflate"` (its default) accepts:
+    messages of at least `limits.compression_min_bytes` then arrive compressed. None offers
+    nothing. `extensions` names what the current connection negotiated.
     """
 
     def __init__(self, url: str | Sequence[str], token: str | None = None, *,
@@ -85,7 +89,7 @@ class Client(Commands):
                  connect_timeout: float = 10.0, open_timeout: float = 5.0,
                  command_timeout: float = 10.0, ping_interval: float | None = 20.0,
                  ping_timeout: float | None = 20.0, max_message_bytes: int | None = 64 << 20,
-                 max_frame_bytes: int = 65536,
+                 max_frame_bytes: int = 65536, compression: Literal["deflate"] | None = "deflate",
                  headers: Mapping[str, str] | None = None, ssl: ssl_module.SSLContext | None = None,
                  proxy: str | bool | None = True,
                  is_point_channel: Callable[[str], bool] = in_pt_namespace,
@@ -93,6 +97,8 @@ class Client(Commands):
         self.urls: list[str] = [url] if isinstance(url, str) else list(url)
         if not self.urls:
             raise ValueError("no URL")
+        if compression not in ("deflate", None):
+            raise ValueError(f"compression must be 'deflate' or None, not {compression!r}")
         self._creds = Credentials(token, user, password, token_provider)
         self._codec = codec_for(format)
         self.format = format
@@ -106,7 +112,7 @@ class Client(Commands):
         self._command_timeout = command_timeout
         self._ws_options: dict[str, Any] = {
             "ping_interval": ping_interval, "ping_timeout": ping_timeout,
-            "max_size": max_message_bytes, "compression": None, "open_timeout": open_timeout,
+            "max_size": max_message_bytes, "compression": compression, "open_timeout": open_timeout,
             "close_timeout": 2.0,
             "additional_headers": dict(headers or {}), "ssl": ssl,
             "proxy": (True if proxy is True else (proxy or None)),
@@ -154,6 +160,13 @@ class Client(Commands):
     @property
     def connected(self) -> bool:
         return self._ws is not None and self.info is not None
+
+    @property
+    def extensions(self) -> list[str]:
+        """The WebSocket extensions the current connection negotiated (`["permessage-deflate"]`
+        when the node accepted `compression="deflate"`); empty while not connected."""
+        ws = self._ws
+        return [] if ws is None else [e.name for e in ws.protocol.extensions]
 
     async def connect(self) -> None:
         """Connects to the first node that answers; raises `ConnectError` when none did within

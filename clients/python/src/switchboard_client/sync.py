@@ -109,6 +109,10 @@ class Client:
     def stats(self) -> dict[str, int]:
         return dict(self._client.stats)
 
+    @property
+    def extensions(self) -> list[str]:
+        return self._client.extensions
+
     # ---------------------------------------------------------------------------------------
 
     def subscribe(self, channels: str | Sequence[str], *, initial: bool = False,

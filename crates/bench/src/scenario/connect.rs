@@ -26,7 +26,7 @@ use anyhow::bail;
 use futures_util::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use switchboard_client::connect::{handshake, ConnectOptions};
+use switchboard_client::connect::handshake;
 use switchboard_protocol::Format;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
@@ -136,7 +136,7 @@ async fn connection(i: usize, cfg: Rc<ConnectWorker>, token: Option<String>, ctx
     // The whole attempt must finish within the timeout counted from the scheduled start.
     let deadline = instant_of(due + cfg.timeout_ms * 1000);
     let format = cfg.format.format();
-    let mut opts = ConnectOptions::new(format);
+    let mut opts = crate::common::connect_options(format);
     opts.bind = source_addr(g, cfg.spread);
     opts.credentials = token.map(switchboard_client::Credentials::Bearer);
     opts.timeout = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));

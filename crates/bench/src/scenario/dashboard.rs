@@ -174,6 +174,7 @@ async fn coordinate(args: DashboardArgs) -> anyhow::Result<i32> {
         updates_per_channel: ticks,
         format: args.format,
         transport: crate::transport::Transport::Ws,
+        compression: switchboard_client::Compression::Off,
     };
     let configs = vec![WorkerConfig::Dashboard(DashboardWorker { feed, conns: 1 })];
     progress.note(&format!(

@@ -20,7 +20,7 @@ use anyhow::bail;
 use futures_util::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map};
-use switchboard_client::connect::{handshake, ConnectOptions};
+use switchboard_client::connect::handshake;
 use switchboard_client::frame::for_each_message;
 use switchboard_protocol::Format;
 use tokio::time::Instant;
@@ -118,7 +118,7 @@ async fn connection(i: usize, cfg: Rc<EchoWorker>, ctx: Rc<WorkerCtx>) {
     let open_us = cfg.start_us + (g as f64 / cfg.ramp * 1e6) as u64;
     tokio::time::sleep_until(instant_of(open_us)).await;
     let format = cfg.format.format();
-    let mut opts = ConnectOptions::new(format);
+    let mut opts = crate::common::connect_options(format);
     opts.offer_subprotocol = cfg.protocol == EchoProtocol::Switchboard;
     opts.bind = source_addr(g, cfg.spread);
     opts.timeout = Duration::from_secs(30);

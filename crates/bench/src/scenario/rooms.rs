@@ -27,7 +27,6 @@ use anyhow::bail;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map};
-use switchboard_client::connect::ConnectOptions;
 use switchboard_client::frame::for_each_message;
 use switchboard_client::HttpApi;
 use switchboard_protocol::Format;
@@ -226,7 +225,7 @@ pub async fn run_worker(cfg: RoomsWorker, ctx: Rc<WorkerCtx>) {
 /// Connects and subscribes to `channels`; returns the connection and each channel's offset.
 async fn join(s: &Shared, g: usize, channels: &[String]) -> Result<(Conn, Vec<u64>), String> {
     let format = s.cfg.format.format();
-    let mut opts = ConnectOptions::new(format);
+    let mut opts = crate::common::connect_options(format);
     opts.bind = source_addr(g, s.cfg.spread);
     opts.credentials = s.token.clone().map(switchboard_client::Credentials::Bearer);
     opts.timeout = Duration::from_secs(30);

@@ -39,7 +39,7 @@ use anyhow::{bail, Context};
 use futures_util::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
-use switchboard_client::connect::{handshake, ConnectOptions};
+use switchboard_client::connect::handshake;
 use switchboard_client::frame::for_each_message;
 use switchboard_protocol::Format;
 use tokio::time::Instant;
@@ -171,7 +171,7 @@ async fn session(i: usize, cfg: Rc<SessionsWorker>, ctx: Rc<WorkerCtx>, sem: Rc<
     let format = cfg.format.format();
     let permit = sem.acquire().await;
     let t0 = Instant::now();
-    let mut opts = ConnectOptions::new(format);
+    let mut opts = crate::common::connect_options(format);
     opts.bind = source_addr(g, cfg.spread);
     opts.credentials = crate::worker::token().map(switchboard_client::Credentials::Bearer);
     opts.timeout = Duration::from_secs(30);

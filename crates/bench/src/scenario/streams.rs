@@ -107,6 +107,10 @@ pub struct StreamsArgs {
     /// subscribe through a poll session; JSON only).
     #[arg(long, value_enum, default_value = "ws")]
     pub transport: crate::transport::Transport,
+    /// Subscribers offer permessage-deflate (WebSocket); the bytes their sockets read per
+    /// delivery are reported either way (`wire_bytes_per_delivery`).
+    #[arg(long, value_enum, default_value = "off")]
+    pub compression: switchboard_client::Compression,
     /// Handshakes in flight per worker process.
     #[arg(long, default_value_t = 200)]
     pub concurrency: usize,
@@ -201,6 +205,9 @@ pub fn run(args: StreamsArgs) -> anyhow::Result<i32> {
         bail!("--users, --points and --hz must be positive");
     }
     args.transport.check_format(args.format.format())?;
+    if args.transport != crate::transport::Transport::Ws && args.compression != switchboard_client::Compression::Off {
+        bail!("--compression is for WebSocket subscribers (--transport ws)");
+    }
     if args.common.duration.is_some_and(|d| d <= 0.0) {
         bail!("--duration must be positive");
     }
@@ -333,6 +340,7 @@ async fn run_once(args: &StreamsArgs, progress: &mut Progress) -> anyhow::Result
         updates_per_channel: ticks,
         format: args.format,
         transport: args.transport,
+        compression: args.compression,
     };
     let configs: Vec<WorkerConfig> = split(conns, procs)
         .into_iter()
@@ -394,6 +402,13 @@ async fn run_once(args: &StreamsArgs, progress: &mut Progress) -> anyhow::Result
         format!("{} accepted, {} rejected", log.accepted_total(), log.rejected),
     ));
     criteria.push(Criterion::workers_reported(merged.missing));
+    if args.compression == switchboard_client::Compression::Deflate {
+        criteria.push(Criterion::new(
+            "every subscriber negotiated permessage-deflate",
+            t.deflated == t.established,
+            format!("{} of {}", t.deflated, t.established),
+        ));
+    }
     let (max_late_ms, max_p99_ms) = args.pace.bounds(1000.0 / args.hz);
     let latency = merged.latency.summary();
     criteria.extend(pace_criteria(log.late_max_us as f64 / 1000.0, max_late_ms, latency.p99, max_p99_ms));
@@ -416,6 +431,12 @@ async fn run_once(args: &StreamsArgs, progress: &mut Progress) -> anyhow::Result
         json!(cpu_s.filter(|_| t.received > 0).map(|c| c * 1e6 / t.received as f64)),
     );
     extra.insert("server_cpu_percent".into(), json!(cpu_s.map(|c| c * 100.0 / span_s)));
+    let ws = args.transport == crate::transport::Transport::Ws;
+    extra.insert(
+        "wire_bytes_per_delivery".into(),
+        json!((ws && t.received > 0).then(|| t.wire_bytes as f64 / t.received as f64)),
+    );
+    extra.insert("subscribers_deflated".into(), json!(t.deflated));
     let (before, connected) = (mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss));
     let rss_per_conn = rss_per_connection(before, connected, t.established);
     extra.insert("rss_per_subscription_bytes".into(), json!(rss_per_conn.0.map(|b| b / subs_per_conn as f64)));
@@ -429,6 +450,7 @@ async fn run_once(args: &StreamsArgs, progress: &mut Progress) -> anyhow::Result
         "prefix": args.prefix, "subscribe_chunk": args.subscribe_chunk, "batch": args.batch,
         "format": args.format, "procs": configs.len(), "target": args.common.target,
         "transport": args.transport, "max_p99_ms": max_p99_ms, "max_publish_late_ms": max_late_ms,
+        "compression": args.compression,
     });
     let result = BenchResult::builder("streams", params, started)
         .measured(span_s, connections, messages, t.received as f64 / span_s)

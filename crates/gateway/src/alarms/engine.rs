@@ -9,8 +9,10 @@
 //! for the channel holds its alarms ([`crate::hub::Hub::set_tap_slot`], kept in step with
 //! [`Held::by_channel`] by [`Alarms::sync_slot`]), so the hub's one lookup finds them, and
 //! each alarm's evaluation fields sit beside its lock. The engine's own map answers for the
-//! moments a slot is not set yet (a pattern's channel just matched). A transition is queued for the writer (`alarms::writer`), which stores, publishes and
-//! journals it in order; nothing here waits for the broker.
+//! moments a slot is not set yet (a pattern's channel just matched). A transition is queued
+//! for the writer (`alarms::writer`), which stores, publishes and journals it in order;
+//! evaluation never waits for the broker, an operator's action waits for its transition's
+//! journal entry.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -95,7 +97,8 @@ pub struct Held {
 
 /// What the writer task is given, in order.
 pub enum Job {
-    Transition(Transition),
+    /// A transition, with whom to tell once it is journaled (an operator's action waits).
+    Transition(Transition, Option<tokio::sync::oneshot::Sender<()>>),
     /// A new alarm's first state.
     Fresh(Status),
     /// A channel a pattern newly matched: to subscribe and follow.
@@ -185,9 +188,21 @@ impl Alarms {
 
     pub(super) fn emit(&self, t: Option<Transition>) {
         if let Some(t) = t {
-            self.view.write().insert(t.status.id.clone(), t.status.clone());
-            let _ = self.queue.send(Job::Transition(t));
+            self.queue_transition(t, None);
         }
+    }
+
+    /// Queues `t`, the outcome of an operator's action: the receiver is told once the
+    /// transition is stored, published and journaled (or the writer gave up on the broker).
+    pub(super) fn emit_recorded(&self, t: Transition) -> tokio::sync::oneshot::Receiver<()> {
+        let (done, recorded) = tokio::sync::oneshot::channel();
+        self.queue_transition(t, Some(done));
+        recorded
+    }
+
+    fn queue_transition(&self, t: Transition, done: Option<tokio::sync::oneshot::Sender<()>>) {
+        self.view.write().insert(t.status.id.clone(), t.status.clone());
+        let _ = self.queue.send(Job::Transition(t, done));
     }
 
     /// Makes the alarms `channel` has and this node does not hold yet (a pattern's new

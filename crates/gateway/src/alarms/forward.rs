@@ -184,7 +184,7 @@ async fn serve(alarms: &Alarms, node: &Node, r: Request) {
         _ => None,
     };
     let answer = match act {
-        Some(act) => super::act_here(alarms, &r.alarm, &act, &r.user, r.comment),
+        Some(act) => super::act_here(alarms, &r.alarm, &act, &r.user, r.comment).await,
         None => Err(ApiError::new(code::BAD_REQUEST, format!("unknown alarm action {:?}", r.act))),
     };
     let reply = match answer {

@@ -1,9 +1,10 @@
 //! What becomes of a transition, in the order they happened (one task): the state is stored
 //! for whichever node evaluates next (table `alarms.states`), published on `alarm:{id}` and
 //! `alarm:all`, appended to the journal (`alarms::journal`) and counted. A new alarm's first
-//! state is stored and published the same way, without a journal entry. A broker that fails
-//! is tried again a few times; what still fails is logged (at a bounded rate) and the next
-//! transition goes on.
+//! state is stored and published the same way, without a journal entry. An operator's action
+//! is told when its transition is through, so that its answer follows the journal entry. A
+//! broker that fails is tried again a few times; what still fails is logged (at a bounded
+//! rate) and the next transition goes on.
 
 use std::sync::{Arc, Weak};
 
@@ -19,11 +20,14 @@ pub(super) async fn run(alarms: Arc<Alarms>, node: Weak<Node>, mut queue: mpsc::
     while let Some(job) = queue.recv().await {
         let Some(node) = node.upgrade() else { return };
         match job {
-            Job::Transition(t) => {
+            Job::Transition(t, done) => {
                 store(&node, &t.status).await;
                 publish(&node, &t.status, true).await;
                 journal::append(&node, &journal::Entry::of(&t)).await;
                 count(&alarms, t.status.priority.as_str(), t.kind);
+                if let Some(done) = done {
+                    let _ = done.send(());
+                }
             }
             Job::Fresh(status) => {
                 store(&node, &status).await;

@@ -25,7 +25,7 @@ use super::{encode_header, Opcode, MAX_HEADER};
 
 pub mod offer;
 
-pub use offer::{negotiate, Agreed};
+pub use offer::{accepted, negotiate, Agreed, CLIENT_OFFER};
 
 /// The smallest and the largest LZ77 window (bits) of RFC 7692 §7.1.2.
 pub const MIN_WINDOW_BITS: u8 = 8;

@@ -7,9 +7,11 @@ use std::time::Duration;
 use anyhow::bail;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
-use switchboard_client::HttpApi;
+use switchboard_client::{Compression, HttpApi};
 use tokio::time::Instant;
 
+use super::document::{publication, Document};
+use super::lane::Lane;
 use super::{reference, BroadcastArgs, BroadcastWorker};
 use crate::accounting::MessageCounts;
 use crate::chart::{LineChart, Point, Series};
@@ -20,7 +22,6 @@ use crate::progress::{Progress, Rate};
 use crate::report::{pace_criteria, rss_per_connection, standard_criteria, BenchResult, Connections, Criterion};
 use crate::scenario::{ms, WorkerConfig};
 use crate::search::Search;
-use crate::transport::Transport;
 use crate::worker::Pool;
 
 /// The progress line of the publishing phase.
@@ -141,28 +142,41 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
 
     let targets: Vec<&String> = std::iter::once(&args.common.target).chain(&args.also_targets).collect();
     let procs = args.common.procs_for(subs).max(targets.len().min(subs));
-    // The run's channel and transport, then the reference's (`--reference`), whose subscribers
-    // take the next source addresses and the next worker processes.
-    let lanes: Vec<(String, Transport)> = std::iter::once((args.channel.clone(), args.transport))
-        .chain(args.reference.map(|r| (reference::channel(&args.channel), r)))
-        .collect();
+    // The run's channel and subscribers, then the reference's (`--reference`), whose
+    // subscribers take the next source addresses and the next worker processes.
+    let lanes: Vec<Lane> = std::iter::once(Lane {
+        channel: args.channel.clone(),
+        transport: args.transport,
+        compression: args.compression,
+        delta: args.delta.is_some(),
+    })
+    .chain(args.reference.map(|r| Lane {
+        channel: reference::channel(&args.channel),
+        transport: r,
+        compression: args.reference_compression,
+        delta: args.reference_delta.is_some(),
+    }))
+    .collect();
+    let doc = Document::new(args.doc_bytes);
     let compared = lanes.len() > 1;
     let spread = args.common.spread_sources(subs * lanes.len());
     let shares = split(subs, procs);
     let per_lane = shares.len().max(1);
     let mut configs: Vec<WorkerConfig> = Vec::with_capacity(per_lane * lanes.len());
-    for (lane, (channel, transport)) in lanes.iter().enumerate() {
+    for (l, lane) in lanes.iter().enumerate() {
         for (i, &(first, n)) in shares.iter().enumerate() {
             configs.push(WorkerConfig::Broadcast(BroadcastWorker {
                 target: targets[i % targets.len()].clone(),
-                channel: channel.clone(),
+                channel: lane.channel.clone(),
                 conns: n,
-                first_index: lane * subs + first,
+                first_index: l * subs + first,
                 spread,
                 bursts,
                 format: args.format,
                 concurrency: args.concurrency,
-                transport: *transport,
+                transport: lane.transport,
+                compression: lane.compression,
+                delta: lane.delta,
             }));
         }
     }
@@ -171,8 +185,8 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
         "broadcast: {subs} subscribers on {} over {} worker processes{}, {bursts} publications every {} s",
         args.channel,
         configs.len(),
-        match args.reference {
-            Some(r) => format!(" and as many over {} on {}", r.name(), lanes[1].0),
+        match lanes.get(1) {
+            Some(r) => format!(" and as many {} on {}", r.describe(), r.channel),
             None => String::new(),
         },
         args.period
@@ -209,7 +223,7 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
             let t = unix_micros();
             late_max_us = late_max_us.max(t.saturating_sub(first_publish_us + from_start.as_micros() as u64));
             let before = probe.filter(|_| compared).and_then(|p| p.cpu_sample().ok());
-            let (offset, error) = match api.publish(&lanes[lane].0, &json!({"t": t, "seq": k})).await {
+            let (offset, error) = match api.publish(&lanes[lane].channel, &publication(doc.as_ref(), t, k)).await {
                 Ok(r) => (Some(r.offset), None),
                 Err(e) => (None, Some(e.to_string())),
             };
@@ -332,8 +346,19 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
         None => cpu_s.filter(|_| t.received > 0 && args.also_targets.is_empty()).map(|c| c * 1e6 / t.received as f64),
     };
     extra.insert("server_cpu_us_per_delivery".into(), json!(cpu_us_per_delivery));
-    if let (Some(r), Some(g)) = (args.reference, &reference_group) {
-        let c = reference::compare(r, &windows, cpu_us_per_delivery, &g.tally, subs as u64, bursts, args.max_ratio);
+    extra.insert("wire_bytes_per_delivery".into(), json!(lanes[0].bytes_per_delivery(t)));
+    extra.insert("subscribers_deflated".into(), json!(t.deflated));
+    if args.compression == Compression::Deflate {
+        criteria.push(Criterion::new(
+            "every subscriber negotiated permessage-deflate",
+            t.deflated == established,
+            format!("{} of {established}", t.deflated),
+        ));
+    }
+    if let (Some(r), Some(g)) = (lanes.get(1), &reference_group) {
+        let main = reference::Measured { cpu_us: cpu_us_per_delivery, bytes: lanes[0].bytes_per_delivery(t) };
+        let bounds = reference::Bounds { cpu: args.max_ratio, bytes: args.max_bytes_ratio };
+        let c = reference::compare(r, &windows, main, &g.tally, subs as u64, bursts, bounds);
         criteria.extend(c.criteria);
         extra.insert("reference".into(), c.extra);
     }
@@ -355,10 +380,14 @@ async fn run_once(args: &BroadcastArgs, subs: usize, progress: &mut Progress) ->
         "format": args.format, "procs": configs.len(), "target": args.common.target,
         "also_targets": args.also_targets,
         "transport": args.transport, "max_p99_ms": max_p99_ms, "max_publish_late_ms": max_late_ms,
+        "compression": args.compression, "delta": args.delta, "doc_bytes": args.doc_bytes,
     });
     if let Some(r) = args.reference {
         params["reference"] = json!(r);
+        params["reference_compression"] = json!(args.reference_compression);
+        params["reference_delta"] = json!(args.reference_delta);
         params["max_ratio"] = json!(args.max_ratio);
+        params["max_bytes_ratio"] = json!(args.max_bytes_ratio);
     }
     let result = BenchResult::builder("broadcast", params, started)
         .measured(span_us as f64 / 1e6, connections, messages, t.received as f64 * 1e6 / span_us as f64)

@@ -9,16 +9,26 @@
 //! Every attempted publication is expected at every subscriber, so a publish that fails (a
 //! dead server) shows as lost deliveries as well as a failed criterion.
 //! `--search` doubles M until a burst misses its period (or `--search-max`).
+//! `--doc-bytes` publishes point documents of that size instead (module `document`);
+//! `--compression deflate` and `--delta fossil` make the subscribers take them compressed or
+//! as deltas, and every run reports the bytes the subscribers' sockets read per delivery.
 //! `--reference TRANSPORT` adds M subscribers over a second transport on a second channel and
-//! compares the two transports' server CPU per delivery within the run ([`reference`]).
+//! compares the two transports' server CPU per delivery within the run ([`reference`]); with
+//! `--reference-compression` and `--reference-delta` the two lanes may differ in those too,
+//! and their bytes per delivery are compared as well.
 //!
 //! # Layout
 //! - this file: [`BroadcastArgs`] and [`run`].
 //! - `worker`: [`BroadcastWorker`], the subscribers of one worker process.
 //! - `coordinator`: the run itself: workers, paced publications, bursts, `--search`, result.
 //! - `reference`: `--reference`, two transports' cost per delivery compared.
+//! - `document`: the point documents of `--doc-bytes`.
+//! - `lane`: one channel's subscribers and what they ask for (compression, deltas), and the
+//!   bytes they read per delivery.
 
 mod coordinator;
+mod document;
+mod lane;
 mod reference;
 mod worker;
 
@@ -26,6 +36,8 @@ use anyhow::bail;
 
 pub(crate) use worker::subscribe_reply;
 pub use worker::{run_worker, BroadcastWorker};
+
+use switchboard_client::Compression;
 
 use crate::common::{CommonArgs, PaceArgs, WireFormat};
 use crate::scenario::coordinator_runtime;
@@ -84,6 +96,30 @@ pub struct BroadcastArgs {
     /// reference delivery (the median over the periods of the two windows' ratio).
     #[arg(long, requires = "reference")]
     pub max_ratio: Option<f64>,
+    /// Subscribers offer permessage-deflate (WebSocket): the bytes their sockets read per
+    /// delivery are reported either way (`wire_bytes_per_delivery`).
+    #[arg(long, value_enum, default_value = "off")]
+    pub compression: Compression,
+    /// Subscribers subscribe with `delta: "fossil"` and rebuild every publication from the
+    /// node's text or delta (WebSocket).
+    #[arg(long, value_name = "FORMAT", value_parser = ["fossil"])]
+    pub delta: Option<String>,
+    /// The reference subscribers' --compression (so that one run compares a compressed
+    /// delivery with a plain one).
+    #[arg(long, value_enum, default_value = "off", requires = "reference")]
+    pub reference_compression: Compression,
+    /// The reference subscribers' --delta.
+    #[arg(long, value_name = "FORMAT", value_parser = ["fossil"], requires = "reference")]
+    pub reference_delta: Option<String>,
+    /// With --reference: the run fails when a delivery reads more than this many times a
+    /// reference delivery's bytes.
+    #[arg(long, requires = "reference")]
+    pub max_bytes_ratio: Option<f64>,
+    /// Publish point documents of about this many bytes of JSON instead of the bare stamp: a
+    /// plant point's fields and its neighbours' last values, of which only the value (beside
+    /// the stamp) changes from one publication to the next.
+    #[arg(long, default_value_t = 0)]
+    pub doc_bytes: usize,
     #[command(flatten)]
     pub pace: PaceArgs,
     #[command(flatten)]
@@ -104,6 +140,14 @@ pub fn run(args: BroadcastArgs) -> anyhow::Result<i32> {
         bail!("--subs, --period and --bursts must be positive");
     }
     args.transport.check_format(args.format.format())?;
+    for (transport, compression, delta, flag) in [
+        (args.transport, args.compression, &args.delta, ""),
+        (args.reference.unwrap_or_default(), args.reference_compression, &args.reference_delta, "reference-"),
+    ] {
+        if transport != Transport::Ws && (compression != Compression::Off || delta.is_some()) {
+            bail!("--{flag}compression and --{flag}delta are for WebSocket subscribers (--transport ws)");
+        }
+    }
     if let Some(r) = args.reference {
         r.check_format(args.format.format())?;
         if args.common.server_pid.is_none() || !args.also_targets.is_empty() {

@@ -12,13 +12,19 @@
 //! window, and the run does not pass. Reported are the ratio of the sums and the median over
 //! the periods of the ratio of their two windows; `--max-ratio` holds the median, which one
 //! disturbed window (a round of pings) does not move.
+//!
+//! The two lanes may also differ in what their subscribers ask for (`--reference-compression`,
+//! `--reference-delta`): then the ratio of the bytes their sockets read per delivery says what
+//! compression or deltas save, beside what they cost the server (`--max-bytes-ratio`).
 
 use serde_json::{json, Value};
 
+use switchboard_client::Compression;
+
+use super::lane::Lane;
 use crate::accounting::{MessageCounts, Tally};
 use crate::probe::CpuSample;
 use crate::report::Criterion;
-use crate::transport::Transport;
 
 /// The run's own channel (0) and the reference's (1).
 pub(super) const LANES: usize = 2;
@@ -95,19 +101,36 @@ pub(super) struct Compared {
     pub criteria: Vec<Criterion>,
 }
 
-/// Compares the run's deliveries (`main`, `main_us` each) with the reference subscribers'
-/// (`refs`, who were `subs` and should each have had `published` publications).
+/// What one delivery of the run's subscribers cost: server CPU, and the bytes their sockets
+/// read (where the transport counts them).
+pub(super) struct Measured {
+    pub cpu_us: Option<f64>,
+    pub bytes: Option<f64>,
+}
+
+/// The largest ratios of a run's delivery to a reference one that pass (`--max-ratio`,
+/// `--max-bytes-ratio`).
+pub(super) struct Bounds {
+    pub cpu: Option<f64>,
+    pub bytes: Option<f64>,
+}
+
+/// Compares the run's deliveries (`main`) with the reference subscribers' (`lane`, whose tally
+/// is `refs`: they were `subs` and should each have had `published` publications).
 pub(super) fn compare(
-    transport: Transport,
+    lane: &Lane,
     windows: &Windows,
-    main_us: Option<f64>,
+    main: Measured,
     refs: &Tally,
     subs: u64,
     published: u64,
-    max_ratio: Option<f64>,
+    bounds: Bounds,
 ) -> Compared {
+    let transport = lane.transport;
     let ref_us = windows.per_delivery_us(1, refs.received);
-    let ratio = main_us.zip(ref_us).filter(|(_, r)| *r > 0.0).map(|(m, r)| m / r);
+    let ratio = main.cpu_us.zip(ref_us).filter(|(_, r)| *r > 0.0).map(|(m, r)| m / r);
+    let ref_bytes = lane.bytes_per_delivery(refs);
+    let bytes_ratio = main.bytes.zip(ref_bytes).filter(|(_, r)| *r > 0.0).map(|(m, r)| m / r);
     // The bound is held against the median of the periods: a round of pings or a page fault
     // landing in one window moves the sums by several per cent, the median hardly at all.
     let median = windows.median_pair_ratio();
@@ -127,9 +150,26 @@ pub(super) fn compare(
             format!("{} cut short, {} of the reference's", windows.cut[0], windows.cut[1]),
         ),
     ];
-    if let Some(max) = max_ratio {
+    if lane.compression == Compression::Deflate {
         criteria.push(Criterion::new(
-            format!("a delivery costs at most {max}× a {} one (median of the periods)", transport.name()),
+            "every reference subscriber negotiated permessage-deflate",
+            refs.deflated == refs.established,
+            format!("{} of {}", refs.deflated, refs.established),
+        ));
+    }
+    if let Some(max) = bounds.bytes {
+        criteria.push(Criterion::new(
+            format!("a delivery reads at most {max}× the bytes of a reference one"),
+            bytes_ratio.is_some_and(|r| r <= max),
+            match (main.bytes, ref_bytes, bytes_ratio) {
+                (Some(m), Some(r), Some(x)) => format!("{x:.3}× ({m:.1} B against {r:.1} B)"),
+                _ => "not measured (WebSocket lanes count their bytes)".into(),
+            },
+        ));
+    }
+    if let Some(max) = bounds.cpu {
+        criteria.push(Criterion::new(
+            format!("a delivery costs at most {max}× a reference ({}) one (median of the periods)", lane.describe()),
             median.is_some_and(|r| r <= max),
             match (median, ratio) {
                 (Some(m), Some(r)) => format!("{m:.3}× (of the sums {r:.3}×)"),
@@ -139,13 +179,19 @@ pub(super) fn compare(
     }
     let extra = json!({
         "transport": transport,
+        "compression": lane.compression,
+        "delta": lane.delta,
         "subs": refs.established,
         "received": refs.received,
         "server_cpu_us_per_delivery": ref_us,
         "cost_ratio": ratio,
         "cost_ratio_median_of_periods": median,
         "window_cpu_ms": windows.cpu_s.iter().map(|w| w.iter().map(|s| (s * 1e6).round() / 1e3).collect::<Vec<f64>>()).collect::<Vec<_>>(),
-        "max_ratio": max_ratio,
+        "max_ratio": bounds.cpu,
+        "wire_bytes_per_delivery": ref_bytes,
+        "bytes_ratio": bytes_ratio,
+        "max_bytes_ratio": bounds.bytes,
+        "subscribers_deflated": refs.deflated,
         "windows_cut": windows.cut,
     });
     Compared { extra, criteria }
@@ -154,6 +200,11 @@ pub(super) fn compare(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::Transport;
+
+    fn ws() -> Lane {
+        Lane { channel: "c-ref".into(), transport: Transport::Ws, compression: Compression::Off, delta: false }
+    }
 
     fn sample(ns: u64) -> Option<CpuSample> {
         Some(CpuSample { total_s: 0.0, threads: [(1, ns)].into_iter().collect() })
@@ -173,10 +224,13 @@ mod tests {
         w.add(1, &sample(4_000_000), &sample(6_000_000), 200, true);
         let main_us = w.per_delivery_us(0, 300);
         assert_eq!(main_us, Some(10.0));
-        let refs = Tally { established: 100, received: 200, ..Default::default() };
-        let c = compare(Transport::Ws, &w, main_us, &refs, 100, 2, Some(1.15));
+        let refs = Tally { established: 100, received: 200, wire_bytes: 200_000, ..Default::default() };
+        let main = Measured { cpu_us: main_us, bytes: Some(300.0) };
+        let c = compare(&ws(), &w, main, &refs, 100, 2, Bounds { cpu: Some(1.15), bytes: Some(0.5) });
         assert_eq!(c.extra["server_cpu_us_per_delivery"], json!(10.0));
         assert_eq!(c.extra["cost_ratio"], json!(1.0));
+        assert_eq!(c.extra["wire_bytes_per_delivery"], json!(1000.0));
+        assert_eq!(c.extra["bytes_ratio"], json!(0.3));
         assert_eq!(c.extra["window_cpu_ms"], json!([[3.0], [2.0]]));
         assert!(c.criteria.iter().all(|c| c.ok), "{:?}", c.criteria);
     }
@@ -201,12 +255,16 @@ mod tests {
         let mut w = Windows::default();
         w.add(0, &sample(0), &sample(3_000_000), 100, true);
         w.add(1, &sample(0), &sample(1_000_000), 100, false);
-        let refs = Tally { established: 100, received: 150, ..Default::default() };
-        let c = compare(Transport::Ws, &w, w.per_delivery_us(0, 200), &refs, 100, 2, Some(1.15));
+        let refs = Tally { established: 100, received: 150, wire_bytes: 150_000, deflated: 99, ..Default::default() };
+        let lane = Lane { compression: Compression::Deflate, ..ws() };
+        let main = Measured { cpu_us: w.per_delivery_us(0, 200), bytes: Some(600.0) };
+        let c = compare(&lane, &w, main, &refs, 100, 2, Bounds { cpu: Some(1.15), bytes: Some(0.5) });
         let failed: Vec<&str> = c.criteria.iter().filter(|c| !c.ok).map(|c| c.check.as_str()).collect();
-        assert_eq!(failed.len(), 3, "{failed:?}");
+        assert_eq!(failed.len(), 5, "{failed:?}");
         assert!(failed[0].contains("every publication once") && failed[1].contains("window"), "{failed:?}");
-        assert!(failed[2].contains("at most 1.15×"), "{failed:?}");
+        assert!(failed[2].contains("negotiated permessage-deflate"), "{failed:?}");
+        assert!(failed[3].contains("at most 0.5× the bytes"), "{failed:?}");
+        assert!(failed[4].contains("at most 1.15×"), "{failed:?}");
         assert_eq!(c.extra["windows_cut"], json!([0, 1]));
     }
 }

@@ -1,19 +1,23 @@
 //! The broadcast worker: its share of the subscribers, each subscribing to the channel and
-//! recording every delivery's latency, offset and burst.
+//! recording every delivery's latency, offset and burst, and the bytes its socket read for
+//! them. With `--delta` each subscriber rebuilds every publication from the node's text or
+//! Fossil delta, as an application would, before reading its stamp.
 
 use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use switchboard_client::connect::ConnectOptions;
+use switchboard_client::connect::Compression;
 use switchboard_client::frame::{decode_frame, for_each_message, ServerMessage};
+use switchboard_client::{Chains, Event};
 use switchboard_protocol::Format;
 use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::accounting::{BurstTally, Delivery, OffsetSet};
+use crate::accounting::{BurstTally, Delivery, OffsetSet, Tally};
 use crate::common::{source_addr, unix_micros, WireFormat};
 use crate::transport::{Conn, Transport};
 use crate::worker::WorkerCtx;
@@ -31,6 +35,12 @@ pub struct BroadcastWorker {
     pub concurrency: usize,
     #[serde(default)]
     pub transport: Transport,
+    /// Offer permessage-deflate (`--compression`).
+    #[serde(default = "crate::common::no_compression")]
+    pub compression: Compression,
+    /// Subscribe with `delta: "fossil"` and rebuild each publication (`--delta`).
+    #[serde(default)]
+    pub delta: bool,
 }
 
 /// Just what a subscriber needs from a push; everything else is skipped without allocating.
@@ -48,7 +58,8 @@ struct PubIn {
     data: Stamp,
 }
 
-/// The load generator's data: publish time and sequence number.
+/// The load generator's data: publish time and sequence number (a point document's other
+/// fields are skipped).
 #[derive(Deserialize)]
 struct Stamp {
     t: u64,
@@ -58,7 +69,10 @@ struct Stamp {
 pub async fn run_worker(cfg: BroadcastWorker, ctx: Rc<WorkerCtx>) {
     ctx.tally.borrow_mut().bursts = vec![BurstTally::default(); cfg.bursts as usize];
     let format = cfg.format.format();
-    let subscribe = json!({"id": 1, "subscribe": {"channels": [cfg.channel]}});
+    let mut subscribe = json!({"id": 1, "subscribe": {"channels": [cfg.channel]}});
+    if cfg.delta {
+        subscribe["subscribe"]["delta"] = json!("fossil");
+    }
     // Built once; cloning a message shares its bytes.
     let subscribe = match format {
         Format::Json => Message::text(subscribe.to_string()),
@@ -86,10 +100,11 @@ async fn subscriber(
     let format = cfg.format.format();
     let permit = sem.acquire().await;
     let t0 = Instant::now();
-    let mut opts = ConnectOptions::new(format);
+    let mut opts = crate::common::connect_options(format);
     opts.bind = source_addr(cfg.first_index + i, cfg.spread);
     opts.credentials = token.map(switchboard_client::Credentials::Bearer);
     opts.timeout = Duration::from_secs(30);
+    opts.compression = cfg.compression;
     let mut ws = match Conn::connect(cfg.transport, &cfg.target, &opts).await {
         Ok(ws) => ws,
         Err(e) => return ctx.failed(&format!("connect: {e}")),
@@ -110,6 +125,15 @@ async fn subscriber(
     ctx.expect(ctx.snapshot().established * cfg.bursts);
 
     let mut seen = OffsetSet::new(base);
+    // The socket's bytes from here on are the deliveries' (and the odd ping's).
+    let wire = ws.wire_stats();
+    let mut wire_seen = wire.as_ref().map_or(0, |w| w.read.load(Relaxed));
+    if wire.as_ref().is_some_and(|w| w.deflate.load(Relaxed)) {
+        ctx.tally.borrow_mut().deflated += 1;
+    }
+    let mut chains = cfg.delta.then(|| Chains::new(MAX_DOC_BYTES));
+    // This frame's publications: offset and stamp (kept across frames, so nothing allocates).
+    let mut arrived: Vec<(u64, Stamp)> = Vec::new();
     while let Some(msg) = ws.next().await {
         let (fmt, payload): (Format, &[u8]) = match &msg {
             Ok(Message::Text(t)) => (Format::Json, t.as_bytes()),
@@ -129,28 +153,30 @@ async fn subscriber(
         {
             let mut tally = ctx.tally.borrow_mut();
             let mut lat = ctx.latency.borrow_mut();
+            if let Some(w) = &wire {
+                let read = w.read.load(Relaxed);
+                tally.wire_bytes += read - wire_seen;
+                wire_seen = read;
+            }
+            arrived.clear();
+            match chains.as_mut() {
+                None => read_plain(fmt, payload, &mut tally, &mut arrived),
+                Some(chains) => read_deltas(fmt, payload, chains, &mut tally, &mut arrived),
+            }
             let established = tally.established;
-            for_each_message::<Push, _>(fmt, payload, |m| {
-                let Ok(m) = m else {
-                    tally.unexpected += 1;
-                    return;
-                };
-                if m.disconnect.is_some() {
-                    tally.note_error("server sent disconnect");
-                }
-                let Some(p) = m.publication else { return };
-                let d = seen.insert(p.off);
+            for (off, stamp) in arrived.drain(..) {
+                let d = seen.insert(off);
                 tally.count(d);
                 if d == Delivery::New {
                     got = true;
-                    lat.record(now.saturating_sub(p.data.t));
-                    if let Some(b) = tally.bursts.get_mut(p.data.seq as usize) {
+                    lat.record(now.saturating_sub(stamp.t));
+                    if let Some(b) = tally.bursts.get_mut(stamp.seq as usize) {
                         b.count += 1;
                         b.last_us = b.last_us.max(now);
                         burst_done |= b.count == established;
                     }
                 }
-            });
+            }
             if got {
                 tally.last_arrival_us = now;
             }
@@ -163,6 +189,57 @@ async fn subscriber(
         }
     }
     ctx.dropped("connection ended");
+}
+
+/// The largest publication text a delta subscriber rebuilds (a point document is ~1 KiB).
+const MAX_DOC_BYTES: usize = 1 << 20;
+
+/// A frame's publications, their data as sent.
+fn read_plain(fmt: Format, payload: &[u8], tally: &mut Tally, arrived: &mut Vec<(u64, Stamp)>) {
+    for_each_message::<Push, _>(fmt, payload, |m| {
+        let Ok(m) = m else {
+            tally.unexpected += 1;
+            return;
+        };
+        if m.disconnect.is_some() {
+            tally.note_error("server sent disconnect");
+        }
+        if let Some(p) = m.publication {
+            arrived.push((p.off, p.data));
+        }
+    });
+}
+
+/// A frame's publications of a delta subscription, each rebuilt from its text or its delta
+/// against the channel's previous one. One that cannot be rebuilt is an error of the run
+/// (and its offset missing): the node sent a delta this subscriber had no base for, or a
+/// wrong one.
+fn read_deltas(fmt: Format, payload: &[u8], chains: &mut Chains, tally: &mut Tally, arrived: &mut Vec<(u64, Stamp)>) {
+    for m in decode_frame(fmt, payload) {
+        let publication = match m {
+            Ok(ServerMessage::Encoded(push)) => match chains.decode(push) {
+                Ok(p) => p,
+                Err(e) => {
+                    tally.note_error(&format!("a delta publication could not be rebuilt: {e}"));
+                    continue;
+                }
+            },
+            Ok(ServerMessage::Event(Event::Publication(p))) => p,
+            Ok(ServerMessage::Event(Event::Disconnect { .. })) => {
+                tally.note_error("server sent disconnect");
+                continue;
+            }
+            Ok(_) => continue,
+            Err(_) => {
+                tally.unexpected += 1;
+                continue;
+            }
+        };
+        match Stamp::deserialize(&publication.data) {
+            Ok(stamp) => arrived.push((publication.off, stamp)),
+            Err(_) => tally.unexpected += 1,
+        }
+    }
 }
 
 /// Waits for the reply to the subscribe command (id 1) and returns the channel's offset.
@@ -235,6 +312,8 @@ mod tests {
                 format: WireFormat::Json,
                 concurrency: 1,
                 transport: Transport::Ws,
+                compression: Compression::Off,
+                delta: false,
             };
             let watcher = ctx.clone();
             tokio::task::spawn_local(async move {

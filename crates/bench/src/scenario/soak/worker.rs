@@ -20,7 +20,7 @@ use std::time::Duration;
 use futures_util::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use switchboard_client::connect::{handshake, ConnectOptions};
+use switchboard_client::connect::handshake;
 use switchboard_client::frame::{decode_frame, ServerMessage};
 use switchboard_protocol::Format;
 use tokio::time::Instant;
@@ -171,7 +171,7 @@ async fn hold(
     bind: Option<std::net::IpAddr>,
 ) {
     let mut permit = Some(sem.acquire().await);
-    let mut opts = ConnectOptions::new(Format::Json);
+    let mut opts = crate::common::connect_options(Format::Json);
     opts.bind = bind;
     opts.credentials = crate::worker::token().map(switchboard_client::Credentials::Bearer);
     opts.timeout = Duration::from_secs(30);
@@ -277,7 +277,7 @@ async fn churn_one(
     timeout: Duration,
 ) -> Result<(), String> {
     let deadline = Instant::now() + timeout;
-    let mut opts = ConnectOptions::new(Format::Json);
+    let mut opts = crate::common::connect_options(Format::Json);
     opts.bind = bind;
     opts.credentials = token.map(switchboard_client::Credentials::Bearer);
     opts.timeout = timeout;

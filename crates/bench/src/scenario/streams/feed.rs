@@ -24,12 +24,12 @@ use std::cell::Cell;
 use std::net::IpAddr;
 use std::ops::Range;
 use std::rc::Rc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use switchboard_client::connect::ConnectOptions;
 use tokio::time::Instant;
 
 #[cfg(test)]
@@ -98,6 +98,9 @@ pub struct FeedConn {
     /// WebSocket, SSE or long-polling (`streams --transport`; the dashboard uses WebSocket).
     #[serde(default)]
     pub transport: crate::transport::Transport,
+    /// Offer permessage-deflate (`streams --compression`).
+    #[serde(default = "crate::common::no_compression")]
+    pub compression: switchboard_client::Compression,
 }
 
 /// The subscriptions of one connection: the points `first..first + sets.len()`.
@@ -202,14 +205,18 @@ pub(crate) async fn subscriber(w: Rc<FeedWorker>, range: Range<usize>, bind: Opt
     let cfg = &w.cfg;
     let format = cfg.format.format();
     let mut permit = Some(w.sem.acquire().await);
-    let mut opts = ConnectOptions::new(format);
+    let mut opts = crate::common::connect_options(format);
     opts.bind = bind;
     opts.credentials = w.token.clone().map(switchboard_client::Credentials::Bearer);
     opts.timeout = Duration::from_secs(30);
+    opts.compression = cfg.compression;
     let mut ws = match crate::transport::Conn::connect(cfg.transport, &cfg.target, &opts).await {
         Ok(ws) => ws,
         Err(e) => return ctx.failed(&format!("connect: {e}")),
     };
+    // The socket's bytes once established are the deliveries' (and the odd ping's).
+    let wire = ws.wire_stats();
+    let mut wire_seen = 0;
     let names: Vec<String> = range.clone().map(|i| cfg.points.name(i)).collect();
     let chunks = subscribe_chunks(&names, cfg.chunk);
     let t0 = Instant::now();
@@ -228,6 +235,10 @@ pub(crate) async fn subscriber(w: Rc<FeedWorker>, range: Range<usize>, bind: Opt
             established = true;
             permit.take();
             ctx.established(t0.elapsed().as_micros() as u64);
+            if let Some(w) = &wire {
+                wire_seen = w.read.load(Relaxed);
+                ctx.tally.borrow_mut().deflated += u64::from(w.deflate.load(Relaxed));
+            }
             w.expected.set(w.expected.get() + n as u64 * cfg.updates_per_channel);
             ctx.expect(w.expected.get());
         }
@@ -252,6 +263,11 @@ pub(crate) async fn subscriber(w: Rc<FeedWorker>, range: Range<usize>, bind: Opt
         let read = {
             let mut tally = ctx.tally.borrow_mut();
             let mut lat = ctx.latency.borrow_mut();
+            if let Some(w) = wire.as_ref().filter(|_| established) {
+                let read = w.read.load(Relaxed);
+                tally.wire_bytes += read - wire_seen;
+                wire_seen = read;
+            }
             let read = read_frame(
                 frame,
                 chunks.len(),
@@ -331,6 +347,7 @@ mod tests {
                 updates_per_channel: 1,
                 format: WireFormat::Json,
                 transport: crate::transport::Transport::Ws,
+                compression: switchboard_client::Compression::Off,
             };
             let w = FeedWorker::new(cfg, ctx.clone(), 1);
             let watcher = ctx.clone();

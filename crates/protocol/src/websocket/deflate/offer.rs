@@ -1,6 +1,8 @@
-//! The permessage-deflate negotiation of a server (RFC 7692 §5–7): the client's
+//! The permessage-deflate negotiation (RFC 7692 §5–7). A server's side: the client's
 //! `Sec-WebSocket-Extensions` offers read by the extension grammar of RFC 6455 §9.1, the first
-//! offer this server can honour accepted, the answer's header value.
+//! offer this server can honour accepted, the answer's header value. A client's side: the
+//! one offer Switchboard's clients make ([`CLIENT_OFFER`]) and the server's answer to it judged
+//! ([`accepted`]).
 //!
 //! An offer is declined — and the next one tried — when it has a parameter RFC 7692 does not
 //! define for an offer, a parameter twice, a value where none belongs or a missing or invalid
@@ -48,6 +50,50 @@ pub fn negotiate<'a>(values: impl IntoIterator<Item = &'a str>) -> Option<Agreed
         let (name, params) = parse_extension(element)?;
         name.eq_ignore_ascii_case(PERMESSAGE_DEFLATE).then(|| accept(&params)).flatten()
     })
+}
+
+/// What Switchboard's clients offer: no context takeover either way, so that neither side keeps
+/// an LZ77 window for the connection (the node answers every offer so). The client inflates
+/// with the largest window, so it names no `server_max_window_bits`; it sends its own messages
+/// uncompressed (RFC 7692 §6 allows any message so), so it names no `client_max_window_bits`.
+pub const CLIENT_OFFER: &str = "permessage-deflate; server_no_context_takeover; client_no_context_takeover";
+
+/// A server's `Sec-WebSocket-Extensions` answer to [`CLIENT_OFFER`]: `Ok(true)` when it
+/// accepted permessage-deflate, `Ok(false)` when it named no extension, `Err` (why) when the
+/// answer is one RFC 7692 §5–7 forbids for that offer, and the client must fail the connection
+/// (RFC 6455 §4.1): another extension, the extension twice, `server_no_context_takeover`
+/// missing (the offer asked for it: a server that cannot honour it declines the offer), a
+/// `client_max_window_bits` the offer did not name, or a parameter that is unknown, repeated or
+/// badly valued.
+pub fn accepted<'a>(values: impl IntoIterator<Item = &'a str>) -> Result<bool, String> {
+    let mut found = false;
+    for element in values.into_iter().flat_map(|v| split_outside_quotes(v, b',')) {
+        let (name, params) = parse_extension(element).ok_or_else(|| format!("malformed extension {element:?}"))?;
+        if !name.eq_ignore_ascii_case(PERMESSAGE_DEFLATE) {
+            return Err(format!("extension {name:?} was not offered"));
+        }
+        if found {
+            return Err(format!("{PERMESSAGE_DEFLATE} accepted twice"));
+        }
+        found = true;
+        let mut seen: Vec<&str> = Vec::with_capacity(params.len());
+        for (name, value) in &params {
+            let name = *name;
+            if seen.iter().any(|s| s.eq_ignore_ascii_case(name)) {
+                return Err(format!("parameter {name} twice"));
+            }
+            seen.push(name);
+            match (name.to_ascii_lowercase().as_str(), value) {
+                ("server_no_context_takeover" | "client_no_context_takeover", None) => {}
+                ("server_max_window_bits", Some(v)) if window_bits(v).is_some() => {}
+                _ => return Err(format!("parameter {name} is not one an answer to this offer may carry")),
+            }
+        }
+        if !seen.iter().any(|s| s.eq_ignore_ascii_case("server_no_context_takeover")) {
+            return Err("server_no_context_takeover was asked for and is missing".into());
+        }
+    }
+    Ok(found)
 }
 
 /// An extension parameter: its name and its value, unquoted, if it has one.
@@ -217,6 +263,39 @@ mod tests {
             assert_eq!(agreed(&[bad]), None, "{bad}");
             let then = format!("{bad}, permessage-deflate; server_max_window_bits=10");
             assert_eq!(agreed(&[&then]).map(|a| a.0), Some(10), "{then}");
+        }
+    }
+
+    #[test]
+    fn deflate_answers_to_the_client_offer_are_judged_by_the_rfc() {
+        for ok in [
+            BOTH,
+            "permessage-deflate; server_no_context_takeover",
+            "Permessage-Deflate; Server_No_Context_Takeover; server_max_window_bits=10",
+            "permessage-deflate;server_no_context_takeover;server_max_window_bits=\"15\"",
+        ] {
+            assert_eq!(accepted([ok]), Ok(true), "{ok}");
+        }
+        assert_eq!(accepted([]), Ok(false));
+        assert_eq!(accepted(["", " , "]), Ok(false));
+        for bad in [
+            "permessage-deflate",
+            "permessage-deflate; client_no_context_takeover",
+            "permessage-deflate; server_no_context_takeover; client_max_window_bits=10",
+            "permessage-deflate; server_no_context_takeover; server_max_window_bits=16",
+            "permessage-deflate; server_no_context_takeover; server_max_window_bits",
+            "permessage-deflate; server_no_context_takeover; server_no_context_takeover",
+            "permessage-deflate; server_no_context_takeover; mem_level=8",
+            "x-webkit-deflate-frame",
+            "permessage deflate",
+        ] {
+            assert!(accepted([bad]).is_err(), "{bad}");
+        }
+        let twice = [BOTH, BOTH];
+        assert!(accepted(twice).is_err());
+        // The node's own answers are ones its clients accept.
+        for offer in [CLIENT_OFFER, "permessage-deflate; server_max_window_bits=9"] {
+            assert_eq!(accepted([agreed(&[offer]).unwrap().1.as_str()]), Ok(true), "{offer}");
         }
     }
 
