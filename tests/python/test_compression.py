@@ -6,7 +6,9 @@ extension by default, and Python's zlib reading raw frames.
   over HTTP) identical to what was published, and its own compressed commands are read.
 - The project's Python client (`switchboard_client`) offers it by default and not with
   `compression=None`; either way its publications arrive identical, compressed on the wire only
-  when negotiated (the node's `switchboard_bytes_out_total`). Any other value is a `ValueError`.
+  when negotiated (the node's `switchboard_bytes_out_total`), and the node's
+  `switchboard_deflate_*` counters show the connection and each publication compressed. Any
+  other value is a `ValueError`.
 - `switchboard sub` (the Rust client, which inflates under tungstenite) does the same by
   default and not with `--compression off`.
 - On raw frames: the answer always carries both `no_context_takeover` parameters, so every
@@ -198,7 +200,17 @@ def test_compression_python_client_receives_identical_publications(server, optio
         assert c.extensions == [], "none once closed"
         return got, written
 
+    counted = {k: metric(server, f"switchboard_deflate_{k}_total", required=True)
+               for k in ("connections", "messages", "input_bytes", "output_bytes")}
     got, written = asyncio.run(asyncio.wait_for(main(), 60))
+    grew = {k: metric(server, f"switchboard_deflate_{k}_total", required=True) - v for k, v in counted.items()}
+    if negotiated:
+        # This client's connection, and each publication compressed once (the node's test
+        # server has no other compressing subscriber of this channel).
+        assert grew["connections"] == 1 and grew["messages"] >= len(docs), grew
+        assert grew["input_bytes"] >= sent and grew["output_bytes"] < grew["input_bytes"] / 2, grew
+    else:
+        assert grew["connections"] == 0, grew
     assert [p.data for p in got] == docs
     assert [p.offset for p in got] == list(range(got[0].offset, got[0].offset + len(docs)))
     # What the node wrote for them (the last write may be counted a moment after it arrived).

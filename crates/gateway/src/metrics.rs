@@ -41,6 +41,8 @@ pub struct Metrics {
     pub broker_unknown: AtomicU64,
     /// Historical values from sources, by outcome.
     pub historical: HistoricalCounts,
+    /// permessage-deflate: what compressing cost and saved.
+    pub deflate: DeflateCounts,
     lag_buckets: [AtomicU64; LAG_BOUNDS.len() + 1],
     lag_sum_us: AtomicU64,
 }
@@ -61,12 +63,6 @@ impl Metrics {
     /// trip, for shared brokers.
     pub fn render(&self, channels: usize, broker_channels: Option<usize>, broker_rtt: Option<Duration>) -> String {
         let mut out = String::with_capacity(4096);
-        let g = |out: &mut String, name: &str, help: &str, kind: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP switchboard_{name} {help}\n# TYPE switchboard_{name} {kind}\nswitchboard_{name} {v}"
-            );
-        };
         g(&mut out, "connections", "Open client connections.", "gauge", self.connections.load(Relaxed));
         g(
             &mut out,
@@ -135,6 +131,7 @@ impl Metrics {
             "counter",
             self.slow_consumers.load(Relaxed),
         );
+        self.deflate.render(&mut out);
         g(
             &mut out,
             "recover_disconnects_total",
@@ -196,6 +193,66 @@ impl Metrics {
         let _ = writeln!(out, "{name}_sum {}", self.lag_sum_us.load(Relaxed) as f64 / 1e6);
         let _ = writeln!(out, "{name}_count {cumulative}");
         out
+    }
+}
+
+/// One sample with its help and type lines.
+fn g(out: &mut String, name: &str, help: &str, kind: &str, v: u64) {
+    let _ = writeln!(out, "# HELP switchboard_{name} {help}\n# TYPE switchboard_{name} {kind}\nswitchboard_{name} {v}");
+}
+
+/// permessage-deflate since the node started (`crate::outbox::deflated`).
+#[derive(Debug, Default)]
+pub struct DeflateCounts {
+    /// WebSocket connections that negotiated it.
+    pub connections: AtomicU64,
+    /// Messages compressed: once per shared publication and window, once per reply.
+    pub compressed: AtomicU64,
+    /// Their payload bytes before compressing.
+    pub bytes_in: AtomicU64,
+    /// Their payload bytes as sent: compressed, or as they were where that was not smaller.
+    pub bytes_out: AtomicU64,
+}
+
+impl DeflateCounts {
+    /// Counts one message of `before` payload bytes compressed to `after` (`before` when the
+    /// compressed form was not smaller and the message goes as it is).
+    pub fn count(&self, before: usize, after: usize) {
+        self.compressed.fetch_add(1, Relaxed);
+        self.bytes_in.fetch_add(before as u64, Relaxed);
+        self.bytes_out.fetch_add(after as u64, Relaxed);
+    }
+
+    fn render(&self, out: &mut String) {
+        let n = |a: &AtomicU64| a.load(Relaxed);
+        g(
+            out,
+            "deflate_connections_total",
+            "WebSocket connections that negotiated permessage-deflate.",
+            "counter",
+            n(&self.connections),
+        );
+        g(
+            out,
+            "deflate_messages_total",
+            "Messages compressed (once per publication and window, shared by every connection that gets it; once per reply).",
+            "counter",
+            n(&self.compressed),
+        );
+        g(
+            out,
+            "deflate_input_bytes_total",
+            "Payload bytes of the compressed messages before compressing.",
+            "counter",
+            n(&self.bytes_in),
+        );
+        g(
+            out,
+            "deflate_output_bytes_total",
+            "Payload bytes of the compressed messages as sent (as they were where compressing did not make them smaller).",
+            "counter",
+            n(&self.bytes_out),
+        );
     }
 }
 

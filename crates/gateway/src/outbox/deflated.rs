@@ -19,6 +19,7 @@
 //! Compressed frames are written whole: the outbox never merges them with their neighbours
 //! into one `\n`-separated frame, which would need compressing again per connection.
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -26,6 +27,7 @@ use switchboard_protocol::websocket::deflate::{deflate_frame, MAX_WINDOW_BITS, R
 use switchboard_protocol::websocket::Opcode;
 
 use super::{Frame, Outbox};
+use crate::metrics::DeflateCounts;
 
 /// permessage-deflate on one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +63,9 @@ impl Frame {
     /// This message as a connection with `deflate` receives it: compressed when it is at least
     /// `min_bytes` long and compressing makes it smaller, otherwise as it is. A shared frame is
     /// compressed once per window, whoever asks first.
-    pub fn deflated(&self, deflate: &Deflate) -> Frame {
+    /// What compressing took and gave is added to `counts` (once per compression: a cached
+    /// form costs nothing more).
+    pub fn deflated(&self, deflate: &Deflate, counts: &DeflateCounts) -> Frame {
         let len = self.payload().len();
         if self.header_len == 0 || self.compressed() || len < deflate.min_bytes {
             return self.clone();
@@ -69,14 +73,16 @@ impl Frame {
         // A message within the window reads the same whatever window compressed it.
         let window = if len <= 1 << deflate.window { MAX_WINDOW_BITS } else { deflate.window };
         let made = match &self.forms {
-            None => self.compress(window),
-            Some(cache) if window == MAX_WINDOW_BITS => cache.wide.get_or_init(|| self.compress(window)).clone(),
+            None => self.compress(window, counts),
+            Some(cache) if window == MAX_WINDOW_BITS => {
+                cache.wide.get_or_init(|| self.compress(window, counts)).clone()
+            }
             Some(cache) => {
                 let mut narrow = cache.narrow.lock();
                 match narrow.iter().find(|(w, _)| *w == window) {
                     Some((_, f)) => f.clone(),
                     None => {
-                        let f = self.compress(window);
+                        let f = self.compress(window, counts);
                         narrow.push((window, f.clone()));
                         f
                     }
@@ -86,11 +92,15 @@ impl Frame {
         made.unwrap_or_else(|| self.clone())
     }
 
-    /// The compressed form for `window`, if it is smaller.
-    fn compress(&self, window: u8) -> Option<Frame> {
+    /// The compressed form for `window`, if it is smaller; counted.
+    fn compress(&self, window: u8, counts: &DeflateCounts) -> Option<Frame> {
         let opcode = if self.bytes[0] & 0x0f == 2 { Opcode::Binary } else { Opcode::Text };
-        let (bytes, header_len) = deflate_frame(opcode, self.payload(), window)?;
-        (bytes.len() < self.bytes.len()).then_some(Frame { bytes, header_len: header_len as u8, forms: None })
+        let before = self.payload().len();
+        let made = deflate_frame(opcode, self.payload(), window)
+            .filter(|(bytes, _)| bytes.len() < self.bytes.len())
+            .map(|(bytes, header_len)| Frame { bytes, header_len: header_len as u8, forms: None });
+        counts.count(before, made.as_ref().map_or(before, |f| f.payload().len()));
+        made
     }
 }
 
@@ -99,13 +109,15 @@ impl Outbox {
     /// permessage-deflate. Called once, by the connection's task before its session runs (what
     /// was queued before stays as it is).
     pub fn use_deflate(&self, deflate: Deflate) {
-        let _ = self.deflate.set(deflate);
+        if self.deflate.set(deflate).is_ok() {
+            self.metrics.deflate.connections.fetch_add(1, Relaxed);
+        }
     }
 
     /// `frame` as this connection sends it (compressed or not).
     pub(super) fn on_wire(&self, frame: Frame) -> Frame {
         match self.deflate.get() {
-            Some(d) => frame.deflated(d),
+            Some(d) => frame.deflated(d, &self.metrics.deflate),
             None => frame,
         }
     }
@@ -137,7 +149,11 @@ mod tests {
     }
 
     fn outbox(wire: &Arc<TestWire>, deflate: Option<Deflate>) -> Outbox {
-        let ob = Outbox::new(1, Format::Json, wire.clone(), 1 << 20, Arc::new(Metrics::default()));
+        outbox_with(wire, deflate, Arc::new(Metrics::default()))
+    }
+
+    fn outbox_with(wire: &Arc<TestWire>, deflate: Option<Deflate>, metrics: Arc<Metrics>) -> Outbox {
+        let ob = Outbox::new(1, Format::Json, wire.clone(), 1 << 20, metrics);
         if let Some(d) = deflate {
             ob.use_deflate(d);
         }
@@ -165,9 +181,10 @@ mod tests {
         let long = "a publication long enough to be worth compressing ".repeat(4);
         let d = publication("room:1", 1, &long);
         let wires: Vec<Arc<TestWire>> = (0..3).map(|_| TestWire::open(usize::MAX)).collect();
-        let deflating = outbox(&wires[0], Some(WIDE));
-        let also = outbox(&wires[1], Some(WIDE));
-        let plain = outbox(&wires[2], None);
+        let metrics = Arc::new(Metrics::default());
+        let deflating = outbox_with(&wires[0], Some(WIDE), metrics.clone());
+        let also = outbox_with(&wires[1], Some(WIDE), metrics.clone());
+        let plain = outbox_with(&wires[2], None, metrics);
         for ob in [&deflating, &also, &plain] {
             assert_eq!(ob.push(d.clone(), false), Pushed::Schedule);
             ob.flush();
@@ -178,10 +195,17 @@ mod tests {
         let text = String::from_utf8(d.frame.payload().to_vec()).unwrap();
         assert_eq!(messages(&written[0]), vec![(true, text.clone())]);
         assert_eq!(messages(&written[2]), vec![(false, text)]);
-        // One compression, shared: both outboxes wrote the cache's bytes.
-        let cached = d.frame.deflated(&WIDE);
+        // One compression, shared: both outboxes wrote the cache's bytes, and it was counted
+        // once (the outboxes share the node's metrics).
+        let counts = DeflateCounts::default();
+        let cached = d.frame.deflated(&WIDE, &counts);
         assert!(cached.compressed());
-        assert_eq!(cached.bytes.as_ptr(), d.frame.deflated(&WIDE).bytes.as_ptr());
+        assert_eq!(cached.bytes.as_ptr(), d.frame.deflated(&WIDE, &counts).bytes.as_ptr());
+        assert_eq!(counts.compressed.load(Relaxed), 0, "the cache was filled before");
+        let m = &deflating.metrics.deflate;
+        assert_eq!((m.connections.load(Relaxed), m.compressed.load(Relaxed)), (2, 1));
+        assert_eq!(m.bytes_in.load(Relaxed), d.frame.payload().len() as u64);
+        assert_eq!(m.bytes_out.load(Relaxed), cached.payload().len() as u64);
     }
 
     #[test]
@@ -218,14 +242,19 @@ mod tests {
         let d = publication("pt:x", 1, &long);
         assert!(d.frame.payload().len() > 512);
         let narrow = Deflate { window: 9, min_bytes: 0 };
-        let a = d.frame.deflated(&narrow);
-        let wide = d.frame.deflated(&WIDE);
+        let counts = DeflateCounts::default();
+        let a = d.frame.deflated(&narrow, &counts);
+        let wide = d.frame.deflated(&WIDE, &counts);
         assert!(a.compressed() && wide.compressed());
         assert_ne!(a.bytes, wide.bytes, "a form of its own");
-        assert_eq!(a.bytes.as_ptr(), d.frame.deflated(&narrow).bytes.as_ptr(), "cached");
+        assert_eq!(a.bytes.as_ptr(), d.frame.deflated(&narrow, &counts).bytes.as_ptr(), "cached");
         assert_eq!(inflate(a.payload(), 1 << 20).unwrap(), d.frame.payload());
         // A short message is read by any window: the 15-bit form serves it.
         let short = publication("pt:x", 2, &"z".repeat(100));
-        assert_eq!(short.frame.deflated(&narrow).bytes.as_ptr(), short.frame.deflated(&WIDE).bytes.as_ptr());
+        assert_eq!(
+            short.frame.deflated(&narrow, &counts).bytes.as_ptr(),
+            short.frame.deflated(&WIDE, &counts).bytes.as_ptr()
+        );
+        assert_eq!(counts.compressed.load(Relaxed), 3, "the narrow form, the wide one, the short one's");
     }
 }
