@@ -17,38 +17,31 @@ export function chunkChannels(
   extra: (ch: string) => number = () => 0,
   most = MAX_CHANNELS_PER_SUBSCRIBE,
 ): string[][] {
-  const out: string[][] = [];
-  let chunk: string[] = [];
-  let bytes = 0;
-  for (const ch of channels) {
-    const size = ch.length + 4 + extra(ch);
-    if (chunk.length > 0 && (bytes + size > budget || chunk.length >= most)) {
-      out.push(chunk);
-      chunk = [];
-      bytes = 0;
-    }
-    chunk.push(ch);
-    bytes += size;
-  }
-  if (chunk.length > 0) out.push(chunk);
-  return out;
+  return pack(channels, (ch) => ch.length + 4 + extra(ch), budget, most);
 }
 
 /** `commands` in order, several per frame up to the frame budget. */
 export function shareFrames(commands: Command[]): Command[][] {
-  const frames: Command[][] = [];
-  let frame: Command[] = [];
+  const size = (c: Command) => (c.publish ? JSON.stringify(c.publish.data ?? null).length + 64 : 256);
+  return pack(commands, size, COMMANDS_PER_FRAME_BYTES, Infinity);
+}
+
+/** `items` in order, in groups of at most `most` items whose sizes add up to `budget` at most;
+ * an item larger than the budget goes alone. */
+function pack<T>(items: T[], size: (item: T) => number, budget: number, most: number): T[][] {
+  const groups: T[][] = [];
+  let group: T[] = [];
   let bytes = 0;
-  for (const c of commands) {
-    const size = c.publish ? JSON.stringify(c.publish.data ?? null).length + 64 : 256;
-    if (frame.length > 0 && bytes + size > COMMANDS_PER_FRAME_BYTES) {
-      frames.push(frame);
-      frame = [];
+  for (const item of items) {
+    const n = size(item);
+    if (group.length > 0 && (bytes + n > budget || group.length >= most)) {
+      groups.push(group);
+      group = [];
       bytes = 0;
     }
-    frame.push(c);
-    bytes += size;
+    group.push(item);
+    bytes += n;
   }
-  if (frame.length > 0) frames.push(frame);
-  return frames;
+  if (group.length > 0) groups.push(group);
+  return groups;
 }
