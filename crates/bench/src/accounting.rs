@@ -119,6 +119,11 @@ pub struct Tally {
 pub const MAX_ERRORS: usize = 8;
 
 impl Tally {
+    /// Bytes the sockets read per distinct delivery; `None` before any delivery.
+    pub fn wire_bytes_per_delivery(&self) -> Option<f64> {
+        (self.received > 0).then(|| self.wire_bytes as f64 / self.received as f64)
+    }
+
     pub fn merge(&mut self, o: &Tally) {
         self.established += o.established;
         self.failed += o.failed;

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::accounting::MessageCounts;
+use crate::accounting::{MessageCounts, Tally};
 use crate::chart;
 use crate::common::rfc3339;
 use crate::histogram::{Latency, LatencySummary};
@@ -96,6 +96,16 @@ impl Criterion {
     /// Every worker process sent its final report (`missing` did not).
     pub fn workers_reported(missing: usize) -> Self {
         Criterion::new("every worker reported", missing == 0, format!("{missing} missing"))
+    }
+
+    /// Every connection of `t` that was established negotiated permessage-deflate: a run that
+    /// measures compression fails where the server declined it. `whose`: "" or "reference ".
+    pub fn all_deflated(whose: &str, t: &Tally) -> Self {
+        Criterion::new(
+            format!("every {whose}subscriber negotiated permessage-deflate"),
+            t.deflated == t.established,
+            format!("{} of {}", t.deflated, t.established),
+        )
     }
 }
 

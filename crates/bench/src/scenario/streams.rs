@@ -403,11 +403,7 @@ async fn run_once(args: &StreamsArgs, progress: &mut Progress) -> anyhow::Result
     ));
     criteria.push(Criterion::workers_reported(merged.missing));
     if args.compression == switchboard_client::Compression::Deflate {
-        criteria.push(Criterion::new(
-            "every subscriber negotiated permessage-deflate",
-            t.deflated == t.established,
-            format!("{} of {}", t.deflated, t.established),
-        ));
+        criteria.push(Criterion::all_deflated("", t));
     }
     let (max_late_ms, max_p99_ms) = args.pace.bounds(1000.0 / args.hz);
     let latency = merged.latency.summary();
@@ -432,10 +428,7 @@ async fn run_once(args: &StreamsArgs, progress: &mut Progress) -> anyhow::Result
     );
     extra.insert("server_cpu_percent".into(), json!(cpu_s.map(|c| c * 100.0 / span_s)));
     let ws = args.transport == crate::transport::Transport::Ws;
-    extra.insert(
-        "wire_bytes_per_delivery".into(),
-        json!((ws && t.received > 0).then(|| t.wire_bytes as f64 / t.received as f64)),
-    );
+    extra.insert("wire_bytes_per_delivery".into(), json!(t.wire_bytes_per_delivery().filter(|_| ws)));
     extra.insert("subscribers_deflated".into(), json!(t.deflated));
     let (before, connected) = (mem_before.map(|m| m.rss), mem_connected.map(|m| m.rss));
     let rss_per_conn = rss_per_connection(before, connected, t.established);

@@ -29,7 +29,7 @@ impl Lane {
 
     /// The bytes the lane's sockets read per delivery, where its transport counts them.
     pub fn bytes_per_delivery(&self, t: &Tally) -> Option<f64> {
-        (self.transport == Transport::Ws && t.received > 0).then(|| t.wire_bytes as f64 / t.received as f64)
+        t.wire_bytes_per_delivery().filter(|_| self.transport == Transport::Ws)
     }
 }
 

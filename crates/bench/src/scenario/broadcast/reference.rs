@@ -151,11 +151,7 @@ pub(super) fn compare(
         ),
     ];
     if lane.compression == Compression::Deflate {
-        criteria.push(Criterion::new(
-            "every reference subscriber negotiated permessage-deflate",
-            refs.deflated == refs.established,
-            format!("{} of {}", refs.deflated, refs.established),
-        ));
+        criteria.push(Criterion::all_deflated("reference ", refs));
     }
     if let Some(max) = bounds.bytes {
         criteria.push(Criterion::new(
