@@ -3,8 +3,9 @@ tests/python/opcua_server.py with --history) keeps the history of Temp and none 
 written every 100 ms with source timestamps. The node reaches it through a TCP relay the test
 controls; cutting the relay for 20 s leaves the server running (and historizing) while the
 node is cut off. After the reconnect the gap of Temp is read from the server's history and
-lands in the channel's trend at its own times; Flow's gap stays as the bad marker left it;
-live subscribers never see a back-filled value as the current one.
+lands in the channel's trend at its own times and in its history, each value once, marked
+`hist`; Flow's gap stays as the bad marker left it; live subscribers never see a back-filled
+value as the current one.
 
 The server listens on 127.0.0.2 and the relay on 127.0.0.1 at the same port: the endpoint the
 server advertises, its host replaced by the client's, leads through the relay. Every server is
@@ -109,6 +110,9 @@ def history_server():
 def node(start_server, tmp_path, opc: OpcServer) -> sb.Server:
     cfg = tmp_path / "switchboard.toml"
     cfg.write_text(f"""
+[namespaces.pt]
+history_size = 2000
+
 [[sources]]
 kind = "opcua"
 name = "plc"
@@ -127,7 +131,7 @@ def buckets(srv: sb.Server, channel: str) -> dict[int, dict]:
 
 
 @pytest.mark.timeout(180)
-def test_opcua_backfill_a_20s_gap_lands_in_the_trend_at_its_own_times(history_server, start_server, tmp_path):
+def test_opcua_backfill_a_20s_gap_lands_in_the_trend_and_history_at_its_own_times(history_server, start_server, tmp_path):
     opc, relay = history_server
     srv = node(start_server, tmp_path, opc)
     sb.wait_until("Temp and Flow", lambda: latest(srv, "pt:Temp") and latest(srv, "pt:Flow"), limit=30)
@@ -166,7 +170,18 @@ def test_opcua_backfill_a_20s_gap_lands_in_the_trend_at_its_own_times(history_se
     flow = buckets(srv, "pt:Flow")
     marked = flow_bad["t"] // 1000 * 1000
     assert not [s for s in seconds if s != marked and flow.get(s, {}).get("n", 0) > 0], "Flow was back-filled"
-    assert metric(srv, "source_backfilled_total") >= 0.8 * (gap_end - gap_start) / 100 - 10
+    backfilled = metric(srv, "source_backfilled_total")
+    assert backfilled >= 0.8 * (gap_end - gap_start) / 100 - 10
+
+    # Temp's history holds every back-filled value once, marked, at its own time inside the gap;
+    # its live values stay in order around them (Flow keeps no history: nothing of it is there).
+    pubs = sb.history_pubs(srv, "pt:Temp")
+    past = [p["data"]["t"] for p in pubs if p.get("hist")]
+    assert len(past) == backfilled, f"{len(past)} historical publications, {backfilled} back-filled"
+    assert len(set(past)) == len(past), "a back-filled value is in history more than once"
+    assert all(gap_start < t < gap_end for t in past), [t for t in past if not gap_start < t < gap_end]
+    live = [p["data"]["t"] for p in pubs if not p.get("hist")]
+    assert live == sorted(live), "the live values are in history in order"
 
     # Live subscribers saw only values newer than those before them: a back-filled value is
     # never sent as the current one, and the channel's last value stays the newest.

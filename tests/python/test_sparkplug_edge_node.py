@@ -8,8 +8,10 @@ it is offline. redis-server is killed for 10 s: the edge node hears `online: fal
 `online: true` once the node can commit again, and then sends what it kept as `is_historical`
 metrics. Afterwards the 1 s trend buckets count every value the edge node took (births, live,
 historical) at its own time, the channel's last value is the newest live one, and its history
-holds the live values, in order, and every historical one once, marked `hist`. The edge node's clean disconnect (an NDEATH numbered as
-pysparkplug numbers it) marks its value bad.
+holds the live values, in order, and every historical one once, marked `hist`. A live
+subscriber (Python `websockets`), connected throughout, is never sent a historical value: what
+it is sent never goes back in time. The edge node's clean disconnect (an NDEATH numbered as
+pysparkplug numbers it) marks its value bad, which the subscriber gets last.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import pytest
 import sb
 from mqtt_kit import mosquitto  # noqa: F401 (the module's mosquitto, a fixture)
 from redis_kit import Redis
-from sb import uniq
+from sb import WS, uniq
 
 EDGE_PY = os.path.join(os.path.dirname(__file__), "..", "..", ".venv-sparkplug", "bin", "python")
 EDGE_SCRIPT = os.path.join(os.path.dirname(__file__), "sparkplug_edge_node.py")
@@ -63,6 +65,57 @@ class Edge:
             self.proc.wait()
 
 
+class Watcher:
+    """A live subscriber of `channel`, a screen of its current value, reading in a thread of its
+    own until `stop()`: `pubs` are the publications it was sent, and the last value of each
+    subscribe again it makes when the node ends its subscription (`unsubscribed` with
+    `resubscribe`: after the Redis outage the node cannot tell whether it missed some), every
+    half second while that answers 503; `error` is what ended its reading early."""
+
+    def __init__(self, url: str, channel: str):
+        self.channel = channel
+        self.ws = WS(url)
+        self.ws.subscribe([channel])
+        self.resubscribed = 0
+        self.again_at: float | None = None
+        self.pubs: list[dict] = []
+        self.error: Exception | None = None
+        self.running = threading.Event()
+        self.running.set()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        while self.running.is_set():
+            if self.again_at is not None and time.monotonic() >= self.again_at:
+                self.again_at = None
+                self.resubscribed += 1
+                self.ws.send({"id": 1000 + self.resubscribed, "subscribe": {"channels": [self.channel], "initial": True}})
+            try:
+                m = self.ws.recv(0.1)
+            except TimeoutError:
+                continue
+            except Exception as e:  # noqa: BLE001 (kept for the test to report)
+                self.error = e
+                return
+            if not isinstance(m, dict):
+                continue
+            if "pub" in m:
+                self.pubs.append(m["pub"])
+            elif m.get("unsubscribed", {}).get("resubscribe"):
+                self.again_at = time.monotonic()
+            elif "ok" in m and (result := m["ok"].get("channels", {}).get(self.channel)):
+                if result.get("error", {}).get("code") == 503:
+                    self.again_at = time.monotonic() + 0.5
+                elif result.get("last"):
+                    self.pubs.append(result["last"])
+
+    def stop(self) -> None:
+        self.running.clear()
+        self.thread.join(timeout=5)
+        self.ws.close()
+
+
 @pytest.mark.timeout(180)
 def test_a_pysparkplug_edge_node_stores_and_forwards_on_the_hosts_state(start_server, tmp_path, mosquitto):
     redis = Redis(tmp_path, durable=True)
@@ -92,7 +145,11 @@ sparkplug_host_id = "{host}"
     sb.wait_until("the source runs", lambda: sb.metric(
         srv, "switchboard_source_connected", source="plant", kind="mqtt") == 1, 20)
     edge = Edge(mosquitto.port, group, host, seconds=30)
+    watcher = None
     try:
+        sb.wait_until("the edge node's birth", lambda: sb.api_get(
+            srv, f"/api/channels/{sb.ch_path(ch)}").status == 200, 20, every=0.2)
+        watcher = Watcher(srv.ws_url, ch)
         sb.wait_until("the edge node hears the host online", lambda: any(up for up, _ in edge.states()), 20)
         sb.wait_until("live values arrive", lambda: len(sb.history_all(srv, ch)) >= 20, 20, every=0.5)
         killed = time.time()
@@ -119,6 +176,14 @@ sparkplug_host_id = "{host}"
             srv, f"/api/channels/{sb.ch_path(ch)}").json()["last"]["data"]["q"] == "bad", 20, every=0.5)
         last = sb.api_get(srv, f"/api/channels/{sb.ch_path(ch)}").json()["last"]["data"]
         assert last["v"] == live[-1][0], "the bad value carries the newest live one"
+        # The live subscriber kept the newest value throughout: nothing historical, nothing
+        # older than what it had, the death's bad value last.
+        sb.wait_until("the subscriber gets the death", lambda: watcher.pubs and watcher.pubs[-1]["data"] == last, 10)
+        assert watcher.error is None, f"the subscriber's reading ended: {watcher.error}"
+        assert not [p for p in watcher.pubs if p.get("hist")], "a live subscriber was sent a historical value"
+        times = [p["data"]["t"] for p in watcher.pubs]
+        assert times == sorted(times), "a live subscriber was sent a value older than one it had"
+        assert len(watcher.pubs) >= 20, f"the subscriber was sent {len(watcher.pubs)} values"
         # History holds the live values once, in order: the births (value 0) first, the death
         # last; and every historical value once, marked, with its own time.
         pubs = sb.history_pubs(srv, ch)
@@ -137,6 +202,9 @@ sparkplug_host_id = "{host}"
         buckets = {b["t"]: b["n"] for b in sb.trend(srv, ch, 600, 1)["buckets"]}
         for v, t in historical:
             assert buckets.get(t - t % 1000, 0) > 0, f"historical value {v} at {t} is not in its bucket"
-        print(f"offline heard {offline_after:.2f} s after the kill; {len(live)} live, {len(historical)} historical")
+        print(f"offline heard {offline_after:.2f} s after the kill; {len(live)} live, {len(historical)} historical; "
+              f"the subscriber was sent {len(watcher.pubs)}, subscribed again {watcher.resubscribed} time(s)")
     finally:
+        if watcher is not None:
+            watcher.stop()
         redis.kill()
