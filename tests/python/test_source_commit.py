@@ -19,7 +19,8 @@ node's):
 - The memory broker commits at once: the same values all arrive with nothing held.
 - QoS 0 values wait within `buffer_bytes` while the node cannot commit (a lease long enough for
   the source to keep running); past it the newest per channel is kept and what is dropped is
-  counted (`switchboard_source_dropped_total{reason="buffer"}`).
+  counted (`switchboard_source_dropped_total{reason="buffer"}`); while they wait, the backlog
+  and the age of its oldest value show on /metrics and /api/sources.
 """
 
 from __future__ import annotations
@@ -247,6 +248,11 @@ def test_qos0_values_keep_the_newest_per_channel_when_the_buffer_is_full(start_s
         client.disconnect()
         client.loop_stop()
         sb.wait_until("values wait in the backlog", lambda: metric(srv, "switchboard_source_backlog") > 0, 10)
+        # Told, never silent: how many wait and how long the oldest has, on /metrics and /api/sources.
+        sb.wait_until("the backlog ages", lambda: metric(srv, "switchboard_source_backlog_age_seconds") >= 1, 10)
+        waiting = api_get(srv, "/api/sources").json()["sources"][0]
+        assert waiting["backlog"] > 0 and waiting["backlog_age_s"] >= 1, waiting
+        assert waiting["dropped"].get("buffer", 0) > 0, waiting
         redis.start()
         for topic, i in last.items():
             ch = channel_of(topic)
