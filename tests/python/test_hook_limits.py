@@ -98,7 +98,8 @@ def test_hooks_call_without_a_slot_in_time_fails_like_a_timed_out_hook(start_ser
     ws = AuthWS(node.ws_url)
     ws.ok("connect", {})
     # Four calls at once for one slot, each with 800 ms: the first holds the slot until its
-    # deadline, which is the others' too (at most one more can take the slot as it ends).
+    # deadline, which is the others' too; a slot freed with under 10 ms left is not taken
+    # (docs/backend.md), so the others fail unsent.
     channels = ["app:" + uniq() for _ in range(4)]
     got = ws.request("subscribe", {"channels": channels}, timeout=10)["ok"]["channels"]
     for ch in channels:

@@ -11,8 +11,8 @@
 //!
 //! The node's calls in flight to the backend, over all hooks and clients, are capped
 //! (`proxy.max_in_flight`); a call waits for a slot within the hook's deadline
-//! (`proxy.timeout_ms`, which covers the wait and the call), and one that gets none in time
-//! fails as a timed-out hook (503 / 4503). What a failure tells the client is generic ("the
+//! (`proxy.timeout_ms`, which covers the wait and the call), and one that gets none with time
+//! left for the call fails as a timed-out hook (503 / 4503). What a failure tells the client is generic ("the
 //! application's backend is unavailable (connect hook)"); why it failed — a refused
 //! connection, a DNS failure, an HTTP status — goes to the log, at most one line per hook per
 //! `log_limit::INTERVAL`.
@@ -374,8 +374,11 @@ impl Hooks {
         };
         let started = Instant::now();
         // The wait for a slot counts against the deadline: a client never waits longer than
-        // `timeout_ms` for a verdict, however many calls are queued before it.
-        let Ok(Ok(_slot)) = tokio::time::timeout(self.timeout, backend.slots.acquire()).await else {
+        // `timeout_ms` for a verdict, however many calls are queued before it. A slot must come
+        // with time left for a call ([`least_left`]); a request that cannot be answered in time
+        // is not sent.
+        let wait = self.timeout - least_left(self.timeout);
+        let Ok(Ok(_slot)) = tokio::time::timeout(wait, backend.slots.acquire()).await else {
             hook.metrics.busy();
             let (ms, n) = (self.timeout.as_millis(), backend.max_in_flight);
             return self.failed(
@@ -475,6 +478,13 @@ fn one_line(m: &str) -> String {
     out
 }
 
+/// The least time a call must have left once it has a slot: 10 ms (half the deadline when
+/// `timeout_ms` is shorter). A slot freed just before a waiting call's deadline would otherwise
+/// send a request that cannot be answered in time, and the next call in line after it.
+fn least_left(timeout: Duration) -> Duration {
+    Duration::from_millis(10).min(timeout / 2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -526,5 +536,37 @@ mod tests {
         assert!(hooks.render().contains("switchboard_hook_busy_total{hook=\"connect\"} 1"), "{}", hooks.render());
         drop(held);
         assert_eq!(backend.slots.available_permits(), 1);
+    }
+
+    #[tokio::test]
+    async fn proxy_a_slot_freed_just_before_the_deadline_sends_no_call() {
+        // A backend that would take the call: whatever connects is seen.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let c = ProxyConfig {
+            connect_url: Some(format!("http://127.0.0.1:{port}/connect")),
+            timeout_ms: 300,
+            max_in_flight: 1,
+            ..ProxyConfig::default()
+        };
+        let hooks = Hooks::build(&c).unwrap();
+        let headers = BTreeMap::new();
+        let call =
+            ConnectCall { client: "c1", transport: "websocket", encoding: "json", headers: &headers, data: None };
+        // The slot comes free 5 ms before the waiting call's deadline: too late for a call.
+        let held = hooks.backend.as_ref().unwrap().slots.acquire().await.unwrap();
+        let release = async {
+            tokio::time::sleep(Duration::from_millis(295)).await;
+            drop(held);
+        };
+        let (refused, ()) = tokio::join!(hooks.connect(&call), release);
+        let refused = refused.unwrap_err();
+        assert_eq!((refused.close, refused.status), (close::HOOK_UNAVAILABLE, code::UNAVAILABLE));
+        assert!(hooks.render().contains("switchboard_hook_busy_total{hook=\"connect\"} 1"), "{}", hooks.render());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(listener.accept().is_err(), "a call was sent with no time left to answer it");
+        assert_eq!(least_left(Duration::from_millis(1000)), Duration::from_millis(10));
+        assert_eq!(least_left(Duration::from_millis(4)), Duration::from_millis(2));
     }
 }
