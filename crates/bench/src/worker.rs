@@ -494,6 +494,7 @@ impl Pool {
         nothing: &str,
     ) -> anyhow::Result<Pool> {
         let mut rate = crate::progress::Rate::default();
+        let allowed = deadline.saturating_duration_since(Instant::now());
         self.run_until(
             deadline,
             progress,
@@ -506,7 +507,12 @@ impl Pool {
         .await;
         if self.totals().established == 0 {
             let merged = self.finish(Duration::from_secs(10), progress).await?;
-            anyhow::bail!("{nothing}: {}", merged.tally.errors.join("; "));
+            let errors = &merged.tally.errors;
+            match errors.is_empty() {
+                // Nothing failed: every attempt was still under way when the time was up.
+                true => anyhow::bail!("{nothing}: none was done within {:.0} s", allowed.as_secs_f64()),
+                false => anyhow::bail!("{nothing}: {}", errors.join("; ")),
+            }
         }
         Ok(self)
     }

@@ -18,7 +18,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -128,6 +128,10 @@ pub trait PublicationTap: Send + Sync + 'static {
 /// Local subscriptions and fan-out. One per node.
 pub struct Hub {
     shards: Vec<RwLock<HashMap<Arc<str>, Subscribers>>>,
+    /// Channels with at least one local subscriber, kept as they gain their first and lose
+    /// their last (under their shard's lock), so that the count a subscribe checks against
+    /// `limits.max_channels` costs nothing however many channels the node holds.
+    live: AtomicUsize,
     /// Outboxes that were scheduled by pushes and still need a flush.
     pending: Mutex<Vec<Arc<Outbox>>>,
     metrics: Arc<Metrics>,
@@ -142,6 +146,7 @@ impl Hub {
     pub fn new(metrics: Arc<Metrics>) -> Hub {
         Hub {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            live: AtomicUsize::new(0),
             pending: Mutex::new(Vec::new()),
             metrics,
             internal: RwLock::new(Vec::new()),
@@ -201,6 +206,9 @@ impl Hub {
         if new && outbox.format == Format::Msgpack {
             subs.msgpack += 1;
         }
+        if first && new {
+            self.live.fetch_add(1, Relaxed);
+        }
         first
     }
 
@@ -217,8 +225,11 @@ impl Hub {
         if subs.delta.is_empty() {
             *subs.delta_base.lock() = None;
         }
-        if gone.is_some_and(|ob| ob.format == Format::Msgpack) {
+        if gone.as_ref().is_some_and(|ob| ob.format == Format::Msgpack) {
             subs.msgpack -= 1;
+        }
+        if gone.is_some() && subs.len() == 0 {
+            self.live.fetch_sub(1, Relaxed);
         }
         if subs.len() == 0 {
             if subs.tap.is_none() {
@@ -236,7 +247,7 @@ impl Hub {
 
     /// Channels with local subscribers.
     pub fn channel_count(&self) -> usize {
-        self.shards.iter().map(|s| s.read().values().filter(|subs| subs.len() > 0).count()).sum()
+        self.live.load(Relaxed)
     }
 
     /// `p`: the publication (its data read by deadbands, its tags by filters). `tap`: called
@@ -466,11 +477,15 @@ impl BrokerHandler for Hub {
         {
             let mut shard = self.shard(channel).write();
             let Some(subs) = shard.get_mut(channel) else { return };
+            let had = subs.len() > 0;
             subs.conns.retain(|_, ob| keep_unless_resubscribes(ob, &mut ended, &mut closing));
             subs.sampled.retain(|_, s| keep_unless_resubscribes(&s.outbox, &mut ended, &mut closing));
             subs.filtered.retain(|_, f| keep_unless_resubscribes(&f.0, &mut ended, &mut closing));
             subs.delta.retain(|_, ob| keep_unless_resubscribes(ob, &mut ended, &mut closing));
             subs.msgpack -= ended.iter().filter(|ob| ob.format == Format::Msgpack).count();
+            if had && subs.len() == 0 {
+                self.live.fetch_sub(1, Relaxed);
+            }
             if subs.len() == 0 && subs.tap.is_none() {
                 shard.remove(channel);
             }
@@ -556,6 +571,59 @@ mod tests {
         assert!(!hub.remove("news", 1));
         assert!(hub.remove("news", 2));
         assert_eq!(hub.channel_count(), 0);
+    }
+
+    #[test]
+    fn hub_counts_channels_with_subscribers_as_they_come_and_go() {
+        let metrics = Arc::new(Metrics::default());
+        let hub = Hub::new(metrics.clone());
+        let scan = |hub: &Hub| -> usize {
+            hub.shards.iter().map(|s| s.read().values().filter(|subs| subs.len() > 0).count()).sum()
+        };
+        let obs: Vec<Arc<Outbox>> = (0..4)
+            .map(|i| Arc::new(Outbox::new(i, Format::Json, TestWire::open(usize::MAX), 1 << 20, metrics.clone())))
+            .collect();
+        // Half of them subscribe again after on_missed (leave the channel), half are closed
+        // (stay until their teardown).
+        obs[0].accept_resubscribes();
+        obs[2].accept_resubscribes();
+        let rules = || {
+            let rate = crate::sampling::parse(Some(10.0), None).unwrap().unwrap();
+            let filter = Arc::new(Filter::Leaf { key: "unit".into(), cmp: switchboard_protocol::filter::Cmp::Ex });
+            [Rule::Every, Rule::Sampled(rate), Rule::Filtered(filter), Rule::Delta]
+        };
+        // Channels gain subscribers under every rule, twice over (a repeat adds nothing), with
+        // a tap slot on some; then lose them one by one, some through on_missed.
+        hub.set_tap_slot("c:0", Some(Arc::new(1u32)));
+        assert_eq!((hub.channel_count(), scan(&hub)), (0, 0));
+        let mut state = 7u64;
+        let mut step = || {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) as usize
+        };
+        for _ in 0..400 {
+            // Each connection subscribes under its own rule, as a session holds one per channel.
+            let (ch, ob) = (format!("c:{}", step() % 20), step() % 4);
+            match step() % 3 {
+                0 | 1 => {
+                    let rule = rules().into_iter().nth(ob).unwrap();
+                    hub.add(&Arc::from(ch.as_str()), &obs[ob], false, rule);
+                }
+                _ => {
+                    hub.remove(&ch, ob as u64);
+                }
+            }
+            if step() % 17 == 0 {
+                hub.on_missed(&ch);
+            }
+            assert_eq!(hub.channel_count(), scan(&hub));
+        }
+        for ch in 0..20 {
+            for ob in 0..4 {
+                hub.remove(&format!("c:{ch}"), ob);
+            }
+        }
+        assert_eq!((hub.channel_count(), scan(&hub)), (0, 0));
     }
 
     #[test]
