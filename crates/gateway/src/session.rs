@@ -73,7 +73,7 @@ pub struct Session {
     /// broker (empty between commands).
     pending: HashSet<Arc<str>>,
     /// Channels where this client is registered as present.
-    present: Vec<Arc<str>>,
+    present: HashSet<Arc<str>>,
     /// A reply was queued and the outbox wants a flush.
     needs_flush: bool,
     auth: Arc<Auth>,
@@ -107,7 +107,7 @@ impl Session {
             user: String::new(),
             subs: HashSet::new(),
             pending: HashSet::new(),
-            present: Vec::new(),
+            present: HashSet::new(),
             needs_flush: false,
             auth,
             identity: Identity::anonymous(),

@@ -236,8 +236,8 @@ impl Session {
             covered.keys().filter(|ch| self.node.config.namespace(namespace_of(ch)).presence).cloned().collect();
         for ch in joins {
             let info = ClientInfo { client: self.client.clone(), user: self.user.clone() };
-            if self.node.broker.presence_add(&ch, info).await.is_ok() && !self.present.contains(&ch) {
-                self.present.push(ch);
+            if self.node.broker.presence_add(&ch, info).await.is_ok() {
+                self.present.insert(ch);
             }
         }
     }
@@ -295,8 +295,7 @@ impl Session {
         }
         // A channel ended by the hub (below) keeps its presence entry until the client
         // unsubscribes or leaves: it is subscribing again.
-        if let Some(i) = self.present.iter().position(|p| **p == *name) {
-            self.present.swap_remove(i);
+        if self.present.remove(name) {
             let _ = self.node.broker.presence_remove(name, &self.client).await;
         }
     }
