@@ -510,17 +510,22 @@ mod tests {
         assert!(Hooks::build(&c).err().unwrap().0.contains("proxy.max_in_flight"));
     }
 
-    #[tokio::test]
-    async fn proxy_failures_tell_the_client_a_generic_reason_and_calls_wait_for_a_slot() {
-        // A port nobody listens on: the call fails with the node's own socket error.
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    /// A connect hook on `port` of loopback, 300 ms per call, one call in flight at a time.
+    fn one_slot_connect_hook(port: u16) -> Hooks {
         let c = ProxyConfig {
             connect_url: Some(format!("http://127.0.0.1:{port}/connect")),
             timeout_ms: 300,
             max_in_flight: 1,
             ..ProxyConfig::default()
         };
-        let hooks = Hooks::build(&c).unwrap();
+        Hooks::build(&c).unwrap()
+    }
+
+    #[tokio::test]
+    async fn proxy_failures_tell_the_client_a_generic_reason_and_calls_wait_for_a_slot() {
+        // A port nobody listens on: the call fails with the node's own socket error.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let hooks = one_slot_connect_hook(port);
         let headers = BTreeMap::new();
         let call =
             ConnectCall { client: "c1", transport: "websocket", encoding: "json", headers: &headers, data: None };
@@ -543,14 +548,7 @@ mod tests {
         // A backend that would take the call: whatever connects is seen.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let c = ProxyConfig {
-            connect_url: Some(format!("http://127.0.0.1:{port}/connect")),
-            timeout_ms: 300,
-            max_in_flight: 1,
-            ..ProxyConfig::default()
-        };
-        let hooks = Hooks::build(&c).unwrap();
+        let hooks = one_slot_connect_hook(listener.local_addr().unwrap().port());
         let headers = BTreeMap::new();
         let call =
             ConnectCall { client: "c1", transport: "websocket", encoding: "json", headers: &headers, data: None };
