@@ -377,7 +377,9 @@ export class App {
     const groups = new Map<string, string[]>();
     for (const [ch, { win, px }] of widest) {
       const key = `${win}:${trendStep(win, px)}`;
-      groups.set(key, [...(groups.get(key) ?? []), ch]);
+      const group = groups.get(key);
+      if (group) group.push(ch);
+      else groups.set(key, [ch]);
     }
     for (const [key, chs] of groups) {
       const [win, step] = key.split(':').map(Number);

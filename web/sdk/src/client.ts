@@ -567,7 +567,11 @@ export class Client implements SubscriptionOwner {
     const pending = [...this.entries.values()].filter((e) => e.status === 'pending');
     // One subscribe per sampling asked for: sampling is per command on the wire.
     const groups = new Map<string, Entry[]>();
-    for (const e of pending) groups.set(e.sampling, [...(groups.get(e.sampling) ?? []), e]);
+    for (const e of pending) {
+      const group = groups.get(e.sampling);
+      if (group) group.push(e);
+      else groups.set(e.sampling, [e]);
+    }
     for (const [sampling, due] of groups) {
       const recoverBytes = (e: Entry) => (e.position ? e.position.epoch.length + e.channel.length + 40 : 0);
       // A trend makes each channel's reply large (up to ~1,000 buckets): fewer channels per
