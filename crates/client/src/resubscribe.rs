@@ -21,7 +21,7 @@
 //!
 //! `switchboard sub` and `switchboard bench trend` use these; no caller repeats the rule.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use serde_json::json;
@@ -83,7 +83,8 @@ impl SubscribeAll {
             return None;
         }
         let mut command = self.options.clone();
-        command.recover.retain(|ch, _| command.channels.contains(ch));
+        let asked: HashSet<&str> = self.options.channels.iter().map(String::as_str).collect();
+        command.recover.retain(|ch, _| asked.contains(ch.as_str()));
         Some(command)
     }
 
@@ -147,6 +148,33 @@ pub enum Update {
     Event(Event),
 }
 
+/// Channels in the order they came, each once, however many.
+#[derive(Debug, Default)]
+struct Waiting {
+    order: Vec<String>,
+    names: HashSet<String>,
+}
+
+impl Waiting {
+    fn push(&mut self, ch: String) {
+        if self.names.insert(ch.clone()) {
+            self.order.push(ch);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+}
+
+impl FromIterator<String> for Waiting {
+    fn from_iter<I: IntoIterator<Item = String>>(channels: I) -> Waiting {
+        let mut w = Waiting::default();
+        channels.into_iter().for_each(|ch| w.push(ch));
+        w
+    }
+}
+
 /// A subscriber of a set of channels on one connection at a time: the subscribe-again rule
 /// (module docs) with the delivery rule of [`Streams`].
 ///
@@ -162,7 +190,7 @@ pub struct Subscriber {
     options: SubscribeOptions,
     streams: Streams,
     /// Channels to subscribe (again) at `retry_at`, in the order they came.
-    waiting: Vec<String>,
+    waiting: Waiting,
     retry_at: Option<Instant>,
     /// The delay after the next round that leaves channels waiting.
     retry_in: Duration,
@@ -174,12 +202,7 @@ impl Subscriber {
     /// A subscriber of `options.channels`, due at once. `options.initial` asks each channel's
     /// latest value at its first subscription; resubscriptions ask it always (it ends a gap).
     pub fn new(options: SubscribeOptions) -> Subscriber {
-        let mut waiting = Vec::new();
-        for ch in &options.channels {
-            if !waiting.contains(ch) {
-                waiting.push(ch.clone());
-            }
-        }
+        let waiting = options.channels.iter().cloned().collect();
         let streams = Streams::new(options.initial).with_filter(options.filter.is_some());
         let options = SubscribeOptions { channels: Vec::new(), recover: HashMap::new(), ..options };
         Subscriber {
@@ -199,7 +222,7 @@ impl Subscriber {
 
     /// The channels waiting to be subscribed (again).
     pub fn waiting(&self) -> &[String] {
-        &self.waiting
+        &self.waiting.order
     }
 
     /// When the waiting channels are asked again; `None` when none wait.
@@ -231,9 +254,7 @@ impl Subscriber {
     }
 
     fn wait(&mut self, ch: String) {
-        if !self.waiting.contains(&ch) {
-            self.waiting.push(ch);
-        }
+        self.waiting.push(ch);
     }
 
     /// An update already found, without waiting for anything.
@@ -311,7 +332,7 @@ impl Subscriber {
 
     /// The command of the waiting channels: known ones recover from their position.
     fn command(&self) -> SubscribeOptions {
-        let mut command = self.streams.subscribe_options(self.waiting.iter().cloned());
+        let mut command = self.streams.subscribe_options(self.waiting.order.iter().cloned());
         command.initial = self.options.initial || command.channels.iter().any(|ch| self.streams.knows(ch));
         command.max_rate_hz = self.options.max_rate_hz;
         command.deadband = self.options.deadband.clone();
@@ -348,7 +369,7 @@ impl Subscriber {
                 }
             }
         }
-        self.waiting = still;
+        self.waiting = still.into_iter().collect();
         if self.waiting.is_empty() {
             self.retry_at = None;
             self.retry_in = RETRY_FIRST;
