@@ -11,14 +11,14 @@ A=${1:?first build}
 B=${2:?second build}
 OUT=${3:?out directory}
 mkdir -p "$OUT"
-spare() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/loopback.sh
 for round in 1 2 3; do
   for build in A B; do
     bin=$A; [ "$build" = B ] && bin=$B
     port=$(spare)
     env -u SWITCHBOARD_BIN "$bin" serve --listen "127.0.0.1:$port" > /dev/null 2>&1 &
     spid=$!
-    for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.1; done
+    wait_ready "$port"
     dir="$OUT/$build-$round"
     "$B" bench broadcast --target "ws://127.0.0.1:$port/ws" --subs 8000 --period 1 --bursts 20 \
         --server-pid "$spid" --out "$dir" --quiet > "$dir.log" 2>&1

@@ -14,7 +14,7 @@ OUT=${3:?out directory}
 DURATION=${4:-20}
 ROUNDS=${5:-2}
 mkdir -p "$OUT"
-spare() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/loopback.sh
 for round in $(seq 1 "$ROUNDS"); do
     for build in A B T; do
             bin=$A; [ "$build" != A ] && bin=$B
@@ -26,7 +26,7 @@ for round in $(seq 1 "$ROUNDS"); do
             port=$(spare)
             env -u SWITCHBOARD_BIN "$bin" serve "${config[@]}" --listen "127.0.0.1:$port" > /dev/null 2>&1 &
             spid=$!
-            for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.1; done
+            wait_ready "$port"
             dir="$OUT/$build-$round"
             "$B" bench streams --target "ws://127.0.0.1:$port/ws" --users 10 --points 5000 --hz 2 \
                 --duration "$DURATION" --server-pid "$spid" --out "$dir" --quiet > "$dir.log" 2>&1

@@ -16,7 +16,7 @@ DURATION=${3:-20}
 ROUNDS=${4:-2}
 POINTS=10000
 mkdir -p "$OUT"
-spare() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/loopback.sh
 defs() {
     python3 - "$1" "$POINTS" <<'PY'
 import sys
@@ -37,7 +37,7 @@ for round in $(seq 1 "$ROUNDS"); do
         data="$OUT/data-$run-$round"
         env -u SWITCHBOARD_BIN "$BIN" serve "${config[@]}" --data-dir "$data" --listen "127.0.0.1:$port" > /dev/null 2>&1 &
         spid=$!
-        for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.1; done
+        wait_ready "$port"
         # A node with alarms stores and publishes each new alarm's first state at start: let
         # it settle, so that the run measures the steady state of every node alike.
         sleep 8

@@ -26,7 +26,7 @@ F=${5:-2}
 DURATION=${6:-20}
 mkdir -p "$OUT"
 TCK=$(getconf CLK_TCK)
-spare() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/loopback.sh
 # A port P with P + 10000 (the cluster bus) free too.
 spare_bus() {
     python3 -c '

@@ -31,7 +31,7 @@ client_publish = true
 presence = true
 channel_ttl_s = $ROOM_TTL
 TOML
-spare() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/loopback.sh
 redis_args=()
 RPID=
 if [ "$BROKER" = redis ]; then
@@ -48,7 +48,7 @@ PORT=$(spare)
 env -u SWITCHBOARD_BIN "$BIN" serve --config "$OUT/switchboard.toml" --listen "127.0.0.1:$PORT" \
     --broker "$BROKER_URL" > "$OUT/server.out" 2> "$OUT/server.log" &
 SPID=$!
-for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null && break; sleep 0.1; done
+wait_ready "$PORT"
 "$BIN" bench soak --target "ws://127.0.0.1:$PORT/ws" --duration "$DURATION" --warmup "$WARMUP" \
     --server-pid "$SPID" "${redis_args[@]}" --out "$OUT" --quiet
 status=$?

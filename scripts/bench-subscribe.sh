@@ -17,13 +17,13 @@ POINTS=${5:-10000}
 HZ=${6:-0.1}
 DURATION=${7:-20}
 mkdir -p "$OUT"
-spare() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/loopback.sh
 for build in A B; do
     bin=$A; [ "$build" = B ] && bin=$B
     port=$(spare)
     env -u SWITCHBOARD_BIN "$bin" serve --listen "127.0.0.1:$port" > /dev/null 2>&1 &
     spid=$!
-    for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.1; done
+    wait_ready "$port"
     runs=()
     for n in $(seq 1 "$RUNS"); do
         dir="$OUT/$build-$n"

@@ -16,7 +16,7 @@ ROUNDS=${4:-2}
 SUBS=${5:-3000}
 BURSTS=${6:-30}
 mkdir -p "$OUT"
-spare() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/loopback.sh
 for round in $(seq 1 "$ROUNDS"); do
   for build in A B; do
     bin=$A; [ "$build" = B ] && bin=$B
@@ -25,7 +25,7 @@ for round in $(seq 1 "$ROUNDS"); do
       port=$(spare)
       env -u SWITCHBOARD_BIN "$bin" serve --listen "127.0.0.1:$port" > /dev/null 2>&1 &
       spid=$!
-      for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break; sleep 0.1; done
+      wait_ready "$port"
       dir="$OUT/$build-$1-$2-$round"
       timeout 600 "$B" bench broadcast --target "ws://127.0.0.1:$port/ws" --transport "$1" --reference "$2" \
           --subs "$SUBS" --period 1 --bursts "$BURSTS" --server-pid "$spid" --out "$dir" --quiet > "$dir.log" 2>&1
