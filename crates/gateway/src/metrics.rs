@@ -224,35 +224,23 @@ impl DeflateCounts {
     }
 
     fn render(&self, out: &mut String) {
-        let n = |a: &AtomicU64| a.load(Relaxed);
-        g(
-            out,
-            "deflate_connections_total",
-            "WebSocket connections that negotiated permessage-deflate.",
-            "counter",
-            n(&self.connections),
-        );
-        g(
-            out,
-            "deflate_messages_total",
-            "Messages compressed (once per publication and window, shared by every connection that gets it; once per reply).",
-            "counter",
-            n(&self.compressed),
-        );
-        g(
-            out,
-            "deflate_input_bytes_total",
-            "Payload bytes of the compressed messages before compressing.",
-            "counter",
-            n(&self.bytes_in),
-        );
-        g(
-            out,
-            "deflate_output_bytes_total",
-            "Payload bytes of the compressed messages as sent (as they were where compressing did not make them smaller).",
-            "counter",
-            n(&self.bytes_out),
-        );
+        let counters = [
+            ("deflate_connections_total", "WebSocket connections that negotiated permessage-deflate.", &self.connections),
+            (
+                "deflate_messages_total",
+                "Messages compressed (once per publication and window, shared by every connection that gets it; once per reply).",
+                &self.compressed,
+            ),
+            ("deflate_input_bytes_total", "Payload bytes of the compressed messages before compressing.", &self.bytes_in),
+            (
+                "deflate_output_bytes_total",
+                "Payload bytes of the compressed messages as sent (as they were where compressing did not make them smaller).",
+                &self.bytes_out,
+            ),
+        ];
+        for (name, help, n) in counters {
+            g(out, name, help, "counter", n.load(Relaxed));
+        }
     }
 }
 
