@@ -76,20 +76,17 @@ pub fn accepted<'a>(values: impl IntoIterator<Item = &'a str>) -> Result<bool, S
             return Err(format!("{PERMESSAGE_DEFLATE} accepted twice"));
         }
         found = true;
-        let mut seen: Vec<&str> = Vec::with_capacity(params.len());
+        if let Some(name) = repeated(&params) {
+            return Err(format!("parameter {name} twice"));
+        }
         for (name, value) in &params {
-            let name = *name;
-            if seen.iter().any(|s| s.eq_ignore_ascii_case(name)) {
-                return Err(format!("parameter {name} twice"));
-            }
-            seen.push(name);
             match (name.to_ascii_lowercase().as_str(), value) {
                 ("server_no_context_takeover" | "client_no_context_takeover", None) => {}
                 ("server_max_window_bits", Some(v)) if window_bits(v).is_some() => {}
                 _ => return Err(format!("parameter {name} is not one an answer to this offer may carry")),
             }
         }
-        if !seen.iter().any(|s| s.eq_ignore_ascii_case("server_no_context_takeover")) {
+        if !params.iter().any(|(name, _)| name.eq_ignore_ascii_case("server_no_context_takeover")) {
             return Err("server_no_context_takeover was asked for and is missing".into());
         }
     }
@@ -101,14 +98,11 @@ type Param<'a> = (&'a str, Option<String>);
 
 /// Accepts one permessage-deflate offer, or declines it (`None`).
 fn accept(params: &[Param]) -> Option<Agreed> {
-    let mut seen: Vec<&str> = Vec::with_capacity(params.len());
+    if repeated(params).is_some() {
+        return None;
+    }
     let mut server_window = None;
     for (name, value) in params {
-        let name = *name;
-        if seen.iter().any(|s| s.eq_ignore_ascii_case(name)) {
-            return None;
-        }
-        seen.push(name);
         match (name.to_ascii_lowercase().as_str(), value) {
             ("server_no_context_takeover" | "client_no_context_takeover", None) => {}
             ("server_max_window_bits", Some(v)) => server_window = Some(window_bits(v)?),
@@ -120,6 +114,14 @@ fn accept(params: &[Param]) -> Option<Agreed> {
         }
     }
     Some(Agreed { server_window: server_window.unwrap_or(MAX_WINDOW_BITS), window_asked: server_window.is_some() })
+}
+
+/// The first parameter named twice (names are case-insensitive), which no offer or answer may
+/// have (RFC 7692 §7).
+fn repeated<'p>(params: &[Param<'p>]) -> Option<&'p str> {
+    params.iter().enumerate().find_map(|(i, (name, _))| {
+        params[..i].iter().any(|(earlier, _)| earlier.eq_ignore_ascii_case(name)).then_some(*name)
+    })
 }
 
 /// A window size value: a decimal 8..=15 without leading zeros (RFC 7692 §7.1.2.1).
